@@ -1,0 +1,245 @@
+"""`grpoflow`: validate a job spec, run the pipeline, and read jobs, metrics and models back.
+
+    grpoflow validate examples/smoke-test.yaml --set hyperparameters.max_steps=5
+    grpoflow run examples/arithmetic.yaml --json
+    grpoflow demo
+    grpoflow jobs
+    grpoflow metrics JOB_ID --keys reward,reward_std --json
+    grpoflow model JOB_ID --json
+
+Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument.
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEMO_SPEC = EXAMPLES / "arithmetic.yaml"
+
+
+class UsageError(Exception):
+    """A user's mistake on the command line: printed as one message, exit code 2."""
+
+
+class UnknownJob(Exception):
+    """No such job under the output root: exit code 1 (DESIGN.md)."""
+
+
+# --- helpers
+
+
+def output_root(args) -> Path | None:
+    """The output root chosen by `--output-uri` or `GRPOFLOW_OUTPUT_URI`; None lets the spec decide."""
+    root = getattr(args, "output_uri", None) or os.environ.get("GRPOFLOW_OUTPUT_URI")
+    return Path(root) if root else None
+
+
+def load(args, extra_overrides: list[str] = ()):
+    from trainers.spec import load_spec
+
+    overrides = [*extra_overrides, *(args.set or [])]
+    root = output_root(args)
+    if root is not None:
+        overrides.append(f"output_uri={root}")
+    spec, warnings = load_spec(args.spec, overrides)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return spec
+
+
+def find_job(args, job_id: str):
+    from trainers.jobdir import JobDir
+
+    if "/" in job_id or job_id in ("", ".", ".."):
+        raise UsageError(f"not a job id: {job_id!r}")
+    job = JobDir((output_root(args) or Path("runs")).resolve() / job_id)
+    if not job.spec.exists():
+        raise UnknownJob(f"unknown job {job_id!r} under {job.root.parent} (see `grpoflow jobs`)")
+    return job
+
+
+def job_status(job) -> str:
+    from trainers.metrics import read_metrics
+
+    status = "unknown"
+    for record in read_metrics(job.events):  # same JSONL reader: one record per line
+        event = record.get("event", "")
+        if event in ("grpoflow.job.started", "grpoflow.job.completed", "grpoflow.job.failed"):
+            status = {"started": "running", "completed": "completed", "failed": "failed"}[event.rsplit(".", 1)[1]]
+    return status
+
+
+# --- commands
+
+
+def cmd_validate(args) -> int:
+    from trainers.spec import resolved_dict, to_yaml
+
+    spec = load(args)
+    print(json.dumps(resolved_dict(spec), indent=2) if args.json else to_yaml(spec), end="\n" if args.json else "")
+    return EXIT_OK
+
+
+def cmd_run(args, extra_overrides: list[str] = ()) -> int:
+    spec = load(args, extra_overrides)
+    from flows.pipeline import grpo_pipeline
+    from tasks.ingest import InputRejected
+
+    try:
+        result = grpo_pipeline(spec, job_id=getattr(args, "resume", None))
+    except InputRejected as e:
+        print(f"grpoflow: rejected: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    except Exception as e:
+        print(f"grpoflow: run failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    out = {k: result[k] for k in ("job_id", "output_dir", "status")}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"job {out['job_id']} {out['status']}: {out['output_dir']}")
+        evaluation = result.get("evaluation")
+        if evaluation:
+            print(
+                f"held-out {evaluation['metric']} on {evaluation['n']} prompts: "
+                f"before GRPO {evaluation['before']:.3f}, after GRPO {evaluation['after']:.3f}"
+            )
+        print(f"report: {Path(out['output_dir']) / 'report.md'}")
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    args.spec = str(DEMO_SPEC)
+    # The shipped dataset is found wherever grpoflow runs from.
+    return cmd_run(args, [f"dataset.uri={EXAMPLES / 'data' / 'arithmetic.jsonl'}"])
+
+
+def cmd_jobs(args) -> int:
+    from trainers.jobdir import JobDir
+    from trainers.metrics import read_metrics
+
+    root = (output_root(args) or Path("runs")).resolve()
+    jobs = sorted(p for p in root.iterdir() if (p / "spec.yaml").exists()) if root.exists() else []
+    rows = []
+    for path in jobs:
+        job = JobDir(path)
+        metrics = read_metrics(job.metrics)
+        rows.append({"job_id": job.job_id, "status": job_status(job), "steps": metrics[-1]["step"] if metrics else 0})
+    if args.json:
+        print(json.dumps({"jobs": rows}))
+    elif not rows:
+        print(f"no jobs under {root}")
+    else:
+        for row in rows:
+            print(f"{row['job_id']:<60} {row['status']:<10} {row['steps']:>6} steps")
+    return EXIT_OK
+
+
+def cmd_metrics(args) -> int:
+    from trainers.metrics import read_metrics
+
+    job = find_job(args, args.job_id)
+    keys = [k for k in (args.keys or "").split(",") if k]
+    records = read_metrics(job.metrics)
+    if keys:
+        known = set().union(*(r["values"] for r in records)) if records else set()
+        missing = [k for k in keys if k not in known]
+        if records and missing:
+            raise UsageError(
+                f"unknown metric key(s) {', '.join(missing)}; this job logged: {', '.join(sorted(known))}"
+            )
+        records = [{"step": r["step"], "values": {k: r["values"].get(k) for k in keys}} for r in records]
+    if args.json:
+        print(json.dumps({"metrics": records}))
+        return EXIT_OK
+    for r in records:
+        print(f"step {r['step']:>5}  " + "  ".join(f"{k}={_fmt(v)}" for k, v in r["values"].items()))
+    return EXIT_OK
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def cmd_model(args) -> int:
+    job = find_job(args, args.job_id)
+    if not job.model_json.exists():
+        raise UnknownJob(f"job {args.job_id} has no trained model yet (status: {job_status(job)})")
+    info = json.loads(job.model_json.read_text())
+    info = {"job_id": job.job_id, **info, "adapter_dir": None, "merged_dir": str(job.merged)}
+    if info["artifact_type"] == "adapter":
+        info["adapter_dir"] = str(job.adapter)
+    print(json.dumps(info) if args.json else yaml.safe_dump(info, sort_keys=False), end="\n" if args.json else "")
+    return EXIT_OK
+
+
+# --- argument parsing
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="grpoflow", description="GRPO fine-tuning pipelines on Prefect.")
+    parser.add_argument("--output-uri", help="output root for jobs (default: the spec's output_uri, else ./runs)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def spec_command(name, help_text):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("spec", help="job spec YAML file")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    spec_command("validate", "check a spec and print it with every default filled").set_defaults(func=cmd_validate)
+    run = spec_command("run", "run the whole pipeline")
+    run.add_argument("--resume", metavar="JOB_ID", help="continue an existing job folder")
+    run.set_defaults(func=cmd_run)
+    demo = sub.add_parser("demo", help="run the shipped arithmetic example offline on CPU")
+    demo.add_argument("--set", action="append", metavar="KEY=VALUE")
+    demo.add_argument("--json", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+    jobs = sub.add_parser("jobs", help="list jobs under the output root")
+    jobs.add_argument("--json", action="store_true")
+    jobs.set_defaults(func=cmd_jobs)
+    metrics = sub.add_parser("metrics", help="a job's metric series")
+    metrics.add_argument("job_id")
+    metrics.add_argument("--keys", help="comma-separated metric names, e.g. reward,reward_std,loss")
+    metrics.add_argument("--json", action="store_true")
+    metrics.set_defaults(func=cmd_metrics)
+    model = sub.add_parser("model", help="a job's trained artifact (model.json)")
+    model.add_argument("job_id")
+    model.add_argument("--json", action="store_true")
+    model.set_defaults(func=cmd_model)
+    for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
+        p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    from trainers.spec import SpecError
+
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except SpecError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    except UsageError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    except UnknownJob as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The GRPO pipeline flow: ingest -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and report.
+
+Each stage is one Prefect task (`tasks/`), emitting its `grpoflow.*` event; this flow only chains them. Run it with
+`grpoflow run SPEC.yaml`, or as the `grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
+"""
+
+import time
+
+from prefect import flow, get_run_logger
+
+from tasks.evaluate import evaluate_task
+from tasks.events import emit
+from tasks.ingest import InputRejected, ingest_task
+from tasks.job import create_job_task, discard_job
+from tasks.merge import merge_task
+from tasks.sft import sft_task
+from tasks.train import train_task
+from trainers.grpo import start_model
+from trainers.spec import JobSpec
+
+
+@flow(name="grpo-pipeline", log_prints=True)
+def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
+    """Fine-tunes `spec.base_model` with GRPO on `spec.dataset`; returns the job id, folder and evaluation.
+
+    Args:
+        spec (`JobSpec`): the job spec (see shared/DESIGN.md); validated before anything runs.
+        job_id (`str`, *optional*): reuse an existing job folder instead of creating a new one.
+    """
+    logger = get_run_logger()
+    started = time.monotonic()
+
+    # --- job folder
+    job = create_job_task(spec, job_id)
+    logger.info("job %s in %s", job.job_id, job.root)
+    try:
+        # --- ingest the dataset and dry-run the rewards on it (rejections cost no model load)
+        try:
+            dataset = ingest_task(job, spec)
+        except InputRejected as e:
+            emit(job, "grpoflow.job.failed", {"reason": "rejected", "error": str(e)})
+            discard_job(job)
+            raise
+
+        # --- SFT format warm-up
+        sft = sft_task(job, spec) if spec.sft.enabled else None
+
+        # --- GRPO training (child process, resumes from checkpoints on retry)
+        training = train_task(job, spec)
+
+        # --- merge the adapter (LoRA jobs) and describe the artifact
+        model = merge_task(job)
+
+        # --- held-out evaluation and report
+        extra = {
+            "wall_time_s": round(time.monotonic() - started, 1),
+            "training_time_s": training["wall_seconds"],
+            "resumed_from_checkpoint": training["resumed_from"] or "no",
+        }
+        if sft:
+            extra["sft_time_s"] = sft["seconds"]
+        evaluation = evaluate_task(job, spec, start_model(spec, job), extra)
+    except InputRejected:
+        raise
+    except BaseException as e:
+        emit(job, "grpoflow.job.failed", {"reason": type(e).__name__, "error": str(e)[-2000:]})
+        raise
+
+    result = {"job_id": job.job_id, "output_dir": str(job.root), "status": "completed"}
+    emit(job, "grpoflow.job.completed", {**result, "evaluation": evaluation, "artifact_type": model["artifact_type"]})
+    return {**result, "evaluation": evaluation, "dataset": dataset}

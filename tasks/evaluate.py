@@ -1,0 +1,32 @@
+"""Evaluation and report task: held-out before/after scores, health verdict, report.md with PNG plots."""
+
+from prefect import get_run_logger, task
+from trainers.report import write_report
+
+from trainers.evaluate import evaluate
+from trainers.health import HealthMonitor
+from trainers.jobdir import JobDir
+from trainers.metrics import read_metrics
+from trainers.spec import JobSpec
+
+
+@task(name="evaluate", retries=1, retry_delay_seconds=5)
+def evaluate_task(job: JobDir, spec: JobSpec, before_model: str, extra: dict | None = None) -> dict | None:
+    """Scores the start model and the GRPO result on the held-out prompts, then writes the report."""
+    logger = get_run_logger()
+    evaluation = evaluate(job, spec, before_model)
+    if evaluation:
+        logger.info(
+            "held-out %s on %d prompts: before %.3f, after %.3f",
+            evaluation["metric"],
+            evaluation["n"],
+            evaluation["before"],
+            evaluation["after"],
+        )
+    hp = spec.hyperparameters
+    alerts = HealthMonitor(max_response_length=hp.max_response_length, kl_coef=hp.kl_coef).check(
+        read_metrics(job.metrics)
+    )
+    report = write_report(job, spec, evaluation, alerts, extra)
+    logger.info("report: %s", report)
+    return evaluation

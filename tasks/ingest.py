@@ -1,0 +1,604 @@
+"""Ingest a prompt dataset: load it from a file or the Hub, check it, and save it as Arrow in the job folder.
+
+Sources: a local path, `file://`, `s3://bucket/key` (anything fsspec opens, with `storage_options`) or
+`hf://datasets/<repo>[/<split>]`. Files are JSON Lines / JSON, CSV or Parquet (optionally compressed: `.jsonl.gz`).
+Every source goes through `datasets.load_dataset`, so the loader is the same everywhere; checks run on the Arrow
+table with `pyarrow.compute`, never row by row: a million short rows take one to two seconds. Only when the loader
+fails is the file read again, line by line, to name the lines at fault.
+
+Pure functions, no Prefect: `tasks` wraps `ingest_dataset` in a Prefect task. By hand:
+
+    python -c 'from pathlib import Path; from tasks.ingest import ingest_dataset;
+               print(ingest_dataset("examples/data/arithmetic.jsonl", Path("/tmp/job/dataset"), holdout=0.1))'
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import hashlib
+import json
+import lzma
+import math
+import os
+import re
+import shutil
+import tempfile
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import datasets
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from prefect import task as task_decorator
+
+SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
+FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+# Compressed text files are extracted by `datasets`; a compressed Parquet file makes no sense, so not for it.
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+# The JSON loader parses its first chunk a second time in Python (ujson) to find fields whose type varies; with its
+# 10 MB default that costs ~0.7 s per ingest. With 1 MB chunks it costs a tenth; later chunks are cast to the first
+# chunk's types, so a number among strings further down becomes a string rather than making the column JSON.
+JSON_CHUNKSIZE = 1 << 20
+MAX_BAD_LINES = 3
+MAX_BAD_ROWS = 5
+# What a loader raises because of a file's content (explained to the user as a DatasetError). Anything else, a
+# network error or a bug, propagates as is, so that the task's retries and tracebacks see it.
+_DATA_ERRORS = (
+    ValueError,  # ArrowInvalid, UnicodeDecodeError, pandas' ParserError and EmptyDataError, JSONDecodeError
+    StopIteration,  # the JSON loader on a file with no lines
+    EOFError,  # a truncated .gz or .xz
+    gzip.BadGzipFile,
+    zlib.error,
+    lzma.LZMAError,
+    pa.ArrowTypeError,
+    pa.ArrowNotImplementedError,
+)
+
+
+class DatasetError(ValueError):
+    """A user's dataset problem; the message names the file, row or column and what to do."""
+
+
+@dataclass
+class IngestResult:
+    """What `ingest_dataset` saved.
+
+    Args:
+        uri (`str`): the source, as given.
+        num_train (`int`): rows in the `train` split.
+        num_eval (`int`): rows in the `eval` split (0 without holdout).
+        columns (`list[str]`): the dataset's columns.
+        prompt_format (`str`): `"text"` (string prompts) or `"chat"` (lists of `{role, content}` messages).
+        fingerprint (`str`): sha256 hex of the source bytes for local files; of the object's etag, size and mtime
+            for remote files; of the Hub dataset's fingerprint for `hf://datasets/` repos. A cache key.
+    """
+
+    uri: str
+    num_train: int
+    num_eval: int
+    columns: list[str]
+    prompt_format: str
+    fingerprint: str
+
+
+@dataclass
+class _Source:
+    uri: str  # as the user gave it, for messages
+    location: str  # local absolute path, remote URL, or Hub repo id
+    builder: str  # "json", "csv", "parquet", or "hub"
+    split: str = "train"
+
+    @property
+    def is_local(self) -> bool:
+        return self.builder != "hub" and "://" not in self.location
+
+
+# --- resolving the URI -------------------------------------------------------------------------------------------
+
+
+def _resolve(uri: str, split: str | None) -> _Source:
+    src = _resolve_hf(uri, split) if uri.lower().startswith("hf://") else _resolve_file(uri)
+    if split is not None and src.builder != "hub":
+        raise DatasetError(f"split={split!r} applies only to hf://datasets/<owner>/<name> sources, not to {uri}")
+    return src
+
+
+def _resolve_file(uri: str) -> _Source:
+    scheme = m.group(1).lower() if (m := re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", uri)) else ""
+    if scheme == "":
+        location = str(Path(uri).expanduser().absolute())
+    elif scheme == "file":
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):
+            raise DatasetError(f"file:// URI {uri} names host {parsed.netloc!r}; use file:///absolute/path")
+        location = unquote(parsed.path)
+    elif scheme == "s3":
+        location = uri
+    else:
+        raise DatasetError(f"unsupported scheme {scheme}:// in {uri}; supported: {', '.join(SUPPORTED_SCHEMES)}")
+    return _Source(uri, location, _builder_for(uri, location))
+
+
+def _resolve_hf(uri: str, split: str | None) -> _Source:
+    rest = uri.split("://", 1)[1]
+    if not rest.startswith("datasets/"):
+        raise DatasetError(f"{uri}: only Hub datasets are supported, as hf://datasets/<owner>/<name>[/<split>]")
+    parts = [p for p in rest[len("datasets/") :].split("/") if p]
+    if len(parts) > 3 or (parts and _has_data_extension(parts[-1])):
+        # A file inside a Hub repo (hf://datasets/owner/name/data/train.jsonl): fsspec reads it like any URL.
+        return _Source(uri, uri, _builder_for(uri, uri))
+    if len(parts) not in (2, 3):
+        raise DatasetError(f"{uri}: expected hf://datasets/<owner>/<name>[/<split>]")
+    uri_split = parts[2] if len(parts) == 3 else None
+    if uri_split and split and uri_split != split:
+        raise DatasetError(f"{uri} names split {uri_split!r} but split={split!r} was also given; keep one")
+    return _Source(uri, "/".join(parts[:2]), "hub", uri_split or split or "train")
+
+
+def _has_data_extension(name: str) -> bool:
+    return any(name.lower().endswith(ext + comp) for ext in FORMATS for comp in ("", *COMPRESSIONS))
+
+
+def _builder_for(uri: str, location: str) -> str:
+    name = location.rstrip("/").rsplit("/", 1)[-1].lower()
+    stem, compression = name, ""
+    for comp in COMPRESSIONS:
+        if stem.endswith(comp):
+            stem, compression = stem[: -len(comp)], comp
+    ext = os.path.splitext(stem)[1]
+    if ext in FORMATS and not (compression and FORMATS[ext] == "parquet"):
+        return FORMATS[ext]
+    shown = (ext + compression) or "(none)"
+    supported = ", ".join(FORMATS) + f" (JSON and CSV also compressed: {', '.join(COMPRESSIONS)})"
+    raise DatasetError(f"unsupported file extension {shown} for dataset {uri}; supported: {supported}")
+
+
+# --- checking the file is there ----------------------------------------------------------------------------------
+
+
+def _check_file(src: _Source, storage_options: dict | None) -> None:
+    fs, path = fsspec.core.url_to_fs(src.location, **(storage_options or {}))
+    try:
+        if not fs.exists(path):
+            raise DatasetError(f"dataset not found: {src.uri}")
+        if fs.isdir(path):
+            raise DatasetError(f"dataset {src.uri} is a directory; give the path of one data file")
+        with fs.open(path, "rb"):
+            size = fs.size(path)
+    except PermissionError as e:
+        raise DatasetError(f"dataset {src.uri} cannot be read (permission denied); check its permissions") from e
+    if size == 0:
+        raise DatasetError(f"dataset {src.uri} has no rows (the file is empty)")
+
+
+def _fingerprint(src: _Source, ds: datasets.Dataset, storage_options: dict | None) -> str:
+    if src.builder == "hub":
+        # `_fingerprint` hashes the builder config, which includes the repo's resolved commit.
+        return hashlib.sha256(f"{src.location}\n{src.split}\n{ds._fingerprint}".encode()).hexdigest()
+    if src.is_local:
+        with open(src.location, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    # Hashing remote bytes would mean a second download; the store's own change markers are enough for a cache key.
+    fs, path = fsspec.core.url_to_fs(src.location, **(storage_options or {}))
+    info = fs.info(path)
+    keys = ("ETag", "etag", "blob_id", "size", "LastModified", "last_modified", "mtime")
+    marker = {k: info[k] for k in keys if info.get(k) is not None}
+    return hashlib.sha256(json.dumps([src.location, marker], sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- loading, and explaining why a load failed -------------------------------------------------------------------
+
+
+def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> datasets.Dataset:
+    if src.builder == "hub":
+        try:
+            return datasets.load_dataset(
+                src.location, split=src.split, cache_dir=cache_dir, storage_options=storage_options
+            )
+        except datasets.exceptions.DatasetNotFoundError as e:
+            raise DatasetError(f"dataset not found: {src.uri} ({e})") from e
+        except ValueError as e:  # an unknown split, or files the Hub loader cannot read
+            raise DatasetError(f"could not load {src.uri}: {e}") from e
+    kwargs = {"chunksize": JSON_CHUNKSIZE} if src.builder == "json" else {}
+    try:
+        return datasets.load_dataset(
+            src.builder,
+            data_files=src.location,
+            split="train",
+            cache_dir=cache_dir,
+            storage_options=storage_options,
+            **kwargs,
+        )
+    except Exception as e:
+        if not isinstance(_root_cause(e), _DATA_ERRORS):
+            raise
+        raise _diagnose(src, e, storage_options) from e
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    while (inner := e.__cause__ or e.__context__) is not None and inner is not e:
+        e = inner
+    return e
+
+
+def _diagnose(src: _Source, error: Exception, storage_options: dict | None) -> DatasetError:
+    """Turns a failed load into a message that names the lines at fault, re-reading the file only now."""
+    if src.builder == "parquet":
+        if _parquet_rows(src, storage_options) == 0:
+            return DatasetError(f"dataset {src.uri} has no rows")
+    else:
+        try:
+            problems, data_lines = _scan_lines(src, storage_options)
+        except _DATA_ERRORS:  # e.g. a truncated .gz, which the loader's own message names
+            problems, data_lines = [], -1
+        if problems:
+            return _lines_error(src, problems)
+        if 0 <= data_lines <= (1 if src.builder == "csv" else 0):  # a CSV header alone has no rows either
+            return DatasetError(f"dataset {src.uri} has no rows")
+    root = _root_cause(error)
+    return DatasetError(f"could not read dataset {src.uri} as {src.builder}: {type(root).__name__}: {root}")
+
+
+def _parquet_rows(src: _Source, storage_options: dict | None) -> int | None:
+    try:
+        with fsspec.open(src.location, "rb", **(storage_options or {})) as f:
+            return pq.ParquetFile(f).metadata.num_rows
+    except (pa.ArrowException, OSError):
+        return None  # not Parquet at all: the loader's own message says so
+
+
+def _scan_lines(src: _Source, storage_options: dict | None) -> tuple[list[str], int]:
+    """Streams the file line by line; returns up to MAX_BAD_LINES problems and the count of non-blank lines."""
+    problems, data_lines, check_json = [], 0, src.builder == "json"
+    with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM, which the loader strips too
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                problems.append(f"line {lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+            else:
+                if not text.strip():
+                    continue
+                data_lines += 1
+                if data_lines == 1 and text.lstrip().startswith("["):
+                    check_json = False  # a JSON array, not JSON Lines: its lines are not documents
+                if check_json and (problem := _json_line_problem(text)):
+                    problems.append(f"line {lineno}: {problem}")
+            if len(problems) == MAX_BAD_LINES:
+                break
+    return problems, data_lines
+
+
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _json_line_problem(text: str) -> str | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"invalid JSON ({e.msg})"
+    if not isinstance(value, dict):
+        return f"not a JSON object (got {_JSON_KINDS.get(type(value), 'null')})"
+    return None
+
+
+def _lines_error(src: _Source, problems: list[str]) -> DatasetError:
+    kind = "JSON Lines (one {...} object per line)" if src.builder == "json" else "UTF-8 CSV"
+    more = f"\n  (stopped at the first {MAX_BAD_LINES} bad lines)" if len(problems) == MAX_BAD_LINES else ""
+    listing = "\n".join(f"  {p}" for p in problems)
+    return DatasetError(f"dataset {src.uri} is not valid {kind}; fix these lines:\n{listing}{more}")
+
+
+def _check_loaded(src: _Source, ds: datasets.Dataset, storage_options: dict | None) -> None:
+    if ds.num_rows == 0:
+        raise DatasetError(f"dataset {src.uri} has no rows")
+    try:
+        # The JSON reader passes invalid UTF-8 through into string columns; a full validation catches it (~20 ms
+        # per million rows).
+        ds.data.table.validate(full=True)
+    except pa.ArrowInvalid as e:
+        if src.builder in ("json", "csv") and (problems := _scan_lines(src, storage_options)[0]):
+            raise _lines_error(src, problems) from e
+        raise DatasetError(f"dataset {src.uri} holds text that is not valid UTF-8, or corrupt data: {e}") from e
+
+
+# --- checking columns and rows -----------------------------------------------------------------------------------
+
+
+def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_columns: dict[str, str] | None) -> str:
+    """Returns the prompt format; raises one DatasetError listing every problem found."""
+    problems, prompt_format = [], "text"
+    if prompt_column not in table.column_names:
+        problems.append(_missing_column(prompt_column, f"prompt column '{prompt_column}'", table.column_names))
+    elif (prompt_format := _prompt_format(table[prompt_column].type)) is None:
+        problems.append(_wrong_type(prompt_column, table[prompt_column].type))
+    elif prompt_format == "text" and (rows := _rows_note(_empty_text(table[prompt_column]))):
+        problems.append(f"prompt column '{prompt_column}' is null or empty in {rows}; fill them in or drop them")
+    elif prompt_format == "chat" and (rows := _rows_note(_empty_chat(table[prompt_column]))):
+        problems.append(
+            f"prompt column '{prompt_column}' holds a null or empty message list, or a message without role or "
+            f"content, in {rows}; fill them in or drop them"
+        )
+    for name, reason in (required_columns or {}).items():
+        if name == prompt_column:
+            continue
+        if name not in table.column_names:
+            problems.append(_missing_column(name, f"column '{name}' (needed by {reason})", table.column_names))
+        elif rows := _rows_note(pc.is_null(table[name])):
+            problems.append(f"column '{name}' (needed by {reason}) is null in {rows}; fill them in or drop them")
+    if len(problems) == 1:
+        raise DatasetError(f"dataset {uri}: {problems[0]}")
+    if problems:
+        raise DatasetError(f"dataset {uri} has {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+    return prompt_format
+
+
+def _wrong_type(name: str, t: pa.DataType) -> str:
+    # `datasets` stores a field whose JSON type changes between rows as JSON text in an `arrow.json` column.
+    mixed = " (its rows mix types, e.g. strings and lists)" if getattr(t, "extension_name", "") == "arrow.json" else ""
+    return (
+        f"prompt column '{name}' has Arrow type {t}{mixed}; it must hold strings (text prompts) or lists of "
+        "{role, content} messages with string fields (chat prompts) in every row"
+    )
+
+
+def _missing_column(name: str, label: str, columns: list[str]) -> str:
+    lowered = {c.lower(): c for c in columns}
+    close = difflib.get_close_matches(name.lower(), lowered, n=1)
+    hint = f"; did you mean '{lowered[close[0]]}'?" if close else ""
+    return f"{label} not found; the columns are {', '.join(repr(c) for c in columns)}{hint}"
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _prompt_format(t: pa.DataType) -> str | None:
+    if _is_string(t):
+        return "text"
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type):
+        fields = {f.name: f.type for f in t.value_type}
+        if all(_is_string(fields.get(name, pa.null())) for name in ("role", "content")):
+            return "chat"
+    return None
+
+
+def _empty_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.fill_null(pc.equal(pc.binary_length(column), 0), True)
+
+
+def _empty_chat(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    masks = []
+    for chunk in column.chunks:
+        bad = pc.fill_null(pc.equal(pc.list_value_length(chunk), 0), True)
+        messages = chunk.flatten()
+        role, content = pc.struct_field(messages, "role"), pc.struct_field(messages, "content")
+        bad_message = pc.or_(pc.is_null(messages), pc.or_(pc.is_null(role), pc.is_null(content)))
+        bad_rows = pc.filter(pc.list_parent_indices(chunk), bad_message)
+        if len(bad_rows):  # rare, so building a row-number array here costs nothing on good data
+            bad = pc.or_(bad, pc.is_in(pa.array(range(len(chunk)), pa.int64()), value_set=bad_rows.cast(pa.int64())))
+        masks.append(bad)
+    return pa.chunked_array(masks, type=pa.bool_())
+
+
+def _rows_note(mask: pa.ChunkedArray) -> str | None:
+    """`"3 rows (rows 2, 5, 9; data rows counted from 1)"`, or None when the mask is all false."""
+    indices = pc.indices_nonzero(mask)
+    if len(indices) == 0:
+        return None
+    first = [str(i + 1) for i in indices[:MAX_BAD_ROWS].to_pylist()]
+    more = f" and {len(indices) - len(first)} more" if len(indices) > len(first) else ""
+    plural = "s" if len(indices) > 1 else ""
+    return f"{len(indices)} row{plural} (row{plural} {', '.join(first)}{more}; data rows counted from 1)"
+
+
+# --- holdout and saving ------------------------------------------------------------------------------------------
+
+
+def _check_holdout(holdout: float, uri: str) -> None:
+    if not (math.isfinite(holdout) and holdout >= 0) or (holdout >= 1 and holdout != int(holdout)):
+        raise DatasetError(f"holdout={holdout} for dataset {uri}: give a fraction in [0, 1) or a whole number of rows")
+
+
+def _split(ds: datasets.Dataset, holdout: float, seed: int, uri: str) -> datasets.DatasetDict:
+    if holdout == 0:
+        return datasets.DatasetDict({"train": ds})
+    # The same rows `ds.train_test_split(test_size=holdout, seed=seed)` picks (a fraction rounds up), taken with
+    # Arrow: `train_test_split` leaves an indices mapping that `save_to_disk` gathers one row at a time, ~7 us/row.
+    num_eval = math.ceil(holdout * ds.num_rows) if holdout < 1 else int(holdout)
+    if num_eval >= ds.num_rows:
+        raise DatasetError(
+            f"holdout={holdout} leaves no training rows: dataset {uri} has {ds.num_rows}; lower the holdout"
+        )
+    order = np.random.default_rng(seed).permutation(ds.num_rows)
+    table = ds.data.table
+    return datasets.DatasetDict(
+        {
+            "train": datasets.Dataset(table.take(order[num_eval:]), info=ds.info.copy()),
+            "eval": datasets.Dataset(table.take(order[:num_eval]), info=ds.info.copy()),
+        }
+    )
+
+
+def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
+    """Saves beside `dest`, then renames, so `dest` is either absent, the old folder, or the complete new one."""
+    # Not `mkdtemp`: its 0700 mode would stick to `dest` after the rename.
+    tmp, old = (dest.with_name(f".{dest.name}.{kind}-{uuid.uuid4().hex}") for kind in ("tmp", "old"))
+    tmp.mkdir()
+    try:
+        splits.save_to_disk(str(tmp))
+        if dest.exists():  # a retried task replaces the earlier ingest
+            dest.rename(old)
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if old.exists():
+                old.rename(dest)
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# --- the entry points --------------------------------------------------------------------------------------------
+
+
+def ingest_dataset(
+    uri: str,
+    dest: Path,
+    *,
+    prompt_column: str = "prompt",
+    required_columns: dict[str, str] | None = None,
+    holdout: float = 0.0,
+    seed: int = 42,
+    split: str | None = None,
+    storage_options: dict | None = None,
+) -> IngestResult:
+    """Loads a prompt dataset, checks it, and saves it to `dest` as a `DatasetDict`: `train`, and `eval` with holdout.
+
+    Every problem with the data is reported at once as one `DatasetError`; nothing is written to `dest` then.
+
+    Args:
+        uri (`str`):
+            A local path, `file:///path`, `s3://bucket/key`, or `hf://datasets/<owner>/<name>[/<split>]`. Files are
+            `.jsonl`/`.json`, `.csv` or `.parquet` (JSON and CSV may be compressed, e.g. `.jsonl.gz`).
+        dest (`Path`):
+            The folder to save to (created; replaced if it exists). Temporary files go beside it.
+        prompt_column (`str`, *optional*, defaults to `"prompt"`):
+            The column of prompts: strings, or lists of `{"role", "content"}` messages.
+        required_columns (`dict[str, str]`, *optional*):
+            Further columns that must exist without nulls, each mapped to who needs it, for the message
+            (e.g. `{"answer": "reward 'exact_answer'"}`).
+        holdout (`float`, *optional*, defaults to `0.0`):
+            Rows held out as the `eval` split: a fraction if below 1, else a row count. 0 means no `eval` split.
+        seed (`int`, *optional*, defaults to `42`):
+            Seed of the holdout shuffle; the same seed and data give the same split.
+        split (`str`, *optional*):
+            The split of an `hf://datasets/` repo (default `"train"`); not allowed with files.
+        storage_options (`dict`, *optional*):
+            fsspec options for remote sources (e.g. `{"key": ..., "secret": ..., "endpoint_url": ...}` for s3).
+
+    Returns:
+        `IngestResult`: row counts, columns, prompt format and a fingerprint of the source.
+    """
+    dest = Path(dest)
+    src = _resolve(uri, split)
+    _check_holdout(holdout, uri)
+    if src.builder != "hub":
+        _check_file(src, storage_options)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # A private cache beside `dest` keeps ~/.cache clean and goes away with the loader's intermediate Arrow files.
+    with tempfile.TemporaryDirectory(
+        dir=dest.parent, prefix=f".{dest.name}.cache-", ignore_cleanup_errors=True
+    ) as cache:
+        ds = _load(src, cache, storage_options)
+        _check_loaded(src, ds, storage_options)
+        prompt_format = _check_columns(uri, ds.data.table, prompt_column, required_columns)
+        splits = _split(ds, holdout, seed, uri)
+        _save_atomic(splits, dest)
+        fingerprint = _fingerprint(src, ds, storage_options)
+    return IngestResult(
+        uri=uri,
+        num_train=splits["train"].num_rows,
+        num_eval=splits["eval"].num_rows if "eval" in splits else 0,
+        columns=list(ds.column_names),
+        prompt_format=prompt_format,
+        fingerprint=fingerprint,
+    )
+
+
+def load_ingested(dest: Path) -> datasets.DatasetDict:
+    """Loads what `ingest_dataset` saved.
+
+    Args:
+        dest (`Path`): the folder given to `ingest_dataset`.
+
+    Returns:
+        `datasets.DatasetDict`: `train`, and `eval` when the ingest held rows out.
+    """
+    return datasets.load_from_disk(str(dest))
+
+
+# --- Prefect task ----------------------------------------------------------------------------------------------------
+
+
+class InputRejected(ValueError):
+    """The job's dataset or rewards were rejected before any model was loaded (the CLI's exit code 2)."""
+
+
+def _not_rejected(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except InputRejected:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+def required_columns(spec, rewards: list) -> dict[str, str]:
+    """Columns the job reads besides the prompt, each with the reason (shown when it is missing)."""
+    from trainers.rewards import reward_columns
+
+    needed = {}
+    for reward_spec, reward in zip(spec.rewards, rewards, strict=True):
+        for column in reward_columns(reward):
+            needed.setdefault(column, f"reward {reward_spec.name!r}")
+    if spec.sft.enabled:
+        needed.setdefault(spec.sft.completion_column, "the SFT warm-up (sft.completion_column)")
+    return needed
+
+
+def check_rewards(spec, rewards: list, dataset: datasets.Dataset) -> None:
+    """Dry-runs every reward on a few training rows, shaped as TRL will pass them (system prompt applied)."""
+    from trainers.modeling import prepare_prompts
+    from trainers.rewards import dry_run_rewards
+
+    rows = dataset.select(range(min(4, len(dataset))))
+    sample = prepare_prompts(rows, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
+    named = [(r.name, fn) for r, fn in zip(spec.rewards, rewards, strict=True)]
+    dry_run_rewards(named, sample.to_list(), "prompt")
+
+
+@task_decorator(name="ingest", retries=2, retry_delay_seconds=5, retry_condition_fn=_not_rejected)
+def ingest_task(job, spec) -> dict:
+    """Ingests `spec.dataset` into the job folder, dry-runs the rewards on it, emits `grpoflow.dataset.ingested`.
+
+    Raises `InputRejected` (no retry) for a bad dataset or reward, before any model is loaded.
+    """
+    from tasks.events import emit
+    from trainers.rewards import RewardError, build_reward
+
+    try:
+        rewards = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
+        result = ingest_dataset(
+            spec.dataset.uri,
+            job.dataset,
+            prompt_column=spec.dataset.prompt_column,
+            required_columns=required_columns(spec, rewards),
+            holdout=spec.evaluation.holdout,
+            seed=spec.hyperparameters.seed,
+            split=spec.dataset.split,
+        )
+        check_rewards(spec, rewards, load_ingested(job.dataset)["train"])
+    except (DatasetError, RewardError) as e:
+        raise InputRejected(str(e)) from e
+    info = {
+        "uri": result.uri,
+        "num_train": result.num_train,
+        "num_eval": result.num_eval,
+        "columns": result.columns,
+        "prompt_format": result.prompt_format,
+        "fingerprint": result.fingerprint,
+    }
+    emit(job, "grpoflow.dataset.ingested", info)
+    return info

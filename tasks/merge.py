@@ -1,0 +1,19 @@
+"""Merge task: folds a LoRA adapter into the base (PEFT) and writes model.json; emits `grpoflow.adapter.merged`."""
+
+from prefect import task
+
+from tasks.events import emit
+from trainers.jobdir import JobDir
+from trainers.merge import merge_adapter, write_model_json
+
+
+@task(name="merge", retries=1, retry_delay_seconds=5)
+def merge_task(job: JobDir) -> dict:
+    """Merges `adapter/` into `merged/` for LoRA jobs (a full fine-tune is already in `merged/`)."""
+    is_adapter = (job.adapter / "adapter_config.json").exists()
+    if is_adapter:
+        merge_adapter(job.adapter, job.merged)
+    info = write_model_json(job)
+    if is_adapter:
+        emit(job, "grpoflow.adapter.merged", {"artifact_type": "adapter", "merged_files": info["merged_files"]})
+    return info

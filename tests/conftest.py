@@ -1,0 +1,81 @@
+"""Shared fixtures: a small arithmetic dataset, spec files, and a real Prefect server for pipeline tests."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+# Keep CPU runs quiet and reproducible across machines with different core counts.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """A real, temporary Prefect server (SQLite) for the whole session; flows and events go to it."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def arithmetic_rows(n: int, start: int = 0) -> list[dict]:
+    rows = []
+    for i in range(start, start + n):
+        a, b = i % 10, (i * 7) % 10
+        rows.append({"prompt": f"What is {a}+{b}?", "answer": str(a + b), "completion": str(a + b)})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def dataset_file(tmp_path) -> Path:
+    return write_jsonl(tmp_path / "arith.jsonl", arithmetic_rows(24))
+
+
+@pytest.fixture
+def make_spec(tmp_path, dataset_file):
+    """Writes a small, fast job spec (3 GRPO steps on builtin:tiny) with `changes` merged in; returns its path."""
+
+    def make(name: str = "t", **changes) -> Path:
+        spec = {
+            "name": name,
+            "base_model": "builtin:tiny",
+            "dataset": {"uri": str(dataset_file)},
+            "rewards": [{"name": "exact_answer"}, {"name": "length_penalty", "kwargs": {"max_chars": 4}}],
+            "hyperparameters": {
+                "max_steps": 3,
+                "rollouts_per_prompt": 4,
+                "max_response_length": 6,
+                "learning_rate": 1e-3,
+            },
+            "evaluation": {"holdout": 4},
+            "output_uri": str(tmp_path / "runs"),
+        }
+        for key, value in changes.items():
+            if isinstance(value, dict) and isinstance(spec.get(key), dict):
+                spec[key] = {**spec[key], **value}
+            else:
+                spec[key] = value
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        return path
+
+    return make

@@ -1,0 +1,137 @@
+"""End-to-end runs of the grpo-pipeline flow on builtin:tiny through the CLI, against a real Prefect server."""
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from flows.cli import main
+from trainers.jobdir import JobDir
+from trainers.metrics import read_metrics
+from trainers.tiny import build_tiny
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+
+REQUIRED_METRICS = {"reward", "reward_std", "loss", "completions/mean_length", "entropy"}
+
+
+def run(spec_path, *extra) -> tuple[int, dict | None]:
+    """`grpoflow run SPEC --json` in this process; returns the exit code and the printed JSON."""
+    out = io.StringIO()
+    # Only stdout is redirected: Prefect's log handlers keep the stderr they first saw.
+    with contextlib.redirect_stdout(out):
+        code = main(["run", str(spec_path), "--json", *extra])
+    lines = out.getvalue().strip().splitlines()
+    return code, json.loads(lines[-1]) if code == 0 else None
+
+
+def events(job: JobDir) -> list[str]:
+    return [r["event"] for r in read_metrics(job.events)]
+
+
+def assert_generates(path):
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    enc = tokenizer(["What is 2+3?"], return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > enc["input_ids"].shape[1]
+
+
+def test_full_finetune(make_spec):
+    code, result = run(make_spec("full"))
+    assert code == 0
+    assert result["status"] == "completed"
+    job = JobDir(Path(result["output_dir"]))
+
+    records = read_metrics(job.metrics)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert REQUIRED_METRICS <= r["values"].keys()
+        assert "kl" not in r["values"]  # kl_coef = 0: no KL term, no reference model
+        assert {"rewards/exact_answer/mean", "rewards/length_penalty/mean"} <= r["values"].keys()
+
+    # The full fine-tune changed the weights and the result loads and generates.
+    before = load_file(build_tiny() / "model.safetensors")
+    after = load_file(job.merged / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert_generates(job.merged)
+    assert json.loads(job.model_json.read_text())["artifact_type"] == "full"
+
+    names = events(job)
+    assert names[0] == "grpoflow.job.started" and names[-1] == "grpoflow.job.completed"
+    assert names.index("grpoflow.dataset.ingested") < names.index("grpoflow.training.completed")
+    assert "grpoflow.training.progress" in names
+    evaluation = json.loads(job.evaluation.read_text())
+    assert evaluation["metric"] == "exact_answer" and evaluation["n"] == 4
+    assert 0.0 <= evaluation["before"] <= 1.0 and 0.0 <= evaluation["after"] <= 1.0
+    report = job.report.read_text()
+    assert "exact_answer" in report and (job.root / "reward.png").exists()
+
+
+def test_lora_with_kl(make_spec):
+    spec = make_spec("lora", hyperparameters={"lora_rank": 4, "kl_coef": 0.05})
+    code, result = run(spec)
+    assert code == 0
+    job = JobDir(Path(result["output_dir"]))
+    records = read_metrics(job.metrics)
+    assert all("kl" in r["values"] for r in records)  # kl_coef > 0: kl logged every step
+    config = json.loads((job.adapter / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 4  # alpha defaults to rank
+    assert set(config["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    info = json.loads(job.model_json.read_text())
+    assert info["artifact_type"] == "adapter" and "adapter_model.safetensors" in info["files"]
+    assert "model.safetensors" in info["merged_files"]
+    # The adapter trained: merging it changed the base weights.
+    before = load_file(build_tiny() / "model.safetensors")
+    after = load_file(job.merged / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before if "proj" in k)
+    assert_generates(job.merged)
+    assert "grpoflow.adapter.merged" in events(job)
+
+
+def test_qlora(make_spec):
+    spec = make_spec("qlora", hyperparameters={"lora_rank": 4, "load_in_4bit": True})
+    code, result = run(spec)
+    assert code == 0
+    job = JobDir(Path(result["output_dir"]))
+    assert (job.adapter / "adapter_model.safetensors").exists()
+    assert "loaded in 4-bit: True" in (job.logs / "train.log").read_text()
+    merged = load_file(job.merged / "model.safetensors")
+    assert all(t.dtype in (torch.float32, torch.bfloat16) for t in merged.values())  # merged is not 4-bit
+    assert_generates(job.merged)
+
+
+def test_same_seed_same_metrics(make_spec):
+    spec = make_spec("seeded")
+    runs = []
+    for _ in range(2):
+        code, result = run(spec)
+        assert code == 0
+        records = read_metrics(JobDir(Path(result["output_dir"])).metrics)
+        runs.append([{k: v for k, v in r["values"].items() if k != "step_time"} for r in records])
+    assert runs[0] == runs[1]
+
+
+def test_sft_warmup(make_spec):
+    spec = make_spec("sft", sft={"enabled": True, "max_steps": 5, "batch_size": 8})
+    code, result = run(spec)
+    assert code == 0
+    job = JobDir(Path(result["output_dir"]))
+    assert (job.sft / "model.safetensors").exists()
+    names = events(job)
+    assert names.index("grpoflow.sft.completed") < names.index("grpoflow.training.completed")
+    # GRPO started from the SFT weights, not the base model.
+    assert json.loads(job.training_result.read_text())["start_model"] == str(job.sft)

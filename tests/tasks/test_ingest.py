@@ -1,0 +1,295 @@
+"""Tests for tasks/ingest.py: real files in tmp_path, loaded, checked and saved for real."""
+
+import gzip
+import hashlib
+import json
+import os
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.ingest import DatasetError, ingest_dataset, load_ingested
+
+ROWS = [{"prompt": f"What is {i}+7?", "answer": str(i + 7)} for i in range(10)]
+CHAT = [
+    {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"{i}+1?"}]} for i in range(4)
+]
+
+
+def jsonl(*rows: dict) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+def write(path, rows: list[dict]) -> None:
+    if path.suffix.lower() == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif path.suffix.lower() == ".csv":
+        lines = [",".join(rows[0])] + [",".join(str(v) for v in row.values()) for row in rows]
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        path.write_bytes(jsonl(*rows))
+
+
+@pytest.fixture
+def dest(tmp_path):
+    return tmp_path / "job" / "dataset"
+
+
+# --- datasets that load -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "data.json", "data.csv", "DATA.PARQUET"])
+def test_each_format_loads_and_saves(tmp_path, dest, name):
+    source = tmp_path / name
+    write(source, ROWS)
+
+    result = ingest_dataset(str(source), dest, required_columns={"answer": "reward 'exact_answer'"})
+
+    saved = load_ingested(dest)
+    assert list(saved) == ["train"]
+    assert saved["train"]["prompt"] == [row["prompt"] for row in ROWS]
+    # CSV infers integers for "17": what a user gets from their CSV, kept as the loader reads it.
+    assert [str(a) for a in saved["train"]["answer"]] == [row["answer"] for row in ROWS]
+    assert (result.num_train, result.num_eval, result.columns) == (10, 0, ["prompt", "answer"])
+    assert result.prompt_format == "text"
+    assert result.fingerprint == hashlib.sha256(source.read_bytes()).hexdigest()
+    # The loader's cache and the temporary save folder are gone; only the dataset is left.
+    assert os.listdir(dest.parent) == ["dataset"]
+
+
+def test_file_uri_is_the_same_as_the_path(tmp_path, dest):
+    source = tmp_path / "data.jsonl"
+    write(source, ROWS)
+
+    by_uri = ingest_dataset(source.as_uri(), dest)
+
+    assert by_uri.num_train == 10
+    assert by_uri.fingerprint == ingest_dataset(str(source), tmp_path / "other").fingerprint
+    assert load_ingested(dest)["train"]["prompt"] == [row["prompt"] for row in ROWS]
+
+
+def test_compressed_jsonl_loads(tmp_path, dest):
+    source = tmp_path / "data.jsonl.gz"
+    source.write_bytes(gzip.compress(jsonl(*ROWS)))
+
+    assert ingest_dataset(str(source), dest).num_train == 10
+
+
+def test_chat_prompts(tmp_path, dest):
+    source = tmp_path / "chat.jsonl"
+    write(source, CHAT)
+
+    result = ingest_dataset(str(source), dest)
+
+    assert result.prompt_format == "chat"
+    assert load_ingested(dest)["train"]["prompt"] == [row["prompt"] for row in CHAT]
+
+
+def test_fingerprint_follows_the_content(tmp_path, dest):
+    source = tmp_path / "data.jsonl"
+    write(source, ROWS)
+    before = ingest_dataset(str(source), dest).fingerprint
+    write(source, ROWS[:-1])
+
+    after = ingest_dataset(str(source), dest)
+
+    assert after.fingerprint != before
+    # Ingesting again replaces the earlier folder.
+    assert after.num_train == 9 and load_ingested(dest)["train"].num_rows == 9
+
+
+# --- holdout ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "holdout, sizes",
+    [
+        (0.2, (8, 2)),  # a fraction of the rows
+        (0.25, (7, 3)),  # a fraction rounds the eval set up, as train_test_split does
+        (3, (7, 3)),  # a count of rows
+        (9, (1, 9)),  # all but one row
+    ],
+)
+def test_holdout_sizes(tmp_path, dest, holdout, sizes):
+    source = tmp_path / "data.jsonl"
+    write(source, ROWS)
+
+    result = ingest_dataset(str(source), dest, holdout=holdout)
+
+    saved = load_ingested(dest)
+    assert (result.num_train, result.num_eval) == sizes == (saved["train"].num_rows, saved["eval"].num_rows)
+    # Every row lands in exactly one split.
+    assert sorted([*saved["train"]["prompt"], *saved["eval"]["prompt"]]) == sorted(row["prompt"] for row in ROWS)
+
+
+def test_holdout_is_deterministic_and_matches_train_test_split(tmp_path):
+    source = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"p{i}"} for i in range(200)]
+    write(source, rows)
+
+    def eval_prompts(seed: int, name: str) -> list[str]:
+        ingest_dataset(str(source), tmp_path / name, holdout=0.1, seed=seed)
+        return load_ingested(tmp_path / name)["eval"]["prompt"]
+
+    assert eval_prompts(1, "a") == eval_prompts(1, "b")
+    assert eval_prompts(1, "a") != eval_prompts(2, "c")
+    reference = datasets.Dataset.from_list(rows).train_test_split(test_size=0.1, seed=1, shuffle=True)
+    assert eval_prompts(1, "a") == reference["test"]["prompt"]
+    assert load_ingested(tmp_path / "a")["train"]["prompt"] == reference["train"]["prompt"]
+
+
+# --- datasets that are rejected -----------------------------------------------------------------------------------
+
+GOOD = jsonl(*ROWS[:3])
+ANSWER = {"answer": "reward 'exact_answer'"}
+
+BAD_DATASETS = [
+    # the prompt column is named differently: say which columns exist, and guess the close one
+    (
+        "a.jsonl",
+        jsonl({"Prompts": "hi"}),
+        {},
+        ["prompt column 'prompt' not found", "'Prompts'", "did you mean 'Prompts'?"],
+    ),
+    # numbers are not prompts: name the column and its Arrow type
+    ("a.jsonl", jsonl({"prompt": 1}, {"prompt": 2}), {}, ["prompt column 'prompt' has Arrow type int64"]),
+    # some rows a string, some a list: datasets makes the column JSON, which is no prompt either
+    ("a.jsonl", jsonl({"prompt": "hi"}, *CHAT[:1]), {}, ["has Arrow type extension<arrow.json>", "mix types"]),
+    # a chat message without content is not a chat prompt
+    ("a.jsonl", jsonl({"prompt": [{"role": "user"}]}), {}, ["prompt column 'prompt' has Arrow type list<"]),
+    # a missing key (null) and an empty string, on data rows 2 and 4
+    ("a.jsonl", jsonl(ROWS[0], {"answer": "1"}, ROWS[1], {"prompt": ""}), {}, ["null or empty in 2 rows (rows 2, 4;"]),
+    # seven bad rows: the first five are named, with the total
+    ("a.jsonl", jsonl(*[{"prompt": ""}] * 7, ROWS[0]), {}, ["in 7 rows (rows 1, 2, 3, 4, 5 and 2 more;"]),
+    # an empty chat, and a message whose content is null
+    (
+        "a.jsonl",
+        jsonl(*CHAT[:2], {"prompt": []}, {"prompt": [{"role": "user", "content": None}]}),
+        {},
+        ["null or empty message list", "in 2 rows (rows 3, 4;"],
+    ),
+    # a column a reward needs is missing: name it, the reward, and the columns there are
+    (
+        "a.jsonl",
+        jsonl({"prompt": "hi", "answr": "1"}),
+        {"required_columns": ANSWER},
+        ["column 'answer' (needed by reward 'exact_answer') not found", "did you mean 'answr'?"],
+    ),
+    # a column a reward needs has nulls
+    (
+        "a.jsonl",
+        jsonl(ROWS[0], {"prompt": "hi"}),
+        {"required_columns": ANSWER},
+        ["column 'answer' (needed by reward 'exact_answer') is null in 1 row (row 2;"],
+    ),
+    # every problem is reported at once, not just the first
+    (
+        "a.jsonl",
+        jsonl({"prompt": ""}),
+        {"required_columns": {**ANSWER, "completion": "the SFT warm-up (sft.completion_column)"}},
+        ["has 3 problems", "null or empty in 1 row", "'answer' (needed by reward", "'completion' (needed by the SFT"],
+    ),
+    # a broken line among good ones is named by its line number, with the parser's reason
+    (
+        "a.jsonl",
+        jsonl(*ROWS, *ROWS[:6]) + b'{"prompt": "q" "answer": 1}\n',
+        {},
+        ["line 17: invalid JSON (Expecting ',' delimiter)"],
+    ),
+    # a line that is JSON but not an object
+    ("a.jsonl", GOOD + b"[1, 2]\n", {}, ["line 4: not a JSON object (got an array)"]),
+    # at most three bad lines are listed
+    ("a.jsonl", GOOD + b"{\n" * 5, {}, ["line 4: invalid JSON", "line 6: invalid JSON", "first 3 bad lines"]),
+    # bytes that are not UTF-8 (the JSON reader alone would let them through)
+    ("a.jsonl", GOOD + b'{"prompt": "caf\xe9"}\n', {}, ["line 4: not valid UTF-8 (byte 0xe9 at column 16)"]),
+    # the same in a CSV
+    ("a.csv", b"prompt,answer\nhi,1\ncaf\xe9,2\n", {}, ["line 3: not valid UTF-8"]),
+    # a CSV row with too many fields: the parser's message names the line
+    ("a.csv", b"prompt,answer\nhi,1\nx,2,3\n", {}, ["Expected 2 fields in line 3, saw 3"]),
+    # an empty file, blank lines only, a CSV header only
+    ("a.jsonl", b"", {}, ["has no rows"]),
+    ("a.jsonl", b"\n\n  \n", {}, ["has no rows"]),
+    ("a.csv", b"prompt,answer\n", {}, ["has no rows"]),
+    # a format that is not supported: name the extension and the supported ones
+    ("a.txt", GOOD, {}, ["unsupported file extension .txt", ".jsonl, .json, .csv, .parquet"]),
+    # a holdout that leaves nothing to train on (3 rows), or is not a fraction or a count
+    ("a.jsonl", GOOD, {"holdout": 3}, ["holdout=3 leaves no training rows", "has 3"]),
+    ("a.jsonl", GOOD, {"holdout": 0.9}, ["holdout=0.9 leaves no training rows"]),
+    (
+        "a.jsonl",
+        GOOD,
+        {"holdout": 1.5},
+        ["holdout=1.5 for dataset", "give a fraction in [0, 1) or a whole number of rows"],
+    ),
+    # a split only means something for a Hub dataset
+    ("a.jsonl", GOOD, {"split": "test"}, ["split='test' applies only to hf://datasets/"]),
+]
+
+
+@pytest.mark.parametrize("name, content, kwargs, fragments", BAD_DATASETS)
+def test_bad_datasets_are_rejected_and_leave_nothing(tmp_path, dest, name, content, kwargs, fragments):
+    source = tmp_path / name
+    source.write_bytes(content)
+
+    with pytest.raises(DatasetError) as error:
+        ingest_dataset(str(source), dest, **kwargs)
+
+    for fragment in fragments:
+        assert fragment in str(error.value)
+    assert str(source) in str(error.value)
+    assert not dest.exists()
+    assert not dest.parent.exists() or os.listdir(dest.parent) == []
+
+
+@pytest.mark.parametrize(
+    "uri, fragment",
+    [
+        ("{tmp}/missing.jsonl", "dataset not found: {tmp}/missing.jsonl"),  # a path that is not there
+        ("file://{tmp}/missing.jsonl", "dataset not found: file://{tmp}/missing.jsonl"),  # nor as a file:// URI
+        ("{tmp}/folder.jsonl", "is a directory"),  # a folder, not a file
+        ("ftp://host/data.jsonl", "unsupported scheme ftp://"),  # schemes the loader does not take
+        ("http://host/data.jsonl", "supported: local path, file://, s3://, hf://datasets/"),
+        ("hf://models/org/name", "only Hub datasets are supported"),  # a Hub model is not a dataset
+    ],
+)
+def test_bad_uris(tmp_path, dest, uri, fragment):
+    (tmp_path / "folder.jsonl").mkdir()
+
+    with pytest.raises(DatasetError) as error:
+        ingest_dataset(uri.format(tmp=tmp_path), dest)
+
+    assert fragment.format(tmp=tmp_path) in str(error.value)
+    assert not dest.exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_file(tmp_path, dest):
+    source = tmp_path / "data.jsonl"
+    write(source, ROWS)
+    source.chmod(0)
+
+    with pytest.raises(DatasetError, match="permission denied"):
+        ingest_dataset(str(source), dest)
+
+
+def test_empty_parquet(tmp_path, dest):
+    source = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), source)
+
+    with pytest.raises(DatasetError, match="has no rows"):
+        ingest_dataset(str(source), dest)
+    assert not dest.exists()
+
+
+def test_rejected_dataset_keeps_the_earlier_ingest(tmp_path, dest):
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    write(good, ROWS)
+    write(bad, [{"prompt": ""}])
+    ingest_dataset(str(good), dest)
+
+    with pytest.raises(DatasetError):
+        ingest_dataset(str(bad), dest)
+
+    assert load_ingested(dest)["train"].num_rows == 10

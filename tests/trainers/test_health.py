@@ -1,0 +1,268 @@
+"""Tests for trainers/health.py: a rule table of true and false alarms per detector, streaming, fire-once, verdict."""
+
+import doctest
+import json
+import math
+import random
+
+import pytest
+
+from trainers import health
+from trainers.health import Alert, HealthMonitor, verdict
+
+W = 10  # the default window
+MAX_LEN = 512
+
+
+def series(n, **columns):
+    """Records for steps 1..n; each column is a function of the step (returning None leaves the key out)."""
+    records = []
+    for step in range(1, n + 1):
+        values = {key: fn(step) for key, fn in columns.items()}
+        records.append({"step": step, "values": {k: v for k, v in values.items() if v is not None}})
+    return records
+
+
+def noisy(fn, scale, seed=0):
+    """`fn` plus seeded Gaussian noise of `scale` (relative to the value), never below 0."""
+    rng = random.Random(seed)
+    return lambda step: max(0.0, fn(step) * (1 + rng.gauss(0, scale)))
+
+
+def fired(records, kind, kl_coef=0.0, **kwargs):
+    """The step at which `kind` fired over `records`, or None."""
+    alerts = HealthMonitor(max_response_length=MAX_LEN, kl_coef=kl_coef, **kwargs).check(records)
+    steps = [a.step for a in alerts if a.kind == kind]
+    assert len(steps) <= 1  # each kind fires at most once
+    return steps[0] if steps else None
+
+
+def in_range(step, expected):
+    return step is None if expected is None else step is not None and expected[0] <= step <= expected[1]
+
+
+# --- policy collapse -------------------------------------------------------------------------------------------------
+
+HEALTHY_STD = noisy(lambda s: 0.3, 0.15, seed=1)
+COIN = lambda s: float(s % 2)  # all-right or all-wrong groups alternate: reward moves, but never within a group
+
+COLLAPSE_CASES = [
+    # TRUE: signal for 30 steps, then every group scores alike; fires once a whole window is at 0 (step 40)
+    (series(60, reward=COIN, reward_std=lambda s: 0.3 if s <= 30 else 0.0), (40, 40)),
+    # TRUE: the same with noise on the healthy part and TRL's frac_reward_zero_std alongside
+    (
+        series(
+            60,
+            reward=COIN,
+            reward_std=lambda s: HEALTHY_STD(s) if s <= 30 else 0.001,
+            frac_reward_zero_std=lambda s: 0.0 if s <= 30 else 1.0,
+        ),
+        (40, 40),
+    ),
+    # TRUE: reward_std stays up, entropy falls to a tenth (needs 2 windows; fires when the last is < 30% of the first)
+    (series(60, reward=lambda s: 0.4, reward_std=HEALTHY_STD, entropy=lambda s: math.exp(-s / 12)), (20, 30)),
+    # TRUE: a collapse onto a middling reward: reward_std 0 while the reward sits at 0.5, below its best (1.0)
+    (series(50, reward=lambda s: 1.0 if s == 5 else 0.5, reward_std=lambda s: 0.3 if s <= 20 else 0.0), (30, 30)),
+    # FALSE: healthy noise: reward_std around 0.3, entropy drifting slowly down (1.0 -> 0.7)
+    (series(100, reward=noisy(lambda s: 0.5, 0.2), reward_std=HEALTHY_STD, entropy=lambda s: 1 - 0.003 * s), None),
+    # FALSE: solved from the start: reward 1.0 and reward_std 0 throughout (there never was variance to lose)
+    (series(60, reward=lambda s: 1.0, reward_std=lambda s: 0.0, entropy=lambda s: 0.8), None),
+    # FALSE: solved on the way: the reward climbs to its ceiling, so variance vanishes and entropy falls with it
+    (
+        series(
+            80,
+            reward=lambda s: min(1.0, s / 40),
+            reward_std=lambda s: 0.3 if s < 40 else 0.0,
+            entropy=lambda s: max(0.05, 1 - s / 40),
+        ),
+        None,
+    ),
+    # FALSE: entropy falls just as steeply, but the reward is still climbing: a policy learning fast, not collapsing
+    (series(60, reward=lambda s: 0.1 + s / 100, reward_std=HEALTHY_STD, entropy=lambda s: math.exp(-s / 12)), None),
+    # FALSE: never any signal: every completion fails from step 1 (a data or reward problem, not a collapse)
+    (series(60, reward=lambda s: 0.0, reward_std=lambda s: 0.0), None),
+    # FALSE: short run: entropy collapses but only 15 steps were logged (fewer than two windows)
+    (series(15, reward=lambda s: 0.4, reward_std=HEALTHY_STD, entropy=lambda s: math.exp(-s / 2)), None),
+    # FALSE: reward_std dips to 0 for 5 steps, less than a window, then recovers
+    (series(60, reward=COIN, reward_std=lambda s: 0.0 if 30 < s <= 35 else 0.3), None),
+    # FALSE: the keys are missing or None (NaN in the log): nothing to judge
+    (series(60, loss=lambda s: 0.1, reward_std=lambda s: None, entropy=lambda s: None), None),
+]
+
+
+@pytest.mark.parametrize("records, expected", COLLAPSE_CASES)
+def test_policy_collapse(records, expected):
+    step = fired(records, "policy_collapse")
+    assert in_range(step, expected), step
+
+
+def test_collapse_evidence_and_advice():
+    records = COLLAPSE_CASES[1][0]
+    (alert,) = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0).check(records)
+    assert alert.evidence["reward_std_last"] < 0.01 < 0.05 < alert.evidence["reward_std_peak_before"]
+    assert alert.evidence["frac_reward_zero_std_last"] == 1.0
+    assert "learning_rate" in alert.advice and "kl_coef" in alert.advice
+
+
+def test_reward_ceiling_threshold():
+    # Collapsed at 0.5 on a reward whose best step was 0.5: without a ceiling it looks solved; with ceiling 1.0, not.
+    records = series(50, reward=lambda s: 0.5, reward_std=lambda s: 0.3 if s <= 20 else 0.0)
+    assert fired(records, "policy_collapse") is None
+    assert fired(records, "policy_collapse", reward_ceiling=1.0) == 30
+
+
+# --- length explosion ------------------------------------------------------------------------------------------------
+
+FLAT_REWARD = noisy(lambda s: 0.3, 0.1, seed=2)
+GROWING = lambda s: 100 + 6.5 * s  # 106 at step 1, 490 at step 60
+
+LENGTH_CASES = [
+    # TRUE: lengths climb toward the 512 limit while the reward stays flat; fires once the last window passes 0.8*512
+    (series(60, reward=FLAT_REWARD, **{"completions/mean_length": GROWING}), (50, 60)),
+    # TRUE: the mean is only at 0.7*512, but half the completions hit the limit (clipped_ratio) and it doubled
+    (
+        series(
+            40,
+            reward=FLAT_REWARD,
+            **{
+                "completions/mean_length": lambda s: 150 if s <= 10 else 360,
+                "completions/clipped_ratio": lambda s: 0.0 if s <= 10 else 0.6,
+            },
+        ),
+        (20, 20),
+    ),
+    # TRUE: the reward falls while lengths grow (worse, not just flat)
+    (series(60, reward=lambda s: 0.5 - s / 200, **{"completions/mean_length": GROWING}), (50, 60)),
+    # FALSE: lengths grow just as much, but the reward improves with them (longer reasoning that pays off)
+    (series(60, reward=lambda s: 0.2 + s / 100, **{"completions/mean_length": GROWING}), None),
+    # FALSE: long from step 1 (0.9 * max, no growth): a tight max_response_length, not an explosion
+    (series(60, reward=FLAT_REWARD, **{"completions/mean_length": noisy(lambda s: 460, 0.02)}), None),
+    # FALSE: lengths triple but stay far from the limit (50 -> 150 of 512)
+    (series(60, reward=FLAT_REWARD, **{"completions/mean_length": lambda s: 50 + 100 * s / 60}), None),
+    # FALSE: short run: 15 steps, fewer than two windows
+    (series(15, reward=FLAT_REWARD, **{"completions/mean_length": lambda s: 100 if s <= 5 else 500}), None),
+    # FALSE: no reward logged: growth cannot be told from progress
+    (series(60, **{"completions/mean_length": GROWING}), None),
+]
+
+
+@pytest.mark.parametrize("records, expected", LENGTH_CASES)
+def test_length_explosion(records, expected):
+    step = fired(records, "length_explosion")
+    assert in_range(step, expected), step
+
+
+def test_length_evidence_and_advice():
+    (alert,) = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0).check(LENGTH_CASES[1][0])
+    assert alert.evidence["clipped_ratio_last"] == 0.6
+    assert alert.evidence["mean_length_last"] == 360 and alert.evidence["mean_length_first"] == 150
+    assert "length penalty" in alert.advice and "max_response_length (now 512)" in alert.advice
+
+
+# --- KL drift --------------------------------------------------------------------------------------------------------
+
+KL_CASES = [
+    # TRUE: blow-up: kl steady at 0.02, then jumps to 0.5 at step 31 (last window > 3x the one before, above the floor)
+    (0.04, series(60, kl=lambda s: 0.02 if s <= 30 else 0.5), (31, 35)),
+    # TRUE: steady linear climb, 0.01 per step, never a 3x jump: fires on two equal rises in a row (needs 3 windows)
+    (0.04, series(80, kl=lambda s: 0.01 * s), (30, 30)),
+    # TRUE: exponential growth with noise
+    (0.001, series(80, kl=noisy(lambda s: 0.01 * math.exp(s / 15), 0.1, seed=3)), (30, 60)),
+    # FALSE: the usual rise from 0 (policy = reference at step 1) to a plateau in the hundredths, with noise
+    (0.04, series(100, kl=noisy(lambda s: 0.03 * (1 - math.exp(-s / 10)), 0.2, seed=4)), None),
+    # FALSE: a rise to a high plateau (0.3) that levels off: each window rises less than the one before
+    (0.04, series(100, kl=lambda s: 0.3 * (1 - math.exp(-s / 10))), None),
+    # FALSE: a high but bounded kl: 0.3 with 10% noise from the start
+    (0.04, series(100, kl=noisy(lambda s: 0.3, 0.1, seed=5)), None),
+    # FALSE: kl_coef = 0: no KL term, TRL logs no kl
+    (0.0, series(60, reward=FLAT_REWARD), None),
+    # FALSE: kl_coef = 0: the detector is off even if a kl series shows up
+    (0.0, series(60, kl=lambda s: 0.01 * s), None),
+    # FALSE: kl_coef > 0 but kl is None (NaN) at every step
+    (0.04, series(60, kl=lambda s: None), None),
+    # FALSE: short run: 15 steps, fewer than two windows
+    (0.04, series(15, kl=lambda s: 0.02 if s <= 5 else 1.0), None),
+]
+
+
+@pytest.mark.parametrize("kl_coef, records, expected", KL_CASES)
+def test_kl_drift(kl_coef, records, expected):
+    step = fired(records, "kl_drift", kl_coef=kl_coef)
+    assert in_range(step, expected), step
+
+
+def test_kl_evidence_and_advice():
+    (alert,) = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.04).check(KL_CASES[0][1])
+    assert alert.evidence["rule"] == "blowup" and alert.evidence["kl_last"] > 3 * alert.evidence["kl_window_before"]
+    assert "Raise kl_coef (now 0.04" in alert.advice
+
+
+# --- the monitor -----------------------------------------------------------------------------------------------------
+
+
+def all_three():
+    """A run that collapses (step 40), explodes in length and drifts in KL, with gaps and Nones in the log."""
+    return series(
+        80,
+        reward=COIN,
+        reward_std=lambda s: None if s % 7 == 0 else (0.3 if s <= 30 else 0.0),
+        entropy=lambda s: 0.9,
+        kl=lambda s: 0.02 if s <= 50 else 0.6,
+        **{"completions/mean_length": lambda s: 100 if s <= 40 else 480, "loss": lambda s: 0.01},
+    )
+
+
+def test_update_streams_the_same_alerts_as_check():
+    records = all_three()
+    monitor = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.04)
+    streamed = [alert.to_dict() for record in records for alert in monitor.update(record)]
+    whole = [alert.to_dict() for alert in HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.04).check(records)]
+    assert streamed == whole
+    assert [a["kind"] for a in whole] == ["policy_collapse", "length_explosion", "kl_drift"]
+
+
+def test_each_kind_fires_once():
+    # Collapsed for 150 steps after the first alert: the monitor stays quiet afterwards.
+    records = series(200, reward=COIN, reward_std=lambda s: 0.3 if s <= 30 else 0.0)
+    monitor = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0)
+    per_step = [monitor.update(r) for r in records]
+    assert sum(len(alerts) for alerts in per_step) == 1
+    assert monitor.fired == {"policy_collapse"}
+
+
+def test_window_and_threshold_arguments():
+    with pytest.raises(TypeError, match="collapse_std"):
+        HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0, collapse_std=0.1)  # misspelt threshold name
+    with pytest.raises(ValueError, match="window"):
+        HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0, window=1)
+    # A smaller window fires sooner on the same collapse.
+    records = COLLAPSE_CASES[0][0]
+    assert fired(records, "policy_collapse", window=5) == 35
+
+
+def test_alert_to_dict_is_json():
+    alerts = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.04).check(all_three())
+    data = json.loads(json.dumps([a.to_dict() for a in alerts]))
+    assert set(data[0]) == {"kind", "step", "message", "evidence", "advice"}
+    assert all(a["message"] and a["advice"] and a["evidence"]["window"] == W for a in data)
+
+
+@pytest.mark.parametrize(
+    "alerts, expected",
+    [
+        ([], "healthy"),  # no alerts
+        ([Alert("policy_collapse", 40, "m", {}, "a")], "policy collapse suspected at step 40"),
+        # several, listed by step whatever the order given
+        (
+            [Alert("kl_drift", 55, "m", {}, "a"), Alert("length_explosion", 12, "m", {}, "a")],
+            "length explosion suspected at step 12; KL drift suspected at step 55",
+        ),
+    ],
+)
+def test_verdict(alerts, expected):
+    assert verdict(alerts) == expected
+
+
+def test_module_example():
+    # The module docstring's example runs and gives what it shows.
+    assert doctest.testmod(health).failed == 0

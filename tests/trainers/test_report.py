@@ -1,0 +1,135 @@
+"""Tests for trainers/report.py: the PNG plots and report.md of a job folder, from a real spec and metrics file."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from trainers.health import HealthMonitor
+from trainers.jobdir import JobDir
+from trainers.report import plot_metrics, write_report
+from trainers.spec import load_spec, to_yaml
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+BASE_SPEC = {
+    "name": "t",
+    "base_model": "builtin:tiny",
+    "dataset": {"uri": "x.jsonl"},
+    "rewards": [{"name": "exact_answer"}],
+}
+EVALUATION = {"metric": "exact_answer", "n": 20, "before": 0.35, "after": 0.6}
+
+
+def make_job(tmp_path: Path, spec_overrides=(), n_steps=60, kl=False) -> tuple[JobDir, object]:
+    """A job folder with spec.yaml and a synthetic metrics.jsonl (n_steps steps; kl logged when `kl`)."""
+    spec, _ = load_spec(BASE_SPEC, spec_overrides)
+    job = JobDir(tmp_path / "t-20250101-000000")
+    job.root.mkdir(parents=True)
+    job.spec.write_text(to_yaml(spec))
+    lines = []
+    for step in range(1, n_steps + 1):
+        values = {
+            "reward": 0.2 + 0.6 * step / n_steps + 0.05 * math.sin(step),
+            "reward_std": 0.3 - 0.002 * step,
+            "loss": 0.01 * math.cos(step),
+            "completions/mean_length": 40 + step / 2,
+            "entropy": 1.2 - 0.01 * step,
+            "rewards/exact_answer/mean": 0.2 + 0.6 * step / n_steps,
+            "grad_norm": None if step == 3 else 0.5,  # a NaN in the log is written as null
+        }
+        if kl:
+            values["kl"] = 0.001 * step
+        lines.append(json.dumps({"step": step, "values": values}))
+    job.metrics.write_text("\n".join(lines) + ("\n" if lines else ""))
+    return job, spec
+
+
+def assert_png(path: Path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, path
+    assert len(data) > 5_000, f"{path} is only {len(data)} bytes"  # a real plot, not an empty canvas
+
+
+def test_report_with_kl(tmp_path):
+    job, spec = make_job(tmp_path, ["hyperparameters.kl_coef=0.04", "hyperparameters.rollouts_per_prompt=4"], kl=True)
+    alerts = [a.to_dict() for a in HealthMonitor(max_response_length=64, kl_coef=0.04, window=5).check([])]
+    path = write_report(job, spec, EVALUATION, alerts, extra={"wall_time_s": 3725})
+    assert path == job.report and path.exists()
+    for name in ("reward", "reward_std", "completions_mean_length", "entropy", "kl"):
+        assert_png(job.root / f"{name}.png")
+        assert f"![{name}]({name}.png)" in path.read_text()
+    text = path.read_text()
+    assert text.startswith("# GRPO job report: t-20250101-000000")
+    # Hyperparameters: overridden and default values, in the table.
+    assert "| kl_coef | 0.04 |" in text
+    assert "| rollouts_per_prompt | 4 |" in text
+    assert "| learning_rate | 1e-06 |" in text
+    assert "| max_steps | 100 |" in text
+    assert "| lora_rank | null |" in text
+    # Held-out evaluation as percentages and the change in points.
+    assert "| exact_answer | 20 | 35.0% | 60.0% | +25.0 points |" in text
+    # Summary.
+    assert "`builtin:tiny`" in text and "60 of max_steps 100" in text and "1h 02m 05s" in text
+    assert "`full` (a full fine-tune" in text and "SFT" not in text.split("## Hyperparameters")[0]
+    # Metrics: first and last of kl and of the per-reward mean, and the best reward.
+    assert "| `kl` | 0.001 | 0.06 | 0.001 | 0.06 |" in text
+    assert "| `rewards/exact_answer/mean` | 0.21 | 0.8 | 0.21 | 0.8 |" in text
+    assert "Best reward:" in text
+    assert "**Verdict:** healthy" in text
+    # Nothing half-written left behind.
+    assert not list(job.root.glob(".*"))
+
+
+def test_report_without_kl_and_with_alerts(tmp_path):
+    job, spec = make_job(tmp_path, ["sft.enabled=true", "hyperparameters.lora_rank=8"])
+    records = [
+        {"step": s, "values": {"reward": float(s % 2), "reward_std": 0.3 if s <= 20 else 0.0}} for s in range(1, 41)
+    ]
+    alerts = HealthMonitor(max_response_length=2048, kl_coef=0.0).check(records)
+    text = write_report(job, spec, EVALUATION, alerts).read_text()
+    assert not (job.root / "kl.png").exists()  # kl_coef = 0: no kl series, no kl plot
+    assert "| `kl` |" not in text and "![kl]" not in text
+    assert_png(job.root / "reward.png")
+    assert "the base model after an SFT warm-up (200 steps)" in text
+    assert "`adapter` (LoRA rank 8" in text
+    assert "**Verdict:** policy collapse suspected at step 30" in text
+    assert alerts[0].advice in text and "Lower learning_rate" in text
+
+
+def test_report_with_no_steps_and_no_evaluation(tmp_path):
+    job, spec = make_job(tmp_path, n_steps=0)
+    text = write_report(job, spec, None, []).read_text()
+    assert "No training steps were logged" in text
+    assert "none (no training steps were logged)" in text
+    assert "No held-out evaluation was run" in text
+    assert "not judged" in text
+    assert not list(job.root.glob("*.png"))
+
+
+def test_report_without_metrics_file(tmp_path):
+    job, spec = make_job(tmp_path, n_steps=0)
+    job.metrics.unlink()
+    assert "No training steps were logged" in write_report(job, spec, None, []).read_text()
+
+
+@pytest.mark.parametrize(
+    "evaluation, expected",
+    [
+        ({"metric": "m", "n": 10, "before": 0.5, "after": 0.25}, "| 50.0% | 25.0% | -25.0 points |"),  # worse after
+        ({"metric": "m", "n": 10, "before": 0.0, "after": 1.0}, "| 0.0% | 100.0% | +100.0 points |"),  # 0 to 1
+        ({"metric": "m", "n": 10, "before": 2.5, "after": 4.0}, "| 2.5 | 4 | +1.5 |"),  # not in [0, 1]: raw numbers
+        ({"metric": "m", "n": 10, "before": None, "after": 0.5}, "| — | 50.0% | — |"),  # a score is missing
+    ],
+)
+def test_evaluation_table(tmp_path, evaluation, expected):
+    job, spec = make_job(tmp_path, n_steps=0)  # no steps: no plots to draw, only the table matters here
+    assert expected in write_report(job, spec, evaluation, []).read_text()
+
+
+def test_plot_metrics_skips_absent_keys(tmp_path):
+    records = [{"step": s, "values": {"reward": s / 10, "entropy": None}} for s in range(1, 11)]
+    paths = plot_metrics(records, tmp_path / "plots")
+    assert paths == [tmp_path / "plots" / "reward.png"]  # entropy only ever None, reward_std/length/kl absent
+    assert_png(paths[0])
+    assert plot_metrics([], tmp_path / "empty") == []

@@ -1,0 +1,469 @@
+"""Tests for trainers/rewards.py and the example reward module: rule tables per reward, building, dry run, doctests."""
+
+import doctest
+import importlib
+import math
+import time
+from pathlib import Path
+
+import pytest
+from trl.trainer.utils import get_callable_name, is_async_callable
+
+from trainers.rewards import (
+    REWARDS,
+    RewardError,
+    build_reward,
+    completion_text,
+    dry_run_rewards,
+    exact_answer_reward,
+    get_answer_format_reward,
+    get_length_penalty_reward,
+    get_numeric_match_reward,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def chat(text):
+    return [{"role": "assistant", "content": text}]
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    # Custom rewards are imported relative to the working directory, as `grpoflow run` does from the repo root.
+    monkeypatch.chdir(ROOT)
+
+
+# --- rule tables: one per reward -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion, answer, expected",
+    [
+        ("<answer>4</answer>", "4", 1.0),  # tagged and equal
+        ("4", "4", 1.0),  # no tags: the whole completion is the answer
+        ("  <answer> 4 </answer>\n", " 4", 1.0),  # both sides stripped
+        ("<answer>4</answer>", 4, 1.0),  # an int column compares as its string
+        ("<answer>5</answer>", "4", 0.0),  # wrong
+        ("<answer>3</answer> no wait <answer>4</answer>", "4", 1.0),  # the last tagged answer counts
+        ("The answer is 4", "4", 0.0),  # exact means exact: prose around the answer fails
+        ("<answer>4.0</answer>", "4", 0.0),  # string compare, not numeric (numeric_match does that)
+        ("", "4", 0.0),  # empty completion
+        ("<answer>4</answer>", None, None),  # no answer in the row: the reward does not apply
+    ],
+)
+def test_exact_answer_reward(completion, answer, expected):
+    assert exact_answer_reward([completion], answer=[answer]) == [expected]
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("<answer>4</answer>", 1.0),  # the canonical format
+        ("\n<answer>4</answer>  \n", 1.0),  # surrounding whitespace is stripped first
+        ("<answer>line one\nline two</answer>", 1.0),  # DOTALL: newlines inside the tags are fine
+        ("<answer></answer>", 1.0),  # the default pattern does not judge content
+        ("The answer is <answer>4</answer>", 0.0),  # text before the tags
+        ("<answer>4</answer> because", 0.0),  # text after the tags: full match required
+        ("<answer>4", 0.0),  # unclosed tag
+        ("4", 0.0),  # no tags
+    ],
+)
+def test_answer_format_reward(completion, expected):
+    assert get_answer_format_reward()([completion]) == [expected]
+
+
+@pytest.mark.parametrize(
+    "pattern, completion, expected",
+    [
+        (r"<think>.*</think>\s*<answer>.*</answer>", "<think>2+2</think>\n<answer>4</answer>", 1.0),  # think format
+        (r"<think>.*</think>\s*<answer>.*</answer>", "<answer>4</answer>", 0.0),  # missing the think block
+        (r"\d+", "42", 1.0),  # a bare number
+        (r"\d+", "42 apples", 0.0),  # fullmatch, not search
+    ],
+)
+def test_answer_format_reward_pattern(pattern, completion, expected):
+    assert get_answer_format_reward(pattern)([completion]) == [expected]
+
+
+def test_answer_format_bad_pattern_names_it():
+    with pytest.raises(ValueError, match=r"pattern '<answer>\(' is not a valid regular expression"):
+        get_answer_format_reward("<answer>(")
+
+
+@pytest.mark.parametrize(
+    "length, max_chars, penalty, expected",
+    [
+        (0, 10, 1.0, 0.0),  # empty costs nothing
+        (10, 10, 1.0, 0.0),  # exactly at the limit costs nothing
+        (15, 10, 1.0, -0.5),  # halfway to twice the limit
+        (20, 10, 1.0, -1.0),  # twice the limit: the full penalty
+        (500, 10, 1.0, -1.0),  # beyond twice the limit: capped
+        (15, 10, 0.2, -0.1),  # the penalty scales the slope
+        (150, 100, 2.0, -1.0),  # defaults-like scale
+    ],
+)
+def test_length_penalty_reward(length, max_chars, penalty, expected):
+    (score,) = get_length_penalty_reward(max_chars=max_chars, penalty=penalty)(["x" * length])
+    assert score == pytest.approx(expected)
+
+
+def test_length_penalty_defaults():
+    reward = get_length_penalty_reward()
+    assert reward(["x" * 200, "x" * 300, "x" * 400]) == [0.0, -0.5, -1.0]  # max_chars=200, penalty=1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"max_chars": 0}, {"penalty": -1.0}])
+def test_length_penalty_rejects_bad_params(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        get_length_penalty_reward(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "completion, answer, expected",
+    [
+        ("<answer>42</answer>", "42", 1.0),  # integers
+        ("<answer>-3</answer>", "-3", 1.0),  # negative
+        ("<answer>2.50</answer>", 2.5, 1.0),  # decimal against a float column
+        ("<answer>1,234</answer>", "1234", 1.0),  # thousands separator in the completion
+        ("<answer>1234</answer>", "1,234", 1.0),  # ... and in the answer column
+        ("<answer>1,234,567</answer>", 1234567, 1.0),  # several separators
+        ("<answer>1 + 2 = 3</answer>", "3", 1.0),  # the last number in the answer counts
+        ("5-3 is 2", "2", 1.0),  # no tags: the last number of the whole completion; "-" between digits is minus
+        ("<answer>x = -7</answer>", "-7", 1.0),  # a sign after a space is a sign
+        ("<answer>1e3</answer>", "1000", 1.0),  # scientific notation
+        ("<answer>0.1</answer>", 0.1000000001, 1.0),  # within rel_tol
+        ("<answer>41</answer>", "42", 0.0),  # wrong
+        ("<answer>3</answer>", "-3", 0.0),  # sign matters
+        ("<answer>no idea</answer>", "42", 0.0),  # no number in the completion
+        ("<answer>42</answer>", "forty-two", 0.0),  # no number in the answer column
+        ("<answer>42</answer>", None, None),  # no answer in the row: the reward does not apply
+    ],
+)
+def test_numeric_match_reward(completion, answer, expected):
+    assert get_numeric_match_reward()([completion], answer=[answer]) == [expected]
+
+
+def test_numeric_match_tolerance():
+    # 10.4 vs 10 is 4% off: a 5% relative tolerance accepts it, the default does not.
+    assert get_numeric_match_reward(rel_tol=0.05)(["10.4"], answer=["10"]) == [1.0]
+    assert get_numeric_match_reward()(["10.4"], answer=["10"]) == [0.0]
+    assert get_numeric_match_reward(abs_tol=0.5)(["10.4"], answer=["10"]) == [1.0]
+
+
+def test_numeric_match_rejects_negative_tolerance():
+    with pytest.raises(ValueError, match="rel_tol"):
+        get_numeric_match_reward(rel_tol=-1)
+
+
+@pytest.mark.parametrize(
+    "completion, answer, expected",
+    [
+        ("<answer>12</answer>", 12, 1.0),  # exact integer
+        ("<answer>12</answer>", "12", 1.0),  # string column
+        ("<answer>9</answer>", 12, 0.7),  # off by 3: partial credit
+        ("<answer>13</answer>", 12, 0.9),  # off by 1 above
+        ("<answer>22</answer>", 12, 0.0),  # off by 10: nothing
+        ("<answer>-100</answer>", 12, 0.0),  # far off: floored at 0, never negative
+        ("<answer>12.5</answer>", 12, 0.95),  # not an integer: near miss, not exact
+        ("<answer>?</answer>", 12, 0.0),  # unparseable
+    ],
+)
+def test_close_answer_reward(in_repo, completion, answer, expected):
+    close_answer_reward = build_reward("close", function="examples.rewards.arithmetic:close_answer_reward")
+    assert close_answer_reward([completion], answer=[answer]) == [pytest.approx(expected)]
+
+
+# --- conversational completions --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("plain", "plain"),  # a string is its own text
+        (chat("from chat"), "from chat"),  # one assistant message
+        (
+            [{"role": "assistant", "content": "call"}, {"role": "tool", "content": "r"}, *chat("final")],
+            "final",
+        ),  # tools
+        ([], ""),  # nothing generated
+        (chat(None), ""),  # a tool-call message without content
+        ([{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "ab"),
+    ],
+)
+def test_completion_text(completion, expected):
+    assert completion_text(completion) == expected
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_builtins_score_chat_completions_like_strings(name):
+    texts = ["<answer>4</answer>", "4", "<answer>5</answer>", "x" * 450]
+    reward = build_reward(name)
+    assert reward([chat(t) for t in texts], answer=["4"] * 4) == reward(texts, answer=["4"] * 4)
+
+
+# --- build_reward ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_build_builtin_metric_is_named_after_the_spec(name):
+    reward = build_reward(name)
+    # TRL logs `rewards/<get_callable_name(func)>/mean`.
+    assert f"rewards/{get_callable_name(reward)}/mean" == f"rewards/{name}/mean"
+    assert isinstance(reward(["<answer>1</answer>"], answer=["1"])[0], float)
+
+
+def test_build_builtin_factory_takes_kwargs():
+    reward = build_reward("length_penalty", kwargs={"max_chars": 5, "penalty": 2.0})
+    assert reward(["x" * 10]) == [-2.0]
+
+
+def test_builtin_factories_keep_stable_names():
+    assert get_answer_format_reward().__name__ == "answer_format_reward"
+    assert get_length_penalty_reward().__name__ == "length_penalty_reward"
+    assert get_numeric_match_reward().__name__ == "numeric_match_reward"
+
+
+def test_build_custom_reward(in_repo):
+    reward = build_reward("close", function="examples.rewards.arithmetic:close_answer_reward")
+    assert get_callable_name(reward) == "close"
+    assert reward(["<answer>11</answer>"], answer=[12]) == [pytest.approx(0.9)]
+
+
+def test_build_custom_with_kwargs_calls_it_as_a_factory():
+    # The way to use a built-in twice under different names.
+    reward = build_reward("long", function="trainers.rewards:get_length_penalty_reward", kwargs={"max_chars": 1})
+    assert get_callable_name(reward) == "long"
+    assert reward(["ab"]) == [-1.0]
+
+
+def test_build_custom_from_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "my_cwd_rewards.py").write_text(
+        "def one_reward(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    reward = build_reward("one", function="my_cwd_rewards:one_reward")
+    assert reward(["a", "b"]) == [1.0, 1.0]
+
+
+def test_build_custom_async_stays_async(tmp_path, monkeypatch):
+    source = "async def judge_reward(completions, **kwargs):\n    return [0.5] * len(completions)\n"
+    (tmp_path / "my_async_rewards.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    reward = build_reward("judge", function="my_async_rewards:judge_reward")
+    # TRL runs async rewards on its event loop only if it recognises them as async.
+    assert is_async_callable(reward)
+    dry_run_rewards([("judge", reward)], [{"prompt": "p"}], "prompt")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        # a module that does not exist
+        (
+            {"function": "pkg.mod:fn"},
+            "reward 'my_reward': cannot import 'pkg.mod:fn': No module named 'pkg'",
+        ),
+        # the module exists, the attribute does not
+        (
+            {"function": "trainers.rewards:no_such_reward"},
+            "reward 'my_reward': cannot import 'trainers.rewards:no_such_reward': module 'trainers.rewards' has no "
+            "'no_such_reward'",
+        ),
+        # a dotted path instead of module:callable
+        (
+            {"function": "trainers.rewards.exact_answer_reward"},
+            "reward 'my_reward': function 'trainers.rewards.exact_answer_reward' must look like "
+            "'package.module:callable'",
+        ),
+        # not callable
+        (
+            {"function": "trainers.rewards:DRY_RUN_ROWS"},
+            "reward 'my_reward': 'trainers.rewards:DRY_RUN_ROWS' is a int, not a function",
+        ),
+        # kwargs make the callable a factory, but a reward function does not take them
+        (
+            {"function": "trainers.rewards:exact_answer_reward", "kwargs": {"x": 1}},
+            "reward 'my_reward': bad kwargs for trainers.rewards:exact_answer_reward: ",
+        ),
+        # an unknown built-in: the message lists every built-in
+        (
+            {},
+            "reward 'my_reward': unknown built-in; choose one of: answer_format, exact_answer, length_penalty, "
+            "numeric_match",
+        ),
+    ],
+)
+def test_build_reward_errors(kwargs, message):
+    with pytest.raises(RewardError) as caught:
+        build_reward("my_reward", **kwargs)
+    assert str(caught.value).startswith(message)
+
+
+def test_unknown_builtin_lists_the_registry(monkeypatch):
+    # The list is built from REWARDS, so a new built-in appears in it without editing the message.
+    monkeypatch.setitem(REWARDS, "zeta", exact_answer_reward)
+    with pytest.raises(RewardError, match="numeric_match, zeta"):
+        build_reward("nope")
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, fragment",
+    [
+        ("length_penalty", {"max_char": 5}, "unexpected keyword argument 'max_char'"),  # misspelt argument
+        ("answer_format", {"pattern": "("}, "pattern '(' is not a valid regular expression"),  # bad value
+        ("length_penalty", {"max_chars": 0}, "max_chars must be >= 1"),  # out of range
+        ("exact_answer", {"strict": True}, "takes no kwargs, got: strict"),  # a plain built-in takes none
+    ],
+)
+def test_build_builtin_bad_kwargs(name, kwargs, fragment):
+    with pytest.raises(RewardError, match=f"^reward '{name}': ") as caught:
+        build_reward(name, kwargs=kwargs)
+    assert fragment in str(caught.value)
+
+
+def test_reward_error_is_a_value_error():
+    # Callers that map ValueError to "rejected spec" (exit code 2) catch it without knowing this module.
+    assert issubclass(RewardError, ValueError)
+
+
+# --- dry_run_rewards -------------------------------------------------------------------------------------------------
+
+ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "level": i} for i in range(6)]
+
+
+def raising_reward(completions, answer, **kwargs):
+    if answer[0] == "6":
+        raise ValueError("bad answer format")
+    return [0.0] * len(completions)
+
+
+def short_reward(completions, **kwargs):
+    return [0.0, 1.0]
+
+
+def string_reward(completions, **kwargs):
+    return ["1.0"] * len(completions)
+
+
+def nan_reward(completions, **kwargs):
+    return [math.nan] * len(completions)
+
+
+def inf_reward(completions, **kwargs):
+    return [math.inf] * len(completions)
+
+
+def scalar_reward(completions, **kwargs):
+    return 1.0
+
+
+def sleepy_reward(completions, **kwargs):
+    time.sleep(5)
+    return [0.0] * len(completions)
+
+
+def test_dry_run_passes_builtins_and_example(in_repo):
+    built = [(name, build_reward(name)) for name in sorted(REWARDS)]
+    built.append(("close", build_reward("close", function="examples.rewards.arithmetic:close_answer_reward")))
+    assert dry_run_rewards(built, ROWS, "prompt") is None
+
+
+def test_dry_run_accepts_none_ints_and_bools():
+    mixed = lambda completions, **kwargs: [None, 1, True, 0.5] + [0.0] * (len(completions) - 4)
+    assert dry_run_rewards([("mixed", mixed)], ROWS, "prompt") is None
+
+
+@pytest.mark.parametrize(
+    "reward, message",
+    [
+        (raising_reward, "reward 'r' raised ValueError: bad answer format on dataset row 13"),  # third row: answer "6"
+        (short_reward, "reward 'r' returned 2 values for 4 completions on dataset row 10"),  # one value per completion
+        (string_reward, "reward 'r' returned str '1.0' at position 0, expected a float or None on dataset row 10"),
+        (nan_reward, "reward 'r' returned NaN at position 0 (return None for 'does not apply') on dataset row 10"),
+        (inf_reward, "reward 'r' returned inf at position 0, expected a finite number on dataset row 10"),
+        (scalar_reward, "reward 'r' returned float, expected a list with one float (or None) per completion"),
+    ],
+)
+def test_dry_run_catches(reward, message):
+    with pytest.raises(RewardError) as caught:
+        dry_run_rewards([("r", reward)], ROWS, "prompt", row_numbers=[10, 11, 12, 13, 14, 15])
+    assert str(caught.value).startswith(message)
+    assert caught.value.problems == [str(caught.value)]
+
+
+def test_dry_run_row_defaults_to_position():
+    with pytest.raises(RewardError, match="on dataset row 3$"):
+        dry_run_rewards([("r", raising_reward)], ROWS, "prompt")
+
+
+def test_dry_run_catches_a_hang():
+    started = time.monotonic()
+    with pytest.raises(RewardError, match=r"^reward 'slow' did not return within 0.5 s on dataset row 0$"):
+        dry_run_rewards([("slow", sleepy_reward)], ROWS, "prompt", timeout_s=0.5)
+    # It gives up after the first row rather than waiting out every row.
+    assert time.monotonic() - started < 2.0
+
+
+def test_dry_run_reports_every_broken_reward():
+    good = build_reward("exact_answer")
+    with pytest.raises(RewardError) as caught:
+        dry_run_rewards([("a", short_reward), ("exact_answer", good), ("b", nan_reward)], ROWS, "prompt")
+    problems = caught.value.problems
+    assert [p.split("'")[1] for p in problems] == ["a", "b"]
+    assert str(caught.value).startswith("2 reward problems:\n- reward 'a' returned 2 values")
+
+
+def test_dry_run_calls_like_trl():
+    seen = {}
+
+    def spy_reward(completions, **kwargs):
+        seen.update(kwargs, completions=completions)
+        return [0.0] * len(completions)
+
+    rows = [{"question": "2+2?", "answer": "4", "level": 1, "completion": "<answer>4</answer>"}]
+    dry_run_rewards([("spy", spy_reward)], rows, "question")
+    # Every column but the prompt and TRL's reserved ones, repeated per completion, plus TRL's extras.
+    assert sorted(seen) == sorted(
+        ["prompts", "completions", "completion_ids", "answer", "level", "trainer_state", "log_extra", "log_metric"]
+    )
+    n = len(seen["completions"])
+    assert seen["prompts"] == ["2+2?"] * n and seen["answer"] == ["4"] * n and seen["level"] == [1] * n
+    assert "<answer>4</answer>" in seen["completions"] and "4" in seen["completions"]
+    assert len(seen["completion_ids"]) == n and all(isinstance(ids, list) for ids in seen["completion_ids"])
+
+
+def test_dry_run_conversational_prompts_get_chat_completions():
+    seen = []
+
+    def spy_reward(completions, **kwargs):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    rows = [{"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}]
+    dry_run_rewards([("spy", spy_reward)], rows, "prompt")
+    assert seen and all(c[0]["role"] == "assistant" for c in seen)
+    assert chat("<answer>4</answer>") in seen
+
+
+def test_dry_run_catches_a_reward_that_ignores_chat_format():
+    upper_reward = lambda completions, **kwargs: [float(c.isupper()) for c in completions]  # assumes strings
+    rows = [{"prompt": [{"role": "user", "content": "hi"}]}]
+    with pytest.raises(RewardError, match="^reward 'upper' raised AttributeError: 'list' object has no attribute"):
+        dry_run_rewards([("upper", upper_reward)], rows, "prompt")
+
+
+def test_dry_run_catches_a_missing_column():
+    # exact_answer needs an `answer` column; a dataset without one fails before training, naming the reward.
+    with pytest.raises(RewardError, match="^reward 'exact_answer' raised TypeError: .*'answer'"):
+        dry_run_rewards([("exact_answer", build_reward("exact_answer"))], [{"prompt": "hi"}], "prompt")
+
+
+# --- doctests --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module_name", ["trainers.rewards", "examples.rewards.arithmetic"])
+def test_doctests(monkeypatch, module_name):
+    monkeypatch.syspath_prepend(str(ROOT))  # examples/ is not an installed package
+    results = doctest.testmod(importlib.import_module(module_name))
+    assert results.attempted > 0 and results.failed == 0

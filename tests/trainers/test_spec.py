@@ -1,0 +1,558 @@
+"""Tests for trainers/spec.py: the job spec's defaults and rules, its error messages, overrides and resolution."""
+
+import copy
+import importlib.util
+import json
+import sys
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+import trainers.spec as spec_module
+from trainers.spec import (
+    JobSpec,
+    SpecError,
+    apply_overrides,
+    load_spec,
+    model_family,
+    resolved_dict,
+    to_yaml,
+)
+
+BASE = {
+    "name": "t",
+    "base_model": "builtin:tiny",
+    "dataset": {"uri": "x.jsonl"},
+    "rewards": [{"name": "exact_answer"}],
+}
+DROP = object()  # as a patch value: remove the key
+ABSENT = object()  # as an expected value: the key is not in the resolved spec
+HAS_REWARDS = importlib.util.find_spec("trainers.rewards") is not None
+needs_rewards = pytest.mark.skipif(not HAS_REWARDS, reason="trainers/rewards.py (REWARDS) not written yet")
+
+
+@pytest.fixture
+def spec_dict() -> dict:
+    return copy.deepcopy(BASE)
+
+
+def patched(patch: dict) -> dict:
+    """BASE with `patch` applied: dotted paths (list items by index) to values, or DROP to remove a key."""
+    data = copy.deepcopy(BASE)
+    for path, value in patch.items():
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+        key = int(last) if isinstance(node, list) else last
+        if value is DROP:
+            del node[key]
+        else:
+            node[key] = value
+    return data
+
+
+def lookup(data: dict, path: str):
+    for key in path.split("."):
+        if isinstance(data, list):
+            data = data[int(key)]
+        elif key not in data:
+            return ABSENT
+        else:
+            data = data[key]
+    return data
+
+
+def rejected(patch: dict) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_spec(patched(patch))
+    return info.value.problems
+
+
+HP = "hyperparameters"
+GB = "not supported by GRPO: each step's batch is one prompt's rollouts_per_prompt completions"
+
+# (patch onto BASE, expected): a dict of resolved values means accepted; a string is the one problem it must cause.
+CASES = [
+    # --- every hyperparameter's default (DESIGN.md's table) ---
+    pytest.param({}, {f"{HP}.learning_rate": 1e-6}, id="default-learning_rate"),
+    pytest.param({}, {f"{HP}.num_epochs": 1}, id="default-num_epochs"),
+    pytest.param({}, {f"{HP}.max_steps": 100}, id="default-max_steps"),
+    pytest.param({}, {f"{HP}.rollouts_per_prompt": 8}, id="default-rollouts_per_prompt"),
+    pytest.param({}, {f"{HP}.kl_coef": 0.0}, id="default-kl_coef"),
+    # Without Unsloth it has no effect, so the resolved spec leaves it out (and stays loadable).
+    pytest.param({}, {f"{HP}.max_prompt_length": ABSENT}, id="default-max_prompt_length-hidden"),
+    pytest.param({f"{HP}.use_unsloth": True}, {f"{HP}.max_prompt_length": 1024}, id="default-max_prompt_length"),
+    pytest.param({}, {f"{HP}.max_response_length": 2048}, id="default-max_response_length"),
+    pytest.param({}, {f"{HP}.global_batch_size": None}, id="default-global_batch_size"),
+    pytest.param({}, {f"{HP}.seed": 42}, id="default-seed"),
+    pytest.param({}, {f"{HP}.system_prompt": None}, id="default-system_prompt"),
+    pytest.param({}, {f"{HP}.lora_rank": None}, id="default-lora_rank"),
+    pytest.param({}, {f"{HP}.lora_alpha": None}, id="default-lora_alpha"),
+    pytest.param({}, {f"{HP}.load_in_4bit": False}, id="default-load_in_4bit"),
+    pytest.param({}, {f"{HP}.use_unsloth": False}, id="default-use_unsloth"),
+    pytest.param({}, {f"{HP}.use_liger": False}, id="default-use_liger"),
+    pytest.param({}, {f"{HP}.temperature": 1.0}, id="default-temperature"),
+    pytest.param({}, {f"{HP}.skip_zero_variance_groups": False}, id="default-skip_zero_variance_groups"),
+    # --- the rest of the spec's defaults ---
+    pytest.param({}, {"gpu_count": 1, "output_uri": "runs", "stop_on_alert": False}, id="default-job"),
+    # A tenth of max_steps.
+    pytest.param({}, {"checkpoint_every": 10}, id="default-checkpoint_every"),
+    pytest.param({}, {"publish": None, "deploy": None, "webhooks": []}, id="default-optional-sections"),
+    pytest.param({}, {"dataset.prompt_column": "prompt", "dataset.split": None}, id="default-dataset"),
+    pytest.param(
+        {}, {"rewards.0.weight": 1.0, "rewards.0.function": None, "rewards.0.kwargs": {}}, id="default-reward"
+    ),
+    pytest.param(
+        {},
+        {"sft.enabled": False, "sft.completion_column": "completion", "sft.max_steps": 200, "sft.batch_size": 16},
+        id="default-sft",
+    ),
+    pytest.param({}, {"sft.learning_rate": 1e-3}, id="default-sft-learning_rate"),
+    # The metric defaults to the first reward, the generation length to max_response_length.
+    pytest.param(
+        {},
+        {"evaluation.holdout": 0.1, "evaluation.metric": "exact_answer", "evaluation.max_new_tokens": 2048},
+        id="default-evaluation",
+    ),
+    # An empty YAML section (`sft:`) is null and means "all defaults".
+    pytest.param(
+        {"sft": None, HP: None, "webhooks": None}, {"sft.max_steps": 200, "webhooks": []}, id="null-sections"
+    ),
+    # --- learning_rate > 0 ---
+    pytest.param({f"{HP}.learning_rate": 2e-5}, {f"{HP}.learning_rate": 2e-5}, id="learning_rate-ok"),
+    pytest.param({f"{HP}.learning_rate": 0}, f"{HP}.learning_rate: must be > 0 (got 0)", id="learning_rate-zero"),
+    pytest.param({f"{HP}.learning_rate": -1}, f"{HP}.learning_rate: must be > 0 (got -1)", id="learning_rate-neg"),
+    pytest.param({f"{HP}.learning_rate": "fast"}, f"{HP}.learning_rate: must be a number", id="learning_rate-text"),
+    # --- num_epochs: accepted (a warning, tested below), still must be >= 1 ---
+    pytest.param({f"{HP}.num_epochs": 3}, {f"{HP}.num_epochs": 3}, id="num_epochs-ok"),
+    pytest.param({f"{HP}.num_epochs": 0}, f"{HP}.num_epochs: must be >= 1 (got 0)", id="num_epochs-zero"),
+    # --- max_steps >= 1; checkpoint_every follows it ---
+    pytest.param({f"{HP}.max_steps": 250}, {"checkpoint_every": 25}, id="max_steps-checkpoint_every"),
+    # Fewer than 10 steps still checkpoints every step, never every 0.
+    pytest.param({f"{HP}.max_steps": 5}, {"checkpoint_every": 1}, id="max_steps-small"),
+    pytest.param({f"{HP}.max_steps": 0}, f"{HP}.max_steps: must be >= 1 (got 0)", id="max_steps-zero"),
+    pytest.param({f"{HP}.max_steps": 2.5}, f"{HP}.max_steps: must be a whole number (got 2.5)", id="max_steps-float"),
+    # --- rollouts_per_prompt >= 2: a group of one has no baseline ---
+    pytest.param({f"{HP}.rollouts_per_prompt": 2}, {f"{HP}.rollouts_per_prompt": 2}, id="rollouts-two"),
+    pytest.param({f"{HP}.rollouts_per_prompt": 1}, f"{HP}.rollouts_per_prompt: must be >= 2 (got 1)", id="rollouts-1"),
+    # --- kl_coef >= 0 ---
+    pytest.param({f"{HP}.kl_coef": 0.04}, {f"{HP}.kl_coef": 0.04}, id="kl_coef-ok"),
+    pytest.param({f"{HP}.kl_coef": -0.1}, f"{HP}.kl_coef: must be >= 0 (got -0.1)", id="kl_coef-neg"),
+    # --- max_prompt_length: only with use_unsloth ---
+    pytest.param(
+        {f"{HP}.max_prompt_length": 512}, f"{HP}.max_prompt_length: only used with use_unsloth", id="mpl-alone"
+    ),
+    # Setting it to the default is still setting it: the user expects truncation that never happens.
+    pytest.param({f"{HP}.max_prompt_length": 1024}, f"{HP}.max_prompt_length: only used with", id="mpl-default"),
+    pytest.param(
+        {f"{HP}.max_prompt_length": 512, f"{HP}.use_unsloth": True}, {f"{HP}.max_prompt_length": 512}, id="mpl-unsloth"
+    ),
+    # --- max_response_length >= 1 ---
+    pytest.param({f"{HP}.max_response_length": 256}, {"evaluation.max_new_tokens": 256}, id="max_response_length-ok"),
+    pytest.param({f"{HP}.max_response_length": 0}, f"{HP}.max_response_length: must be >= 1 (got 0)", id="mrl-zero"),
+    # --- global_batch_size: any value is rejected; an explicit null is harmless ---
+    pytest.param(
+        {f"{HP}.global_batch_size": 32}, f"{HP}.global_batch_size: {GB} (got 32)", id="global_batch_size-set"
+    ),
+    pytest.param({f"{HP}.global_batch_size": 0}, f"{HP}.global_batch_size: {GB} (got 0)", id="global_batch_size-0"),
+    pytest.param({f"{HP}.global_batch_size": None}, {f"{HP}.global_batch_size": None}, id="global_batch_size-null"),
+    # --- seed, system_prompt: free values of their type ---
+    pytest.param({f"{HP}.seed": 7}, {f"{HP}.seed": 7}, id="seed-ok"),
+    pytest.param({f"{HP}.seed": "x"}, f"{HP}.seed: must be an integer (got 'x')", id="seed-text"),
+    pytest.param({f"{HP}.system_prompt": "Be brief."}, {f"{HP}.system_prompt": "Be brief."}, id="system_prompt-set"),
+    # --- lora_rank >= 1; lora_alpha defaults to it and needs it ---
+    pytest.param({f"{HP}.lora_rank": 16}, {f"{HP}.lora_rank": 16, f"{HP}.lora_alpha": 16}, id="lora_alpha-from-rank"),
+    pytest.param({f"{HP}.lora_rank": 8, f"{HP}.lora_alpha": 32}, {f"{HP}.lora_alpha": 32}, id="lora_alpha-explicit"),
+    pytest.param({f"{HP}.lora_rank": 0}, f"{HP}.lora_rank: must be >= 1 (got 0)", id="lora_rank-zero"),
+    pytest.param({f"{HP}.lora_alpha": 16}, f"{HP}.lora_alpha: requires lora_rank", id="lora_alpha-without-rank"),
+    pytest.param(
+        {f"{HP}.lora_rank": 8, f"{HP}.lora_alpha": 0}, f"{HP}.lora_alpha: must be >= 1 (got 0)", id="alpha-0"
+    ),
+    # --- load_in_4bit: needs lora_rank, one GPU ---
+    pytest.param({f"{HP}.load_in_4bit": True, f"{HP}.lora_rank": 8}, {f"{HP}.load_in_4bit": True}, id="qlora-ok"),
+    pytest.param({f"{HP}.load_in_4bit": True}, f"{HP}.load_in_4bit: requires lora_rank", id="qlora-without-rank"),
+    pytest.param(
+        {f"{HP}.load_in_4bit": True, f"{HP}.lora_rank": 8, "gpu_count": 2},
+        f"{HP}.load_in_4bit: QLoRA runs on a single GPU only (got gpu_count=2)",
+        id="qlora-multi-gpu",
+    ),
+    # --- use_unsloth: one GPU ---
+    pytest.param({f"{HP}.use_unsloth": True}, {f"{HP}.use_unsloth": True}, id="unsloth-ok"),
+    pytest.param(
+        {f"{HP}.use_unsloth": True, "gpu_count": 2},
+        f"{HP}.use_unsloth: single GPU only (got gpu_count=2)",
+        id="unsloth-2",
+    ),
+    # --- use_liger: not multi-GPU, not with Unsloth, not for NeoX/Pythia, Gemma 2, Cohere, Granite ---
+    pytest.param({f"{HP}.use_liger": True}, {f"{HP}.use_liger": True}, id="liger-ok-tiny-qwen2"),
+    pytest.param(
+        {f"{HP}.use_liger": True, "base_model": "Qwen/Qwen2.5-0.5B-Instruct"},
+        {f"{HP}.use_liger": True},
+        id="liger-qwen",
+    ),
+    pytest.param(
+        {f"{HP}.use_liger": True, "gpu_count": 2},
+        f"{HP}.use_liger: not supported with gpu_count > 1",
+        id="liger-2-gpus",
+    ),
+    pytest.param(
+        {f"{HP}.use_liger": True, f"{HP}.use_unsloth": True},
+        f"{HP}.use_liger: not supported together with use_unsloth",
+        id="liger-unsloth",
+    ),
+    pytest.param(
+        {f"{HP}.use_liger": True, "base_model": "EleutherAI/pythia-70m"},
+        f"{HP}.use_liger: not supported for gpt_neox models",
+        id="liger-pythia",
+    ),
+    pytest.param(
+        {f"{HP}.use_liger": True, "base_model": "google/gemma-2-2b-it"},
+        f"{HP}.use_liger: not supported for gemma2 models",
+        id="liger-gemma2",
+    ),
+    pytest.param(
+        {f"{HP}.use_liger": True, "base_model": "CohereForAI/c4ai-command-r-v01"},
+        f"{HP}.use_liger: not supported for cohere models",
+        id="liger-cohere",
+    ),
+    pytest.param(
+        {f"{HP}.use_liger": True, "base_model": "ibm-granite/granite-3.0-2b-instruct"},
+        f"{HP}.use_liger: not supported for granite models",
+        id="liger-granite",
+    ),
+    # --- temperature > 0; skip_zero_variance_groups is a plain switch ---
+    pytest.param({f"{HP}.temperature": 0.7}, {f"{HP}.temperature": 0.7}, id="temperature-ok"),
+    pytest.param({f"{HP}.temperature": 0}, f"{HP}.temperature: must be > 0 (got 0)", id="temperature-zero"),
+    pytest.param({f"{HP}.skip_zero_variance_groups": True}, {f"{HP}.skip_zero_variance_groups": True}, id="skip-zv"),
+    pytest.param({f"{HP}.use_unsloth": "maybe"}, f"{HP}.use_unsloth: must be true or false", id="bool-text"),
+    # --- gpu_count >= 1; a group must split evenly over the GPUs ---
+    pytest.param({"gpu_count": 2}, {"gpu_count": 2}, id="gpu_count-2"),
+    pytest.param({"gpu_count": 0}, "gpu_count: must be >= 1 (got 0)", id="gpu_count-zero"),
+    pytest.param({"gpu_count": 3}, f"{HP}.rollouts_per_prompt: must be a multiple of gpu_count", id="gpu_count-3"),
+    # --- checkpoint_every >= 1 when set ---
+    pytest.param({"checkpoint_every": 7}, {"checkpoint_every": 7}, id="checkpoint_every-set"),
+    pytest.param({"checkpoint_every": 0}, "checkpoint_every: must be >= 1 (got 0)", id="checkpoint_every-zero"),
+    # --- name: a slug; base_model and dataset.uri: required, non-empty ---
+    pytest.param({"name": "arithmetic-demo.v2_1"}, {"name": "arithmetic-demo.v2_1"}, id="name-ok"),
+    pytest.param({"name": "Bad Name"}, "name: must be 1-63 lowercase letters", id="name-not-slug"),
+    pytest.param({"name": "x" * 64}, "name: must be 1-63 lowercase letters", id="name-too-long"),
+    pytest.param({"name": "demo\n"}, "name: must be 1-63 lowercase letters", id="name-trailing-newline"),
+    pytest.param({"name": DROP}, "name: required", id="name-missing"),
+    pytest.param({"base_model": ""}, "base_model: must not be empty (got '')", id="base_model-empty"),
+    pytest.param({"dataset.uri": ""}, "dataset.uri: must not be empty", id="dataset-uri-empty"),
+    pytest.param({"dataset": DROP}, "dataset: required", id="dataset-missing"),
+    pytest.param({"dataset": "x.jsonl"}, "dataset: must be a mapping (got 'x.jsonl')", id="dataset-not-mapping"),
+    # --- rewards: at least one, unique names, built-in unless function is set ---
+    pytest.param({"rewards": []}, "rewards: must have at least 1 item(s)", id="rewards-empty"),
+    pytest.param(
+        {"rewards": [{"name": "exact_answer"}, {"name": "exact_answer", "weight": 0.5}]},
+        "rewards[1].name: duplicate reward name 'exact_answer'",
+        id="rewards-duplicate",
+    ),
+    pytest.param(
+        {"rewards": [{"name": "mine", "function": "my_pkg.rewards:score", "kwargs": {"tol": 0.1}}]},
+        {"rewards.0.function": "my_pkg.rewards:score", "rewards.0.kwargs": {"tol": 0.1}, "evaluation.metric": "mine"},
+        id="reward-custom-function",
+    ),
+    pytest.param(
+        {"rewards": [{"name": "mine", "function": "my_pkg/rewards.py"}]},
+        "rewards[0].function: must be 'package.module:callable'",
+        id="reward-function-format",
+    ),
+    pytest.param(
+        {"rewards": [{"name": "nope"}]},
+        "rewards[0].name: unknown built-in reward 'nope'; choose one of:",
+        id="reward-unknown-builtin",
+        marks=needs_rewards,
+    ),
+    pytest.param(
+        {"rewards": [{"name": "mine", "function": "my_pkg.rewards:score\n"}]},
+        "rewards[0].function: must be 'package.module:callable'",
+        id="reward-function-newline",
+    ),
+    # --- evaluation: metric names one of the rewards; holdout is a fraction or a whole count ---
+    pytest.param(
+        {"rewards": [{"name": "exact_answer"}, {"name": "answer_format"}], "evaluation.metric": "answer_format"},
+        {"evaluation.metric": "answer_format"},
+        id="metric-second-reward",
+    ),
+    pytest.param(
+        {"evaluation.metric": "nope"}, "evaluation.metric: 'nope' is not one of this spec's", id="metric-bad"
+    ),
+    pytest.param({"evaluation.holdout": 20}, {"evaluation.holdout": 20}, id="holdout-count"),
+    pytest.param({"evaluation.holdout": 0}, {"evaluation.holdout": 0}, id="holdout-disabled"),
+    pytest.param({"evaluation.holdout": 1.5}, "evaluation.holdout: must be a fraction below 1", id="holdout-1.5"),
+    pytest.param({"evaluation.holdout": -0.1}, "evaluation.holdout: must be >= 0", id="holdout-neg"),
+    # --- sft: positive steps, learning rate, batch size ---
+    pytest.param({"sft.enabled": True, "sft.max_steps": 50}, {"sft.enabled": True, "sft.max_steps": 50}, id="sft-on"),
+    pytest.param({"sft.max_steps": 0}, "sft.max_steps: must be >= 1 (got 0)", id="sft-max_steps"),
+    pytest.param({"sft.learning_rate": 0}, "sft.learning_rate: must be > 0 (got 0)", id="sft-learning_rate"),
+    pytest.param({"sft.batch_size": 0}, "sft.batch_size: must be >= 1 (got 0)", id="sft-batch_size"),
+    # --- publish: a Hub owner/name, merged or adapter ---
+    pytest.param(
+        {"publish": {"repo_id": "my-org/my-model"}},
+        {"publish.repo_id": "my-org/my-model", "publish.artifact": "merged", "publish.private": True},
+        id="publish-defaults",
+    ),
+    pytest.param({"publish": {"repo_id": "my-model"}}, "publish.repo_id: must be 'owner/name'", id="repo_id-no-owner"),
+    pytest.param({"publish": {"repo_id": "my--org/m"}}, "publish.repo_id: must be 'owner/name'", id="repo_id-dashes"),
+    pytest.param({"publish": {"repo_id": "org/.model"}}, "publish.repo_id: must be 'owner/name'", id="repo_id-dot"),
+    pytest.param(
+        {"publish": {"repo_id": "o/" + "m" * 97}}, "publish.repo_id: must be 'owner/name'", id="repo_id-long"
+    ),
+    pytest.param(
+        {"publish": {"repo_id": "o/m", "artifact": "full"}},
+        "publish.artifact: must be 'merged' or 'adapter' (got 'full')",
+        id="publish-artifact",
+    ),
+    # --- deploy: a slug name ---
+    pytest.param({"deploy": {"name": "arith-demo"}}, {"deploy.name": "arith-demo"}, id="deploy-ok"),
+    pytest.param({"deploy": {"name": "Arith Demo"}}, "deploy.name: must be 1-63 lowercase letters", id="deploy-name"),
+    # --- webhooks: http(s) URLs; the secret is named by an env var, never given ---
+    pytest.param(
+        {"webhooks": [{"url": "https://example.com/hooks/grpo", "secret_env": "GRPOFLOW_WEBHOOK_SECRET"}]},
+        {"webhooks.0.secret_env": "GRPOFLOW_WEBHOOK_SECRET"},
+        id="webhook-ok",
+    ),
+    pytest.param(
+        {"webhooks": [{"url": "ftp://example.com"}]}, "webhooks[0].url: must be an http(s) URL", id="hook-ftp"
+    ),
+    pytest.param({"webhooks": [{"url": "https://"}]}, "webhooks[0].url: must be an http(s) URL", id="webhook-no-host"),
+    pytest.param(
+        {"webhooks": [{"url": "http://h", "secret_env": "1-SECRET"}]},
+        "webhooks[0].secret_env: must be an environment variable name",
+        id="webhook-secret_env",
+    ),
+]
+
+
+@pytest.mark.parametrize("patch, expected", CASES)
+def test_rules(patch, expected):
+    if isinstance(expected, str):
+        problems = rejected(patch)
+        assert len(problems) == 1 and problems[0].startswith(expected), problems
+    else:
+        resolved = resolved_dict(load_spec(patched(patch))[0])
+        assert {path: lookup(resolved, path) for path in expected} == expected
+
+
+def test_builtin_reward_check_waits_for_rewards_module(monkeypatch):
+    # Until trainers/rewards.py can be imported, any name passes here; building the reward catches it later.
+    monkeypatch.setitem(sys.modules, "trainers.rewards", None)
+    spec, _ = load_spec(patched({"rewards": [{"name": "not_yet_known"}]}))
+    assert spec.rewards[0].name == "not_yet_known"
+
+
+def test_every_violation_is_reported_at_once():
+    problems = rejected(
+        {
+            f"{HP}.learning_rate": -1,  # a field error
+            f"{HP}.load_in_4bit": True,  # a cross-field rule, without lora_rank
+            f"{HP}.lerning_rate": 1e-5,  # an unknown key
+            f"{HP}.global_batch_size": 64,
+            "evaluation.metric": "nope",
+            "nmae": "x",
+        }
+    )
+    assert sorted(problems) == sorted(
+        [
+            f"{HP}.learning_rate: must be > 0 (got -1)",
+            f"{HP}.load_in_4bit: requires lora_rank (QLoRA trains LoRA adapters)",
+            f"{HP}.lerning_rate: unknown key (did you mean 'learning_rate'?)",
+            f"{HP}.global_batch_size: {GB} (got 64)",
+            "evaluation.metric: 'nope' is not one of this spec's rewards: exact_answer",
+            "nmae: unknown key (did you mean 'name'?)",
+        ]
+    )
+
+
+def test_spec_error_reads_as_a_list():
+    with pytest.raises(SpecError) as info:
+        load_spec(patched({"gpu_count": 0, "name": "Bad"}))
+    text = str(info.value)
+    assert text.startswith("spec rejected: 2 problem(s):\n  - ")
+    assert "\n  - gpu_count: must be >= 1 (got 0)" in text
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "patch, problem",
+    [
+        # top level
+        ({"gpu_cont": 2}, "gpu_cont: unknown key (did you mean 'gpu_count'?)"),
+        # nested section
+        ({f"{HP}.lerning_rate": 1e-5}, f"{HP}.lerning_rate: unknown key (did you mean 'learning_rate'?)"),
+        ({"sft.max_step": 5}, "sft.max_step: unknown key (did you mean 'max_steps'?)"),
+        # inside a list item, located by index
+        ({"rewards.0.wieght": 2}, "rewards[0].wieght: unknown key (did you mean 'weight'?)"),
+        # an optional section
+        ({"publish": {"repo_id": "o/m", "privte": True}}, "publish.privte: unknown key (did you mean 'private'?)"),
+        # nothing close: list what is valid
+        ({"dataset.zzz": 1}, "dataset.zzz: unknown key; valid keys: uri, prompt_column, split"),
+    ],
+)
+def test_unknown_key_names_the_closest_valid_key(patch, problem):
+    assert rejected(patch) == [problem]
+
+
+def test_overrides_parse_values_and_paths(spec_dict):
+    overrides = [
+        "hyperparameters.max_steps=5",  # int
+        "hyperparameters.learning_rate=2e-5",  # YAML 1.1 alone would leave this a string
+        "hyperparameters.kl_coef=5e-7",
+        "hyperparameters.use_unsloth=true",  # bool
+        "rewards.0.weight=2",  # list index
+        "rewards[0].kwargs.tol=1e-3",  # bracketed index, new intermediate keys
+        "evaluation.metric=exact_answer",
+    ]
+    data = apply_overrides(spec_dict, overrides)
+    assert data[HP] == {"max_steps": 5, "learning_rate": 2e-5, "kl_coef": 5e-7, "use_unsloth": True}
+    assert isinstance(data[HP]["learning_rate"], float)
+    assert data["rewards"][0] == {"name": "exact_answer", "weight": 2, "kwargs": {"tol": 1e-3}}
+    assert spec_dict == BASE  # the input is not modified
+
+    spec, _ = load_spec(spec_dict, overrides)
+    assert (spec.hyperparameters.max_steps, spec.hyperparameters.learning_rate) == (5, 2e-5)
+    assert spec.checkpoint_every == 1
+
+
+def test_bad_overrides_are_all_named(spec_dict):
+    with pytest.raises(SpecError) as info:
+        apply_overrides(spec_dict, ["hyperparameters.max_steps", "rewards.3.weight=1", "name.first=x", "=3"])
+    assert info.value.problems == [
+        "--set 'hyperparameters.max_steps': expected dotted.path=value, e.g. hyperparameters.max_steps=5",
+        "--set 'rewards.3.weight=1': rewards.3: no such list item (the list has 1)",
+        "--set 'name.first=x': name is not a mapping or list",
+        "--set '=3': expected dotted.path=value, e.g. hyperparameters.max_steps=5",
+    ]
+
+
+def test_override_values_are_validated_like_the_file(spec_dict):
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_dict, ["hyperparameters.learning_rate=-1e-5", "hyperparameters.lerning_rate=1"])
+    assert info.value.problems == [
+        f"{HP}.learning_rate: must be > 0 (got -1e-05)",
+        f"{HP}.lerning_rate: unknown key (did you mean 'learning_rate'?)",
+    ]
+
+
+def test_yaml_file_reads_short_floats(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "name: t\nbase_model: builtin:tiny\ndataset: {uri: x.jsonl}\n"
+        "rewards:\n  - name: exact_answer\n    kwargs: {tol: 1e-3}\nhyperparameters:\n  learning_rate: 5e-6\n"
+    )
+    spec, warnings = load_spec(path)
+    assert spec.hyperparameters.learning_rate == 5e-6
+    assert spec.rewards[0].kwargs == {"tol": 1e-3}  # Any-typed, so only the loader can make it a float
+    assert warnings == []
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: t\nbase_model: builtin:tiny\ndataset: {uri: x.jsonl\nrewards: []\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    [problem] = info.value.problems
+    assert problem.startswith(f"{path}: invalid YAML at line 4")
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("- a\n- b\n", "the top level must be a mapping of spec keys (got ['a', 'b'])"),
+        ("", "the top level must be a mapping of spec keys (got None)"),
+    ],
+)
+def test_top_level_must_be_a_mapping(tmp_path, text, problem):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.problems == [f"{path}: {problem}"]
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "nope.yaml")
+    assert info.value.problems == [f"spec file not found: {tmp_path / 'nope.yaml'}"]
+
+
+def test_num_epochs_warns_only_when_set(spec_dict):
+    assert load_spec(spec_dict)[1] == []
+    _, warnings = load_spec(spec_dict, ["hyperparameters.num_epochs=3"])
+    assert warnings == ["hyperparameters.num_epochs: accepted but unused by GRPO; the run length is max_steps"]
+
+
+@pytest.mark.parametrize(
+    "base_model, family",
+    [
+        ("builtin:tiny", "qwen2"),
+        ("EleutherAI/pythia-70m", "gpt_neox"),
+        ("EleutherAI/gpt-neox-20b", "gpt_neox"),
+        ("google/gemma-2-2b", "gemma2"),
+        ("google/gemma-2b", "gemma"),  # Gemma 1, 2B parameters: Liger is fine
+        ("CohereForAI/c4ai-command-r-v01", "cohere"),
+        ("CohereForAI/c4ai-command-r7b-12-2024", "cohere2"),
+        ("ibm-granite/granite-3.0-2b-instruct", "granite"),
+        ("Qwen/Qwen2.5-0.5B-Instruct", "qwen2"),
+        ("meta-llama/Llama-3.2-1B", "llama"),
+        ("someone/mystery-model", None),
+    ],
+)
+def test_model_family_from_name_offline(base_model, family):
+    assert model_family(base_model) == family
+
+
+def test_model_family_reads_local_config(tmp_path):
+    # A local folder's config wins over its name, which here suggests nothing.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "GPT_NeoX"}))
+    assert model_family(str(tmp_path)) == "gpt_neox"
+    problems = rejected({"base_model": str(tmp_path), f"{HP}.use_liger": True})
+    assert problems == [
+        f"{HP}.use_liger: not supported for gpt_neox models such as {str(tmp_path)!r} "
+        "(Liger's kernels give wrong log-probs); set use_liger: false"
+    ]
+
+
+def test_resolved_spec_fills_defaults_and_loads_again(tmp_path):
+    spec, _ = load_spec(patched({f"{HP}.lora_rank": 8, f"{HP}.max_steps": 40}))
+    resolved = resolved_dict(spec)
+    assert (resolved["checkpoint_every"], resolved[HP]["lora_alpha"]) == (4, 8)
+    assert json.loads(json.dumps(resolved)) == resolved
+    # The job folder's spec.yaml is loaded again by the trainer: it must pass its own rules unchanged.
+    path = tmp_path / "spec.yaml"
+    path.write_text(to_yaml(spec))
+    again, _ = load_spec(path)
+    assert resolved_dict(again) == resolved
+    assert list(resolved) == list(JobSpec.model_fields)  # the model's order, not sorted
+
+
+def test_model_validation_alone_enforces_rules_and_resolves():
+    # A Prefect flow parameter is validated by pydantic directly, without load_spec.
+    with pytest.raises(ValidationError, match="load_in_4bit: requires lora_rank"):
+        JobSpec.model_validate(patched({f"{HP}.load_in_4bit": True}))
+    spec = JobSpec.model_validate(patched({f"{HP}.lora_rank": 4}))
+    assert (spec.checkpoint_every, spec.hyperparameters.lora_alpha, spec.evaluation.metric) == (10, 4, "exact_answer")
+    assert load_spec(spec)[0] == spec
+
+
+def test_json_schema_describes_every_field():
+    schema = JobSpec.model_json_schema()
+    sections = [schema, *schema["$defs"].values()]
+    assert {d["title"] for d in sections} >= {"JobSpec", "Hyperparameters", "RewardSpec", "WebhookSpec"}
+    for section in sections:
+        assert section["additionalProperties"] is False, section["title"]
+        for name, prop in section["properties"].items():
+            assert prop.get("description"), f"{section['title']}.{name}"
+    assert set(schema["required"]) == {"name", "base_model", "dataset", "rewards"}
+    assert schema["properties"]["name"]["pattern"] == r"^[a-z0-9][a-z0-9-_.]{0,62}$"
+    assert schema["$defs"]["Hyperparameters"]["properties"]["learning_rate"]["default"] == 1e-6
+
+
+def test_every_model_forbids_extra_keys():
+    models = [m for m in vars(spec_module).values() if isinstance(m, type) and issubclass(m, BaseModel)]
+    assert len(models) > 8
+    for model in models:
+        assert model is BaseModel or model.model_config.get("extra") == "forbid", model

@@ -1,0 +1,167 @@
+"""GRPO training stage: one job folder in, trained weights (full) or adapter (LoRA/QLoRA) out.
+
+Runs without Prefect, as its own process (what a GPU worker or `accelerate launch` executes):
+
+    python -m trainers.grpo runs/<job_id>
+
+It reads `spec.yaml` and `dataset/` from the job folder, starts from `sft/` when the SFT warm-up ran (else the
+base model), writes `metrics.jsonl` every step and `checkpoints/` every `checkpoint_every` steps, resumes from the
+newest checkpoint when one exists, and saves `merged/` (full fine-tune) or `adapter/` (LoRA) with the tokenizer.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from trainers.jobdir import JobDir, write_json_atomic
+from trainers.metrics import metrics_file_callback, truncate_metrics
+from trainers.modeling import (
+    SetupError,
+    check_accelerators,
+    load_tokenizer,
+    lora_config,
+    prepare_prompts,
+    quantization_config,
+    torch_dtype,
+    use_bf16,
+)
+from trainers.rewards import build_reward
+from trainers.spec import JobSpec, load_spec
+from trainers.tiny import resolve_model_path
+
+
+def start_model(spec: JobSpec, job: JobDir) -> str:
+    """The weights GRPO starts from: the SFT warm-up's output when it ran, else the base model."""
+    if spec.sft.enabled and (job.sft / "config.json").exists():
+        return str(job.sft)
+    return resolve_model_path(spec.base_model)
+
+
+def grpo_config(spec: JobSpec, job: JobDir):
+    """Maps the spec's hyperparameters onto `trl.GRPOConfig`: one optimizer step = one prompt's group."""
+    from trl import GRPOConfig
+
+    hp = spec.hyperparameters
+    return GRPOConfig(
+        output_dir=str(job.checkpoints),
+        learning_rate=hp.learning_rate,
+        max_steps=hp.max_steps,
+        num_generations=hp.rollouts_per_prompt,
+        # One group per step across all processes: each GPU takes an equal share of the group.
+        per_device_train_batch_size=hp.rollouts_per_prompt // spec.gpu_count,
+        gradient_accumulation_steps=1,
+        max_completion_length=hp.max_response_length,
+        beta=hp.kl_coef,
+        temperature=hp.temperature,
+        seed=hp.seed,
+        data_seed=hp.seed,
+        reward_weights=[r.weight for r in spec.rewards],
+        bf16=use_bf16(),
+        use_liger_kernel=hp.use_liger,
+        model_init_kwargs={"dtype": torch_dtype()},
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=spec.checkpoint_every,
+        save_total_limit=2,
+        report_to="none",
+        disable_tqdm=True,
+        # TRL's default turns checkpointing on, which only costs time on small models; memory is the user's lever
+        # (max_response_length, lora_rank, load_in_4bit).
+        gradient_checkpointing=False,
+    )
+
+
+def resume_checkpoint(job: JobDir) -> str | None:
+    """The newest checkpoint in `checkpoints/`, with metrics after it dropped so each step is logged once."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not job.checkpoints.exists():
+        return None
+    last = get_last_checkpoint(str(job.checkpoints))
+    if last is not None:
+        truncate_metrics(job.metrics, int(Path(last).name.split("-")[-1]))
+    return last
+
+
+def save_artifact(trainer, tokenizer, spec: JobSpec, job: JobDir) -> Path:
+    """Saves the adapter (LoRA jobs) or the full weights (full fine-tune), each with the tokenizer."""
+    target = job.adapter if spec.hyperparameters.lora_rank else job.merged
+    trainer.save_model(str(target))
+    tokenizer.save_pretrained(str(target))
+    return target
+
+
+def main(job_root: str) -> int:
+    job = JobDir(Path(job_root))
+    spec, _ = load_spec(job.spec)
+    hp = spec.hyperparameters
+    check_accelerators(hp)
+
+    # --- data
+    from datasets import load_from_disk
+
+    dataset = load_from_disk(str(job.dataset))["train"]
+    dataset = prepare_prompts(dataset, spec.dataset.prompt_column, hp.system_prompt)
+
+    # --- rewards
+    reward_funcs = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
+
+    # --- model and trainer
+    from trl import GRPOTrainer
+
+    model_path = start_model(spec, job)
+    tokenizer = load_tokenizer(model_path)
+    tokenizer.padding_side = "left"
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=grpo_config(spec, job),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(hp),
+        quantization_config=quantization_config(hp),
+        callbacks=[metrics_file_callback(job.metrics)],
+    )
+
+    model = trainer.model
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    quantized = getattr(model, "is_loaded_in_4bit", False)
+    print(f"grpoflow: start model {model_path}; loaded in 4-bit: {quantized}; trainable {trainable:,}/{total:,}")
+
+    # --- train (resuming from the newest checkpoint when a previous attempt left one)
+    checkpoint = resume_checkpoint(job)
+    started = time.monotonic()
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+
+    # --- save
+    target = save_artifact(trainer, tokenizer, spec, job)
+    write_json_atomic(
+        job.training_result,
+        {
+            "artifact_dir": target.name,
+            "start_model": model_path,
+            "resumed_from": Path(checkpoint).name if checkpoint else None,
+            "global_step": trainer.state.global_step,
+            "train_seconds": round(time.monotonic() - started, 3),
+            "train_runtime": result.metrics.get("train_runtime"),
+        },
+    )
+    return 0
+
+
+def cli(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job_dir", help="the job folder (holds spec.yaml and dataset/)")
+    args = parser.parse_args(argv)
+    try:
+        return main(args.job_dir)
+    except SetupError as e:
+        # Exit code 2 tells the calling task that a retry cannot help.
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

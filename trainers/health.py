@@ -1,0 +1,386 @@
+"""Training health: detectors for GRPO's common failure modes over the metric series of `metrics.jsonl`.
+
+Three alerts (shared/DESIGN.md, "Health alerts"), each with its evidence and what to do about it:
+
+- `policy_collapse`: `reward_std` falls to ~0 after the run had signal (every completion of a group now scores the
+  same, so GRPO's advantages are all zero), or `entropy` falls steeply (the policy samples near-identical outputs);
+- `length_explosion`: `completions/mean_length` climbs toward `max_response_length` while the reward does not improve;
+- `kl_drift`: `kl` keeps growing (only when `kl_coef` > 0; TRL logs `kl` only then).
+
+`HealthMonitor.update` takes one `{"step": n, "values": {...}}` record at a time, so the training loop can alert live;
+`HealthMonitor.check` runs a whole series through `update`, so it gives the same alerts. Each kind fires at most once
+per run. The detectors are pure: no I/O, no torch.
+
+```python
+>>> monitor = HealthMonitor(max_response_length=512, kl_coef=0.0, window=5)
+>>> learning = [{"reward": 0.5, "reward_std": 0.4}] * 10  # each group had right and wrong completions
+>>> collapsed = [{"reward": float(s % 2), "reward_std": 0.0} for s in range(10)]  # all-right or all-wrong groups
+>>> records = [{"step": s, "values": v} for s, v in enumerate(learning + collapsed, start=1)]
+>>> verdict(monitor.check(records))
+'policy collapse suspected at step 15'
+
+```
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+# --- thresholds (each can be overridden by name: HealthMonitor(..., collapse_reward_std=0.02)) ----------------------
+
+# reward_std is the std of one step's rewards; under 0.01 (on rewards scored in [0, 1]) nearly every completion got the
+# same score, and GRPO's group-relative advantages, hence its gradients, are ~0.
+COLLAPSE_REWARD_STD = 0.01
+# ...but only a collapse if the run once had signal: a window that averaged above this. A task the model fails (or
+# solves) on every completion from step 1 never had variance to lose; that is a data or reward problem, not a collapse.
+SIGNAL_REWARD_STD = 0.05
+# Entropy declines slowly as the policy grows confident; losing 70% of the first window's level while the reward has
+# stopped climbing is the steep fall that comes before identical outputs.
+ENTROPY_COLLAPSE_RATIO = 0.3
+# A reward within this fraction of its range from the run's best step (or from `reward_ceiling` when given), with no
+# variance left, means the task is solved, not collapsed: every completion earns the top score.
+SOLVED_MARGIN = 0.05
+# Optional known maximum of the summed reward (e.g. 1.0 for one 0/1 reward); None uses the best step seen.
+REWARD_CEILING = None
+# Length explosion: the last window's mean length is within 20% of max_response_length, so completions are being cut...
+LENGTH_NEAR_MAX = 0.8
+# ...or at least half of them already hit the limit (TRL's completions/clipped_ratio), which pulls the mean up less...
+CLIPPED_NEAR_MAX = 0.5
+# ...and the length grew by more than half since the first window (long from step 1 is a setting, not an explosion)...
+LENGTH_GROWTH = 1.5
+# ...while the mean reward gained no more than this (rewards are usually scored in [0, 1]): longer, not better.
+REWARD_GAIN_EPS = 0.05
+# kl is TRL's per-token estimate of KL(policy || reference) in nats. A run held by its KL term usually stays in the
+# hundredths; below this floor growth is the expected drift away from the reference at the start (kl is 0 at step 1).
+KL_FLOOR = 0.1
+# A blow-up: the last window averages more than 3x the window before.
+KL_BLOWUP_RATIO = 3.0
+# A steady climb: two window-to-window rises in a row, each at least a tenth of the current level (smaller moves are
+# noise around a level)...
+KL_STEADY_RISE = 0.1
+# ...and the latest rise at least 3/4 of the one before: linear or faster growth. A KL settling onto a plateau rises by
+# less each window (by e^(-window/tau) for an approach with time constant tau), so it does not pass.
+KL_KEEP_PACE = 0.75
+
+
+@dataclass
+class Thresholds:
+    """The detectors' thresholds; defaults are the module constants above."""
+
+    collapse_reward_std: float = COLLAPSE_REWARD_STD
+    signal_reward_std: float = SIGNAL_REWARD_STD
+    entropy_collapse_ratio: float = ENTROPY_COLLAPSE_RATIO
+    solved_margin: float = SOLVED_MARGIN
+    reward_ceiling: float | None = REWARD_CEILING
+    length_near_max: float = LENGTH_NEAR_MAX
+    clipped_near_max: float = CLIPPED_NEAR_MAX
+    length_growth: float = LENGTH_GROWTH
+    reward_gain_eps: float = REWARD_GAIN_EPS
+    kl_floor: float = KL_FLOOR
+    kl_blowup_ratio: float = KL_BLOWUP_RATIO
+    kl_steady_rise: float = KL_STEADY_RISE
+    kl_keep_pace: float = KL_KEEP_PACE
+
+
+@dataclass
+class Alert:
+    """One detected failure mode.
+
+    Args:
+        kind (`str`): `"policy_collapse"`, `"length_explosion"` or `"kl_drift"`.
+        step (`int`): the training step at which it fired.
+        message (`str`): one sentence saying what was seen.
+        evidence (`dict`): the numbers behind it: window, before/after values, thresholds.
+        advice (`str`): what to change in the spec.
+    """
+
+    kind: str
+    step: int
+    message: str
+    evidence: dict = field(default_factory=dict)
+    advice: str = ""
+
+    def to_dict(self) -> dict:
+        """The alert as a JSON-compatible dict (the payload of a `grpoflow.training.alert` event)."""
+        return dataclasses.asdict(self)
+
+
+# The metrics the detectors read; every other key of a record is ignored.
+_KEYS = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "entropy",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "kl",
+)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _r(value: float | None) -> float | None:
+    # Evidence goes into events and reports: six decimals are plenty and keep the JSON readable.
+    return None if value is None else round(value, 6)
+
+
+class HealthMonitor:
+    """Watches a GRPO run's metrics, one step at a time, for policy collapse, length explosion and KL drift.
+
+    Windows count the steps that logged the metric: a record that lacks a key, or holds None (a NaN in the log), does
+    not enter that metric's windows.
+
+    Args:
+        max_response_length (`int`): the spec's `max_response_length`, the ceiling lengths explode toward.
+        kl_coef (`float`): the spec's `kl_coef`; with 0 there is no KL term and the KL detector stays off.
+        window (`int`, *optional*, defaults to `10`): steps averaged per window; >= 2.
+        **thresholds: overrides of the module's thresholds by lowercase name, e.g. `collapse_reward_std=0.02`,
+            `reward_ceiling=1.0`. An unknown name raises `TypeError`.
+    """
+
+    def __init__(self, max_response_length: int, kl_coef: float, window: int = 10, **thresholds):
+        if window < 2:
+            raise ValueError(f"window must be >= 2 steps, got {window}")
+        self.max_response_length = max_response_length
+        self.kl_coef = kl_coef
+        self.window = window
+        self.thresholds = Thresholds(**thresholds)
+        self.fired: set[str] = set()
+        self._series: dict[str, list[float]] = {key: [] for key in _KEYS}
+        self._std_window_means: list[float] = []
+        self._std_peak_before = -math.inf  # best window mean of reward_std that ended before the last window began
+        self._reward_best = -math.inf
+        self._reward_worst = math.inf
+
+    # --- feeding -----------------------------------------------------------------------------------------------------
+
+    def update(self, record: dict) -> list[Alert]:
+        """Add one step's record and return the alerts that fire at it (each kind fires once per run).
+
+        Args:
+            record (`dict`): `{"step": n, "values": {...}}`, one line of `metrics.jsonl`.
+
+        Returns:
+            `list[Alert]`: the new alerts, usually empty.
+        """
+        self._add(record.get("values") or {})
+        step = int(record["step"])
+        detectors = {
+            "policy_collapse": self._policy_collapse,
+            "length_explosion": self._length_explosion,
+            "kl_drift": self._kl_drift,
+        }
+        alerts = []
+        for kind, detect in detectors.items():
+            alert = None if kind in self.fired else detect(step)
+            if alert is not None:
+                self.fired.add(kind)
+                alerts.append(alert)
+        return alerts
+
+    def check(self, records: list[dict]) -> list[Alert]:
+        """Feed a whole series through `update`, in step order, and return every alert.
+
+        Args:
+            records (`list[dict]`): the records of `metrics.jsonl` (see `trainers.metrics.read_metrics`).
+
+        Returns:
+            `list[Alert]`: the alerts in the order they fired.
+        """
+        return [alert for record in sorted(records, key=lambda r: r["step"]) for alert in self.update(record)]
+
+    def _add(self, values: dict) -> None:
+        for key in _KEYS:
+            value = values.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self._series[key].append(float(value))
+                self._track(key, float(value))
+
+    def _track(self, key: str, value: float) -> None:
+        # Running summaries, so that a step costs O(window) however long the run.
+        if key == "reward":
+            self._reward_best, self._reward_worst = max(self._reward_best, value), min(self._reward_worst, value)
+        elif key == "reward_std":
+            means, w = self._std_window_means, self.window
+            if len(self._series[key]) >= w:
+                means.append(_mean(self._series[key][-w:]))
+            if len(means) > w:  # this window mean ended a full window ago: it lies wholly before the last window
+                self._std_peak_before = max(self._std_peak_before, means[-1 - w])
+
+    def _window(self, key: str, back: int = 0) -> float | None:
+        """Mean of the `back`-th window counted from the end (0 = the last `window` values), or None if too short."""
+        values, w = self._series[key], self.window
+        if len(values) < (back + 1) * w:
+            return None
+        return _mean(values[len(values) - (back + 1) * w : len(values) - back * w])
+
+    def _first_window(self, key: str) -> float | None:
+        values = self._series[key]
+        return _mean(values[: self.window]) if len(values) >= self.window else None
+
+    # --- policy collapse ---------------------------------------------------------------------------------------------
+
+    def _policy_collapse(self, step: int) -> Alert | None:
+        t = self.thresholds
+        if self._solved():
+            return None
+        std_last = self._window("reward_std")
+        evidence = {"window": self.window, "reward_std_threshold": t.collapse_reward_std}
+        if std_last is not None and std_last < t.collapse_reward_std and self._std_peak_before > t.signal_reward_std:
+            evidence |= {"reward_std_last": _r(std_last), "reward_std_peak_before": _r(self._std_peak_before)}
+            evidence |= self._zero_std_evidence()
+            message = (
+                f"reward_std averaged {std_last:.4g} over the last {self.window} steps, down from "
+                f"{self._std_peak_before:.4g} in an earlier window: the completions of each group now score alike, "
+                "so GRPO has no signal."
+            )
+            return Alert("policy_collapse", step, message, evidence, self._collapse_advice())
+        return self._entropy_collapse(step, evidence)
+
+    def _entropy_collapse(self, step: int, evidence: dict) -> Alert | None:
+        t, series = self.thresholds, self._series["entropy"]
+        if len(series) < 2 * self.window:
+            return None
+        first, last = self._first_window("entropy"), self._window("entropy")
+        if first <= 0 or last >= t.entropy_collapse_ratio * first or self._reward_rising():
+            return None
+        evidence |= {
+            "entropy_first": _r(first),
+            "entropy_last": _r(last),
+            "entropy_ratio_threshold": t.entropy_collapse_ratio,
+        }
+        evidence |= self._zero_std_evidence()
+        message = (
+            f"entropy fell from {first:.4g} (first {self.window} steps) to {last:.4g} (last {self.window}), "
+            f"below {t.entropy_collapse_ratio:.0%} of where it started: the policy is close to one fixed output."
+        )
+        return Alert("policy_collapse", step, message, evidence, self._collapse_advice())
+
+    def _solved(self) -> bool:
+        """The reward sits at its ceiling with no variance: every completion earns the top score (not a collapse).
+
+        Without `reward_ceiling` the ceiling is the best step seen, so a reward that never varied is its own ceiling;
+        such a run never had variance, so it has no gradient and its entropy does not move either.
+        """
+        t = self.thresholds
+        reward_last, std_last = self._window("reward"), self._window("reward_std")
+        if reward_last is None or (std_last is not None and std_last >= t.collapse_reward_std):
+            return False
+        ceiling = self._reward_best if t.reward_ceiling is None else t.reward_ceiling
+        spread = max(ceiling - self._reward_worst, 0.0)
+        return reward_last >= ceiling - t.solved_margin * spread
+
+    def _reward_rising(self) -> bool:
+        # Entropy also falls fast while a policy learns quickly; as long as the reward still climbs, that is learning.
+        last, before = self._window("reward"), self._window("reward", 1)
+        return before is not None and last > before + self.thresholds.reward_gain_eps
+
+    def _zero_std_evidence(self) -> dict:
+        # TRL's share of groups whose rewards were all equal: supporting evidence, not a trigger.
+        share = self._window("frac_reward_zero_std")
+        return {} if share is None else {"frac_reward_zero_std_last": _r(share)}
+
+    def _collapse_advice(self) -> str:
+        return (
+            "Lower learning_rate (try half) and raise kl_coef "
+            f"(now {self.kl_coef:g}) to keep the policy near the reference, and check that the reward separates good "
+            "completions from bad ones instead of giving most of them the same score."
+        )
+
+    # --- length explosion --------------------------------------------------------------------------------------------
+
+    def _length_explosion(self, step: int) -> Alert | None:
+        t, key = self.thresholds, "completions/mean_length"
+        if len(self._series[key]) < 2 * self.window:
+            return None
+        first, last = self._first_window(key), self._window(key)
+        clipped = self._window("completions/clipped_ratio")
+        near_max = last > t.length_near_max * self.max_response_length or (
+            clipped is not None and clipped >= t.clipped_near_max
+        )
+        if not near_max or last <= t.length_growth * first or not self._reward_flat():
+            return None
+        evidence = {
+            "window": self.window,
+            "mean_length_first": _r(first),
+            "mean_length_last": _r(last),
+            "max_response_length": self.max_response_length,
+            "length_near_max_threshold": t.length_near_max,
+            "length_growth_threshold": t.length_growth,
+            "reward_first": _r(self._first_window("reward")),
+            "reward_last": _r(self._window("reward")),
+        }
+        if clipped is not None:
+            evidence["clipped_ratio_last"] = _r(clipped)
+        message = (
+            f"completions grew from {first:.4g} to {last:.4g} tokens on average (max_response_length "
+            f"{self.max_response_length}) while the reward did not improve."
+        )
+        advice = (
+            "Add a length penalty to the reward (the built-in length_penalty reward, next to the correctness one) or "
+            f"lower max_response_length (now {self.max_response_length}): longer completions are not scoring higher."
+        )
+        return Alert("length_explosion", step, message, evidence, advice)
+
+    def _reward_flat(self) -> bool:
+        first, last = self._first_window("reward"), self._window("reward")
+        # Without a reward series there is no telling growth from progress: stay quiet rather than guess.
+        return first is not None and last <= first + self.thresholds.reward_gain_eps
+
+    # --- KL drift ----------------------------------------------------------------------------------------------------
+
+    def _kl_drift(self, step: int) -> Alert | None:
+        if self.kl_coef <= 0:
+            return None
+        t = self.thresholds
+        last, before, earlier = self._window("kl"), self._window("kl", 1), self._window("kl", 2)
+        if before is None or last <= t.kl_floor:
+            return None
+        blowup = last > t.kl_blowup_ratio * before
+        steady = earlier is not None and self._steady_rise(earlier, before, last)
+        if not (blowup or steady):
+            return None
+        evidence = {
+            "window": self.window,
+            "kl_last": _r(last),
+            "kl_window_before": _r(before),
+            "kl_two_windows_before": _r(earlier),
+            "kl_floor": t.kl_floor,
+            "rule": "blowup" if blowup else "steady_rise",
+            "kl_blowup_ratio": t.kl_blowup_ratio,
+            "kl_steady_rise": t.kl_steady_rise,
+            "kl_keep_pace": t.kl_keep_pace,
+        }
+        how = f"jumped past {t.kl_blowup_ratio:g}x the window before" if blowup else "rose for two windows in a row"
+        message = f"kl reached {last:.4g} over the last {self.window} steps and {how}: the policy is drifting away."
+        advice = (
+            f"Raise kl_coef (now {self.kl_coef:g}; try 10x) or lower learning_rate. If the reward climbs with it, "
+            "read some completions: the policy may be gaming the reward; tighten it (format checks, length penalties)."
+        )
+        return Alert("kl_drift", step, message, evidence, advice)
+
+    def _steady_rise(self, earlier: float, before: float, last: float) -> bool:
+        t = self.thresholds
+        rise, previous_rise = last - before, before - earlier
+        big_enough = min(rise, previous_rise) >= t.kl_steady_rise * last
+        return big_enough and rise >= t.kl_keep_pace * previous_rise
+
+
+_LABELS = {"policy_collapse": "policy collapse", "length_explosion": "length explosion", "kl_drift": "KL drift"}
+
+
+def verdict(alerts: list[Alert]) -> str:
+    """One line for a report or an event: `"healthy"`, or what is suspected and from which step.
+
+    Args:
+        alerts (`list[Alert]`): the alerts of one run.
+
+    Returns:
+        `str`: e.g. `"healthy"` or `"policy collapse suspected at step 40; KL drift suspected at step 55"`.
+    """
+    if not alerts:
+        return "healthy"
+    ordered = sorted(alerts, key=lambda a: a.step)
+    return "; ".join(f"{_LABELS.get(a.kind, a.kind)} suspected at step {a.step}" for a in ordered)

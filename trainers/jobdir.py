@@ -1,0 +1,50 @@
+"""The job folder layout (`<output_uri>/<job_id>/`, shared/DESIGN.md): one place that names every file in it."""
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """Paths of one job's folder. Every stage reads and writes through these names."""
+
+    root: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.root.name
+
+    spec = property(lambda self: self.root / "spec.yaml")
+    dataset = property(lambda self: self.root / "dataset")
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    sft = property(lambda self: self.root / "sft")
+    adapter = property(lambda self: self.root / "adapter")
+    merged = property(lambda self: self.root / "merged")
+    model_json = property(lambda self: self.root / "model.json")
+    events = property(lambda self: self.root / "events.jsonl")
+    evaluation = property(lambda self: self.root / "evaluation.json")
+    report = property(lambda self: self.root / "report.md")
+    training_result = property(lambda self: self.root / "training.json")
+    logs = property(lambda self: self.root / "logs")
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Writes JSON to a temp file beside `path` and renames it, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

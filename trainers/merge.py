@@ -1,0 +1,67 @@
+"""Merge stage: folds a LoRA adapter into its base model with PEFT (`merge_and_unload`) and writes `model.json`.
+
+    python -m trainers.merge runs/<job_id>
+
+The base is loaded unquantized even for QLoRA jobs, so `merged/` holds ordinary 16/32-bit weights that load with
+`AutoModelForCausalLM.from_pretrained`. A full fine-tune already saved `merged/`; only `model.json` is written.
+"""
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from trainers.jobdir import JobDir, write_json_atomic
+
+
+def list_files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def merge_adapter(adapter_dir: Path, out_dir: Path, dtype=None) -> None:
+    """Loads the adapter's base model, merges the adapter into it and saves the result with the tokenizer.
+
+    Args:
+        adapter_dir (`Path`): a PEFT adapter folder (adapter_config.json names the base model).
+        out_dir (`Path`): where the merged model goes; written beside it first and renamed into place.
+        dtype (`torch.dtype`, *optional*): dtype to load the base in; defaults to the trainer's dtype.
+    """
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    from trainers.modeling import torch_dtype
+
+    model = AutoPeftModelForCausalLM.from_pretrained(str(adapter_dir), dtype=dtype or torch_dtype())
+    merged = model.merge_and_unload()
+    staging = out_dir.parent / f".{out_dir.name}-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    merged.save_pretrained(str(staging))
+    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(staging))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+
+
+def write_model_json(job: JobDir) -> dict:
+    """Describes the trained artifact as DESIGN.md's model.json: adapter or full, and the files of each."""
+    is_adapter = (job.adapter / "adapter_config.json").exists()
+    info = {
+        "artifact_type": "adapter" if is_adapter else "full",
+        "files": list_files(job.adapter if is_adapter else job.merged),
+        "merged_files": list_files(job.merged),
+    }
+    write_json_atomic(job.model_json, info)
+    return info
+
+
+def main(job_root: str) -> int:
+    job = JobDir(Path(job_root))
+    if (job.adapter / "adapter_config.json").exists():
+        merge_adapter(job.adapter, job.merged)
+    write_model_json(job)
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job_dir")
+    sys.exit(main(parser.parse_args().job_dir))

@@ -1,0 +1,100 @@
+"""Model-side glue shared by the SFT, GRPO, merge and evaluation stages: dtype, LoRA/QLoRA configs, tokenizer,
+prompt formatting, and the checks for the optional accelerators (Unsloth, Liger)."""
+
+import importlib.util
+
+import torch
+
+from trainers.tiny import resolve_model_path
+
+# Attention and MLP projections of Llama/Qwen-style models (DESIGN.md: q/k/v/o and gate/up/down).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class SetupError(RuntimeError):
+    """The job cannot run on this machine as specified (missing library, no CUDA); retrying will not help."""
+
+
+def use_bf16() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def torch_dtype() -> torch.dtype:
+    return torch.bfloat16 if use_bf16() else torch.float32
+
+
+def lora_config(hp):
+    """A PEFT `LoraConfig` for the spec's hyperparameters, or None for a full fine-tune."""
+    if hp.lora_rank is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=hp.lora_rank,
+        lora_alpha=hp.lora_alpha or hp.lora_rank,
+        target_modules=LORA_TARGETS,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+
+
+def quantization_config(hp):
+    """NF4 4-bit `BitsAndBytesConfig` for QLoRA jobs, else None."""
+    if not hp.load_in_4bit:
+        return None
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise SetupError("load_in_4bit needs bitsandbytes: pip install 'grpoflow[qlora]'")
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch_dtype(),
+        bnb_4bit_use_double_quant=True,
+    )
+
+
+def check_accelerators(hp) -> None:
+    """Fails early, with what to do, when an opt-in accelerator cannot run here."""
+    for flag, package, extra in (("use_unsloth", "unsloth", "unsloth"), ("use_liger", "liger_kernel", "liger")):
+        if not getattr(hp, flag):
+            continue
+        if not torch.cuda.is_available():
+            raise SetupError(f"{flag}=true needs a CUDA GPU and none is visible; set {flag}: false to run here")
+        if importlib.util.find_spec(package) is None:
+            raise SetupError(f"{flag}=true needs the {package} package: pip install 'grpoflow[{extra}]'")
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def to_prompt(value, system_prompt: str | None):
+    """Returns the prompt TRL should see: a string as is, or a chat (list of messages) with the system prompt.
+
+    A string prompt with a system prompt becomes a system + user chat, so the model's chat template applies.
+    A chat prompt gets the system message prepended unless it already starts with one.
+    """
+    if system_prompt is None:
+        return value
+    if isinstance(value, str):
+        return [{"role": "system", "content": system_prompt}, {"role": "user", "content": value}]
+    if value and value[0].get("role") == "system":
+        return value
+    return [{"role": "system", "content": system_prompt}, *value]
+
+
+def prepare_prompts(dataset, prompt_column: str, system_prompt: str | None):
+    """Renames the spec's prompt column to TRL's `prompt` and applies the system prompt."""
+    if prompt_column != "prompt":
+        if "prompt" in dataset.column_names:
+            dataset = dataset.remove_columns("prompt")
+        dataset = dataset.rename_column(prompt_column, "prompt")
+    if system_prompt is not None:
+        dataset = dataset.map(lambda row: {"prompt": to_prompt(row["prompt"], system_prompt)})
+    return dataset

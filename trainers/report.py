@@ -1,0 +1,275 @@
+"""The job report: `report.md` and one PNG plot per metric, written into the job folder.
+
+`write_report(job, spec, evaluation, alerts)` reads the job's `metrics.jsonl` and writes the human summary that
+shared/DESIGN.md lists under "The job folder": what was trained from what, the resolved hyperparameters, the held-out
+before/after scores, the metric series (a table and plots) and the health verdict with what to do about each alert.
+
+Plots are drawn on `matplotlib.figure.Figure` objects, never through pyplot: no GUI backend is touched and no global
+state changes (matplotlib's recommended way in servers and workers), so importing this module in a notebook or a
+headless worker is equally safe.
+"""
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from trainers.health import Alert, verdict
+from trainers.jobdir import JobDir, write_text_atomic
+from trainers.metrics import read_metrics
+from trainers.spec import JobSpec, resolved_dict
+
+PLOT_KEYS = ("reward", "reward_std", "completions/mean_length", "entropy", "kl")
+# The summary table's rows, in this order, then every per-reward `rewards/<name>/mean`.
+TABLE_KEYS = ("reward", "reward_std", "loss", "completions/mean_length", "entropy", "kl")
+_PER_REWARD = re.compile(r"^rewards/.+/mean$")
+
+
+# --- plots -----------------------------------------------------------------------------------------------------------
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """Steps and values of `key`, skipping records that lack it or hold None (a NaN in the log)."""
+    points = [(r["step"], (r.get("values") or {}).get(key)) for r in records]
+    points = [(step, float(v)) for step, v in points if isinstance(v, int | float) and not isinstance(v, bool)]
+    return [step for step, _ in points], [v for _, v in points]
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    # Trailing mean, so the curve never uses steps from the future; the first points average what exists so far.
+    chunks = [values[max(0, i + 1 - window) : i + 1] for i in range(len(values))]
+    return [sum(chunk) / len(chunk) for chunk in chunks]
+
+
+def _plot_file(key: str) -> str:
+    return key.replace("/", "_") + ".png"
+
+
+def _save_png(fig: Figure, path: Path) -> None:
+    # A temp file beside the target, then a rename: a reader (or a crash) never sees half a PNG.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plot(steps: list[int], values: list[float], key: str, path: Path) -> None:
+    fig = Figure(figsize=(7, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(steps, values, color="tab:blue", alpha=0.35, linewidth=1, marker="." if len(steps) < 50 else None)
+    window = max(2, min(20, len(values) // 10))
+    ax.plot(steps, _moving_average(values, window), color="tab:blue", linewidth=2)
+    ax.legend(["per step", f"moving average ({window} steps)"], loc="best", fontsize="small")
+    ax.set(title=key, xlabel="step", ylabel=key)
+    ax.grid(alpha=0.3)
+    _save_png(fig, path)
+
+
+def plot_metrics(records: list[dict], out_dir: Path, keys: tuple[str, ...] = PLOT_KEYS) -> list[Path]:
+    """Draw one PNG per metric: the per-step series and its moving average, against the step.
+
+    Args:
+        records (`list[dict]`): `{"step": n, "values": {...}}` records, as read from `metrics.jsonl`.
+        out_dir (`Path`): the folder the PNGs go to (created if missing).
+        keys (`tuple[str, ...]`, *optional*, defaults to `PLOT_KEYS`): the metrics to plot; a key no record holds
+            (e.g. `kl` when kl_coef is 0) gets no plot.
+
+    Returns:
+        `list[Path]`: the PNGs written, in `keys` order; files are named after the key with "/" as "_"
+        (`completions/mean_length` -> `completions_mean_length.png`).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for key in keys:
+        steps, values = _series(records, key)
+        if values:
+            path = out_dir / _plot_file(key)
+            _plot(steps, values, key, path)
+            paths.append(path)
+    return paths
+
+
+# --- formatting ------------------------------------------------------------------------------------------------------
+
+
+def _num(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _cell(value) -> str:
+    """A value as a markdown table cell: the spec's YAML spelling (null, true) with pipes and newlines escaped."""
+    text = "null" if value is None else _num(value) if isinstance(value, int | float) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# --- sections --------------------------------------------------------------------------------------------------------
+
+
+def _artifact(job: JobDir, spec: JobSpec) -> str:
+    artifact_type = None
+    if job.model_json.exists():
+        artifact_type = json.loads(job.model_json.read_text()).get("artifact_type")
+    if artifact_type is None:  # before the merge stage ran: what the spec will produce
+        artifact_type = "adapter" if spec.hyperparameters.lora_rank else "full"
+    if artifact_type == "adapter":
+        return f"`adapter` (LoRA rank {spec.hyperparameters.lora_rank} in `adapter/`, merged weights in `merged/`)"
+    return "`full` (a full fine-tune, weights in `merged/`)"
+
+
+def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> str:
+    hp = spec.hyperparameters
+    start = "the base model"
+    if spec.sft.enabled:
+        start += f" after an SFT warm-up ({spec.sft.max_steps} steps)"
+    rewards = ", ".join(f"{r.name} (weight {r.weight:g})" for r in spec.rewards)
+    steps = "none (no training steps were logged)"
+    if records:
+        steps = f"{max(r['step'] for r in records)} of max_steps {hp.max_steps}"
+    lines = [
+        f"- **Base model:** `{spec.base_model}`",
+        f"- **GRPO started from:** {start}",
+        f"- **Dataset:** `{spec.dataset.uri}`",
+        f"- **Rewards:** {rewards}",
+        f"- **Steps run:** {steps}",
+        f"- **Artifact:** {_artifact(job, spec)}",
+    ]
+    for key, value in extra.items():
+        if key == "wall_time_s" and isinstance(value, int | float):
+            lines.append(f"- **Wall time:** {_duration(value)}")
+        else:
+            lines.append(f"- **{key.replace('_', ' ').capitalize()}:** {_cell(value)}")
+    return "## Summary\n\n" + "\n".join(lines)
+
+
+def _hyperparameters(spec: JobSpec) -> str:
+    resolved = resolved_dict(spec)
+    rows = [[name, _cell(value)] for name, value in resolved["hyperparameters"].items()]
+    rows.append(["gpu_count", _cell(resolved["gpu_count"])])
+    return "## Hyperparameters\n\n" + _table(["name", "value"], rows)
+
+
+def _score(value) -> str:
+    # Scores in [0, 1] (accuracies, pass rates) read best as percentages; anything else is shown as is.
+    if isinstance(value, int | float) and 0 <= value <= 1:
+        return f"{100 * value:.1f}%"
+    return _num(value)
+
+
+def _change(before, after) -> str:
+    if not (isinstance(before, int | float) and isinstance(after, int | float)):
+        return "—"
+    if 0 <= before <= 1 and 0 <= after <= 1:
+        return f"{100 * (after - before):+.1f} points"
+    return f"{after - before:+.4g}"
+
+
+def _evaluation(evaluation: dict | None) -> str:
+    title = "## Held-out evaluation\n\n"
+    if not evaluation:
+        return title + "No held-out evaluation was run (`evaluation.holdout` is 0, or the stage did not finish)."
+    before, after = evaluation.get("before"), evaluation.get("after")
+    row = [_cell(evaluation.get("metric")), _num(evaluation.get("n")), _score(before), _score(after)]
+    note = "before: the model GRPO started from; after: the GRPO result, both on prompts held out of training."
+    table = _table(["metric", "n", "before", "after", "change"], [row + [_change(before, after)]])
+    return f"{title}{table}\n\n{note}"
+
+
+def _metric_keys(records: list[dict]) -> list[str]:
+    present = dict.fromkeys(key for r in records for key in r.get("values") or {})
+    return [k for k in TABLE_KEYS if k in present] + [k for k in present if _PER_REWARD.match(k)]
+
+
+def _metrics(records: list[dict], plots: list[Path]) -> str:
+    title = "## Metrics\n\n"
+    if not records:
+        return title + "No training steps were logged, so there is nothing to plot."
+    rows = []
+    for key in _metric_keys(records):
+        _, values = _series(records, key)
+        if values:  # a key logged only as None (NaN) has nothing to summarize
+            rows.append([f"`{key}`"] + [_num(v) for v in (values[0], values[-1], min(values), max(values))])
+    parts = [title + _table(["metric", "first", "last", "min", "max"], rows)]
+    steps, rewards = _series(records, "reward")
+    if rewards:
+        best = max(range(len(rewards)), key=rewards.__getitem__)
+        parts.append(f"Best reward: {_num(rewards[best])} at step {steps[best]}.")
+    parts += [f"![{path.stem}]({path.name})" for path in plots]
+    return "\n\n".join(parts)
+
+
+def _health(alerts: list[Alert], records: list[dict]) -> str:
+    line = verdict(alerts) if alerts or records else "not judged (no training steps were logged)"
+    parts = [f"## Health\n\n**Verdict:** {line}"]
+    for alert in sorted(alerts, key=lambda a: a.step):
+        name = alert.kind.replace("_", " ").capitalize()
+        parts.append(f"- **{name}** at step {alert.step}: {alert.message}\n  **What to do:** {alert.advice}")
+    parts.append(
+        "Checked: `reward_std` and `entropy` for policy collapse, `completions/mean_length` against "
+        "max_response_length for length explosion, and `kl` for KL drift (only when kl_coef > 0)."
+    )
+    return "\n\n".join(parts)
+
+
+# --- the report ------------------------------------------------------------------------------------------------------
+
+
+def write_report(
+    job: JobDir,
+    spec: JobSpec,
+    evaluation: dict | None,
+    alerts: list[Alert | dict],
+    extra: dict | None = None,
+) -> Path:
+    """Write the job's `report.md` and its metric plots (`*.png`) into the job folder.
+
+    Args:
+        job (`JobDir`): the job folder; its `metrics.jsonl` is read (missing or empty is fine: the report says no
+            steps were logged).
+        spec (`JobSpec`): the job's resolved spec.
+        evaluation (`dict` or `None`): `evaluation.json`'s content, `{"metric", "n", "before", "after"}`; None when
+            there was no held-out evaluation.
+        alerts (`list[Alert | dict]`): the run's health alerts (`Alert`s or their `to_dict()` form, e.g. from events).
+        extra (`dict`, *optional*): more summary lines; `wall_time_s` (seconds) shows as "Wall time", any other key
+            as its own line.
+
+    Returns:
+        `Path`: the path of `report.md`.
+    """
+    records = read_metrics(job.metrics)
+    alerts = [a if isinstance(a, Alert) else Alert(**a) for a in alerts]
+    plots = plot_metrics(records, job.root)
+    sections = [
+        f"# GRPO job report: {job.job_id}",
+        _summary(job, spec, records, extra or {}),
+        _hyperparameters(spec),
+        _evaluation(evaluation),
+        _metrics(records, plots),
+        _health(alerts, records),
+    ]
+    write_text_atomic(job.report, "\n\n".join(sections) + "\n")
+    return job.report

@@ -1,0 +1,484 @@
+"""Reward functions for GRPO: the built-ins, loading a spec's rewards, and a pre-training dry run.
+
+Every reward has TRL's signature `(completions, **kwargs) -> list[float | None]`: `completions` holds strings, or
+message lists for conversational prompts; dataset columns arrive as keyword lists, one value per completion; TRL also
+passes `prompts`, `completion_ids`, `trainer_state`, `log_extra` and `log_metric`. `None` means "does not apply".
+
+A job spec names its rewards; `build_reward` turns one entry into a callable whose `__name__` is the entry's `name`,
+so TRL logs it as `rewards/<name>/mean`:
+
+    rewards:
+      - name: exact_answer                      # a built-in, see REWARDS
+      - name: short
+        kwargs: {max_chars: 120}                # built-in factories take their arguments from kwargs
+      - name: close
+        function: examples.rewards.arithmetic:close_answer_reward
+
+`dry_run_rewards` calls each reward on a few dataset rows before training, so a broken reward fails the job in
+seconds with a message that names it, instead of after the model has loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import math
+import numbers
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The thousands-separated form goes first so "1,234" is one number; the lookbehind keeps the "-" of "5-3" an operator.
+NUMBER = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|(?:(?<![\w.])-)?\.\d+")
+DRY_RUN_ROWS = 4
+
+
+class RewardError(ValueError):
+    """A reward cannot be built or misbehaves on the dataset; the message names the reward.
+
+    Attributes:
+        problems (`list[str]`): one line per problem found, for callers that report them separately.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
+
+
+# --- helpers shared by the rewards -----------------------------------------------------------------------------------
+
+
+def completion_text(completion: str | list[dict]) -> str:
+    """Return the text of one completion, plain (`"..."`) or conversational (`[{"role": "assistant", ...}]`).
+
+    For a conversation the last message counts: with tool calls the final answer comes after the tool turns.
+
+    >>> completion_text("<answer>4</answer>")
+    '<answer>4</answer>'
+    >>> completion_text([{"role": "assistant", "content": "<answer>4</answer>"}])
+    '<answer>4</answer>'
+    """
+    if isinstance(completion, str):
+        return completion
+    if not completion:
+        return ""
+    content = completion[-1].get("content") or ""
+    if isinstance(content, list):  # multimodal form: [{"type": "text", "text": ...}, ...]
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def extract_answer(text: str) -> str:
+    """Return the content of the last `<answer>...</answer>`, or the whole text, stripped.
+
+    >>> extract_answer("I think... <answer> 42 </answer>")
+    '42'
+    >>> extract_answer(" 42\\n")
+    '42'
+    """
+    tagged = ANSWER_TAG.findall(text)
+    return (tagged[-1] if tagged else text).strip()
+
+
+def parse_number(text: str) -> float | None:
+    """Return the last number in `text` ("-3", "2.5", "1,234", "1e3"), or `None` when there is none.
+
+    >>> parse_number("so 1,234 + 6 = 1,240")
+    1240.0
+    >>> parse_number("no idea") is None
+    True
+    """
+    numbers_found = NUMBER.findall(text)
+    return float(numbers_found[-1].replace(",", "")) if numbers_found else None
+
+
+# --- built-in rewards ------------------------------------------------------------------------------------------------
+
+
+def exact_answer_reward(completions: list, answer: list, **kwargs) -> list[float | None]:
+    """Reward 1.0 when the completion's answer equals the `answer` column, else 0.0.
+
+    The completion's answer is the content of its last `<answer>...</answer>`, or the whole completion; both sides
+    are compared as strings after stripping. A row whose answer is `None` gets `None` (the reward does not apply).
+
+    Args:
+        completions (`list[str]` or `list[list[dict]]`): the completions to score.
+        answer (`list`): the dataset's `answer` column, one value per completion.
+
+    Example:
+    ```python
+    >>> exact_answer_reward(["<answer>4</answer>", "4", "<answer>5</answer>"], answer=["4", "4", 4])
+    [1.0, 1.0, 0.0]
+
+    ```
+    """
+    return [
+        None if truth is None else float(extract_answer(completion_text(c)) == str(truth).strip())
+        for c, truth in zip(completions, answer, strict=True)
+    ]
+
+
+def get_answer_format_reward(pattern: str = r"^<answer>.*?</answer>$") -> Callable[..., list[float | None]]:
+    """Return `answer_format_reward`, which scores 1.0 when the stripped completion fully matches `pattern`, else 0.0.
+
+    `.` matches newlines too (`re.DOTALL`), so multi-line reasoning inside the tags still counts.
+
+    Args:
+        pattern (`str`, *optional*, defaults to `r"^<answer>.*?</answer>$"`): the regular expression.
+
+    Raises:
+        ValueError: `pattern` is not a valid regular expression.
+
+    Example:
+    ```python
+    >>> reward = get_answer_format_reward()
+    >>> reward(["<answer>4</answer>\\n", "The answer is 4", "<answer>4</answer> done"])
+    [1.0, 0.0, 0.0]
+    >>> get_answer_format_reward(r"<think>.*</think><answer>.*</answer>")(["<think>2+2</think><answer>4</answer>"])
+    [1.0]
+
+    ```
+    """
+    try:
+        regex = re.compile(pattern, re.DOTALL)
+    except re.error as exc:
+        raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {exc}") from None
+
+    def answer_format_reward(completions: list, **kwargs) -> list[float | None]:
+        return [float(regex.fullmatch(completion_text(c).strip()) is not None) for c in completions]
+
+    return answer_format_reward
+
+
+def get_length_penalty_reward(max_chars: int = 200, penalty: float = 1.0) -> Callable[..., list[float | None]]:
+    """Return `length_penalty_reward`: 0.0 up to `max_chars` characters, falling linearly to `-penalty` at twice that.
+
+    Add it next to a correctness reward when completions grow without the reward improving (length explosion).
+
+    Args:
+        max_chars (`int`, *optional*, defaults to `200`): the longest completion that costs nothing; >= 1.
+        penalty (`float`, *optional*, defaults to `1.0`): the penalty at `2 * max_chars` characters and beyond; >= 0.
+
+    Example:
+    ```python
+    >>> reward = get_length_penalty_reward(max_chars=10, penalty=1.0)
+    >>> reward(["short", "x" * 15, "x" * 20, "x" * 500])
+    [0.0, -0.5, -1.0, -1.0]
+
+    ```
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    if penalty < 0:
+        raise ValueError(f"penalty must be >= 0, got {penalty}")
+
+    def length_penalty_reward(completions: list, **kwargs) -> list[float | None]:
+        overshoot = [max(0, len(completion_text(c)) - max_chars) / max_chars for c in completions]
+        return [-penalty * min(1.0, over) if over > 0 else 0.0 for over in overshoot]
+
+    return length_penalty_reward
+
+
+def get_numeric_match_reward(rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Callable[..., list[float | None]]:
+    """Return `numeric_match_reward`: 1.0 when the last number of the completion's answer equals the `answer` column.
+
+    Numbers may be negative, decimal or thousands-separated ("1,234"); they are equal within `math.isclose(rel_tol,
+    abs_tol)`. A completion or answer without a number scores 0.0; a row whose answer is `None` gets `None`.
+
+    Args:
+        rel_tol (`float`, *optional*, defaults to `1e-6`): relative tolerance; >= 0.
+        abs_tol (`float`, *optional*, defaults to `1e-9`): absolute tolerance; >= 0.
+
+    Example:
+    ```python
+    >>> reward = get_numeric_match_reward()
+    >>> reward(["<answer>1,234</answer>", "so x = -2.50", "<answer>none</answer>"], answer=["1234", -2.5, "3"])
+    [1.0, 1.0, 0.0]
+
+    ```
+    """
+    if rel_tol < 0 or abs_tol < 0:
+        raise ValueError(f"rel_tol and abs_tol must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}")
+
+    def numeric_match_reward(completions: list, answer: list, **kwargs) -> list[float | None]:
+        scores = []
+        for c, truth in zip(completions, answer, strict=True):
+            got, want = parse_number(extract_answer(completion_text(c))), parse_number(str(truth))
+            matched = (
+                got is not None and want is not None and math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
+            )
+            scores.append(None if truth is None else float(matched))
+        return scores
+
+    return numeric_match_reward
+
+
+# The one registry: spec name -> reward function, or `get_*` factory that takes the spec's kwargs.
+REWARDS: dict[str, Callable] = {
+    "answer_format": get_answer_format_reward,
+    "exact_answer": exact_answer_reward,
+    "length_penalty": get_length_penalty_reward,
+    "numeric_match": get_numeric_match_reward,
+}
+
+
+# --- building a spec's rewards ---------------------------------------------------------------------------------------
+
+
+def build_reward(name: str, function: str | None = None, kwargs: dict | None = None) -> Callable:
+    """Build the reward a spec entry describes, named `name` so TRL logs it as `rewards/<name>/mean`.
+
+    Without `function`, `name` picks a built-in from `REWARDS`; factories (`get_*_reward`) are called with `kwargs`.
+    With `function` ("package.module:callable", importable from the working directory too), the callable is the
+    reward itself, or, when `kwargs` is given, a factory called as `callable(**kwargs)` that returns the reward.
+
+    Args:
+        name (`str`): the spec entry's name.
+        function (`str` or `None`, *optional*, defaults to `None`): where a custom reward lives.
+        kwargs (`dict` or `None`, *optional*, defaults to `None`): arguments for a factory.
+
+    Raises:
+        RewardError: unknown built-in, import failure, bad kwargs, or something that is not callable.
+
+    A built-in is picked by its name, so to use one twice (say, two length penalties) under other names, point
+    `function` at its factory: `function: trainers.rewards:get_length_penalty_reward` with `kwargs`.
+
+    Example:
+    ```python
+    >>> reward = build_reward("length_penalty", kwargs={"max_chars": 2})
+    >>> reward.__name__, reward(["ok", "too long"])
+    ('length_penalty', [0.0, -1.0])
+    >>> try:
+    ...     build_reward("lenght_penalty")
+    ... except RewardError as exc:
+    ...     print(exc)  # doctest: +ELLIPSIS
+    reward 'lenght_penalty': unknown built-in; choose one of: answer_format, exact_answer, length_penalty, ...
+
+    ```
+    """
+    if function is None:
+        reward = _build_builtin(name, kwargs or {})
+    else:
+        reward = _build_custom(name, function, kwargs)
+    return _named(reward, name)
+
+
+def _build_builtin(name: str, kwargs: dict) -> Callable:
+    if name not in REWARDS:
+        raise RewardError(
+            f"reward {name!r}: unknown built-in; choose one of: {', '.join(sorted(REWARDS))} "
+            "(or give `function: package.module:callable`)"
+        )
+    entry = REWARDS[name]
+    if entry.__name__.startswith("get_"):
+        return _call_factory(name, entry, kwargs, entry.__name__)
+    if kwargs:
+        raise RewardError(f"reward {name!r}: the built-in takes no kwargs, got: {', '.join(sorted(kwargs))}")
+    return entry
+
+
+def _build_custom(name: str, function: str, kwargs: dict | None) -> Callable:
+    target = _import_callable(name, function)
+    if kwargs is None:
+        return target
+    reward = _call_factory(name, target, kwargs, function)
+    if not callable(reward):
+        raise RewardError(
+            f"reward {name!r}: with kwargs, {function!r} is called as a factory and must return the reward function, "
+            f"but it returned {type(reward).__name__}"
+        )
+    return reward
+
+
+def _import_callable(name: str, function: str) -> Callable:
+    module_name, sep, attr = function.partition(":")
+    if not sep or not module_name or not attr:
+        raise RewardError(f"reward {name!r}: function {function!r} must look like 'package.module:callable'")
+    # Console scripts do not put the working directory on sys.path; appending it lets a spec name a reward module
+    # that sits next to it (examples.rewards.arithmetic) without shadowing installed packages.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a syntax error or failing import in the user's module is their mistake, not ours
+        raise RewardError(f"reward {name!r}: cannot import {function!r}: {exc}") from exc
+    target = getattr(module, attr, None)
+    if target is None:
+        raise RewardError(f"reward {name!r}: cannot import {function!r}: module {module_name!r} has no {attr!r}")
+    if not callable(target):
+        raise RewardError(f"reward {name!r}: {function!r} is a {type(target).__name__}, not a function")
+    return target
+
+
+def _call_factory(name: str, factory: Callable, kwargs: dict, label: str) -> Callable:
+    try:
+        return factory(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RewardError(f"reward {name!r}: bad kwargs for {label}: {exc}") from exc
+
+
+def _is_async(fn: Callable) -> bool:
+    # The same test as trl.trainer.utils.is_async_callable, without importing TRL (and torch) to validate a spec.
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(fn.__call__)
+
+
+def _named(reward: Callable, name: str) -> Callable:
+    # TRL names each reward's metric after `__name__` (trl.trainer.utils.get_callable_name), so the wrapper carries
+    # the spec's name; an async reward keeps an async wrapper so TRL still awaits it on its event loop.
+    if _is_async(reward):
+
+        async def named(*args, **kwargs):
+            return await reward(*args, **kwargs)
+
+    else:
+
+        def named(*args, **kwargs):
+            return reward(*args, **kwargs)
+
+    named.__name__ = named.__qualname__ = name
+    named.__doc__ = getattr(reward, "__doc__", None)
+    named.__wrapped__ = reward
+    return named
+
+
+# TRL passes these to every reward; any other parameter without a default is a dataset column.
+_TRL_ARGUMENTS = {
+    "completions",
+    "prompts",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+}
+
+
+def reward_columns(reward: Callable) -> list[str]:
+    """The dataset columns a reward needs: its parameters without defaults that TRL does not supply itself.
+
+    >>> reward_columns(exact_answer_reward)
+    ['answer']
+    """
+    try:
+        parameters = inspect.signature(reward).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p.name
+        for p in parameters
+        if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in _TRL_ARGUMENTS
+    ]
+
+
+# --- dry run ---------------------------------------------------------------------------------------------------------
+
+
+def dry_run_rewards(
+    rewards: list[tuple[str, Callable]],
+    rows: list[dict],
+    prompt_column: str,
+    timeout_s: float = 10.0,
+    row_numbers: list[int] | None = None,
+) -> None:
+    """Call each reward as TRL will, on up to 4 dataset rows with dummy completions, and report every broken one.
+
+    For each row the completions are `""`, `"<answer>0</answer>"` and, when the row has an `answer`, that answer in
+    tags and bare. They are conversational (`[{"role": "assistant", ...}]`) when the row's prompt is a message list,
+    as in TRL, so pass rows as the trainer will see them. Like TRL, every column except the prompt, `completion` and
+    `completion_ids` is passed as a keyword list.
+
+    Args:
+        rewards (`list[tuple[str, Callable]]`): (spec name, reward) pairs.
+        rows (`list[dict]`): dataset rows, column -> value; only the first 4 are used.
+        prompt_column (`str`): the column that holds the prompt.
+        timeout_s (`float`, *optional*, defaults to `10.0`): how long one call may take.
+        row_numbers (`list[int]` or `None`, *optional*): the rows' indices in the dataset, for messages; defaults to
+            their positions in `rows`.
+
+    Raises:
+        RewardError: listing, in `.problems`, the first problem of each reward that raised, hung, or returned
+            something other than one finite number (or `None`) per completion.
+    """
+    sample = rows[:DRY_RUN_ROWS]
+    indices = row_numbers[:DRY_RUN_ROWS] if row_numbers is not None else list(range(len(sample)))
+    problems = []
+    for name, reward in rewards:
+        for row, row_number in zip(sample, indices, strict=True):
+            problem = _check_reward_on_row(reward, row, prompt_column, timeout_s)
+            if problem is not None:
+                problems.append(f"reward {name!r} {problem} on dataset row {row_number}")
+                break  # one problem per reward is enough to act on; a hung reward would also cost timeout_s per row
+    if len(problems) == 1:
+        raise RewardError(problems[0], problems)
+    if problems:
+        raise RewardError(f"{len(problems)} reward problems:\n" + "\n".join(f"- {p}" for p in problems), problems)
+
+
+def _dummy_call_kwargs(row: dict, prompt_column: str) -> dict[str, Any]:
+    texts = ["", "<answer>0</answer>"]
+    if row.get("answer") is not None:
+        texts += [f"<answer>{row['answer']}</answer>", str(row["answer"])]
+    prompt = row[prompt_column]
+    conversational = isinstance(prompt, list)
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+    # TRL passes every column except these, repeated once per completion.
+    skipped = (prompt_column, "prompt", "completion", "completion_ids")
+    columns = {k: [v] * len(texts) for k, v in row.items() if k not in skipped}
+    return {
+        "prompts": [prompt] * len(texts),
+        "completions": completions,
+        "completion_ids": [[0] * len(t) for t in texts],
+        **columns,
+        "trainer_state": None,
+        "log_extra": lambda column, values: None,
+        "log_metric": lambda name, value: None,
+    }
+
+
+def _check_reward_on_row(reward: Callable, row: dict, prompt_column: str, timeout_s: float) -> str | None:
+    call_kwargs = _dummy_call_kwargs(row, prompt_column)
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            result = reward(**call_kwargs)
+            outcome["value"] = asyncio.run(result) if inspect.iscoroutine(result) else result
+        except BaseException as exc:  # reported, not raised: the thread must not die silently
+            outcome["error"] = exc
+
+    # A daemon thread, because a hung reward cannot be killed and must not keep the process alive at exit.
+    thread = threading.Thread(target=call, name="reward-dry-run", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return f"did not return within {timeout_s:g} s"
+    if "error" in outcome:
+        exc = outcome["error"]
+        return f"raised {type(exc).__name__}: {exc}"
+    return _check_output(outcome["value"], len(call_kwargs["completions"]))
+
+
+def _check_output(values: Any, expected: int) -> str | None:
+    if not isinstance(values, list | tuple):
+        return f"returned {type(values).__name__}, expected a list with one float (or None) per completion"
+    if len(values) != expected:
+        return f"returned {len(values)} values for {expected} completions"
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if not isinstance(value, numbers.Real):
+            return f"returned {type(value).__name__} {value!r} at position {i}, expected a float or None"
+        if math.isnan(value):
+            return f"returned NaN at position {i} (return None for 'does not apply')"
+        if math.isinf(value):
+            return f"returned {value} at position {i}, expected a finite number"
+    return None

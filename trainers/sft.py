@@ -1,0 +1,115 @@
+"""SFT format warm-up: teaches the base model the output shape on the dataset's completion column, before GRPO.
+
+Runs without Prefect, as its own process:
+
+    python -m trainers.sft runs/<job_id>
+
+Writes full weights and the tokenizer to `sft/` (a LoRA job trains LoRA adapters here too and merges them in), so
+GRPO starts from an ordinary model folder. A chat prompt (or a string prompt with a system prompt) gets an assistant
+message as completion; the loss is on the completion tokens only.
+"""
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from trainers.jobdir import JobDir
+from trainers.metrics import metrics_file_callback
+from trainers.modeling import SetupError, load_tokenizer, lora_config, prepare_prompts, torch_dtype, use_bf16
+from trainers.spec import JobSpec, load_spec
+from trainers.tiny import resolve_model_path
+
+
+def sft_dataset(dataset, spec: JobSpec):
+    """Prompt-completion rows for `trl.SFTTrainer`: `prompt` as GRPO will see it, `completion` to imitate."""
+    dataset = prepare_prompts(dataset, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
+    column = spec.sft.completion_column
+    conversational = isinstance(dataset[0]["prompt"], list)
+
+    def to_completion(row):
+        text = str(row[column])
+        return {"completion": [{"role": "assistant", "content": text}] if conversational else text}
+
+    if column != "completion" and "completion" in dataset.column_names:
+        dataset = dataset.remove_columns("completion")
+    dataset = dataset.map(to_completion)
+    return dataset.select_columns(["prompt", "completion"])
+
+
+def sft_config(spec: JobSpec, output_dir: Path):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(output_dir),
+        max_steps=spec.sft.max_steps,
+        learning_rate=spec.sft.learning_rate,
+        per_device_train_batch_size=spec.sft.batch_size,
+        lr_scheduler_type="cosine",
+        warmup_steps=min(20, spec.sft.max_steps // 10),
+        seed=spec.hyperparameters.seed,
+        data_seed=spec.hyperparameters.seed,
+        bf16=use_bf16(),
+        model_init_kwargs={"dtype": torch_dtype()},
+        logging_steps=max(1, spec.sft.max_steps // 50),
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+    )
+
+
+def main(job_root: str) -> int:
+    job = JobDir(Path(job_root))
+    spec, _ = load_spec(job.spec)
+
+    # --- data
+    from datasets import load_from_disk
+
+    dataset = sft_dataset(load_from_disk(str(job.dataset))["train"], spec)
+
+    # --- model and trainer
+    from trl import SFTTrainer
+
+    model_path = resolve_model_path(spec.base_model)
+    tokenizer = load_tokenizer(model_path)
+    work = job.root / ".sft-work"
+    trainer = SFTTrainer(
+        model=model_path,
+        args=sft_config(spec, work),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(spec.hyperparameters),
+        callbacks=[metrics_file_callback(job.root / "sft_metrics.jsonl")],
+    )
+
+    # --- train
+    trainer.train()
+
+    # --- save full weights (merging LoRA adapters in), written beside sft/ and renamed into place
+    model = trainer.model
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    staging = job.root / ".sft-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(str(staging))
+    tokenizer.save_pretrained(str(staging))
+    shutil.rmtree(job.sft, ignore_errors=True)
+    staging.rename(job.sft)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def cli(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job_dir", help="the job folder (holds spec.yaml and dataset/)")
+    args = parser.parse_args(argv)
+    try:
+        return main(args.job_dir)
+    except SetupError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
