@@ -88,17 +88,17 @@ def cmd_validate(args) -> int:
 
 def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     spec = load(args, extra_overrides)
-    from flows.pipeline import grpo_pipeline
-    from tasks.ingest import InputRejected
+    from flows.pipeline import REJECTED_PREFIX, grpo_pipeline
 
-    try:
-        result = grpo_pipeline(spec, job_id=getattr(args, "resume", None))
-    except InputRejected as e:
-        print(f"grpoflow: rejected: {e}", file=sys.stderr)
+    state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
+    if (state.message or "").startswith(REJECTED_PREFIX):
+        print(f"grpoflow: {state.message}", file=sys.stderr)
         return EXIT_REJECTED
-    except Exception as e:
-        print(f"grpoflow: run failed: {type(e).__name__}: {e}", file=sys.stderr)
+    if not state.is_completed():
+        error = state.result(raise_on_failure=False)
+        print(f"grpoflow: run failed: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_FAILED
+    result = state.result()
     out = {k: result[k] for k in ("job_id", "output_dir", "status")}
     if args.json:
         print(json.dumps(out))

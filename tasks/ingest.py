@@ -531,20 +531,6 @@ def load_ingested(dest: Path) -> datasets.DatasetDict:
 # --- Prefect task ----------------------------------------------------------------------------------------------------
 
 
-class InputRejected(ValueError):
-    """The job's dataset or rewards were rejected before any model was loaded (the CLI's exit code 2)."""
-
-
-def _not_rejected(task, task_run, state) -> bool:
-    try:
-        state.result()
-    except InputRejected:
-        return False
-    except Exception:
-        return True
-    return False
-
-
 def required_columns(spec, rewards: list) -> dict[str, str]:
     """Columns the job reads besides the prompt, each with the reason (shown when it is missing)."""
     from trainers.rewards import reward_columns
@@ -569,11 +555,12 @@ def check_rewards(spec, rewards: list, dataset: datasets.Dataset) -> None:
     dry_run_rewards(named, sample.to_list(), "prompt")
 
 
-@task_decorator(name="ingest", retries=2, retry_delay_seconds=5, retry_condition_fn=_not_rejected)
+@task_decorator(name="ingest", retries=2, retry_delay_seconds=5)
 def ingest_task(job, spec) -> dict:
     """Ingests `spec.dataset` into the job folder, dry-runs the rewards on it, emits `grpoflow.dataset.ingested`.
 
-    Raises `InputRejected` (no retry) for a bad dataset or reward, before any model is loaded.
+    A bad dataset or reward is the user's mistake, not a failure to retry: the task then returns
+    `{"rejected": message}` (before any model is loaded) and the flow ends the job as rejected.
     """
     from tasks.events import emit
     from trainers.rewards import RewardError, build_reward
@@ -591,8 +578,9 @@ def ingest_task(job, spec) -> dict:
         )
         check_rewards(spec, rewards, load_ingested(job.dataset)["train"])
     except (DatasetError, RewardError) as e:
-        raise InputRejected(str(e)) from e
+        return {"rejected": str(e)}
     info = {
+        "rejected": None,
         "uri": result.uri,
         "num_train": result.num_train,
         "num_eval": result.num_eval,
@@ -600,5 +588,5 @@ def ingest_task(job, spec) -> dict:
         "prompt_format": result.prompt_format,
         "fingerprint": result.fingerprint,
     }
-    emit(job, "grpoflow.dataset.ingested", info)
+    emit(job, "grpoflow.dataset.ingested", {k: v for k, v in info.items() if k != "rejected"})
     return info

@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,10 @@ import yaml
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+# Prefect state of the test session (its SQLite database above all) lives apart from the user's ~/.prefect, so a
+# `grpoflow run` going on beside the tests never locks it. Set before anything imports prefect.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 
 
 def pytest_collection_modifyitems(config, items):

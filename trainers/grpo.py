@@ -20,6 +20,7 @@ from trainers.modeling import (
     SetupError,
     check_accelerators,
     load_tokenizer,
+    load_unsloth,
     lora_config,
     prepare_prompts,
     quantization_config,
@@ -97,6 +98,8 @@ def main(job_root: str) -> int:
     spec, _ = load_spec(job.spec)
     hp = spec.hyperparameters
     check_accelerators(hp)
+    if hp.use_unsloth:
+        import unsloth  # noqa: F401  (must be imported before trl and transformers to patch them)
 
     # --- data
     from datasets import load_from_disk
@@ -111,16 +114,22 @@ def main(job_root: str) -> int:
     from trl import GRPOTrainer
 
     model_path = start_model(spec, job)
-    tokenizer = load_tokenizer(model_path)
+    if hp.use_unsloth:
+        # Unsloth builds (and LoRA-wraps) the model itself; TRL gets the finished model object.
+        model, tokenizer = load_unsloth(model_path, hp)
+        peft, quantization = None, None
+    else:
+        model, tokenizer = model_path, load_tokenizer(model_path)
+        peft, quantization = lora_config(hp), quantization_config(hp)
     tokenizer.padding_side = "left"
     trainer = GRPOTrainer(
-        model=model_path,
+        model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(spec, job),
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(hp),
-        quantization_config=quantization_config(hp),
+        peft_config=peft,
+        quantization_config=quantization,
         callbacks=[metrics_file_callback(job.metrics)],
     )
 

@@ -26,6 +26,7 @@ class JobDir:
     merged = property(lambda self: self.root / "merged")
     model_json = property(lambda self: self.root / "model.json")
     events = property(lambda self: self.root / "events.jsonl")
+    webhooks = property(lambda self: self.root / "webhooks.jsonl")
     evaluation = property(lambda self: self.root / "evaluation.json")
     report = property(lambda self: self.root / "report.md")
     training_result = property(lambda self: self.root / "training.json")

@@ -65,6 +65,32 @@ def check_accelerators(hp) -> None:
             raise SetupError(f"{flag}=true needs the {package} package: pip install 'grpoflow[{extra}]'")
 
 
+def load_unsloth(model_path: str, hp):
+    """Loads the model through Unsloth (`use_unsloth`), LoRA-wrapped when lora_rank is set; returns (model, tokenizer).
+
+    Unsloth sizes its context window from max_prompt_length + max_response_length, which is why the spec accepts
+    max_prompt_length only together with use_unsloth.
+    """
+    from unsloth import FastLanguageModel
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=model_path,
+        max_seq_length=hp.max_prompt_length + hp.max_response_length,
+        load_in_4bit=hp.load_in_4bit,
+        dtype=None,
+    )
+    if hp.lora_rank is not None:
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=hp.lora_rank,
+            lora_alpha=hp.lora_alpha or hp.lora_rank,
+            target_modules=LORA_TARGETS,
+            lora_dropout=0.0,
+            random_state=hp.seed,
+        )
+    return model, tokenizer
+
+
 def load_tokenizer(model_path: str):
     from transformers import AutoTokenizer
 

@@ -236,7 +236,7 @@ def build_reward(name: str, function: str | None = None, kwargs: dict | None = N
 
     Without `function`, `name` picks a built-in from `REWARDS`; factories (`get_*_reward`) are called with `kwargs`.
     With `function` ("package.module:callable", importable from the working directory too), the callable is the
-    reward itself, or, when `kwargs` is given, a factory called as `callable(**kwargs)` that returns the reward.
+    reward itself, or, when `kwargs` is non-empty, a factory called as `callable(**kwargs)` that returns the reward.
 
     Args:
         name (`str`): the spec entry's name.
@@ -285,7 +285,8 @@ def _build_builtin(name: str, kwargs: dict) -> Callable:
 
 def _build_custom(name: str, function: str, kwargs: dict | None) -> Callable:
     target = _import_callable(name, function)
-    if kwargs is None:
+    # A spec entry always carries `kwargs` ({} by default): only non-empty kwargs make the callable a factory.
+    if not kwargs:
         return target
     reward = _call_factory(name, target, kwargs, function)
     if not callable(reward):

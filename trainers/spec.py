@@ -139,8 +139,10 @@ class SFTSpec(_Section):
     enabled: bool = Field(False, description="Run the SFT warm-up.")
     completion_column: str = Field("completion", description="Column holding the target completions.")
     max_steps: int = Field(200, ge=1, description="SFT training steps.")
-    learning_rate: float = Field(1e-3, gt=0, description="SFT learning rate.")
-    batch_size: int = Field(16, ge=1, description="SFT batch size.")
+    learning_rate: float = Field(
+        2e-5, gt=0, description="SFT learning rate (TRL's default; a tiny model from scratch wants far more, ~3e-3)."
+    )
+    batch_size: int = Field(8, ge=1, description="SFT per-device batch size.")
 
 
 class EvaluationSpec(_Section):

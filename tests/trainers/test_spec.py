@@ -105,10 +105,10 @@ CASES = [
     ),
     pytest.param(
         {},
-        {"sft.enabled": False, "sft.completion_column": "completion", "sft.max_steps": 200, "sft.batch_size": 16},
+        {"sft.enabled": False, "sft.completion_column": "completion", "sft.max_steps": 200, "sft.batch_size": 8},
         id="default-sft",
     ),
-    pytest.param({}, {"sft.learning_rate": 1e-3}, id="default-sft-learning_rate"),
+    pytest.param({}, {"sft.learning_rate": 2e-5}, id="default-sft-learning_rate"),
     # The metric defaults to the first reward, the generation length to max_response_length.
     pytest.param(
         {},

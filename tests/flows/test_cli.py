@@ -1,0 +1,154 @@
+"""The `grpoflow` CLI: exit codes, messages and outputs of DESIGN.md's commands."""
+
+import contextlib
+import io
+import json
+
+import pytest
+import yaml
+
+from flows.cli import main
+from tests.conftest import arithmetic_rows, write_jsonl
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+# --- validate
+
+
+def test_validate_prints_resolved_spec(make_spec):
+    code, out, err = cli("validate", make_spec())
+    assert code == 0, err
+    resolved = yaml.safe_load(out)
+    assert resolved["hyperparameters"]["kl_coef"] == 0.0  # defaults filled in
+    assert resolved["checkpoint_every"] == 1  # a tenth of max_steps=3, at least 1
+
+
+def test_validate_json_and_set(make_spec):
+    code, out, _ = cli("validate", make_spec(), "--json", "--set", "hyperparameters.learning_rate=2e-5")
+    assert code == 0
+    assert json.loads(out)["hyperparameters"]["learning_rate"] == 2e-5
+
+
+def test_validate_rejects_with_every_problem(make_spec):
+    spec = make_spec(hyperparameters={"learning_rate": -1, "global_batch_size": 64, "lerning_rate": 1})
+    code, out, err = cli("validate", spec)
+    assert code == 2 and out == ""
+    assert "hyperparameters.learning_rate" in err
+    assert "global_batch_size" in err
+    assert "did you mean 'learning_rate'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # a spec file that does not exist
+        (["validate", "nope.yaml"], "not found"),
+        # an override without '='
+        (["validate", "{spec}", "--set", "hyperparameters.max_steps"], "hyperparameters.max_steps"),
+        # an unknown command
+        (["trian"], "invalid choice"),
+    ],
+)
+def test_usage_mistakes_exit_2(make_spec, argv, message):
+    spec = make_spec()
+    code, _, err = cli(*[a.format(spec=spec) for a in argv])
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+# --- run: rejected inputs leave nothing behind
+
+
+@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        # the answer column that exact_answer reads is missing
+        ([{"prompt": "What is 1+1?"}] * 8, "answer"),
+        # an empty prompt on the 3rd row
+        ([*arithmetic_rows(2), {"prompt": "", "answer": "1"}, *arithmetic_rows(6)], "row"),
+    ],
+)
+def test_run_rejects_bad_dataset(tmp_path, make_spec, rows, message):
+    write_jsonl(tmp_path / "arith.jsonl", rows)
+    code, out, err = cli("run", make_spec(), "--json")
+    assert code == 2 and out == ""
+    assert message in err and "Traceback" not in err
+    assert not any((tmp_path / "runs").glob("*/spec.yaml"))  # no half-written job folder
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_run_rejects_malformed_jsonl_line(tmp_path, make_spec):
+    lines = [json.dumps(r) for r in arithmetic_rows(6)]
+    lines[3] = '{"prompt": "What is 1+1?", "answer": '
+    (tmp_path / "arith.jsonl").write_text("\n".join(lines) + "\n")
+    code, _, err = cli("run", make_spec())
+    assert code == 2
+    assert "line 4" in err
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_run_rejects_a_reward_that_raises(tmp_path, make_spec, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "def broken_reward(completions, answer, **kwargs):\n    raise KeyError('oops')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    spec = make_spec(rewards=[{"name": "mine", "function": "my_rewards:broken_reward"}])
+    code, _, err = cli("run", spec)
+    assert code == 2
+    assert "'mine'" in err and "KeyError" in err
+    assert not any((tmp_path / "runs").glob("*/spec.yaml"))
+
+
+# --- reading jobs back
+
+
+@pytest.fixture
+def finished_job(tmp_path):
+    """A job folder as a finished LoRA run leaves it (written directly: these commands only read)."""
+    root = tmp_path / "runs" / "demo-20261130-000000-abcdef"
+    root.mkdir(parents=True)
+    (root / "spec.yaml").write_text("name: demo\n")
+    records = [{"step": s, "values": {"reward": s / 10, "loss": 0.1, "entropy": 1.0}} for s in (1, 2, 3)]
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (root / "model.json").write_text(
+        json.dumps({"artifact_type": "adapter", "files": ["adapter_config.json"], "merged_files": ["config.json"]})
+    )
+    events = [{"event": "grpoflow.job.started"}, {"event": "grpoflow.job.completed"}]
+    (root / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return root
+
+
+def test_jobs_metrics_model(finished_job):
+    root = str(finished_job.parent)
+    code, out, _ = cli("--output-uri", root, "jobs", "--json")
+    assert code == 0
+    assert json.loads(out)["jobs"] == [{"job_id": finished_job.name, "status": "completed", "steps": 3}]
+
+    code, out, _ = cli("--output-uri", root, "metrics", finished_job.name, "--keys", "reward", "--json")
+    assert code == 0
+    assert json.loads(out) == {"metrics": [{"step": s, "values": {"reward": s / 10}} for s in (1, 2, 3)]}
+
+    code, out, _ = cli("--output-uri", root, "model", finished_job.name, "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["artifact_type"] == "adapter" and info["merged_files"] == ["config.json"]
+
+
+def test_unknown_job_exits_1(finished_job):
+    root = str(finished_job.parent)
+    for command in ("metrics", "model"):
+        code, _, err = cli("--output-uri", root, command, "no-such-job")
+        assert code == 1 and "unknown job" in err
+
+
+def test_metrics_unknown_key(finished_job):
+    code, _, err = cli("--output-uri", str(finished_job.parent), "metrics", finished_job.name, "--keys", "rewrd")
+    assert code == 2 and "rewrd" in err and "reward" in err
