@@ -71,8 +71,6 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         if sft:
             extra["sft_time_s"] = sft["seconds"]
         evaluation = evaluate_task(job, spec, start_model(spec, job), extra)
-    except InputRejected:
-        raise
     except BaseException as e:
         emit(job, "grpoflow.job.failed", {"reason": type(e).__name__, "error": str(e)[-2000:]})
         webhooks.flush(timeout=WEBHOOK_FLUSH_S)

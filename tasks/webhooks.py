@@ -1,0 +1,338 @@
+"""Signed webhook delivery of the job's events (Standard Webhooks), off the training's critical path.
+
+`tasks.events.emit` calls `deliver(job, record)` for every event; it reads the webhooks from the job's `spec.yaml`,
+queues one delivery per webhook and returns. One daemon thread per endpoint URL posts that endpoint's events in
+order, retrying connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx are final. A dead or
+hanging endpoint therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout`
+seconds, for the queues to drain; whatever is still queued when the process exits is lost.
+
+Each request: a POST of `{"type": "training.completed", "timestamp": "<ISO 8601 UTC>", "data": {..., "job_id": ...}}`
+with headers `webhook-id` (the event id, the same on every retry: use it to deduplicate), `webhook-timestamp` (unix
+seconds of this attempt), `webhook-signature` (`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, only when the
+webhook has a `secret_env`), `content-type: application/json` and `user-agent: grpoflow/<version>`. A `secret_env`
+naming an unset or empty variable is a failed delivery: nothing is sent unsigned (a verifying receiver would reject
+it anyway).
+
+Receivers verify with the secret they share with the job (`verify` here is the reference):
+
+    key = base64.b64decode(secret[6:]) if secret.startswith("whsec_") else secret.encode()
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + raw_body
+    expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    ok = any(hmac.compare_digest(expected, s) for s in headers["webhook-signature"].split())
+    # ...and reject a webhook-timestamp more than a few minutes from now (replays).
+
+The job folder's `webhooks.jsonl` gets one line per attempt: `time`, `event_id`, `type`, `url` (scheme://host[:port]
+/path: no userinfo, no query), `attempt` (1-based; 0 when nothing was sent), `outcome` (`retrying`, `delivered`,
+`failed`, or `dropped` when the endpoint's queue is full), `status` (HTTP status or null), `error` (or null),
+`duration_s`. The line whose outcome is not `retrying` is the event's final one. Neither secrets nor signatures are
+ever written or logged.
+"""
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+from pydantic import TypeAdapter
+
+from trainers.jobdir import JobDir
+from trainers.spec import WebhookSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How hard one delivery tries. Each delivery keeps the policy in force when its event was emitted."""
+
+    timeout_s: float = 5.0  # connect, and each read/write, of one attempt
+    backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)  # waits between attempts: len + 1 attempts in all
+    max_retry_after_s: float = 30.0  # a larger Retry-After is ignored in favour of the backoff
+
+
+POLICY = Policy()
+# Per endpoint. A hanging endpoint and a chatty job (a progress event per step) would otherwise grow memory unbounded.
+MAX_QUEUED = 1000
+
+try:
+    USER_AGENT = f"grpoflow/{version('grpoflow')}"
+except PackageNotFoundError:  # running from a source tree that was never installed
+    USER_AGENT = "grpoflow/0+unknown"
+
+_HOOKS = TypeAdapter(list[WebhookSpec])
+
+
+@dataclass(frozen=True)
+class _Delivery:
+    job: JobDir
+    hook: WebhookSpec
+    msg_id: str
+    type: str
+    body: bytes
+    policy: Policy
+
+
+_queues: dict[str, queue.Queue] = {}
+_queues_lock = threading.Lock()
+_spec_cache: dict[Path, tuple[int, list[WebhookSpec]]] = {}
+_idle = threading.Condition()  # guards _pending; notified when it drops to 0
+_pending = 0
+_log_lock = threading.Lock()
+_warned: set[tuple[Path, str]] = set()
+
+
+# --- public API ---------------------------------------------------------------------------------------------------
+
+
+def deliver(job: JobDir, record: dict) -> None:
+    """Queues `record` (an `events.jsonl` record) for every webhook of `job`'s spec and returns at once.
+
+    Args:
+        job (`JobDir`): the job; its `spec.yaml` names the webhooks. No spec file or no webhooks: nothing happens.
+        record (`dict`): the record `tasks.events.emit` wrote (`id`, `event`, `occurred`, `payload`).
+    """
+    hooks = _webhooks(job)
+    if not hooks:
+        return
+    data = {**record["payload"], "job_id": job.job_id}
+    body = {"type": record["event"].removeprefix("grpoflow."), "timestamp": record["occurred"], "data": data}
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    for hook in hooks:
+        _enqueue(_Delivery(job, hook, record["id"], body["type"], raw, POLICY))
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Waits until every queued delivery has finished (delivered or given up), but never longer than `timeout`.
+
+    Args:
+        timeout (`float`, *optional*, defaults to `10.0`): the most seconds to wait.
+
+    Returns:
+        `bool`: True if nothing is left; False if deliveries are still under way (they go on in the background).
+    """
+    with _idle:
+        drained = _idle.wait_for(lambda: _pending == 0, timeout=max(0.0, timeout))
+        left = _pending
+    if not drained:
+        logger.warning("webhooks: %d deliveries still under way after %.1fs; see webhooks.jsonl", left, timeout)
+    return drained
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` value for one request: `v1,` + base64 HMAC-SHA256 of `{msg_id}.{timestamp}.{body}`.
+
+    Args:
+        secret (`str`): `whsec_<base64>` (signs with the decoded bytes) or any other string (signs with its UTF-8).
+        msg_id (`str`): the `webhook-id` header.
+        timestamp (`int`): the `webhook-timestamp` header, unix seconds.
+        body (`bytes`): the exact request body.
+    """
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(_key(secret), signed, hashlib.sha256).digest()).decode()
+
+
+def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: int = 300) -> bool:
+    """Reference receiver check: True if one of the request's `v1` signatures matches and its timestamp is recent.
+
+    Args:
+        secret (`str`): the shared secret, as in `sign`.
+        headers (`Mapping[str, str]`): the request headers (any case).
+        body (`bytes`): the raw request body, before any JSON parsing.
+        tolerance_s (`int`, *optional*, defaults to `300`): the most seconds the timestamp may be from now.
+    """
+    lower = {k.lower(): v for k, v in headers.items()}
+    msg_id, stamp, signatures = (lower.get(k) for k in ("webhook-id", "webhook-timestamp", "webhook-signature"))
+    if not (msg_id and stamp and signatures and stamp.isdigit()) or abs(time.time() - int(stamp)) > tolerance_s:
+        return False
+    try:
+        expected = sign(secret, msg_id, int(stamp), body)
+    except binascii.Error:
+        return False
+    # A header may carry several space-separated signatures (key rotation); one match is enough.
+    return any(hmac.compare_digest(expected, s) for s in signatures.split())
+
+
+# --- queueing -----------------------------------------------------------------------------------------------------
+
+
+def _webhooks(job: JobDir) -> list[WebhookSpec]:
+    """The webhooks in `job`'s spec.yaml, re-read only when the file changes (a resumed job may rewrite it)."""
+    try:
+        mtime = job.spec.stat().st_mtime_ns
+    except FileNotFoundError:
+        return []
+    cached = _spec_cache.get(job.root)
+    if cached is None or cached[0] != mtime:
+        # Only the webhooks are validated: delivery should not depend on, or re-check, the rest of the spec.
+        cached = (mtime, _HOOKS.validate_python((yaml.safe_load(job.spec.read_text()) or {}).get("webhooks") or []))
+        _spec_cache[job.root] = cached
+    return cached[1]
+
+
+def _enqueue(item: _Delivery) -> None:
+    global _pending
+    with _idle:
+        _pending += 1
+    try:
+        _queue_for(item.hook.url).put_nowait(item)
+    except queue.Full:
+        _finish(item, attempt=0, outcome="dropped", error=f"more than {MAX_QUEUED} events waiting for this endpoint")
+        _done()
+
+
+def _queue_for(url: str) -> queue.Queue:
+    with _queues_lock:
+        if url not in _queues:
+            _queues[url] = queue.Queue(MAX_QUEUED)
+            name = f"grpoflow-webhook {safe_url(url)}"
+            threading.Thread(target=_worker, args=(_queues[url],), name=name, daemon=True).start()
+        return _queues[url]
+
+
+def _done() -> None:
+    global _pending
+    with _idle:
+        _pending -= 1
+        if _pending == 0:
+            _idle.notify_all()
+
+
+def _worker(q: queue.Queue) -> None:
+    # One client per endpoint keeps its connection alive between events; never closed, like the daemon thread.
+    client = httpx.Client(headers={"user-agent": USER_AGENT})
+    while True:
+        item = q.get()
+        try:
+            _send(client, item)
+        except Exception:
+            # A bug here must not kill the thread: the endpoint's later events would never be sent.
+            logger.exception("webhooks: delivering %s to %s failed", item.msg_id, safe_url(item.hook.url))
+        finally:
+            _done()
+
+
+# --- one delivery -------------------------------------------------------------------------------------------------
+
+
+def _send(client: httpx.Client, item: _Delivery) -> None:
+    """Posts `item` until it is delivered, fails for good, or runs out of attempts; logs every attempt."""
+    secret, problem = _secret(item.hook)
+    if problem:
+        _finish(item, attempt=0, outcome="failed", error=problem)
+        return
+    attempts = len(item.policy.backoff_s) + 1
+    for attempt in range(1, attempts + 1):
+        started = time.monotonic()
+        status, error, retryable, retry_after = _post(client, item, secret)
+        outcome = "delivered" if error is None else "retrying" if retryable and attempt < attempts else "failed"
+        _finish(item, attempt, outcome, status, error, time.monotonic() - started)
+        if outcome != "retrying":
+            return
+        wait = item.policy.backoff_s[attempt - 1]
+        if retry_after is not None and 0 <= retry_after <= item.policy.max_retry_after_s:
+            wait = retry_after
+        time.sleep(wait)
+
+
+def _secret(hook: WebhookSpec) -> tuple[str | None, str | None]:
+    """The signing secret (None: unsigned webhook), or a problem that names the variable but never its value."""
+    if hook.secret_env is None:
+        return None, None
+    secret = os.environ.get(hook.secret_env)
+    if not secret:
+        return None, f"secret_env {hook.secret_env} is not set (or empty); not sending unsigned"
+    try:
+        _key(secret)
+    except binascii.Error:
+        return None, f"secret_env {hook.secret_env} starts with whsec_ but the rest is not valid base64"
+    return secret, None
+
+
+def _post(
+    client: httpx.Client, item: _Delivery, secret: str | None
+) -> tuple[int | None, str | None, bool, float | None]:
+    """One attempt: (status, error or None if 2xx, whether to retry, Retry-After seconds or None)."""
+    timestamp = int(time.time())  # per attempt, so a late retry still passes the receiver's replay window
+    headers = {"content-type": "application/json", "webhook-id": item.msg_id, "webhook-timestamp": str(timestamp)}
+    if secret is not None:
+        headers["webhook-signature"] = sign(secret, item.msg_id, timestamp, item.body)
+    try:
+        response = client.post(item.hook.url, content=item.body, headers=headers, timeout=item.policy.timeout_s)
+    except httpx.TransportError as e:  # refused, reset, DNS, timeouts
+        return None, _describe(e, item.hook.url), True, None
+    except httpx.HTTPError as e:
+        return None, _describe(e, item.hook.url), False, None
+    status = response.status_code
+    if 200 <= status < 300:
+        return status, None, False, None
+    return status, f"HTTP {status}", status == 429 or status >= 500, _seconds(response.headers.get("retry-after"))
+
+
+def _key(secret: str) -> bytes:
+    if secret.startswith("whsec_"):
+        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    return secret.encode()
+
+
+def _seconds(value: str | None) -> float | None:
+    # Only the delta-seconds form; an HTTP-date Retry-After falls back to the backoff.
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _describe(error: Exception, url: str) -> str:
+    # httpx messages may quote the URL, whose userinfo or query can hold credentials.
+    return f"{type(error).__name__}: {error}".replace(url, safe_url(url))[:500]
+
+
+def safe_url(url: str) -> str:
+    """`url` without userinfo, query or fragment: what logs and `webhooks.jsonl` may show."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+# --- delivery log -------------------------------------------------------------------------------------------------
+
+
+def _finish(item: _Delivery, attempt: int, outcome: str, status=None, error=None, duration: float = 0.0) -> None:
+    """Appends one attempt to the job's `webhooks.jsonl`; warns once per job and endpoint about a failure."""
+    url = safe_url(item.hook.url)
+    line = {
+        "time": datetime.now(UTC).isoformat(),
+        "event_id": item.msg_id,
+        "type": item.type,
+        "url": url,
+        "attempt": attempt,
+        "outcome": outcome,
+        "status": status,
+        "error": error,
+        "duration_s": round(duration, 3),
+    }
+    if outcome in ("failed", "dropped") and (item.job.root, url) not in _warned:
+        _warned.add((item.job.root, url))
+        logger.warning("webhooks: %s %s to %s: %s (more in %s)", item.type, outcome, url, error, item.job.webhooks)
+    with _log_lock:
+        # A rejected job's folder is discarded right after its last event: do not create it again.
+        if not item.job.root.is_dir():
+            return
+        try:
+            with item.job.webhooks.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+        except FileNotFoundError:
+            pass

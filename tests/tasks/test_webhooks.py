@@ -1,0 +1,410 @@
+"""Tests for tasks/webhooks.py: events emitted for real, delivered over HTTP to real receivers on 127.0.0.1."""
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.metadata import version
+
+import pytest
+
+import tasks.events
+from tasks import webhooks
+from tasks.events import emit
+from trainers.jobdir import JobDir, write_text_atomic
+from trainers.spec import load_spec, to_yaml
+
+SECRET_ENV = "GRPOFLOW_TEST_SECRET"
+PLAIN = "plain-secret-do-not-leak-7f3a"
+WHSEC = "whsec_" + base64.b64encode(b"raw-key-do-not-leak-0123456789ab").decode()
+# Small waits keep the suite fast; the retry logic is the same as with the defaults.
+FAST = webhooks.Policy(timeout_s=1.0, backoff_s=(0.05, 0.05, 0.05, 0.05))
+
+
+def reference_signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """Standard Webhooks' signature, written out here rather than taken from the module under test."""
+    key = base64.b64decode(secret[len("whsec_") :]) if secret.startswith("whsec_") else secret.encode()
+    digest = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+# --- a real receiver ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    arrived: float
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """An HTTP endpoint on 127.0.0.1 that records every POST and answers from a script of statuses, then 200.
+
+    Args:
+        statuses (`list[int]`): the first answers, in order.
+        delay (`float`): seconds to hang before answering (released early by `stop`).
+        retry_after (`str`, *optional*): a `Retry-After` header sent with every answer.
+    """
+
+    def __init__(self, statuses=(), delay: float = 0.0, retry_after: str | None = None):
+        self.statuses, self.requests, self.released = list(statuses), [], threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.requests.append(
+                    Request(time.monotonic(), {k.lower(): v for k, v in self.headers.items()}, body)
+                )
+                receiver.released.wait(delay)
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                try:
+                    self.send_response(status)
+                    if retry_after is not None:
+                        self.send_header("retry-after", retry_after)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                except OSError:  # the sender timed out and hung up
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def ids(self) -> list[str]:
+        return [r.headers["webhook-id"] for r in self.requests]
+
+    def stop(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def dead_url() -> str:
+    """A loopback URL nothing listens on: connections are refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/hook"
+
+
+@pytest.fixture
+def receiver():
+    started = []
+
+    def start(**kwargs) -> Receiver:
+        started.append(Receiver(**kwargs))
+        return started[-1]
+
+    yield start
+    for r in started:
+        r.stop()
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch):
+    # Prefect's side of emit is tested against a real server in tests/flows; here it would start an ephemeral one.
+    prefect_events = []
+    monkeypatch.setattr(tasks.events, "emit_event", lambda **kwargs: prefect_events.append(kwargs))
+    monkeypatch.setattr(webhooks, "POLICY", FAST)
+    monkeypatch.setenv(SECRET_ENV, PLAIN)
+    yield prefect_events
+    # Deliveries are process-wide: none may still run into the next test.
+    assert webhooks.flush(10)
+
+
+@pytest.fixture
+def make_job(tmp_path):
+    def make(*urls: str, secret_env: str | None = SECRET_ENV) -> JobDir:
+        hooks = [{"url": url, "secret_env": secret_env} if secret_env else {"url": url} for url in urls]
+        spec, _ = load_spec(
+            {
+                "name": "t",
+                "base_model": "builtin:tiny",
+                "dataset": {"uri": "x.jsonl"},
+                "rewards": [{"name": "exact_answer"}],
+                "webhooks": hooks,
+            }
+        )
+        job = JobDir(tmp_path / "runs" / "t-job")
+        write_text_atomic(job.spec, to_yaml(spec))
+        return job
+
+    return make
+
+
+def attempts(job: JobDir) -> list[dict]:
+    return [json.loads(line) for line in job.webhooks.read_text().splitlines()]
+
+
+def wait_until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+# --- signing ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("secret", [PLAIN, WHSEC], ids=["plain", "whsec"])
+def test_delivery_is_signed_and_verifiable(monkeypatch, receiver, make_job, secret):
+    monkeypatch.setenv(SECRET_ENV, secret)
+    r = receiver()
+    job = make_job(r.url)
+
+    record = emit(job, "grpoflow.training.completed", {"steps": 3})
+
+    assert webhooks.flush(5)
+    [request] = r.requests
+    headers, stamp = request.headers, int(request.headers["webhook-timestamp"])
+    assert headers["webhook-id"] == record["id"]
+    assert abs(stamp - time.time()) < 60
+    assert headers["webhook-signature"] == reference_signature(secret, record["id"], stamp, request.body)
+    assert headers["content-type"] == "application/json"
+    assert headers["user-agent"] == f"grpoflow/{version('grpoflow')}"
+    assert json.loads(request.body) == {
+        "type": "training.completed",
+        "timestamp": record["occurred"],
+        "data": {"steps": 3, "job_id": job.job_id},
+    }
+    assert webhooks.verify(secret, headers, request.body)
+    assert [a["outcome"] for a in attempts(job)] == ["delivered"]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({}, True),  # as signed; header names in any case
+        ({"secret": WHSEC}, True),  # whsec_ secrets sign with their decoded bytes
+        ({"body": b'{"a":2}'}, False),  # tampered body
+        ({"verify_with": "other-secret"}, False),  # wrong secret
+        ({"age": 400}, False),  # older than the 300 s tolerance: a replay
+        ({"age": -400}, False),  # too far in the future
+        ({"extra": "v1,bm90LWl0 "}, True),  # several signatures (key rotation): one match is enough
+        ({"drop": "Webhook-Signature"}, False),  # unsigned
+        ({"drop": "Webhook-Timestamp"}, False),
+    ],
+)
+def test_verify(change, expected):
+    secret = change.get("secret", PLAIN)
+    stamp = int(time.time()) - change.get("age", 0)
+    body = b'{"type":"job.started"}'
+    headers = {
+        "Webhook-Id": "msg_1",
+        "Webhook-Timestamp": str(stamp),
+        "Webhook-Signature": change.get("extra", "") + reference_signature(secret, "msg_1", stamp, body),
+    }
+    headers.pop(change.get("drop", ""), None)
+
+    assert webhooks.verify(change.get("verify_with", secret), headers, change.get("body", body)) is expected
+
+
+def test_no_secret_env_sends_unsigned(receiver, make_job):
+    r = receiver()
+    job = make_job(r.url, secret_env=None)
+
+    emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(5)
+    [request] = r.requests
+    assert "webhook-signature" not in request.headers
+    assert request.headers["webhook-id"]
+
+
+def test_unset_secret_env_is_a_failed_delivery_not_an_unsigned_one(monkeypatch, receiver, make_job, caplog):
+    monkeypatch.delenv(SECRET_ENV)
+    r = receiver()
+    job = make_job(r.url)
+
+    emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(5)
+    assert r.requests == []
+    [line] = attempts(job)
+    assert (line["attempt"], line["outcome"], line["status"]) == (0, "failed", None)
+    assert f"secret_env {SECRET_ENV} is not set" in line["error"]
+    assert f"secret_env {SECRET_ENV} is not set" in caplog.text
+
+
+# --- retries ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "statuses", "final"),
+    [
+        ([500, 500], [500, 500, 200], "delivered"),  # 5xx retried; delivered on the third attempt
+        ([400], [400], "failed"),  # 4xx is the receiver's final word: not retried
+        ([410], [410], "failed"),
+        ([429], [429, 200], "delivered"),  # 429 (rate limited) is retried
+        ([503] * 5, [503] * 5, "failed"),  # gives up after 5 attempts (len(backoff_s) + 1)
+    ],
+)
+def test_retry_rules(receiver, make_job, script, statuses, final):
+    r = receiver(statuses=script)
+    job = make_job(r.url)
+
+    record = emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(5)
+    assert r.ids() == [record["id"]] * len(statuses)  # the same webhook-id on every retry: receivers can dedupe
+    lines = attempts(job)
+    assert [a["status"] for a in lines] == statuses
+    assert [a["attempt"] for a in lines] == list(range(1, len(statuses) + 1))
+    assert [a["outcome"] for a in lines] == ["retrying"] * (len(statuses) - 1) + [final]
+
+
+def test_retry_after_is_honoured(receiver, make_job):
+    r = receiver(statuses=[429], retry_after="1")
+    job = make_job(r.url)
+
+    emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(5)
+    first, second = r.requests
+    # The backoff alone would wait 0.05 s.
+    assert second.arrived - first.arrived >= 0.9
+
+
+def test_endpoint_down_is_retried_logged_and_never_slows_emit(make_job, caplog):
+    job = make_job(dead_url())
+
+    started = time.monotonic()
+    emit(job, "grpoflow.job.started")
+    assert time.monotonic() - started < 0.5
+
+    assert webhooks.flush(5)
+    lines = attempts(job)
+    assert [a["outcome"] for a in lines] == ["retrying"] * 4 + ["failed"]
+    assert all(a["status"] is None and a["error"].startswith("ConnectError") for a in lines)
+    assert "job.started failed" in caplog.text
+
+
+# --- never on the critical path -----------------------------------------------------------------------------------
+
+
+def test_hanging_endpoint_does_not_slow_emit_and_flush_is_bounded(monkeypatch, receiver, make_job):
+    # One attempt each, so the 49 events still queued drain fast once the receiver is stopped.
+    monkeypatch.setattr(webhooks, "POLICY", webhooks.Policy(timeout_s=0.3, backoff_s=()))
+    r = receiver(delay=30)
+    job = make_job(r.url)
+
+    started = time.monotonic()
+    for step in range(50):
+        emit(job, "grpoflow.training.progress", {"step": step})
+    assert time.monotonic() - started < 0.5
+
+    started = time.monotonic()
+    assert webhooks.flush(0.5) is False
+    assert 0.45 <= time.monotonic() - started < 1.0
+    assert wait_until(lambda: job.webhooks.exists())
+    assert attempts(job)[0]["error"].startswith("ReadTimeout")
+
+
+def test_hanging_endpoint_does_not_delay_another(receiver, make_job):
+    hanging, healthy = receiver(delay=30), receiver()
+    job = make_job(hanging.url, healthy.url)
+
+    records = [emit(job, "grpoflow.training.progress", {"step": step}) for step in range(5)]
+
+    assert wait_until(lambda: len(healthy.requests) == 5)
+    assert healthy.ids() == [r["id"] for r in records]
+
+
+def test_order_is_preserved_per_endpoint_across_retries(receiver, make_job):
+    r = receiver(statuses=[200, 200, 200, 500, 500])
+    job = make_job(r.url)
+
+    ids = [emit(job, "grpoflow.training.progress", {"step": step})["id"] for step in range(20)]
+
+    assert webhooks.flush(5)
+    # The fourth event is retried until delivered before the fifth is sent.
+    assert r.ids() == ids[:3] + [ids[3]] * 3 + ids[4:]
+
+
+# --- what is written ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("secret", [PLAIN, WHSEC], ids=["plain", "whsec"])
+def test_secret_and_signatures_never_written_or_logged(monkeypatch, receiver, make_job, caplog, secret):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(SECRET_ENV, secret)
+    r = receiver(statuses=[500, 400])
+    job = make_job(r.url, dead_url())
+
+    for event in ("grpoflow.job.started", "grpoflow.training.completed", "grpoflow.job.failed"):
+        emit(job, event, {"note": "x"})
+
+    assert webhooks.flush(5)
+    signatures = [r.headers["webhook-signature"] for r in r.requests]
+    assert len(signatures) == 4
+    forbidden = [secret, secret.removeprefix("whsec_"), *signatures, *(s.removeprefix("v1,") for s in signatures)]
+    files = [p for p in job.root.rglob("*") if p.is_file()]
+    assert {p.name for p in files} == {"spec.yaml", "events.jsonl", "webhooks.jsonl"}
+    for text in [p.read_text() for p in files] + [caplog.text]:
+        assert not [f for f in forbidden if f in text]
+    assert all("signature" not in line for line in attempts(job))
+
+
+def test_log_url_drops_userinfo_and_query(make_job):
+    job = make_job(dead_url().replace("http://", "http://user:pw-do-not-leak@") + "?token=do-not-leak")
+
+    emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(5)
+    assert "do-not-leak" not in job.webhooks.read_text()
+    assert attempts(job)[0]["url"].endswith("/hook")
+
+
+def test_job_without_webhooks_writes_no_delivery_log(make_job):
+    job = make_job()
+
+    emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(1)
+    assert job.events.exists()
+    assert not job.webhooks.exists()
+
+
+def test_broken_webhook_config_never_fails_emit(tmp_path, caplog):
+    job = JobDir(tmp_path / "t-job")
+    write_text_atomic(job.spec, "webhooks:\n  - url: ftp://example.invalid/hook\n")
+
+    record = emit(job, "grpoflow.job.started")
+
+    assert json.loads(job.events.read_text())["id"] == record["id"]
+    assert "could not queue grpoflow.job.started" in caplog.text
+
+
+def test_discarded_job_folder_is_not_recreated(receiver, make_job):
+    # The answer comes after the folder is gone, as when a rejected job is discarded right after job.failed.
+    r = receiver(delay=0.2)
+    job = make_job(r.url)
+
+    emit(job, "grpoflow.job.failed", {"reason": "rejected"})
+    shutil.rmtree(job.root)  # what tasks.job.discard_job does for a rejected input
+
+    assert webhooks.flush(5)
+    assert len(r.requests) == 1
+    assert not job.root.exists()
+
+
+def test_prefect_still_gets_the_event(isolated, receiver, make_job):
+    r = receiver()
+    job = make_job(r.url)
+
+    record = emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(5)
+    assert [str(e["id"]) for e in isolated] == [record["id"]] == r.ids()
