@@ -65,11 +65,11 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         # --- held-out evaluation and report
         extra = {
             "wall_time_s": round(time.monotonic() - started, 1),
-            "training_time_s": training["wall_seconds"],
+            "GRPO_training": f"{training['wall_seconds']:.1f} s",
             "resumed_from_checkpoint": training["resumed_from"] or "no",
         }
         if sft:
-            extra["sft_time_s"] = sft["seconds"]
+            extra["SFT_warm_up"] = f"{sft['seconds']:.1f} s"
         evaluation = evaluate_task(job, spec, start_model(spec, job), extra)
     except BaseException as e:
         emit(job, "grpoflow.job.failed", {"reason": type(e).__name__, "error": str(e)[-2000:]})

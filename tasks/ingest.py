@@ -563,8 +563,10 @@ def ingest_task(job, spec) -> dict:
     `{"rejected": message}` (before any model is loaded) and the flow ends the job as rejected.
     """
     from tasks.events import emit
+    from tasks.storage import storage_options
     from trainers.rewards import RewardError, build_reward
 
+    datasets.disable_progress_bars()  # per-batch bars drown the flow's log; the event carries the counts
     try:
         rewards = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
         result = ingest_dataset(
@@ -575,6 +577,7 @@ def ingest_task(job, spec) -> dict:
             holdout=spec.evaluation.holdout,
             seed=spec.hyperparameters.seed,
             split=spec.dataset.split,
+            storage_options=storage_options(spec.dataset.uri),
         )
         check_rewards(spec, rewards, load_ingested(job.dataset)["train"])
     except (DatasetError, RewardError) as e:

@@ -10,6 +10,8 @@ newest checkpoint when one exists, and saves `merged/` (full fine-tune) or `adap
 """
 
 import argparse
+import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -73,16 +75,30 @@ def grpo_config(spec: JobSpec, job: JobDir):
     )
 
 
-def resume_checkpoint(job: JobDir) -> str | None:
-    """The newest checkpoint in `checkpoints/`, with metrics after it dropped so each step is logged once."""
-    from transformers.trainer_utils import get_last_checkpoint
+def intact_checkpoint(path: Path) -> bool:
+    """True when a checkpoint finished saving: `Trainer` writes trainer_state.json last, so a checkpoint killed
+    mid-save lacks it, or holds a truncated one, or one whose step is not the folder's."""
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return state.get("global_step") == int(path.name.rsplit("-", 1)[-1])
 
+
+def resume_checkpoint(job: JobDir) -> str | None:
+    """The newest intact checkpoint in `checkpoints/` (torn ones are removed), with the metrics logged after it
+    dropped so each step appears once."""
     if not job.checkpoints.exists():
         return None
-    last = get_last_checkpoint(str(job.checkpoints))
-    if last is not None:
-        truncate_metrics(job.metrics, int(Path(last).name.split("-")[-1]))
-    return last
+    candidates = [p for p in job.checkpoints.glob("checkpoint-*") if p.name.rsplit("-", 1)[-1].isdigit()]
+    for path in sorted(candidates, key=lambda p: int(p.name.rsplit("-", 1)[-1]), reverse=True):
+        if intact_checkpoint(path):
+            truncate_metrics(job.metrics, int(path.name.rsplit("-", 1)[-1]))
+            return str(path)
+        print(f"grpoflow: removing torn checkpoint {path.name}")
+        shutil.rmtree(path, ignore_errors=True)
+    truncate_metrics(job.metrics, 0)
+    return None
 
 
 def save_artifact(trainer, tokenizer, spec: JobSpec, job: JobDir) -> Path:

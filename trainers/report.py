@@ -162,7 +162,7 @@ def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> st
         if key == "wall_time_s" and isinstance(value, int | float):
             lines.append(f"- **Wall time:** {_duration(value)}")
         else:
-            lines.append(f"- **{key.replace('_', ' ').capitalize()}:** {_cell(value)}")
+            lines.append(f"- **{key[0].upper() + key[1:].replace('_', ' ')}:** {_cell(value)}")
     return "## Summary\n\n" + "\n".join(lines)
 
 
