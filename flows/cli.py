@@ -86,8 +86,27 @@ def cmd_validate(args) -> int:
     return EXIT_OK
 
 
+def check_resume(spec, job_id: str) -> None:
+    """A resumed job must run the spec it started with: its stages' records are only valid for that spec."""
+    from trainers.jobdir import JobDir
+    from trainers.spec import load_spec, resolved_dict
+
+    job = JobDir(Path(spec.output_uri).expanduser().resolve() / job_id)
+    if "/" in job_id or not job.spec.exists():
+        raise UsageError(f"--resume: unknown job {job_id!r} under {job.root.parent}")
+    before, after = resolved_dict(load_spec(job.spec)[0]), resolved_dict(spec)
+    changed = sorted(k for k in before.keys() | after.keys() if k != "output_uri" and before.get(k) != after.get(k))
+    if changed:
+        raise UsageError(
+            f"--resume: the spec differs from job {job_id}'s spec.yaml in: {', '.join(changed)}; "
+            "start a new job instead (without --resume)"
+        )
+
+
 def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     spec = load(args, extra_overrides)
+    if getattr(args, "resume", None):
+        check_resume(spec, args.resume)
     from flows.pipeline import REJECTED_PREFIX, grpo_pipeline
 
     state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
@@ -179,12 +198,82 @@ def cmd_model(args) -> int:
     return EXIT_OK
 
 
+def cmd_deployments_apply(args) -> int:
+    import asyncio
+
+    from flows.deployments import (
+        DeploymentError,
+        ServerNotSet,
+        api_url,
+        deploy_all,
+        describe_deployments,
+        ensure_pools,
+        load_pools,
+    )
+
+    try:
+        url = api_url()
+        for line in asyncio.run(ensure_pools(load_pools())):
+            print(line)
+        deploy_all()
+        for line in asyncio.run(describe_deployments()):
+            print(line)
+    except DeploymentError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_REJECTED if isinstance(e, ServerNotSet) else EXIT_FAILED
+    print(f"deployed to {url}; start a worker with: prefect worker start --pool grpo-gpu")
+    return EXIT_OK
+
+
+def cmd_submit(args) -> int:
+    import asyncio
+
+    from flows.deployments import DeploymentError, ServerNotSet, deployment_name, flow_run_url, submit, wait_for
+
+    spec = load(args)  # a rejected spec stops here: nothing is sent
+    try:
+        flow_run = asyncio.run(submit(spec, args.deployment))
+        url = flow_run_url(flow_run)
+        if not args.json:
+            print(f"submitted {spec.name} to {deployment_name(args.deployment)}: flow run {flow_run.name}")
+            print(url)
+        if args.wait:
+            flow_run = asyncio.run(wait_for(flow_run.id))
+    except DeploymentError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_REJECTED if isinstance(e, ServerNotSet) else EXIT_FAILED
+    state = flow_run.state.name if flow_run.state else "Scheduled"
+    if args.json:
+        out = {"flow_run_id": str(flow_run.id), "flow_run_name": flow_run.name, "url": url, "state": state}
+        print(json.dumps(out))
+    elif args.wait:
+        message = flow_run.state.message
+        print(f"flow run {flow_run.name}: {state}" + (f" ({message})" if message else ""))
+    return EXIT_FAILED if args.wait and not flow_run.state.is_completed() else EXIT_OK
+
+
 # --- argument parsing
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_server_commands(sub) -> None:
+    """`deployments apply` and `submit`: grpoflow on a Prefect server (flows/deployments.py)."""
+    deployments = sub.add_parser("deployments", help="deploy grpoflow to the Prefect server at PREFECT_API_URL")
+    actions = deployments.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    apply = actions.add_parser("apply", help="create the work pools when missing and deploy deployments/prefect.yaml")
+    apply.set_defaults(func=cmd_deployments_apply)
+    submit = sub.add_parser("submit", help="validate a spec here, then start a deployment's run with it")
+    submit.add_argument("spec", help="job spec YAML file")
+    submit.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+    submit.add_argument("--deployment", default="retrain", help="a deployment of grpo-pipeline (default: retrain)")
+    submit.add_argument("--wait", action="store_true", help="wait for the run to end; exit 1 unless it completed")
+    submit.add_argument("--json", action="store_true", help="print JSON")
+    submit.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    submit.set_defaults(func=cmd_submit)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("job_id")
     model.add_argument("--json", action="store_true")
     model.set_defaults(func=cmd_model)
+    _add_server_commands(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

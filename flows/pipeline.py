@@ -7,13 +7,15 @@ Each stage is one Prefect task (`tasks/`), emitting its `grpoflow.*` event; this
 import time
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
+from prefect.runtime import flow_run
 from prefect.states import Failed
 
 from tasks import webhooks
 from tasks.evaluate import evaluate_task
 from tasks.events import emit
 from tasks.ingest import ingest_task
-from tasks.job import create_job_task, discard_job
+from tasks.job import create_job_task, discard_job, job_location, new_job_id, upload_failed_job, upload_job_task
 from tasks.merge import merge_task
 from tasks.sft import sft_task
 from tasks.train import train_task
@@ -40,7 +42,8 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     logger = get_run_logger()
     started = time.monotonic()
 
-    # --- job folder
+    # --- job folder (the same one on every retry of this flow run)
+    job_id = job_id or new_job_id(spec.name, flow_run.id, flow_run.scheduled_start_time)
     job = create_job_task(spec, job_id)
     logger.info("job %s in %s", job.job_id, job.root)
     try:
@@ -60,7 +63,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         training = train_task(job, spec)
 
         # --- merge the adapter (LoRA jobs) and describe the artifact
-        model = merge_task(job)
+        model = merge_task(job, spec)
 
         # --- held-out evaluation and report
         extra = {
@@ -71,12 +74,19 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         if sft:
             extra["SFT_warm_up"] = f"{sft['seconds']:.1f} s"
         evaluation = evaluate_task(job, spec, start_model(spec, job), extra)
+
+        # --- upload the job folder when output_uri is s3://..., before job.completed announces it
+        upload_job_task(job, spec)
     except BaseException as e:
-        emit(job, "grpoflow.job.failed", {"reason": type(e).__name__, "error": str(e)[-2000:]})
+        # A cancelled flow run (Prefect UI, SIGTERM) or Ctrl-C: the training child is stopped, its checkpoints kept.
+        reason = "cancelled" if isinstance(e, TerminationSignal | KeyboardInterrupt) else type(e).__name__
+        emit(job, "grpoflow.job.failed", {"reason": reason, "error": str(e)[-2000:]})
         webhooks.flush(timeout=WEBHOOK_FLUSH_S)
+        upload_failed_job(job, spec)
         raise
 
-    result = {"job_id": job.job_id, "output_dir": str(job.root), "status": "completed"}
+    result = {"job_id": job.job_id, "output_dir": job_location(job, spec), "status": "completed"}
     emit(job, "grpoflow.job.completed", {**result, "evaluation": evaluation, "artifact_type": model["artifact_type"]})
     webhooks.flush(timeout=WEBHOOK_FLUSH_S)
+    upload_job_task(job, spec, names=("events.jsonl", "webhooks.jsonl"))
     return {**result, "evaluation": evaluation, "dataset": dataset}

@@ -1,16 +1,18 @@
 """Evaluation and report task: held-out before/after scores, health verdict, report.md with PNG plots."""
 
 from prefect import get_run_logger, task
-from trainers.report import write_report
 
+from tasks.stages import resumable
 from trainers.evaluate import evaluate
 from trainers.health import HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
+from trainers.report import write_report
 from trainers.spec import JobSpec
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=5)
+@resumable("evaluate")
 def evaluate_task(job: JobDir, spec: JobSpec, before_model: str, extra: dict | None = None) -> dict | None:
     """Scores the start model and the GRPO result on the held-out prompts, then writes the report."""
     logger = get_run_logger()

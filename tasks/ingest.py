@@ -38,6 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import task as task_decorator
 
+from tasks.stages import resumable
+
 SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 # Compressed text files are extracted by `datasets`; a compressed Parquet file makes no sense, so not for it.
@@ -556,6 +558,7 @@ def check_rewards(spec, rewards: list, dataset: datasets.Dataset) -> None:
 
 
 @task_decorator(name="ingest", retries=2, retry_delay_seconds=5)
+@resumable("ingest")
 def ingest_task(job, spec) -> dict:
     """Ingests `spec.dataset` into the job folder, dry-runs the rewards on it, emits `grpoflow.dataset.ingested`.
 

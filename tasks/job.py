@@ -1,39 +1,102 @@
-"""Job bookkeeping tasks: create the job folder (id, resolved spec.yaml) and record how the job ended."""
+"""Job bookkeeping tasks: create the job folder (id, resolved spec.yaml), record how the job ended, and upload the
+folder when `output_uri` is remote (`s3://...`: the job runs in a local staging folder, see `tasks.storage`)."""
 
+import logging
 import secrets
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from tasks.events import emit
+from tasks.storage import filesystem, is_remote, join, staging_root
 from trainers.jobdir import JobDir, write_text_atomic
 from trainers.spec import JobSpec, to_yaml
 
+logger = logging.getLogger(__name__)
 
-def new_job_id(name: str) -> str:
-    """`<name>-<UTC time>-<random>`: sortable by time, unique even for two runs started in the same second."""
-    return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+def new_job_id(name: str, run_id: str | None = None, started: datetime | None = None) -> str:
+    """`<name>-<UTC time>-<6 hex>`: sortable by time, unique even for two runs started in the same second.
+
+    Given the flow run's id and start time, the id is the same on every retry of that flow run, so a retried flow
+    finds its own job folder and skips the stages it already completed.
+    """
+    suffix = str(run_id).replace("-", "")[:6] if run_id else secrets.token_hex(3)
+    return f"{name}-{(started or datetime.now(UTC)).astimezone(UTC):%Y%m%d-%H%M%S}-{suffix}"
 
 
 def job_dir(output_root: str | Path, job_id: str) -> JobDir:
+    """The local job folder: under `output_root`, or under the staging folder when `output_root` is remote."""
+    if is_remote(output_root):
+        return JobDir(staging_root() / job_id)
     return JobDir(Path(output_root).expanduser().resolve() / job_id)
+
+
+def job_location(job: JobDir, spec: JobSpec) -> str:
+    """Where the job folder ends up: `<output_uri>/<job_id>` for a remote output_uri, else the local folder."""
+    return join(spec.output_uri, job.job_id) if is_remote(spec.output_uri) else str(job.root)
 
 
 @task(name="create-job")
 def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir:
     """Creates `<output_uri>/<job_id>/` with the resolved spec and emits `grpoflow.job.started`.
 
-    An existing folder is reused only when `job_id` is given (a resumed job); a new id never collides.
+    An existing folder is reused only when `job_id` is given (a resumed job); a new id never collides. A resumed job
+    with a remote output_uri whose staging folder is gone (another machine) is downloaded first.
     """
     job = job_dir(spec.output_uri, job_id or new_job_id(spec.name))
-    job.root.mkdir(parents=True, exist_ok=job_id is not None)
+    if job_id is not None and is_remote(spec.output_uri) and not job.root.exists():
+        fs, remote = filesystem(job_location(job, spec))
+        if fs.exists(remote):
+            fs.get(remote.rstrip("/") + "/", str(job.root) + "/", recursive=True)
+    job.root.mkdir(parents=True, exist_ok=True)
     write_text_atomic(job.spec, to_yaml(spec))
-    emit(job, "grpoflow.job.started", {"name": spec.name, "base_model": spec.base_model, "output_dir": str(job.root)})
+    emit(
+        job,
+        "grpoflow.job.started",
+        {"name": spec.name, "base_model": spec.base_model, "output_dir": job_location(job, spec)},
+    )
     return job
 
 
 def discard_job(job: JobDir) -> None:
     """Removes a job folder whose input was rejected: a rejected job leaves nothing half-written behind."""
     shutil.rmtree(job.root, ignore_errors=True)
+
+
+def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str | None:
+    """Copies the job folder (or only the top-level files `names`) to `<output_uri>/<job_id>/` when output_uri is
+    remote; a no-op for a local output_uri. Returns the remote location, or None.
+
+    Files are overwritten in place, so a second upload after the last events were appended is cheap with `names`.
+    """
+    if not is_remote(spec.output_uri):
+        return None
+    location = job_location(job, spec)
+    fs, remote = filesystem(location)
+    if names:
+        for name in names:
+            if (job.root / name).exists():
+                fs.put_file(str(job.root / name), f"{remote}/{name}")
+    else:
+        fs.put(str(job.root) + "/", remote.rstrip("/") + "/", recursive=True)
+    return location
+
+
+@task(name="upload-job", retries=3, retry_delay_seconds=10)
+def upload_job_task(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str | None:
+    """`upload_job` as a retried task (logged, visible in the run's graph); see `upload_job`."""
+    location = upload_job(job, spec, names)
+    if location:
+        get_run_logger().info("job folder uploaded to %s", location)
+    return location
+
+
+def upload_failed_job(job: JobDir, spec: JobSpec) -> None:
+    """Uploads what a failed job left (logs, metrics, events) for inspection; a failure here is only logged."""
+    try:
+        upload_job(job, spec)
+    except Exception:
+        logger.exception("could not upload the failed job %s to %s", job.job_id, spec.output_uri)

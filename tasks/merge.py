@@ -3,12 +3,15 @@
 from prefect import task
 
 from tasks.events import emit
+from tasks.stages import resumable
 from trainers.jobdir import JobDir
 from trainers.merge import merge_adapter, write_model_json
+from trainers.spec import JobSpec
 
 
 @task(name="merge", retries=1, retry_delay_seconds=5)
-def merge_task(job: JobDir) -> dict:
+@resumable("merge")
+def merge_task(job: JobDir, spec: JobSpec) -> dict:
     """Merges `adapter/` into `merged/` for LoRA jobs (a full fine-tune is already in `merged/`)."""
     is_adapter = (job.adapter / "adapter_config.json").exists()
     if is_adapter:

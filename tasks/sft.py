@@ -5,6 +5,7 @@ import time
 from prefect import task
 
 from tasks.events import emit
+from tasks.stages import resumable
 from tasks.train import _retryable, check_exit, child_command, start_child, stop_child
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
@@ -12,6 +13,7 @@ from trainers.spec import JobSpec
 
 
 @task(name="sft", retries=1, retry_delay_seconds=5, retry_condition_fn=_retryable)
+@resumable("sft")
 def sft_task(job: JobDir, spec: JobSpec) -> dict:
     """Trains the format warm-up into `sft/`; returns its summary (steps, final loss, seconds)."""
     log_path = job.logs / "sft.log"

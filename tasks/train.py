@@ -17,6 +17,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from tasks.events import emit
+from tasks.stages import resumable
 from trainers.health import HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
@@ -56,12 +57,28 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
+def _die_with_parent() -> None:
+    # Linux: the child gets SIGTERM if the task's process dies (killed worker, cancelled flow run), so no training
+    # process outlives its task and holds the GPU.
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_child(command: list[str], log_path: Path) -> subprocess.Popen:
     """Starts the child in its own process group, output to `log_path`, so it can be stopped as a whole."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log_path.open("ab") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
 
 
 def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
@@ -125,6 +142,7 @@ class ProgressWatcher:
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=_retryable)
+@resumable("train")
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
     log_path = job.logs / "train.log"

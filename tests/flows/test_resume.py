@@ -1,0 +1,52 @@
+"""Resumable jobs: `grpoflow run SPEC --resume JOB_ID` skips the stages a job already completed."""
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from trainers.jobdir import JobDir
+from trainers.metrics import read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_resume_skips_completed_stages(make_spec):
+    spec = make_spec("resume", sft={"enabled": True, "max_steps": 2, "batch_size": 4})
+    code, out, _ = cli("run", spec, "--json")
+    assert code == 0
+    job = JobDir(Path(json.loads(out)["output_dir"]))
+    trained_at = job.training_result.stat().st_mtime_ns
+
+    # A late stage lost its output (as if the report failed): only that stage runs again.
+    job.report.unlink()
+    code, out, _ = cli("run", spec, "--json", "--resume", job.job_id)
+    assert code == 0 and json.loads(out)["job_id"] == job.job_id
+
+    names = [r["event"] for r in read_metrics(job.events)]
+    assert names.count("grpoflow.job.started") == 2 and names.count("grpoflow.job.completed") == 2
+    assert names.count("grpoflow.training.completed") == 1  # GRPO did not run again
+    assert names.count("grpoflow.sft.completed") == 1
+    assert job.training_result.stat().st_mtime_ns == trained_at
+    assert job.report.exists()
+
+
+def test_resume_rejects_a_changed_spec(make_spec):
+    spec = make_spec("resume2")
+    code, out, _ = cli("run", spec, "--json")
+    assert code == 0
+    job_id = json.loads(out)["job_id"]
+    code, _, err = cli("run", spec, "--resume", job_id, "--set", "hyperparameters.learning_rate=0.5")
+    assert code == 2 and "hyperparameters" in err
+    code, _, err = cli("run", spec, "--resume", "no-such-job")
+    assert code == 2 and "unknown job" in err
