@@ -87,3 +87,37 @@ def test_torn_checkpoint_is_skipped(tmp_path):
     assert resume_checkpoint(job) == str(job.checkpoints / "checkpoint-10")
     assert not torn.exists()
     assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, 11))
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec):
+    """A cancelled flow run gets SIGTERM from its worker (what the Prefect UI's Cancel does); same here."""
+    from prefect.settings import PREFECT_API_URL
+
+    spec = make_spec(
+        "cancel",
+        hyperparameters={"max_steps": 200, "rollouts_per_prompt": 2, "max_response_length": 4},
+        checkpoint_every=5,
+        evaluation={"holdout": 0},
+    )
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(spec)], env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        job = None
+        while time.monotonic() < deadline and (job is None or last_step(job) < 8):
+            jobs = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+            job = JobDir(jobs[0].parent) if jobs else None
+            time.sleep(0.05)
+        assert job is not None and last_step(job) >= 8
+        child = training_child(job.root)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode != 0
+    child.wait(timeout=30)  # the training child is gone with its task, not orphaned
+    assert not child.is_running()
+    assert intact_checkpoint(job.checkpoints / "checkpoint-5")
+    failed = [r for r in read_metrics(job.events) if r["event"] == "grpoflow.job.failed"]
+    assert failed and failed[-1]["payload"]["reason"] == "cancelled"
