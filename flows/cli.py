@@ -13,6 +13,7 @@ Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -252,6 +253,59 @@ def cmd_submit(args) -> int:
     return EXIT_FAILED if args.wait and not flow_run.state.is_completed() else EXIT_OK
 
 
+def cmd_deploy(args) -> int:
+    from tasks.events import emit
+    from tasks.register import RegistrationError, register
+    from trainers.spec import load_spec
+
+    job = find_job(args, args.job_id)
+    spec, _ = load_spec(job.spec)
+    name = args.name or (spec.deploy.name if spec.deploy else spec.name)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+        raise UsageError(f"--name {name!r}: use lowercase letters, digits, '-', '_' or '.', at most 63 characters")
+    try:
+        record = register(job, name)
+    except RegistrationError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    emit(job, "grpoflow.deployment.registered", {k: record[k] for k in ("name", "artifact_path", "status")})
+    print(json.dumps(record) if args.json else f"deployment {name} {record['status']}: {record['artifact_path']}")
+    return EXIT_OK
+
+
+def cmd_serve(args) -> int:
+    from flows.serve import serve
+    from tasks.register import RegistrationError, read_deployment
+
+    root = (output_root(args) or Path("runs")).resolve()
+    try:
+        record = read_deployment(root, args.name)
+    except RegistrationError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if record["status"] != "ready":
+        print(f"grpoflow: deployment {args.name} is {record['status']}, not ready", file=sys.stderr)
+        return EXIT_FAILED
+    serve(record["artifact_path"], args.name, args.host, args.port)
+    return EXIT_OK
+
+
+def _add_model_commands(sub) -> None:
+    """`deploy` and `serve`: register a job's merged weights for serving, and serve them (tasks/register.py)."""
+    deploy = sub.add_parser("deploy", help="register a serving deployment from a job's merged weights")
+    deploy.add_argument("job_id")
+    deploy.add_argument("--name", help="deployment name (default: the spec's deploy.name, else its name)")
+    deploy.add_argument("--json", action="store_true")
+    deploy.set_defaults(func=cmd_deploy)
+    serve = sub.add_parser("serve", help="serve a registered deployment over an OpenAI-compatible HTTP API")
+    serve.add_argument("name")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(func=cmd_serve)
+    for p in (deploy, serve):
+        p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 # --- argument parsing
 
 
@@ -309,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--json", action="store_true")
     model.set_defaults(func=cmd_model)
     _add_server_commands(sub)
+    _add_model_commands(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

@@ -1,0 +1,44 @@
+"""Two `grpoflow run` at once under one output root: separate job folders, nothing shared or clobbered."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainers.jobdir import JobDir
+from trainers.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_runs_at_once(make_spec, tmp_path):
+    spec = make_spec("twins", hyperparameters={"rollouts_per_prompt": 2, "max_response_length": 4})
+    # Ephemeral Prefect in both, sharing one PREFECT_HOME as two shells of one user would.
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "run", str(spec), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=900) for run in runs]
+    for run, (_, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, err[-3000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert results[0]["job_id"] != results[1]["job_id"]
+    for result in results:
+        job = JobDir(Path(result["output_dir"]))
+        assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2, 3]
+        events = read_metrics(job.events)
+        assert {e["resource"]["grpoflow.job_id"] for e in events} == {job.job_id}  # no event of the other job
+        assert events[-1]["event"] == "grpoflow.job.completed"
+    leftovers = [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # no temp files or staging folders left behind
