@@ -1,5 +1,7 @@
 """Shared fixtures: a small arithmetic dataset, spec files, and a real Prefect server for pipeline tests."""
 
+import contextlib
+import io
 import json
 import os
 import tempfile
@@ -35,6 +37,19 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    """`grpoflow ARGV...` in this process: (exit code, stdout, stderr).
+
+    Redirects sys.stdout/sys.stderr rather than using capsys: Prefect's log handler keeps the first stderr it sees.
+    """
+    from flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
 
 
 def arithmetic_rows(n: int, start: int = 0) -> list[dict]:

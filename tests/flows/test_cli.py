@@ -1,22 +1,11 @@
 """The `grpoflow` CLI: exit codes, messages and outputs of DESIGN.md's commands."""
 
-import contextlib
-import io
 import json
 
 import pytest
 import yaml
 
-from flows.cli import main
-from tests.conftest import arithmetic_rows, write_jsonl
-
-
-def cli(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
-
+from tests.conftest import arithmetic_rows, cli, write_jsonl
 
 # --- validate
 

@@ -43,7 +43,7 @@ def assert_generates(path):
 
 
 def test_full_finetune(make_spec):
-    code, result = run(make_spec("full"))
+    code, result = run(make_spec("full", deploy={"name": "full-demo"}))
     assert code == 0
     assert result["status"] == "completed"
     job = JobDir(Path(result["output_dir"]))
@@ -71,6 +71,10 @@ def test_full_finetune(make_spec):
     assert 0.0 <= evaluation["before"] <= 1.0 and 0.0 <= evaluation["after"] <= 1.0
     report = job.report.read_text()
     assert "exact_answer" in report and (job.root / "reward.png").exists()
+    # spec.deploy: registered from merged/ and ready after its smoke inference
+    assert names.index("grpoflow.deployment.registered") < names.index("grpoflow.job.completed")
+    deployment = json.loads((job.root.parent / "deployments" / "full-demo.json").read_text())
+    assert deployment["status"] == "ready" and deployment["job_id"] == job.job_id
 
 
 def test_lora_with_kl(make_spec):

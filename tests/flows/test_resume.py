@@ -1,24 +1,15 @@
 """Resumable jobs: `grpoflow run SPEC --resume JOB_ID` skips the stages a job already completed."""
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from tests.conftest import cli
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
-
-
-def cli(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_resume_skips_completed_stages(make_spec):

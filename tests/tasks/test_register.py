@@ -1,7 +1,5 @@
 """Deployment registration (`grpoflow deploy`) and the OpenAI-compatible server (`grpoflow serve`)."""
 
-import contextlib
-import io
 import json
 import shutil
 import threading
@@ -9,20 +7,12 @@ import threading
 import httpx
 import pytest
 
-from flows.cli import main
 from flows.serve import make_server
 from tasks.ingest import ingest_dataset
-from tests.conftest import arithmetic_rows, write_jsonl
+from tests.conftest import arithmetic_rows, cli, write_jsonl
 from trainers.jobdir import JobDir
 from trainers.spec import load_spec, to_yaml
 from trainers.tiny import build_tiny
-
-
-def cli(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
