@@ -253,6 +253,25 @@ def cmd_submit(args) -> int:
     return EXIT_FAILED if args.wait and not flow_run.state.is_completed() else EXIT_OK
 
 
+def cmd_publish(args) -> int:
+    from tasks.publish import PublishError, is_user_error, publish_and_record
+    from trainers.spec import PublishSpec
+
+    job = find_job(args, args.job_id)
+    try:
+        target = PublishSpec(repo_id=args.repo_id, artifact=args.artifact, private=not args.public)
+    except ValueError as e:  # pydantic names the rule the repo id breaks
+        raise UsageError(f"--repo-id {args.repo_id!r}: {e.errors()[0]['msg']}") from None
+    try:
+        result = publish_and_record(job, target)
+    except PublishError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_REJECTED if is_user_error(e) else EXIT_FAILED
+    change = "new commit" if result["changed"] else "unchanged"
+    print(json.dumps(result) if args.json else f"{result['url']} ({change})")
+    return EXIT_OK
+
+
 def cmd_deploy(args) -> int:
     from tasks.events import emit
     from tasks.register import RegistrationError, register
@@ -291,18 +310,26 @@ def cmd_serve(args) -> int:
 
 
 def _add_model_commands(sub) -> None:
-    """`deploy` and `serve`: register a job's merged weights for serving, and serve them (tasks/register.py)."""
+    """`publish`, `deploy` and `serve`: push a job's model to the Hub (tasks/publish.py), register its merged weights
+    for serving and serve them (tasks/register.py)."""
     deploy = sub.add_parser("deploy", help="register a serving deployment from a job's merged weights")
     deploy.add_argument("job_id")
     deploy.add_argument("--name", help="deployment name (default: the spec's deploy.name, else its name)")
     deploy.add_argument("--json", action="store_true")
     deploy.set_defaults(func=cmd_deploy)
+    publish = sub.add_parser("publish", help="push a job's merged weights or adapter to the Hugging Face Hub")
+    publish.add_argument("job_id")
+    publish.add_argument("--repo-id", required=True, help="owner/name on the Hub")
+    publish.add_argument("--artifact", choices=["merged", "adapter"], default="merged")
+    publish.add_argument("--public", action="store_true", help="create the repo public (default: private)")
+    publish.add_argument("--json", action="store_true")
+    publish.set_defaults(func=cmd_publish)
     serve = sub.add_parser("serve", help="serve a registered deployment over an OpenAI-compatible HTTP API")
     serve.add_argument("name")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=cmd_serve)
-    for p in (deploy, serve):
+    for p in (deploy, publish, serve):
         p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 

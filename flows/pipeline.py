@@ -17,6 +17,7 @@ from tasks.events import emit
 from tasks.ingest import ingest_task
 from tasks.job import create_job_task, discard_job, job_location, new_job_id, upload_failed_job, upload_job_task
 from tasks.merge import merge_task
+from tasks.publish import publish_task
 from tasks.register import register_task
 from tasks.sft import sft_task
 from tasks.train import train_task
@@ -75,6 +76,10 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         if sft:
             extra["SFT_warm_up"] = f"{sft['seconds']:.1f} s"
         evaluation = evaluate_task(job, spec, start_model(spec, job), extra)
+
+        # --- publish to the Hugging Face Hub
+        if spec.publish:
+            publish_task(job, spec)
 
         # --- register the serving deployment (served from merged/, LoRA or not)
         if spec.deploy:
