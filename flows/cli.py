@@ -92,8 +92,10 @@ def check_resume(spec, job_id: str) -> None:
     from trainers.jobdir import JobDir
     from trainers.spec import load_spec, resolved_dict
 
+    if "/" in job_id or job_id in ("", ".", ".."):
+        raise UsageError(f"--resume: not a job id: {job_id!r}")
     job = JobDir(Path(spec.output_uri).expanduser().resolve() / job_id)
-    if "/" in job_id or not job.spec.exists():
+    if not job.spec.exists():
         raise UsageError(f"--resume: unknown job {job_id!r} under {job.root.parent}")
     before, after = resolved_dict(load_spec(job.spec)[0]), resolved_dict(spec)
     changed = sorted(k for k in before.keys() | after.keys() if k != "output_uri" and before.get(k) != after.get(k))
@@ -145,6 +147,8 @@ def cmd_jobs(args) -> int:
     from trainers.metrics import read_metrics
 
     root = (output_root(args) or Path("runs")).resolve()
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"output root {root} is not a folder")
     jobs = sorted(p for p in root.iterdir() if (p / "spec.yaml").exists()) if root.exists() else []
     rows = []
     for path in jobs:

@@ -45,6 +45,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     started = time.monotonic()
 
     # --- job folder (the same one on every retry of this flow run)
+    resumed = job_id is not None
     job_id = job_id or new_job_id(spec.name, flow_run.id, flow_run.scheduled_start_time)
     job = create_job_task(spec, job_id)
     logger.info("job %s in %s", job.job_id, job.root)
@@ -53,7 +54,8 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         dataset = ingest_task(job, spec)
         if dataset["rejected"]:
             emit(job, "grpoflow.job.failed", {"reason": "rejected", "error": dataset["rejected"]})
-            discard_job(job)
+            if not resumed:  # never delete an earlier job's checkpoints over a rejected input
+                discard_job(job)
             # Delivers the job.failed above; its folder is already discarded, so webhooks.jsonl is not written.
             webhooks.flush(timeout=WEBHOOK_FLUSH_S)
             return Failed(message=f"{REJECTED_PREFIX}{dataset['rejected']}")

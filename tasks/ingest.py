@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from prefect import task as task_decorator
 
 from tasks.stages import resumable
+from trainers.spec import REPO_ID_PATTERN
 
 SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -49,6 +50,12 @@ COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 # chunk's types, so a number among strings further down becomes a string rather than making the column JSON.
 JSON_CHUNKSIZE = 1 << 20
 MAX_BAD_LINES = 3
+# JSON Lines and CSV files are streamed in chunks of this size before the loader sees them, so a line over
+# `max_row_bytes` is rejected after reading that much of it, never the whole line (which the loader would buffer).
+SCAN_CHUNK = 1 << 20
+# Arrow's JSON reader gives up at 64 levels; deeper lines make `datasets` recurse in Python (RecursionError from ~1,000
+# levels) and overflow the C stack of Arrow's parser (a segfault, from ~30,000). The same scan stops them first.
+MAX_JSON_NESTING = 64
 MAX_BAD_ROWS = 5
 # What a loader raises because of a file's content (explained to the user as a DatasetError). Anything else, a
 # network error or a bug, propagates as is, so that the task's retries and tracebacks see it.
@@ -133,6 +140,11 @@ def _resolve_hf(uri: str, split: str | None) -> _Source:
     if not rest.startswith("datasets/"):
         raise DatasetError(f"{uri}: only Hub datasets are supported, as hf://datasets/<owner>/<name>[/<split>]")
     parts = [p for p in rest[len("datasets/") :].split("/") if p]
+    if len(parts) >= 2 and not re.fullmatch(REPO_ID_PATTERN, repo := "/".join(parts[:2])):
+        # `datasets.load_dataset("../..")` would read a local folder instead.
+        raise DatasetError(
+            f"{uri}: {repo!r} is not a Hub dataset id (owner/name of letters, digits, '-', '_' and '.', without '..')"
+        )
     if len(parts) > 3 or (parts and _has_data_extension(parts[-1])):
         # A file inside a Hub repo (hf://datasets/owner/name/data/train.jsonl): fsspec reads it like any URL.
         return _Source(uri, uri, _builder_for(uri, uri))
@@ -172,12 +184,86 @@ def _check_file(src: _Source, storage_options: dict | None) -> None:
             raise DatasetError(f"dataset not found: {src.uri}")
         if fs.isdir(path):
             raise DatasetError(f"dataset {src.uri} is a directory; give the path of one data file")
+        if src.is_local and not os.path.isfile(path):
+            # Opening a named pipe waits for a writer forever.
+            raise DatasetError(f"dataset {src.uri} is not a regular file (a pipe, socket or device)")
         with fs.open(path, "rb"):
             size = fs.size(path)
     except PermissionError as e:
         raise DatasetError(f"dataset {src.uri} cannot be read (permission denied); check its permissions") from e
     if size == 0:
         raise DatasetError(f"dataset {src.uri} has no rows (the file is empty)")
+
+
+def _check_lines(src: _Source, max_row_bytes: int, storage_options: dict | None) -> None:
+    """Streams a JSON Lines or CSV file and rejects its first line longer than `max_row_bytes` or nested too deeply.
+
+    Holds one chunk and the line in progress (at most `max_row_bytes`); numpy finds the newlines, so a million short
+    rows cost ~50 ms. A JSON document (`[...]`) is skipped: its lines are not rows, and the loader reads it whole.
+    """
+    json_lines = src.builder == "json"
+    lineno, pending, pending_len = 1, [], 0  # the line in progress: its number and its bytes so far
+    with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
+        chunk = f.read(SCAN_CHUNK)
+        if json_lines and re.match(rb"(?:\xef\xbb\xbf)?\s*\[", chunk):
+            return
+        while chunk:
+            arr = np.frombuffer(chunk, np.uint8)
+            ends = np.flatnonzero(arr == ord("\n"))
+            if len(ends) == 0:
+                pending.append(chunk)
+                pending_len += len(chunk)
+                if pending_len > max_row_bytes:
+                    raise _long_line(src, lineno, max_row_bytes)
+            else:
+                _check_line(src, b"".join([*pending, chunk[: ends[0]]]), lineno, max_row_bytes, json_lines)
+                # The lines wholly inside this chunk: lengths first, then nesting for lines that could be deep.
+                too_long = np.flatnonzero(np.diff(ends) - 1 > max_row_bytes)
+                if len(too_long):
+                    raise _long_line(src, lineno + 1 + int(too_long[0]), max_row_bytes)
+                for i in _maybe_deep(arr, ends) if json_lines else ():
+                    _check_line(src, chunk[ends[i] + 1 : ends[i + 1]], lineno + 1 + int(i), max_row_bytes, True)
+                lineno += len(ends)
+                pending = [chunk[ends[-1] + 1 :]]
+                pending_len = len(pending[0])
+            chunk = f.read(SCAN_CHUNK)
+    _check_line(src, b"".join(pending), lineno, max_row_bytes, json_lines)
+
+
+def _maybe_deep(arr: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Indices i of the lines between ends[i] and ends[i + 1] with more than MAX_JSON_NESTING '[' and '{' in all."""
+    long = np.flatnonzero(np.diff(ends) > MAX_JSON_NESTING)
+    if len(long) == 0:
+        return long
+    opens = np.flatnonzero((arr | 0x20) == ord("{"))  # "[" is 0x5b, "{" is 0x7b
+    counts = np.searchsorted(opens, ends[long + 1]) - np.searchsorted(opens, ends[long])
+    return long[counts > MAX_JSON_NESTING]
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = np.zeros(256, np.int8)
+_BRACKETS[[ord("["), ord("{")]], _BRACKETS[[ord("]"), ord("}")]] = 1, -1
+
+
+def _check_line(src: _Source, line: bytes, lineno: int, max_row_bytes: int, json_lines: bool) -> None:
+    if len(line) > max_row_bytes:
+        raise _long_line(src, lineno, max_row_bytes)
+    if not json_lines or line.count(b"[") + line.count(b"{") <= MAX_JSON_NESTING:
+        return
+    structure = _JSON_STRING.sub(b"", line)  # brackets inside strings do not nest
+    depth = int(np.cumsum(_BRACKETS[np.frombuffer(structure, np.uint8)], dtype=np.int64).max(initial=0))
+    if depth > MAX_JSON_NESTING:
+        raise DatasetError(
+            f"dataset {src.uri}: line {lineno} nests JSON {depth} levels deep; the loader takes at most "
+            f"{MAX_JSON_NESTING}, so flatten that row"
+        )
+
+
+def _long_line(src: _Source, lineno: int, max_row_bytes: int) -> DatasetError:
+    return DatasetError(
+        f"dataset {src.uri}: line {lineno} is longer than max_row_bytes={max_row_bytes:,} bytes; shorten or drop "
+        "that row, or raise dataset.max_row_bytes in the job spec"
+    )
 
 
 def _fingerprint(src: _Source, ds: datasets.Dataset, storage_options: dict | None) -> str:
@@ -209,13 +295,20 @@ def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> dataset
         except ValueError as e:  # an unknown split, or files the Hub loader cannot read
             raise DatasetError(f"could not load {src.uri}: {e}") from e
     kwargs = {"chunksize": JSON_CHUNKSIZE} if src.builder == "json" else {}
+    data_files = src.location
+    if not src.is_local:
+        # `datasets` refuses every URL in offline mode (HF_HUB_OFFLINE=1, usual on an air-gapped worker that still
+        # reaches its S3 store), so the file is fetched through fsspec first; it is downloaded once either way.
+        fs, path = fsspec.core.url_to_fs(src.location, **(storage_options or {}))
+        os.makedirs(source := os.path.join(cache_dir, "source"), exist_ok=True)
+        data_files = os.path.join(source, path.rsplit("/", 1)[-1])
+        fs.get_file(path, data_files)
     try:
         return datasets.load_dataset(
             src.builder,
-            data_files=src.location,
+            data_files=data_files,  # a local file by now, so no storage_options (`datasets` would add to them)
             split="train",
             cache_dir=cache_dir,
-            storage_options=storage_options,
             **kwargs,
         )
     except Exception as e:
@@ -280,14 +373,23 @@ def _scan_lines(src: _Source, storage_options: dict | None) -> tuple[list[str], 
     return problems, data_lines
 
 
+def _finite_float(text: str) -> float:
+    # Python reads 1e999 as inf; Arrow's reader refuses it ("Number too big to be stored in double").
+    if math.isinf(value := float(text)):
+        raise ValueError(f"number {text} is too large for a double")
+    return value
+
+
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
 def _json_line_problem(text: str) -> str | None:
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         return f"invalid JSON ({e.msg})"
+    except ValueError as e:
+        return str(e)
     if not isinstance(value, dict):
         return f"not a JSON object (got {_JSON_KINDS.get(type(value), 'null')})"
     return None
@@ -464,6 +566,7 @@ def ingest_dataset(
     seed: int = 42,
     split: str | None = None,
     storage_options: dict | None = None,
+    max_row_bytes: int = 1_000_000,
 ) -> IngestResult:
     """Loads a prompt dataset, checks it, and saves it to `dest` as a `DatasetDict`: `train`, and `eval` with holdout.
 
@@ -488,6 +591,9 @@ def ingest_dataset(
             The split of an `hf://datasets/` repo (default `"train"`); not allowed with files.
         storage_options (`dict`, *optional*):
             fsspec options for remote sources (e.g. `{"key": ..., "secret": ..., "endpoint_url": ...}` for s3).
+        max_row_bytes (`int`, *optional*, defaults to `1_000_000`):
+            The longest line a JSON Lines or CSV file may have; checked by streaming the file before it is parsed.
+            Lines nested more than `MAX_JSON_NESTING` levels deep are rejected by the same pass.
 
     Returns:
         `IngestResult`: row counts, columns, prompt format and a fingerprint of the source.
@@ -497,6 +603,11 @@ def ingest_dataset(
     _check_holdout(holdout, uri)
     if src.builder != "hub":
         _check_file(src, storage_options)
+    if src.builder in ("json", "csv"):
+        try:
+            _check_lines(src, max_row_bytes, storage_options)
+        except (EOFError, OSError, zlib.error, lzma.LZMAError):
+            pass  # a corrupt or truncated archive: the loader fails on it too, and its diagnosis names the problem
     dest.parent.mkdir(parents=True, exist_ok=True)
     # A private cache beside `dest` keeps ~/.cache clean and goes away with the loader's intermediate Arrow files.
     with tempfile.TemporaryDirectory(
@@ -554,7 +665,21 @@ def check_rewards(spec, rewards: list, dataset: datasets.Dataset) -> None:
     rows = dataset.select(range(min(4, len(dataset))))
     sample = prepare_prompts(rows, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     named = [(r.name, fn) for r, fn in zip(spec.rewards, rewards, strict=True)]
-    dry_run_rewards(named, sample.to_list(), "prompt")
+    dry_run_rewards(named, sample.to_list(), "prompt", timeout_s=dry_run_timeout())
+
+
+def dry_run_timeout() -> float:
+    """Seconds one reward call may take in the dry run: `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`, default 10."""
+    from trainers.rewards import RewardError
+
+    raw = os.environ.get("GRPOFLOW_REWARD_DRY_RUN_TIMEOUT", "10")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RewardError(f"GRPOFLOW_REWARD_DRY_RUN_TIMEOUT={raw!r}: expected a number of seconds > 0")
+    return seconds
 
 
 @task_decorator(name="ingest", retries=2, retry_delay_seconds=5)
@@ -581,6 +706,7 @@ def ingest_task(job, spec) -> dict:
             seed=spec.hyperparameters.seed,
             split=spec.dataset.split,
             storage_options=storage_options(spec.dataset.uri),
+            max_row_bytes=spec.dataset.max_row_bytes,
         )
         check_rewards(spec, rewards, load_ingested(job.dataset)["train"])
     except (DatasetError, RewardError) as e:

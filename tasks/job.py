@@ -29,6 +29,8 @@ def new_job_id(name: str, run_id: str | None = None, started: datetime | None = 
 
 def job_dir(output_root: str | Path, job_id: str) -> JobDir:
     """The local job folder: under `output_root`, or under the staging folder when `output_root` is remote."""
+    if "/" in job_id or job_id in ("", ".", ".."):  # a flow parameter too: the UI could pass anything
+        raise ValueError(f"not a job id: {job_id!r}")
     if is_remote(output_root):
         return JobDir(staging_root() / job_id)
     return JobDir(Path(output_root).expanduser().resolve() / job_id)

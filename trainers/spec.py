@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
+import fsspec
 import yaml
 from pydantic import (
     AfterValidator,
@@ -39,6 +40,13 @@ _HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 REPO_ID_PATTERN = rf"^(?!.*(?:--|\.\.)){_HUB_PART}/{_HUB_PART}$"
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
+# Caps that turn a YAML alias bomb, a runaway nesting or a huge value into one clear error, instead of a hang, a
+# RecursionError or a job that fails after the model has loaded. No real spec comes near them.
+MAX_SPEC_BYTES = 1 << 20  # the spec file; and the spec's text with its YAML aliases expanded
+MAX_SPEC_VALUES = 100_000  # scalars, lists and mappings, with YAML aliases expanded
+MAX_SPEC_DEPTH = 32  # nesting levels
+MAX_INT = 2**31 - 1  # every integer field (steps, lengths, counts) fits an int32 wherever it ends up
+MAX_SEED = 2**32 - 1  # numpy's range, which transformers.set_seed enforces only once training starts
 
 
 class SpecError(ValueError):
@@ -51,7 +59,8 @@ class SpecError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and NaN are YAML floats (.inf, .nan) that no field means; rejecting them here covers every float field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _matching(pattern: str, hint: str) -> Any:
@@ -66,6 +75,8 @@ def _matching(pattern: str, hint: str) -> Any:
     return Annotated[str, AfterValidator(check), Field(json_schema_extra={"pattern": pattern})]
 
 
+# Integer fields: the bound turns a typo like 1e30 into an error at submit time rather than an overflow later.
+Int = Annotated[int, Field(le=MAX_INT)]
 Slug = _matching(
     SLUG_PATTERN, "must be 1-63 lowercase letters, digits, '-', '_' or '.', starting with one of the first two"
 )
@@ -82,29 +93,39 @@ class Hyperparameters(_Section):
     """The GRPO hyperparameters (DESIGN.md): names, defaults and rules are the contract."""
 
     learning_rate: float = Field(1e-6, gt=0, description="Optimizer learning rate.")
-    num_epochs: int = Field(1, ge=1, description="Accepted but unused by GRPO: the run length is max_steps.")
-    max_steps: int = Field(
+    num_epochs: Int = Field(1, ge=1, description="Accepted but unused by GRPO: the run length is max_steps.")
+    max_steps: Int = Field(
         100, ge=1, description="Training steps; one step is one prompt and its rollouts_per_prompt completions."
     )
-    rollouts_per_prompt: int = Field(8, ge=2, description="Completions sampled per prompt (the GRPO group size).")
+    rollouts_per_prompt: Int = Field(8, ge=2, description="Completions sampled per prompt (the GRPO group size).")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty weight; 0 means no KL term and no reference model.")
-    max_prompt_length: int = Field(1024, ge=1, description="Prompt truncation length; only with use_unsloth.")
-    max_response_length: int = Field(2048, ge=1, description="Completions are truncated to this many tokens.")
-    global_batch_size: int | None = Field(
+    max_prompt_length: Int = Field(1024, ge=1, description="Prompt truncation length; only with use_unsloth.")
+    max_response_length: Int = Field(2048, ge=1, description="Completions are truncated to this many tokens.")
+    global_batch_size: Int | None = Field(
         None, description="Not supported by GRPO: each step's batch is one prompt's rollouts_per_prompt completions."
     )
-    seed: int = Field(42, description="Random seed: the same seed, data and machine give the same metrics.")
+    seed: int = Field(
+        42,
+        ge=0,
+        le=MAX_SEED,
+        description="Random seed, 0 to 2**32 - 1: the same seed, data and machine give the same metrics.",
+    )
     system_prompt: str | None = Field(
         None, description="When set, each string prompt becomes a system + user chat via the chat template."
     )
-    lora_rank: int | None = Field(None, ge=1, description="LoRA rank; null means a full fine-tune.")
-    lora_alpha: int | None = Field(None, ge=1, description="LoRA alpha; defaults to lora_rank.")
+    lora_rank: Int | None = Field(None, ge=1, description="LoRA rank; null means a full fine-tune.")
+    lora_alpha: Int | None = Field(None, ge=1, description="LoRA alpha; defaults to lora_rank.")
     load_in_4bit: bool = Field(False, description="QLoRA: NF4 base plus LoRA adapters; needs lora_rank, one GPU.")
     use_unsloth: bool = Field(False, description="Train with Unsloth (opt-in, single GPU only).")
     use_liger: bool = Field(False, description="Liger kernels (opt-in; not multi-GPU, Unsloth, NeoX, Gemma 2, ...).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for the rollouts.")
     skip_zero_variance_groups: bool = Field(
-        False, description="Skip groups whose completions all got the same reward (they carry no signal)."
+        False,
+        description=(
+            "Skip the forward/backward pass and optimizer step of steps whose completions all got the same reward "
+            "(all advantages 0: no gradient when kl_coef = 0; no effect otherwise). Parameters and Adam state stay "
+            "unchanged on a skipped step, where plain TRL still moves them by momentum; the LR schedule advances."
+        ),
     )
 
     @field_validator("global_batch_size", mode="before")
@@ -122,6 +143,12 @@ class DatasetSpec(_Section):
     uri: str = Field(min_length=1, description="Local path, file://, s3://..., or hf://datasets/<repo>[/<split>].")
     prompt_column: str = Field("prompt", description="Column holding a string prompt or a list of chat messages.")
     split: str | None = Field(None, description="Dataset split, for hf:// URIs.")
+    max_row_bytes: Int = Field(
+        1_000_000,
+        ge=1,
+        description="Longest line a JSON Lines or CSV file may have, in bytes; a longer one rejects the dataset "
+        "(found by streaming the file, before any of it is parsed).",
+    )
 
 
 class RewardSpec(_Section):
@@ -138,11 +165,11 @@ class SFTSpec(_Section):
 
     enabled: bool = Field(False, description="Run the SFT warm-up.")
     completion_column: str = Field("completion", description="Column holding the target completions.")
-    max_steps: int = Field(200, ge=1, description="SFT training steps.")
+    max_steps: Int = Field(200, ge=1, description="SFT training steps.")
     learning_rate: float = Field(
         2e-5, gt=0, description="SFT learning rate (TRL's default; a tiny model from scratch wants far more, ~3e-3)."
     )
-    batch_size: int = Field(8, ge=1, description="SFT per-device batch size.")
+    batch_size: Int = Field(8, ge=1, description="SFT per-device batch size.")
 
 
 class EvaluationSpec(_Section):
@@ -152,7 +179,7 @@ class EvaluationSpec(_Section):
         0.1, ge=0, description="Prompts held out of training: a fraction in (0, 1), a count if >= 1; 0 disables."
     )
     metric: str | None = Field(None, description="The reward (by name) to score with; default: the first reward.")
-    max_new_tokens: int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
+    max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
 
     @field_validator("holdout")
     @classmethod
@@ -203,15 +230,30 @@ class JobSpec(_Section):
     sft: SFTSpec = Field(SFTSpec(), description="Optional SFT format warm-up before GRPO.")
     evaluation: EvaluationSpec = Field(EvaluationSpec(), description="Held-out before/after evaluation.")
     hyperparameters: Hyperparameters = Field(Hyperparameters(), description="GRPO hyperparameters.")
-    gpu_count: int = Field(1, ge=1, description="GPUs for training; more than one runs under accelerate launch.")
-    checkpoint_every: int | None = Field(
+    gpu_count: Int = Field(1, ge=1, description="GPUs for training; more than one runs under accelerate launch.")
+    checkpoint_every: Int | None = Field(
         None, ge=1, description="Steps between checkpoints; default: max_steps // 10."
     )
-    output_uri: str = Field("runs", description="Local folder or s3://bucket/prefix; the job folder goes under it.")
+    output_uri: str = Field(
+        "runs", min_length=1, description="Local folder or s3://bucket/prefix; the job folder goes under it."
+    )
     stop_on_alert: bool = Field(False, description="Stop training on a health alert.")
     publish: PublishSpec | None = Field(None, description="Optional: push the model to the Hugging Face Hub.")
     deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
+
+    @field_validator("output_uri")
+    @classmethod
+    def _writable_scheme(cls, value: str) -> str:
+        # Remote roots go through fsspec (tasks/storage.py): a scheme it cannot open would only fail after training.
+        if m := re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", value):
+            try:
+                fsspec.get_filesystem_class(m.group(1).lower())
+            except (ValueError, ImportError) as exc:
+                raise ValueError(
+                    f"cannot write to {m.group(1)}:// ({exc}); give a local folder or e.g. s3://bucket/prefix"
+                ) from None
+        return value
 
     @field_validator("sft", "evaluation", "hyperparameters", "webhooks", mode="before")
     @classmethod
@@ -395,6 +437,9 @@ _MESSAGES = {
     "int_parsing": "must be an integer",
     "int_type": "must be an integer",
     "int_from_float": "must be a whole number",
+    "int_parsing_size": f"must be an integer <= {MAX_INT}",
+    "less_than_equal": "must be <= {le}",
+    "finite_number": "must be a finite number",
     "float_parsing": "must be a number",
     "float_type": "must be a number",
     "bool_parsing": "must be true or false",
@@ -479,12 +524,57 @@ def _problems(exc: ValidationError, data: dict) -> list[str]:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-5` as a string (it wants `1.0e-5`); learning rates are written the short way."""
+    """Safe YAML, plus: `1e-5` is a float, a key appears once per mapping, and nesting is capped.
+
+    YAML 1.1 reads `1e-5` as a string (it wants `1.0e-5`); learning rates are written the short way. PyYAML keeps the
+    last of two equal keys without a word, which hides a typo. Its composer recurses once per level, so a deeply
+    nested file would end in a RecursionError; the cap stops it first, with the line.
+    """
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_SPEC_DEPTH:
+            problem = f"nested more than {MAX_SPEC_DEPTH} levels deep"
+            raise yaml.composer.ComposerError(None, None, problem, self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        first = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            if (key.tag, key.value) in first:
+                line = first[key.tag, key.value].line + 1
+                problem = f"found duplicate key {key.value!r} (first on line {line}); keep one"
+                raise yaml.composer.ComposerError(None, None, problem, key.start_mark)
+            first[key.tag, key.value] = key.start_mark
+        return node
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
-)
+class _Dumper(yaml.SafeDumper):
+    """Writes what `_Loader` reads back the same: a string such as "1e5" is quoted, or it would come back a float."""
+
+
+for _yaml in (_Loader, _Dumper):
+    _yaml.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
+    )
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # With allow_unicode, PyYAML writes these line breaks raw inside single quotes, where reading folds them to spaces;
+    # double quotes escape them.
+    style = '"' if any(c in value for c in "\x85\u2028\u2029") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
@@ -512,7 +602,7 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
             continue
         try:
             value = yaml.load(raw, Loader=_Loader)
-        except yaml.YAMLError:
+        except yaml.YAMLError:  # not YAML (e.g. an unbalanced quote): the text as given
             value = raw
         try:
             _set_path(data, keys, value)
@@ -528,7 +618,8 @@ def _set_path(node: Any, keys: list[str], value: Any) -> None:
         where = ".".join(keys[: depth + 1])
         last = depth == len(keys) - 1
         if isinstance(node, list):
-            if not key.isdigit() or int(key) >= len(node):
+            # isdecimal and ASCII: "²".isdigit() is true, yet int("²") fails.
+            if not (key.isascii() and key.isdecimal()) or int(key) >= len(node):
                 raise IndexError(f"{where}: no such list item (the list has {len(node)})")
             key = int(key)
         elif not isinstance(node, dict):
@@ -541,18 +632,34 @@ def _set_path(node: Any, keys: list[str], value: Any) -> None:
             node = node[key]
 
 
-def _read(source: "str | Path | dict | JobSpec") -> dict:
+def _read(source: "str | Path | dict | JobSpec", storage_options: dict | None = None) -> dict:
     if isinstance(source, JobSpec):
         return source.model_dump(exclude_unset=True)
     if isinstance(source, dict):
         return source
-    path = Path(source)
+    # A URL (s3://bucket/spec.yaml) is read through fsspec; Path() would fold its "//".
+    path = source if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(source)) else Path(source)
+    if isinstance(path, Path) and path.exists() and not (path.is_file() or path.is_dir()):
+        # Opening a named pipe would wait for a writer forever, and /dev/zero never ends.
+        raise SpecError(f"{path}: not a regular file (a pipe, socket or device); give the path of a YAML file")
     try:
-        text = path.read_text()
+        with fsspec.open(str(path), "rb", **(storage_options or {})) as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(f"spec file not found: {path}") from None
     except OSError as exc:
-        raise SpecError(f"{path}: cannot read the spec file ({exc.strerror})") from None
+        raise SpecError(f"{path}: cannot read the spec file ({exc.strerror or exc})") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"{path}: the spec file is larger than {MAX_SPEC_BYTES:,} bytes (1 MiB); a job spec is a few KB"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); save it as UTF-8"
+        ) from None
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
@@ -564,13 +671,70 @@ def _read(source: "str | Path | dict | JobSpec") -> dict:
     return data
 
 
-def load_spec(source: "str | Path | dict | JobSpec", overrides: Iterable[str] = ()) -> tuple[JobSpec, list[str]]:
+class _Shapeless(Exception):
+    """A spec no consumer could handle: cyclic, nested too deeply, or too large with its aliases expanded."""
+
+
+def _check_shape(data: dict) -> dict:
+    """Rejects what would hang or crash the validator, the job folder's spec.yaml or a Prefect parameter.
+
+    YAML aliases share one object, so a "billion laughs" file loads small, then expands in every consumer that walks
+    it; a self-referencing alias never ends. The walk below counts each shared object once (memoized), so it is
+    linear in the file even when the expansion is astronomically large.
+    """
+    memo, sizes = {}, {}
+    try:
+        for key, value in data.items():
+            values, chars = _measure(value, (key,), memo, set())
+            sizes[key] = (values + 1, chars + len(str(key)))
+    except _Shapeless as exc:
+        raise SpecError(str(exc)) from None
+    values, chars = (sum(column) for column in zip(*sizes.values(), strict=True)) if sizes else (0, 0)
+    if values > MAX_SPEC_VALUES or chars > MAX_SPEC_BYTES:
+        biggest = max(sizes, key=lambda key: sizes[key])
+        raise SpecError(
+            f"{biggest}: too large: with YAML aliases expanded, the spec holds {values:,} values and {chars:,} "
+            f"characters (the limits are {MAX_SPEC_VALUES:,} and {MAX_SPEC_BYTES:,})"
+        )
+    return data
+
+
+def _measure(node: Any, loc: tuple, memo: dict, active: set) -> tuple[int, int]:
+    """(values, characters) under `node` with shared objects counted each time they appear."""
+    if isinstance(node, str | bytes):
+        if len(node) > MAX_SPEC_BYTES:
+            raise _Shapeless(f"{_dotted(loc)}: {len(node):,} characters; a spec holds at most {MAX_SPEC_BYTES:,}")
+        return 1, len(node)
+    if not isinstance(node, dict | list | tuple | set | frozenset):
+        return 1, 0
+    if id(node) in memo:
+        return memo[id(node)]
+    if id(node) in active:
+        raise _Shapeless(f"{_dotted(loc)}: refers to itself (a recursive YAML alias); write the value out")
+    if len(loc) >= MAX_SPEC_DEPTH:
+        raise _Shapeless(f"{_dotted(loc)}: nested more than {MAX_SPEC_DEPTH} levels deep")
+    active.add(id(node))
+    values, chars = 1, 0
+    for key, child in node.items() if isinstance(node, dict) else enumerate(node):
+        child_values, child_chars = _measure(child, (*loc, key), memo, active)
+        values += child_values + isinstance(node, dict)
+        chars += child_chars + (len(key) if isinstance(key, str) else 0)
+    active.discard(id(node))
+    memo[id(node)] = (values, chars)
+    return values, chars
+
+
+def load_spec(
+    source: "str | Path | dict | JobSpec", overrides: Iterable[str] = (), storage_options: dict | None = None
+) -> tuple[JobSpec, list[str]]:
     """Load, override and validate a job spec, reporting every violation at once.
 
     Args:
-        source (`str`, `Path`, `dict` or `JobSpec`): a YAML spec file, or the spec itself (e.g. a flow parameter).
+        source (`str`, `Path`, `dict` or `JobSpec`): a YAML spec file (a local path or a URL fsspec opens, e.g.
+            `s3://bucket/spec.yaml`), or the spec itself (e.g. a flow parameter).
         overrides (`Iterable[str]`, *optional*, defaults to `()`): `dotted.path=value` overrides, see
             `apply_overrides`.
+        storage_options (`dict`, *optional*): fsspec options for a spec file given as a URL.
 
     Returns:
         `tuple[JobSpec, list[str]]`: the validated spec (dependent defaults resolved) and warnings for the user.
@@ -578,7 +742,8 @@ def load_spec(source: "str | Path | dict | JobSpec", overrides: Iterable[str] = 
     Raises:
         `SpecError`: the spec is rejected; `.problems` lists every violation as "dotted.location: message".
     """
-    data = apply_overrides(_read(source), overrides)
+    data = _check_shape(_read(source, storage_options))
+    data = _check_shape(apply_overrides(data, overrides))
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -607,4 +772,4 @@ def resolved_dict(spec: JobSpec) -> dict:
 
 def to_yaml(spec: JobSpec) -> str:
     """The resolved spec (`resolved_dict`) as YAML, keys in the models' order."""
-    return yaml.safe_dump(resolved_dict(spec), sort_keys=False, allow_unicode=True)
+    return yaml.dump(resolved_dict(spec), Dumper=_Dumper, sort_keys=False, allow_unicode=True)

@@ -4,12 +4,16 @@ import gzip
 import hashlib
 import json
 import os
+import tracemalloc
 
 import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import tasks.ingest
 from tasks.ingest import DatasetError, ingest_dataset, load_ingested
 
 ROWS = [{"prompt": f"What is {i}+7?", "answer": str(i + 7)} for i in range(10)]
@@ -200,6 +204,29 @@ BAD_DATASETS = [
     ),
     # a line that is JSON but not an object
     ("a.jsonl", GOOD + b"[1, 2]\n", {}, ["line 4: not a JSON object (got an array)"]),
+    # a number Arrow cannot hold, located (Python's json alone reads it as inf)
+    ("a.jsonl", GOOD + b'{"prompt": "q", "n": 1e999}\n', {}, ["line 4: number 1e999 is too large for a double"]),
+    # nesting past Arrow's 64 levels, found before the loader (which recursed, then crashed, on deeper rows)
+    ("a.jsonl", GOOD + b'{"prompt": "q", "t": ' + b"[" * 80 + b"]" * 80 + b"}\n", {}, ["line 4 nests JSON 81 levels"]),
+    # a line over max_row_bytes, in a compressed file too
+    (
+        "a.jsonl",
+        GOOD + jsonl({"prompt": "x" * 200}),
+        {"max_row_bytes": 100},
+        ["line 4 is longer than max_row_bytes=100"],
+    ),
+    (
+        "a.jsonl.gz",
+        gzip.compress(GOOD + jsonl({"prompt": "x" * 200})),
+        {"max_row_bytes": 100},
+        ["line 4 is longer than max_row_bytes=100"],
+    ),
+    (
+        "a.csv",
+        b"prompt\nhi\n" + b"x" * 200 + b"\n",
+        {"max_row_bytes": 100},
+        ["line 3 is longer than max_row_bytes=100"],
+    ),
     # at most three bad lines are listed
     ("a.jsonl", GOOD + b"{\n" * 5, {}, ["line 4: invalid JSON", "line 6: invalid JSON", "first 3 bad lines"]),
     # bytes that are not UTF-8 (the JSON reader alone would let them through)
@@ -252,6 +279,9 @@ def test_bad_datasets_are_rejected_and_leave_nothing(tmp_path, dest, name, conte
         ("ftp://host/data.jsonl", "unsupported scheme ftp://"),  # schemes the loader does not take
         ("http://host/data.jsonl", "supported: local path, file://, s3://, hf://datasets/"),
         ("hf://models/org/name", "only Hub datasets are supported"),  # a Hub model is not a dataset
+        # `datasets.load_dataset("../..")` would read a local folder
+        ("hf://datasets/../..", "'../..' is not a Hub dataset id"),
+        ("hf://datasets/./data/train.jsonl", "'./data' is not a Hub dataset id"),
     ],
 )
 def test_bad_uris(tmp_path, dest, uri, fragment):
@@ -293,3 +323,86 @@ def test_rejected_dataset_keeps_the_earlier_ingest(tmp_path, dest):
         ingest_dataset(str(bad), dest)
 
     assert load_ingested(dest)["train"].num_rows == 10
+
+
+# --- the line scan: max_row_bytes and nesting, before the loader ------------------------------------------------
+
+
+def test_an_oversized_line_is_rejected_without_reading_it_whole(tmp_path, dest):
+    source = tmp_path / "data.jsonl"
+    with source.open("wb") as f:
+        f.write(GOOD)
+        f.write(b'{"prompt": "' + b"x" * 30_000_000 + b'"}\n')
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(DatasetError) as error:
+            ingest_dataset(str(source), dest, max_row_bytes=1_000_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert "line 4 is longer than max_row_bytes=1,000,000 bytes" in str(error.value)
+    # One chunk and at most max_row_bytes of the line in progress, never the 30 MB line.
+    assert peak < 8_000_000, peak
+    assert not dest.exists()
+
+
+def test_a_line_of_exactly_max_row_bytes_is_accepted(tmp_path, dest):
+    row = jsonl({"prompt": "x" * 100}).rstrip(b"\n")  # the longest line
+    source = tmp_path / "data.jsonl"
+    source.write_bytes(GOOD + row + b"\n")
+
+    assert ingest_dataset(str(source), dest, max_row_bytes=len(row)).num_train == 4
+    with pytest.raises(DatasetError, match="line 4 is longer than"):
+        ingest_dataset(str(source), tmp_path / "other", max_row_bytes=len(row) - 1)
+
+
+def test_brackets_inside_strings_do_not_nest(tmp_path, dest):
+    source = tmp_path / "data.jsonl"
+    # 100 "[" in a prompt, and real nesting of 60 levels: both fine for the loader.
+    source.write_bytes(jsonl({"prompt": "[" * 100 + "]]"}, {"prompt": "ok", "t": json.loads("[" * 60 + "]" * 60)}))
+
+    assert ingest_dataset(str(source), dest).num_train == 2
+
+
+def test_a_json_document_is_not_held_to_the_line_limit(tmp_path, dest):
+    # One line holding the whole array: its rows are not lines, and the loader reads a JSON document whole anyway.
+    source = tmp_path / "data.json"
+    source.write_text(json.dumps(ROWS))
+
+    assert ingest_dataset(str(source), dest, max_row_bytes=100).num_train == 10
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_a_named_pipe_is_rejected_not_waited_on(tmp_path, dest):
+    os.mkfifo(tmp_path / "data.jsonl")
+
+    with pytest.raises(DatasetError, match="is not a regular file"):
+        ingest_dataset(str(tmp_path / "data.jsonl"), dest)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(
+    lines=st.lists(st.integers(0, 40), max_size=12),
+    trailing_newline=st.booleans(),
+    limit=st.integers(1, 30),
+    chunk=st.integers(1, 17),
+)
+def test_the_scan_names_the_first_long_line_whatever_the_chunking(
+    tmp_path_factory, lines, trailing_newline, limit, chunk
+):
+    # Lines of x's, scanned in tiny chunks so that lines start, end and span chunk boundaries everywhere.
+    source = tmp_path_factory.mktemp("scan") / "data.csv"
+    source.write_bytes(b"\n".join(b"x" * n for n in lines) + (b"\n" if trailing_newline and lines else b""))
+    expected = next((i + 1 for i, n in enumerate(lines) if n > limit), None)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tasks.ingest, "SCAN_CHUNK", chunk)
+        try:
+            tasks.ingest._check_lines(tasks.ingest._resolve(str(source), None), limit, None)
+            found = None
+        except DatasetError as e:
+            found = int(str(e).split("line ")[1].split(" ")[0])
+
+    assert found == expected

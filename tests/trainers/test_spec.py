@@ -99,7 +99,11 @@ CASES = [
     # A tenth of max_steps.
     pytest.param({}, {"checkpoint_every": 10}, id="default-checkpoint_every"),
     pytest.param({}, {"publish": None, "deploy": None, "webhooks": []}, id="default-optional-sections"),
-    pytest.param({}, {"dataset.prompt_column": "prompt", "dataset.split": None}, id="default-dataset"),
+    pytest.param(
+        {},
+        {"dataset.prompt_column": "prompt", "dataset.split": None, "dataset.max_row_bytes": 1_000_000},
+        id="default-dataset",
+    ),
     pytest.param(
         {}, {"rewards.0.weight": 1.0, "rewards.0.function": None, "rewards.0.kwargs": {}}, id="default-reward"
     ),
@@ -324,6 +328,28 @@ CASES = [
         "webhooks[0].secret_env: must be an environment variable name",
         id="webhook-secret_env",
     ),
+    # --- huge and non-finite values: rejected at submit time, not by an overflow once training runs ---
+    pytest.param({f"{HP}.learning_rate": float("inf")}, f"{HP}.learning_rate: must be a finite number", id="lr-inf"),
+    pytest.param({f"{HP}.kl_coef": float("nan")}, f"{HP}.kl_coef: must be a finite number", id="kl_coef-nan"),
+    pytest.param({"rewards.0.weight": float("nan")}, "rewards[0].weight: must be a finite number", id="weight-nan"),
+    # inf used to reach the whole-count check and crash it with OverflowError.
+    pytest.param(
+        {"evaluation.holdout": float("inf")}, "evaluation.holdout: must be a finite number", id="holdout-inf"
+    ),
+    pytest.param({f"{HP}.max_steps": 2**31 - 1}, {f"{HP}.max_steps": 2**31 - 1}, id="max_steps-largest"),
+    pytest.param({f"{HP}.max_steps": 2**31}, f"{HP}.max_steps: must be <= 2147483647", id="max_steps-int32"),
+    pytest.param({f"{HP}.max_steps": 1e30}, f"{HP}.max_steps: must be an integer <= 2147483647", id="steps-1e30"),
+    # transformers.set_seed takes 0 .. 2**32 - 1 and would only say so after the model has loaded.
+    pytest.param({f"{HP}.seed": 2**32 - 1}, {f"{HP}.seed": 2**32 - 1}, id="seed-largest"),
+    pytest.param({f"{HP}.seed": -1}, f"{HP}.seed: must be >= 0 (got -1)", id="seed-negative"),
+    pytest.param({f"{HP}.seed": 2**32}, f"{HP}.seed: must be <= 4294967295", id="seed-too-large"),
+    pytest.param({"dataset.max_row_bytes": 0}, "dataset.max_row_bytes: must be >= 1 (got 0)", id="max_row_bytes-0"),
+    # --- output_uri: a local folder, or a URL whose scheme fsspec can open ---
+    pytest.param({"output_uri": "s3://bucket/runs"}, {"output_uri": "s3://bucket/runs"}, id="output_uri-s3"),
+    pytest.param(
+        {"output_uri": "s4://bucket/runs"}, "output_uri: cannot write to s4:// (Protocol not known", id="output_uri-s4"
+    ),
+    pytest.param({"output_uri": ""}, "output_uri: must not be empty", id="output_uri-empty"),
 ]
 
 
@@ -389,7 +415,7 @@ def test_spec_error_reads_as_a_list():
         # an optional section
         ({"publish": {"repo_id": "o/m", "privte": True}}, "publish.privte: unknown key (did you mean 'private'?)"),
         # nothing close: list what is valid
-        ({"dataset.zzz": 1}, "dataset.zzz: unknown key; valid keys: uri, prompt_column, split"),
+        ({"dataset.zzz": 1}, "dataset.zzz: unknown key; valid keys: uri, prompt_column, split, max_row_bytes"),
     ],
 )
 def test_unknown_key_names_the_closest_valid_key(patch, problem):
