@@ -35,9 +35,19 @@ class UnknownJob(Exception):
 # --- helpers
 
 
+def output_uri(args) -> str | None:
+    """`--output-uri` or `GRPOFLOW_OUTPUT_URI` as given: a folder or `s3://bucket/prefix`."""
+    return getattr(args, "output_uri", None) or os.environ.get("GRPOFLOW_OUTPUT_URI")
+
+
 def output_root(args) -> Path | None:
-    """The output root chosen by `--output-uri` or `GRPOFLOW_OUTPUT_URI`; None lets the spec decide."""
-    root = getattr(args, "output_uri", None) or os.environ.get("GRPOFLOW_OUTPUT_URI")
+    """The output root chosen by `--output-uri` or `GRPOFLOW_OUTPUT_URI`; None lets the spec decide. A remote root
+    is read through a local copy of its jobs' top-level files (spec, metrics, events, model.json)."""
+    from tasks.storage import is_remote, mirror_job_files
+
+    root = output_uri(args)
+    if root and is_remote(root):
+        return mirror_job_files(root)
     return Path(root) if root else None
 
 
@@ -45,7 +55,7 @@ def load(args, extra_overrides: list[str] = ()):
     from trainers.spec import load_spec
 
     overrides = [*extra_overrides, *(args.set or [])]
-    root = output_root(args)
+    root = output_uri(args)
     if root is not None:
         overrides.append(f"output_uri={root}")
     spec, warnings = load_spec(args.spec, overrides)
@@ -196,9 +206,13 @@ def cmd_model(args) -> int:
     if not job.model_json.exists():
         raise UnknownJob(f"job {args.job_id} has no trained model yet (status: {job_status(job)})")
     info = json.loads(job.model_json.read_text())
-    info = {"job_id": job.job_id, **info, "adapter_dir": None, "merged_dir": str(job.merged)}
+    from tasks.storage import is_remote, join
+
+    root = output_uri(args)
+    location = join(root, job.job_id) if root and is_remote(root) else str(job.root)  # the weights stay remote
+    info = {"job_id": job.job_id, **info, "adapter_dir": None, "merged_dir": join(location, "merged")}
     if info["artifact_type"] == "adapter":
-        info["adapter_dir"] = str(job.adapter)
+        info["adapter_dir"] = join(location, "adapter")
     print(json.dumps(info) if args.json else yaml.safe_dump(info, sort_keys=False), end="\n" if args.json else "")
     return EXIT_OK
 

@@ -14,9 +14,12 @@ options and name it in `GRPOFLOW_STORAGE_BLOCK`:
 
 A job whose `output_uri` is remote runs in a local staging folder (`GRPOFLOW_STAGING_DIR`, default
 `~/.grpoflow/staging`), which is uploaded to `<output_uri>/<job_id>/` when the job ends (`tasks.job.upload_job_task`).
+`grpoflow jobs/metrics/model --output-uri s3://...` read a local copy of the jobs' top-level files
+(`mirror_job_files`).
 """
 
 import functools
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -64,6 +67,23 @@ def filesystem(uri: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
 def join(root: str, *parts: str) -> str:
     """`root/part/...` for a URL or a local path."""
     return "/".join([str(root).rstrip("/"), *parts]) if is_remote(root) else str(Path(root).joinpath(*parts))
+
+
+def mirror_job_files(uri: str) -> Path:
+    """A local copy of the top-level files of every job folder under the remote output root `uri` (spec.yaml,
+    metrics.jsonl, events.jsonl, model.json, ...), for `grpoflow jobs/metrics/model`; weights and checkpoints stay
+    remote. Returns the copy's root, `<staging root>/.remote/<hash of uri>`."""
+    fs, root = filesystem(uri)
+    local = staging_root() / ".remote" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    for job in fs.ls(root, detail=True) if fs.exists(root) else []:
+        if job["type"] != "directory":
+            continue
+        job_id = job["name"].rstrip("/").rsplit("/", 1)[-1]
+        for entry in fs.ls(job["name"], detail=True):
+            if entry["type"] == "file":
+                (local / job_id).mkdir(parents=True, exist_ok=True)
+                fs.get_file(entry["name"], str(local / job_id / entry["name"].rsplit("/", 1)[-1]))
+    return local
 
 
 def staging_root() -> Path:

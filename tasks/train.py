@@ -38,7 +38,9 @@ class TrainingStopped(RuntimeError):
 def child_command(module: str, job: JobDir, gpu_count: int = 1) -> list[str]:
     """The command line of a training child; `accelerate launch` spreads it over several GPUs."""
     if gpu_count > 1:
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(gpu_count)]
+        # --multi_gpu: one process per GPU even where fewer are visible (an error then, not a silent single
+        # process), and the only launcher that starts several processes on a CPU machine.
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpu_count)]
         return [*launch, "-m", module, str(job.root)]
     return [sys.executable, "-m", module, str(job.root)]
 

@@ -28,6 +28,7 @@ from trainers.modeling import (
     quantization_config,
     torch_dtype,
     use_bf16,
+    use_cpu,
 )
 from trainers.rewards import build_reward
 from trainers.spec import JobSpec, load_spec
@@ -61,6 +62,7 @@ def grpo_config(spec: JobSpec, job: JobDir):
         data_seed=hp.seed,
         reward_weights=[r.weight for r in spec.rewards],
         bf16=use_bf16(),
+        use_cpu=use_cpu(spec.gpu_count),
         use_liger_kernel=hp.use_liger,
         model_init_kwargs={"dtype": torch_dtype()},
         logging_steps=1,
@@ -127,7 +129,7 @@ def main(job_root: str) -> int:
     reward_funcs = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
 
     # --- model and trainer
-    from trl import GRPOTrainer
+    from trainers.zero_variance import grpo_trainer_class
 
     model_path = start_model(spec, job)
     if hp.use_unsloth:
@@ -138,7 +140,7 @@ def main(job_root: str) -> int:
         model, tokenizer = model_path, load_tokenizer(model_path)
         peft, quantization = lora_config(hp), quantization_config(hp)
     tokenizer.padding_side = "left"
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer_class(hp.skip_zero_variance_groups)(
         model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(spec, job),

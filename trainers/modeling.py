@@ -19,6 +19,12 @@ def use_bf16() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
+def use_cpu(gpu_count: int) -> bool:
+    """True for a several-process run without CUDA (`gpu_count > 1` on a CPU machine, e.g. a test): transformers
+    joins `accelerate launch`'s processes into one gloo group only when told it runs on CPU."""
+    return gpu_count > 1 and not torch.cuda.is_available()
+
+
 def torch_dtype() -> torch.dtype:
     return torch.bfloat16 if use_bf16() else torch.float32
 

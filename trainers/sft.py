@@ -16,7 +16,15 @@ from pathlib import Path
 
 from trainers.jobdir import JobDir
 from trainers.metrics import metrics_file_callback
-from trainers.modeling import SetupError, load_tokenizer, lora_config, prepare_prompts, torch_dtype, use_bf16
+from trainers.modeling import (
+    SetupError,
+    load_tokenizer,
+    lora_config,
+    prepare_prompts,
+    torch_dtype,
+    use_bf16,
+    use_cpu,
+)
 from trainers.spec import JobSpec, load_spec
 from trainers.tiny import resolve_model_path
 
@@ -50,6 +58,7 @@ def sft_config(spec: JobSpec, output_dir: Path):
         seed=spec.hyperparameters.seed,
         data_seed=spec.hyperparameters.seed,
         bf16=use_bf16(),
+        use_cpu=use_cpu(spec.gpu_count),
         model_init_kwargs={"dtype": torch_dtype()},
         logging_steps=max(1, spec.sft.max_steps // 50),
         save_strategy="no",

@@ -1,0 +1,196 @@
+"""Deploying grpoflow to a Prefect server and submitting jobs to it (`grpoflow deployments apply`, `grpoflow submit`).
+
+`apply` creates the work pools of deployments/work-pools/pools.yaml that the server lacks (and their queues), then runs
+`prefect deploy --all` on deployments/prefect.yaml from the project root, which is where workers will run the flows.
+`submit` validates a spec locally (a rejected spec never reaches the server), then starts a run of a deployment of
+the `grpo-pipeline` flow with the spec as its `spec` parameter.
+
+    PREFECT_API_URL=http://127.0.0.1:4200/api grpoflow deployments apply
+    grpoflow submit examples/arithmetic.yaml --deployment retrain --wait
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+from prefect.settings import PREFECT_API_URL
+
+from trainers.spec import JobSpec
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+DEPLOYMENTS_DIR = PROJECT_DIR / "deployments"
+POOLS_FILE = DEPLOYMENTS_DIR / "work-pools" / "pools.yaml"
+PREFECT_FILE = DEPLOYMENTS_DIR / "prefect.yaml"
+FLOW_NAME = "grpo-pipeline"
+
+
+class DeploymentError(Exception):
+    """The server refused, or lacks what the command needs: one message, exit code 1."""
+
+
+class ServerNotSet(DeploymentError):
+    """PREFECT_API_URL is unset: the user's mistake, exit code 2."""
+
+
+def api_url() -> str:
+    """The server everything goes to; an ephemeral server would vanish with this process, so it must be set."""
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise ServerNotSet(
+            "PREFECT_API_URL is not set: point it at your Prefect server, e.g. "
+            "`export PREFECT_API_URL=http://127.0.0.1:4200/api` (see `prefect server start`)"
+        )
+    return url
+
+
+# --- apply -----------------------------------------------------------------------------------------------------------
+
+
+def load_pools(path: Path = POOLS_FILE) -> list[dict]:
+    """The pools file, each pool's `base_job_template` file name replaced by the template it holds (or None)."""
+    pools = yaml.safe_load(path.read_text())
+    for pool in pools:
+        template = pool.get("base_job_template")
+        pool["base_job_template"] = json.loads((path.parent / template).read_text()) if template else None
+    return pools
+
+
+def default_template(pool_type: str) -> dict:
+    from prefect.workers.base import BaseWorker
+
+    worker = BaseWorker.get_worker_class_from_type(pool_type)
+    if worker is None:
+        raise DeploymentError(f"no Prefect worker for pool type {pool_type!r} is installed here; install its package")
+    return worker.get_default_base_job_template()
+
+
+async def ensure_pools(pools: list[dict]) -> list[str]:
+    """Creates the pools (and queues) the server lacks; returns one line per pool saying what was done."""
+    lines = []
+    async with get_client() as client:
+        for pool in pools:
+            name = pool["name"]
+            try:
+                await client.read_work_pool(name)
+                done = "exists, left as it is"
+            except ObjectNotFound:
+                template = pool["base_job_template"] or default_template(pool["type"])
+                create = WorkPoolCreate(
+                    name=name, type=pool["type"], description=pool.get("description"), base_job_template=template
+                )
+                await client.create_work_pool(create)
+                done = "created"
+            for queue in pool.get("queues", []):
+                try:
+                    await client.read_work_queue_by_name(queue["name"], work_pool_name=name)
+                except ObjectNotFound:
+                    await client.create_work_queue(
+                        name=queue["name"], work_pool_name=name, concurrency_limit=queue.get("concurrency_limit")
+                    )
+            lines.append(f"work pool {name} ({pool['type']}): {done}")
+    return lines
+
+
+def deploy_all(prefect_file: Path = PREFECT_FILE) -> str:
+    """`prefect deploy --all` on `prefect_file`, run from the project root; returns its output."""
+    env = {**os.environ, "GRPOFLOW_PROJECT_DIR": str(PROJECT_DIR), "PREFECT_API_URL": api_url()}
+    command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)]
+    proc = subprocess.run(command, cwd=PROJECT_DIR, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DeploymentError(f"`prefect deploy` failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+async def describe_deployments(prefect_file: Path = PREFECT_FILE) -> list[str]:
+    """One line per deployment of `prefect_file` as the server now has it, with its schedules and triggers."""
+    config = yaml.safe_load(prefect_file.read_text())
+    triggers = {d["name"]: d.get("triggers", []) for d in config["deployments"]}
+    lines = []
+    async with get_client() as client:
+        for deployment in await client.read_deployments():
+            if deployment.name not in triggers:
+                continue
+            flow = await client.read_flow(deployment.flow_id)
+            how = [_schedule_text(s.schedule) for s in deployment.schedules]
+            how += [f"trigger on {', '.join(t['expect'])}" for t in triggers[deployment.name]]
+            lines.append(f"deployment {flow.name}/{deployment.name}: {'; '.join(how) or 'run on demand'}")
+    return sorted(lines)
+
+
+def _schedule_text(schedule) -> str:
+    if getattr(schedule, "cron", None):
+        return f"cron {schedule.cron} ({schedule.timezone or 'UTC'})"
+    if getattr(schedule, "interval", None):
+        return f"every {schedule.interval.total_seconds():g} s"
+    return str(schedule)
+
+
+# --- submit ----------------------------------------------------------------------------------------------------------
+
+
+def deployment_name(name: str) -> str:
+    return name if "/" in name else f"{FLOW_NAME}/{name}"
+
+
+def run_parameters(spec: JobSpec) -> dict:
+    """The flow parameters `submit` sends: the spec as written (the worker fills in the defaults, so a newer grpoflow
+    here, with a new optional field, still submits to a deployment made by an older one)."""
+    return {"spec": spec.model_dump(mode="json", exclude_unset=True)}
+
+
+async def submit(spec: JobSpec, deployment: str = "retrain"):
+    """Starts a run of `deployment` with `spec` (already validated) as its `spec` parameter; returns the flow run.
+
+    The pool's `gpu_count` job variable, when its base job template has one (the Kubernetes pool's does), is set from
+    the spec, so the pod requests as many GPUs as the job trains on.
+    """
+    name, url = deployment_name(deployment), api_url()
+    async with get_client() as client:
+        try:
+            found = await client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            raise DeploymentError(f"no deployment {name} on {url}; run `grpoflow deployments apply`") from None
+        spec_schema = json.dumps(found.parameter_openapi_schema.get("properties", {}).get("spec", {}))
+        if "JobSpec" not in spec_schema:
+            raise DeploymentError(
+                f"deployment {name} takes a spec file on the worker, not a spec object; start it with "
+                f"`prefect deployment run {name} --param spec=PATH`, or submit to grpo-pipeline/retrain"
+            )
+        job_variables = {}
+        if found.work_pool_name:
+            pool = await client.read_work_pool(found.work_pool_name)
+            if "gpu_count" in pool.base_job_template.get("variables", {}).get("properties", {}):
+                job_variables["gpu_count"] = spec.gpu_count
+        try:
+            return await client.create_flow_run_from_deployment(
+                found.id, parameters=run_parameters(spec), job_variables=job_variables or None
+            )
+        except PrefectHTTPStatusError as e:
+            detail = e.response.json().get("detail", str(e)) if e.response.status_code < 500 else str(e)
+            raise DeploymentError(
+                f"the server refused the run of {name}: {detail}\n(if grpoflow's spec changed since the deployment "
+                "was made, run `grpoflow deployments apply` again)"
+            ) from None
+
+
+async def wait_for(flow_run_id, poll_s: float = 2.0):
+    """Polls the flow run until it reaches a final state; returns it."""
+    async with get_client() as client:
+        while True:
+            flow_run = await client.read_flow_run(flow_run_id)
+            if flow_run.state and flow_run.state.is_final():
+                return flow_run
+            await asyncio.sleep(poll_s)
+
+
+def flow_run_url(flow_run) -> str:
+    from prefect.utilities.urls import url_for
+
+    return url_for(flow_run) or f"{api_url().removesuffix('/api')}/runs/flow-run/{flow_run.id}"

@@ -1,0 +1,49 @@
+"""The `grpo-pipeline` flow for deployments that name a spec *file*: `grpo-pipeline/nightly` (a cron schedule) and
+`grpo-pipeline/on-new-data` (a trigger on `grpoflow.dataset.landed`, see deployments/prefect.yaml).
+
+It loads the spec file (a path relative to the project root the worker runs in, or a URL such as
+`s3://bucket/spec.yaml`), sets `dataset.uri` from the event, validates, and runs `flows.pipeline.grpo_pipeline` in this
+same flow run. It carries the pipeline's flow name, so its deployments are listed under `grpo-pipeline` as
+shared/DESIGN.md names them; `grpo-pipeline/retrain` deploys `grpo_pipeline` itself, whose `spec` parameter is the job
+spec object (the UI's form). By hand:
+
+    python -c 'from flows.triggered import grpo_pipeline_from_file as f; f("deployments/default-spec.yaml")'
+"""
+
+import json
+
+from prefect import flow, get_run_logger
+from prefect.states import Failed
+
+from flows.pipeline import REJECTED_PREFIX, grpo_pipeline
+from tasks.storage import storage_options
+from trainers.spec import SpecError, load_spec
+
+DEFAULT_SPEC = "deployments/default-spec.yaml"
+
+
+@flow(name="grpo-pipeline")
+def grpo_pipeline_from_file(
+    spec: str | None = None, dataset_uri: str | None = None, default_spec: str = DEFAULT_SPEC
+) -> dict:
+    """Runs the GRPO pipeline on the spec file `spec` (else `default_spec`), with `dataset_uri` as its dataset.
+
+    Args:
+        spec (`str`, *optional*): path or URI of a spec file; replaces `default_spec` (the event payload's `spec`).
+        dataset_uri (`str`, *optional*): becomes the spec's `dataset.uri` (the event payload's `uri`).
+        default_spec (`str`, *optional*, defaults to `"deployments/default-spec.yaml"`): the deployment's own spec.
+    """
+    logger = get_run_logger()
+    source = spec or default_spec
+    # JSON quoting keeps the URI a string through the override's YAML parsing (a name like `2024` stays text).
+    overrides = [f"dataset.uri={json.dumps(dataset_uri)}"] if dataset_uri else []
+    try:
+        job_spec, warnings = load_spec(source, overrides, storage_options(source))
+    except SpecError as e:
+        logger.error("spec %s rejected:\n%s", source, "\n".join(e.problems))
+        return Failed(message=f"{REJECTED_PREFIX}{source}: {'; '.join(e.problems)}")
+    for warning in warnings:
+        logger.warning(warning)
+    logger.info("spec %s, dataset %s", source, job_spec.dataset.uri)
+    # `.fn`: the pipeline's tasks run in this flow run; a nested run of the same flow would only add noise.
+    return grpo_pipeline.fn(job_spec)

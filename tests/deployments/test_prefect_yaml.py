@@ -1,0 +1,134 @@
+"""deployments/prefect.yaml against shared/DESIGN.md, without a server: names, pools, schedules, the trigger's
+parameter templates (rendered by the server's own code), and every parameter against its flow's schema."""
+
+import uuid
+from datetime import UTC, datetime
+
+import jsonschema
+import pytest
+import yaml
+from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule
+from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+from prefect.flows import load_flow_from_entrypoint
+from prefect.server.events.actions import RunDeployment
+from prefect.server.events.schemas.automations import EventTrigger
+from prefect.server.events.schemas.events import ReceivedEvent
+from prefect.utilities.callables import parameter_schema
+from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
+
+from flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, run_parameters
+from trainers.spec import load_spec
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return yaml.safe_load(PREFECT_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def deployments(config) -> dict[str, dict]:
+    """`flow-name/deployment-name` -> the deployment's entry, with its flow object under "flow"."""
+    found = {}
+    for entry in config["deployments"]:
+        flow = load_flow_from_entrypoint(str(PROJECT_DIR / entry["entrypoint"]))
+        found[f"{flow.name}/{entry['name']}"] = {**entry, "flow": flow}
+    return found
+
+
+def schema_of(deployment: dict) -> dict:
+    return parameter_schema(deployment["flow"]).model_dump_for_openapi()
+
+
+def test_design_deployments(deployments):
+    assert set(deployments) == {
+        "grpo-pipeline/retrain",
+        "grpo-pipeline/nightly",
+        "grpo-pipeline/on-new-data",
+        "watch-new-data/watch",
+    }
+    assert all(d["enforce_parameter_schema"] for d in deployments.values())
+
+
+def test_pools_and_queues_exist(deployments):
+    queues = {(p["name"], q["name"]) for p in load_pools() for q in p.get("queues", [])}
+    for deployment in deployments.values():
+        assert (deployment["work_pool"]["name"], deployment["work_pool"]["work_queue_name"]) in queues
+
+
+def test_retrain_form_is_the_job_spec(deployments):
+    schema = schema_of(deployments["grpo-pipeline/retrain"])
+    assert schema["properties"]["spec"]["$ref"] == "#/definitions/JobSpec" and schema["required"] == ["spec"]
+    job_spec = schema["definitions"]["JobSpec"]
+    assert job_spec["additionalProperties"] is False  # a misspelt key is refused by the server too
+    hyperparameters = schema["definitions"]["Hyperparameters"]["properties"]
+    assert hyperparameters["rollouts_per_prompt"]["minimum"] == 2 and hyperparameters["kl_coef"]["description"]
+
+
+def test_schedules(deployments):
+    [nightly] = deployments["grpo-pipeline/nightly"]["schedules"]
+    cron = CronSchedule(cron=nightly["cron"], timezone=nightly["timezone"])
+    assert cron.cron == "0 2 * * *" and cron.timezone == "UTC"
+    [watch] = deployments["watch-new-data/watch"]["schedules"]
+    assert IntervalSchedule(interval=watch["interval"]).interval.total_seconds() == 120
+    assert deployments["watch-new-data/watch"]["concurrency_limit"] == 1  # two looks at once could race
+
+
+def test_shipped_specs_are_valid(deployments):
+    for name in ("grpo-pipeline/nightly", "grpo-pipeline/on-new-data"):
+        params = deployments[name]["parameters"]
+        load_spec(PROJECT_DIR / (params.get("spec") or params["default_spec"]))
+
+
+def test_deployment_parameters_match_the_flows(deployments):
+    for name, deployment in deployments.items():
+        if name != "grpo-pipeline/retrain":  # its spec has no default: each run brings one
+            jsonschema.validate(deployment["parameters"], schema_of(deployment))
+
+
+def test_server_accepts_what_submit_sends(deployments):
+    """`grpoflow submit` sends the resolved spec; the server checks it with the schema (enforce_parameter_schema)."""
+    schema = schema_of(deployments["grpo-pipeline/retrain"])
+    parameters = run_parameters(load_spec(PROJECT_DIR / "examples" / "arithmetic.yaml")[0])
+    jsonschema.validate(parameters, schema)
+    parameters["spec"]["hyperparameters"]["rollout_per_prompt"] = 8  # misspelt
+    with pytest.raises(jsonschema.ValidationError, match="rollout_per_prompt"):
+        jsonschema.validate(parameters, schema)
+
+
+def landed(payload: dict) -> ReceivedEvent:
+    return ReceivedEvent(
+        occurred=datetime.now(UTC),
+        event="grpoflow.dataset.landed",
+        resource={"prefect.resource.id": f"grpoflow.dataset.{payload['uri']}"},
+        payload=payload,
+        id=uuid.uuid4(),
+    )
+
+
+@pytest.mark.parametrize(
+    "payload, expected",
+    [
+        # the watcher's payload, with the spec its deployment passes on
+        (
+            {"uri": "s3://data/in/a.jsonl", "size": 10, "etag": "e1", "spec": "s3://specs/big.yaml"},
+            {"dataset_uri": "s3://data/in/a.jsonl", "spec": "s3://specs/big.yaml"},
+        ),
+        # no spec in the payload: None, so the deployment's default_spec is used
+        ({"uri": "/data/in/b.jsonl"}, {"dataset_uri": "/data/in/b.jsonl", "spec": None}),
+    ],
+)
+def test_trigger_parameters(deployments, payload, expected):
+    deployment = deployments["grpo-pipeline/on-new-data"]
+    [trigger] = deployment["triggers"]
+    model = DeploymentEventTrigger.model_validate({k: v for k, v in trigger.items() if k != "type"})
+    assert EventTrigger.model_validate(model.model_dump(exclude={"parameters", "job_variables"})).covers(
+        landed(payload)
+    )
+
+    # What the server's run-deployment action does with the trigger's parameters when the event arrives.
+    parameters = dict(trigger["parameters"])
+    RunDeployment._upgrade_v1_templates(parameters)
+    context = HydrationContext(raise_on_error=True, render_jinja=True, jinja_context={"event": landed(payload)})
+    rendered = hydrate(parameters, context)
+    assert rendered == expected
+    jsonschema.validate({**deployment["parameters"], **rendered}, schema_of(deployment))

@@ -1,0 +1,404 @@
+"""grpoflow on a real Prefect server, as a user runs it: `prefect server start` on loopback (own PREFECT_HOME),
+`grpoflow deployments apply`, `prefect worker start --pool grpo-gpu`; then
+
+(a) `grpoflow submit` runs `grpo-pipeline/retrain` with a spec object, and the job folder has its metrics (a rejected
+    spec never reaches the server);
+(b) `prefect event emit grpoflow.dataset.landed` with a dataset `uri` and a small `spec` starts `on-new-data` on it;
+(c) a file dropped into a watched folder, and one put into an S3 bucket (moto's server on loopback; spec, dataset and
+    job folder all on S3), each lead to exactly one completed pipeline run, and a further watcher pass emits nothing;
+(d) the nightly deployment carries its cron schedule.
+
+Those are marked slow; the fast tests check that the server commands reject a bad spec or a missing server before
+anything is sent. Every scenario is started up front, so the training runs (one at a time: the pool's `training`
+queue) and the watcher's runs overlap. Every process the test starts is stopped, with its children, at the end.
+"""
+
+import contextlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import s3fs
+import yaml
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from flows.cli import main
+from flows.deployments import PROJECT_DIR
+from flows.watch import EVENT
+from tests.conftest import arithmetic_rows, write_jsonl
+from trainers.metrics import read_metrics
+
+PREFECT = str(Path(sys.executable).parent / "prefect")
+RUN_TIMEOUT_S = 900  # one pipeline run takes ~1 min here, but four queue behind one another
+
+
+def small_spec(name: str, dataset_uri: str, output_uri: str) -> dict:
+    return {
+        "name": name,
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": dataset_uri},
+        "rewards": [{"name": "exact_answer"}],
+        "hyperparameters": {"max_steps": 2, "rollouts_per_prompt": 2, "max_response_length": 4},
+        "evaluation": {"holdout": 2},
+        "output_uri": output_uri,
+    }
+
+
+# --- without a server ---------------------------------------------------------------------------------------------
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_submit_rejects_locally(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump(small_spec("bad", "d.jsonl", "runs") | {"gpu_count": 0}))
+    # Nothing listens there: reaching the server would fail differently (exit 1).
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
+        code, out, err = cli("submit", spec, "--set", "hyperparameters.rollouts_per_prompt=1")
+    assert code == 2 and out == ""
+    assert "gpu_count" in err and "rollouts_per_prompt" in err  # every problem at once
+
+
+def test_server_commands_need_a_server(tmp_path):
+    spec = tmp_path / "ok.yaml"
+    spec.write_text(yaml.safe_dump(small_spec("ok", "d.jsonl", "runs")))
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        for argv in (["deployments", "apply"], ["submit", spec]):
+            code, _, err = cli(*argv)
+            assert code == 2 and "PREFECT_API_URL is not set" in err
+
+
+# --- the stack: server, deployments, worker ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with log.open("wb") as out:
+        return subprocess.Popen(command, env=env, cwd=PROJECT_DIR, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Stops each process and everything it started (the worker's flow runs, their training children)."""
+    tree = []
+    for proc in procs:
+        try:
+            parent = psutil.Process(proc.pid)
+            tree += [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for p in tree:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=20)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
+def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "prefect server exited"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"no healthy Prefect server at {url} after {timeout} s")
+
+
+@dataclass
+class Stack:
+    env: dict
+    api_url: str
+    tmp: Path
+
+    def cli(self, *argv, timeout: float = 300) -> subprocess.CompletedProcess:
+        """A command typed in a shell with PREFECT_API_URL set, e.g. `grpoflow submit ...`."""
+        command = [str(a) for a in argv]
+        if command[0] == "grpoflow":
+            command = [sys.executable, "-m", "flows.cli", *command[1:]]
+        elif command[0] == "prefect":
+            command[0] = PREFECT
+        return subprocess.run(command, env=self.env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, s3_env):
+    tmp = tmp_path_factory.mktemp("stack")
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    env = {
+        **os.environ,
+        **s3_env,
+        "PREFECT_HOME": str(tmp / "prefect-home"),
+        "PREFECT_API_URL": api_url,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",  # default 10: each pickup would wait that long
+        "GRPOFLOW_WATCH_STATE_DIR": str(tmp / "watch-state"),
+        "GRPOFLOW_STAGING_DIR": str(tmp / "staging"),
+    }
+    procs = []
+    try:
+        server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", api_url.split(":")[2][:-4]], env,
+                       tmp / "server.log")  # fmt: skip
+        procs.append(server)
+        wait_healthy(api_url, server)
+        stack = Stack(env, api_url, tmp)
+        applied = stack.cli("grpoflow", "deployments", "apply")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        procs.append(start([PREFECT, "worker", "start", "--pool", "grpo-gpu"], env, tmp / "worker.log"))
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            pause_watch_schedule()  # its default folder is empty here; the test starts its looks itself
+            # Two training runs at a time (a GPU machine runs one): these are tiny, mostly process start-up.
+            with get_client(sync_client=True) as client:
+                queue = client.read_work_queue_by_name("training", work_pool_name="grpo-gpu")
+                client.update_work_queue(queue.id, concurrency_limit=2)
+            yield stack
+    finally:
+        stop(procs)
+
+
+# --- talking to the server -----------------------------------------------------------------------------------------
+
+
+def deployment_id(name: str):
+    with get_client(sync_client=True) as client:
+        return client.read_deployment_by_name(name).id
+
+
+def pause_watch_schedule() -> None:
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("watch-new-data/watch")
+        client.pause_deployment(deployment.id)
+
+
+def wait_final(flow_run_id, timeout: float = RUN_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            flow_run = client.read_flow_run(flow_run_id)
+            if flow_run.state and flow_run.state.is_final():
+                return flow_run
+            assert time.monotonic() < deadline, f"flow run {flow_run.name} still {flow_run.state.name}"
+            time.sleep(2)
+
+
+def runs_of(deployment: str, **parameters) -> list:
+    flt = FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id(deployment)]))
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=flt)
+    return [r for r in runs if all(r.parameters.get(k) == v for k, v in parameters.items())]
+
+
+def wait_for_run(deployment: str, timeout: float = 120, **parameters):
+    """The one run of `deployment` with these parameters, once the server has created it."""
+    deadline = time.monotonic() + timeout
+    while not (found := runs_of(deployment, **parameters)):
+        assert time.monotonic() < deadline, f"no run of {deployment} with {parameters} after {timeout} s"
+        time.sleep(2)
+    return found
+
+
+def landed_events(uri: str) -> list:
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    flt = EventFilter(
+        event=EventNameFilter(name=[EVENT]), resource=EventResourceFilter(id=[f"grpoflow.dataset.{uri}"])
+    )
+    with get_client(sync_client=True) as client:
+        return client.read_events(filter=flt, limit=50).events
+
+
+def watcher_look(uri: str, spec: str) -> str:
+    """One run of watch-new-data/watch on `uri`; returns its state message (what the look found)."""
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run_from_deployment(
+            deployment_id("watch-new-data/watch"), parameters={"uri": uri, "spec": spec}
+        )
+    flow_run = wait_final(flow_run.id, timeout=300)
+    assert flow_run.state.is_completed(), flow_run.state
+    return flow_run.state.message
+
+
+# --- the scenarios, started up front -------------------------------------------------------------------------------
+
+
+@dataclass
+class Scenarios:
+    retrain_run_id: str
+    retrain_root: Path
+    event_dataset: str
+    event_root: Path
+    folder: Path
+    folder_file: str
+    folder_spec: str
+    folder_looks: list[str]
+    bucket: str
+    bucket_prefix: str
+    bucket_file: str
+    bucket_spec: str
+    bucket_looks: list[str]
+
+
+@pytest.fixture(scope="module")
+def scenarios(stack, tmp_path_factory) -> Scenarios:
+    tmp = tmp_path_factory.mktemp("scenarios")
+    specs = tmp / "specs"
+    specs.mkdir()
+    rows = arithmetic_rows(12)
+
+    # (a) a person submits a spec; a rejected one first, which must never reach the server
+    write_jsonl(tmp / "retrain.jsonl", rows)
+    retrain = specs / "retrain.yaml"
+    retrain.write_text(yaml.safe_dump(small_spec("retrain", str(tmp / "retrain.jsonl"), str(tmp / "runs-retrain"))))
+    rejected = stack.cli("grpoflow", "submit", retrain, "--set", "hyperparameters.rollouts_per_prompt=1")
+    assert rejected.returncode == 2 and "rollouts_per_prompt" in rejected.stderr
+    assert runs_of("grpo-pipeline/retrain") == []
+    submitted = stack.cli("grpoflow", "submit", retrain, "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    retrain_run_id = json.loads(submitted.stdout)["flow_run_id"]
+
+    # (b) an event, emitted by hand with Prefect's CLI
+    event_dataset = str(write_jsonl(tmp / "landed.jsonl", rows))
+    event_spec = specs / "event.yaml"
+    event_spec.write_text(yaml.safe_dump(small_spec("event", "unused.jsonl", str(tmp / "runs-event"))))
+    payload = json.dumps({"uri": event_dataset, "spec": str(event_spec)})
+    emitted = stack.cli("prefect", "event", "emit", EVENT, "--resource-id", f"grpoflow.dataset.{event_dataset}",
+                        "--payload", payload)  # fmt: skip
+    assert emitted.returncode == 0, emitted.stdout + emitted.stderr
+
+    # (c) a watched folder, and a watched bucket whose spec, dataset and output all live on S3
+    folder = tmp / "incoming"
+    folder.mkdir()
+    folder_spec = specs / "folder.yaml"
+    folder_spec.write_text(yaml.safe_dump(small_spec("folder", "unused.jsonl", str(tmp / "runs-folder"))))
+    folder_file = str(write_jsonl(folder / "prompts.jsonl", rows))
+
+    fs, bucket = s3fs.S3FileSystem(), "grpoflow-e2e"
+    fs.mkdir(bucket)
+    bucket_spec = f"s3://{bucket}/specs/bucket.yaml"
+    fs.pipe(bucket_spec, yaml.safe_dump(small_spec("bucket", "unused.jsonl", f"s3://{bucket}/runs")).encode())
+    fs.pipe(f"{bucket}/incoming/prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    prefix, bucket_file = f"s3://{bucket}/incoming", f"s3://{bucket}/incoming/prompts.jsonl"
+
+    # Two looks each: the first only notes the files, the second (sizes unchanged) announces them.
+    folder_looks, bucket_looks = [], []
+    for _ in range(2):
+        folder_looks.append(watcher_look(str(folder), str(folder_spec)))
+        bucket_looks.append(watcher_look(prefix, bucket_spec))
+    return Scenarios(
+        retrain_run_id, tmp / "runs-retrain", event_dataset, tmp / "runs-event", folder, folder_file,
+        str(folder_spec), folder_looks, bucket, prefix, bucket_file, bucket_spec, bucket_looks,
+    )  # fmt: skip
+
+
+def only_job(root: Path) -> Path:
+    [job] = [p for p in root.iterdir() if (p / "spec.yaml").exists()]
+    return job
+
+
+def assert_trained(job: Path, dataset_uri: str) -> None:
+    assert [r["step"] for r in read_metrics(job / "metrics.jsonl")] == [1, 2]
+    assert yaml.safe_load((job / "spec.yaml").read_text())["dataset"]["uri"] == dataset_uri
+    assert [json.loads(line)["event"] for line in (job / "events.jsonl").read_text().splitlines()][-1] == (
+        "grpoflow.job.completed"
+    )
+
+
+# --- the checks ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_retrain_runs_a_submitted_spec(stack, scenarios):
+    flow_run = wait_final(scenarios.retrain_run_id)
+    assert flow_run.state.is_completed(), flow_run.state
+    assert flow_run.parameters["spec"]["name"] == "retrain"  # the spec object, as the UI form shows it
+    assert_trained(only_job(scenarios.retrain_root), str(scenarios.retrain_root.parent / "retrain.jsonl"))
+
+
+@pytest.mark.slow
+def test_event_starts_on_new_data(stack, scenarios):
+    [flow_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.event_dataset)
+    flow_run = wait_final(flow_run.id)
+    assert flow_run.state.is_completed(), flow_run.state
+    assert flow_run.parameters["spec"].endswith("event.yaml")
+    assert_trained(only_job(scenarios.event_root), scenarios.event_dataset)
+
+
+@pytest.mark.slow
+def test_dropped_file_runs_once(stack, scenarios):
+    assert scenarios.folder_looks[0].startswith("0 new dataset file(s)") and "1 waiting" in scenarios.folder_looks[0]
+    assert scenarios.folder_looks[1].startswith("1 new dataset file(s)")
+    [flow_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.folder_file)
+    flow_run = wait_final(flow_run.id)
+    assert flow_run.state.is_completed(), flow_run.state
+    assert_trained(only_job(Path(scenarios.folder_spec).parent.parent / "runs-folder"), scenarios.folder_file)
+
+    third = watcher_look(str(scenarios.folder), scenarios.folder_spec)
+    assert third == f"0 new dataset file(s) under {scenarios.folder}"
+    assert len(landed_events(scenarios.folder_file)) == 1
+    assert len(runs_of("grpo-pipeline/on-new-data", dataset_uri=scenarios.folder_file)) == 1
+
+
+@pytest.mark.slow
+def test_file_put_in_a_bucket_runs_once(stack, scenarios):
+    assert scenarios.bucket_looks[0].startswith("0 new dataset file(s)") and "1 waiting" in scenarios.bucket_looks[0]
+    assert scenarios.bucket_looks[1].startswith("1 new dataset file(s)")
+    [flow_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.bucket_file)
+    flow_run = wait_final(flow_run.id)
+    assert flow_run.state.is_completed(), flow_run.state
+
+    # The job folder was uploaded to the spec's s3:// output_uri.
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    [job] = fs.ls(f"{scenarios.bucket}/runs")
+    metrics = [json.loads(line) for line in fs.cat(f"{job}/metrics.jsonl").decode().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert yaml.safe_load(fs.cat(f"{job}/spec.yaml"))["dataset"]["uri"] == scenarios.bucket_file
+    events = [json.loads(line)["event"] for line in fs.cat(f"{job}/events.jsonl").decode().splitlines()]
+    assert events[-1] == "grpoflow.job.completed"
+    assert fs.exists(f"{job}/merged/model.safetensors")
+
+    third = watcher_look(scenarios.bucket_prefix, scenarios.bucket_spec)
+    assert third == f"0 new dataset file(s) under {scenarios.bucket_prefix}"
+    assert len(landed_events(scenarios.bucket_file)) == 1
+    assert len(runs_of("grpo-pipeline/on-new-data", dataset_uri=scenarios.bucket_file)) == 1
+
+
+@pytest.mark.slow
+def test_nightly_schedule(stack):
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("grpo-pipeline/nightly")
+        upcoming = client.read_flow_runs(deployment_filter=DeploymentFilter(id={"any_": [nightly.id]}))
+    [schedule] = nightly.schedules
+    assert schedule.active and schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "UTC"
+    assert nightly.parameters == {"spec": "deployments/nightly.yaml"}
+    assert upcoming and all(r.state.is_scheduled() for r in upcoming)
+    assert {(r.expected_start_time.hour, r.expected_start_time.minute) for r in upcoming} == {(2, 0)}

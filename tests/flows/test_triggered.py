@@ -1,0 +1,65 @@
+"""The spec-file entry flow of `grpo-pipeline/nightly` and `grpo-pipeline/on-new-data` (`flows/triggered.py`): which
+spec it loads, that the event's `uri` becomes `dataset.uri`, and that a rejected spec or dataset ends the run as
+rejected before any model is loaded. The runs here end at the ingest, so no training happens."""
+
+import pytest
+import s3fs
+import yaml
+
+from flows.pipeline import REJECTED_PREFIX
+from flows.triggered import DEFAULT_SPEC, grpo_pipeline_from_file
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def write_spec(path, output_uri, **changes) -> str:
+    spec = {
+        "name": "triggered",
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": "never-used.jsonl"},
+        "rewards": [{"name": "exact_answer"}],
+        "output_uri": str(output_uri),
+        **changes,
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def rejection(state) -> str:
+    assert state.is_failed() and state.message.startswith(REJECTED_PREFIX), state
+    return state.message
+
+
+def test_event_uri_becomes_the_dataset(tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", tmp_path / "runs")
+    missing = str(tmp_path / "landed" / "gone.jsonl")
+    state = grpo_pipeline_from_file(spec=spec, dataset_uri=missing, return_state=True)
+    assert f"dataset not found: {missing}" in rejection(state)  # the event's uri, not the spec's
+    assert not any((tmp_path / "runs").iterdir())  # a rejected job leaves no folder
+
+
+def test_default_spec_without_a_spec(tmp_path):
+    default = write_spec(tmp_path / "default.yaml", tmp_path / "runs", name="the-default")
+    state = grpo_pipeline_from_file(spec=None, dataset_uri=str(tmp_path / "x.jsonl"), default_spec=default,
+                                    return_state=True)  # fmt: skip
+    assert "x.jsonl" in rejection(state)
+    assert DEFAULT_SPEC == "deployments/default-spec.yaml"
+
+
+def test_rejected_spec_names_every_problem(tmp_path):
+    bad = {"rollout_per_prompt": 4, "kl_coef": -1}  # a misspelt key and a value out of range
+    spec = write_spec(tmp_path / "bad.yaml", tmp_path / "runs", hyperparameters=bad)
+    message = rejection(grpo_pipeline_from_file(spec=spec, return_state=True))
+    assert "did you mean 'rollouts_per_prompt'" in message and "kl_coef" in message
+
+
+def test_spec_on_s3(bucket, tmp_path):
+    fs = s3fs.S3FileSystem()
+    spec = f"s3://{bucket}/specs/job.yaml"
+    content = {"name": "from-s3", "base_model": "builtin:tiny", "rewards": [{"name": "exact_answer"}]}
+    fs.pipe(spec, yaml.safe_dump({**content, "output_uri": str(tmp_path / "runs")}).encode())
+    # The spec file has no dataset: the event's uri completes it.
+    state = grpo_pipeline_from_file(spec=spec, dataset_uri=f"s3://{bucket}/landed/none.jsonl", return_state=True)
+    assert f"dataset not found: s3://{bucket}/landed/none.jsonl" in rejection(state)
+    missing = rejection(grpo_pipeline_from_file(spec=f"s3://{bucket}/specs/nope.yaml", return_state=True))
+    assert f"spec file not found: s3://{bucket}/specs/nope.yaml" in missing
