@@ -1,0 +1,168 @@
+"""Benchmark 3: what the pipeline costs around training: `grpoflow run` wall time minus the training children's.
+
+    python -m benchmarks.pipeline_overhead [--quick] [--json PATH]
+
+Runs `grpoflow run examples/arithmetic.yaml --set sft.max_steps=N --set hyperparameters.max_steps=N --json` as a
+child process and reads the job folder it leaves: the SFT and GRPO children's own wall times (startup included:
+they are what running TRL by hand would cost too) from the `grpoflow.sft.completed` and
+`grpoflow.training.completed` events, and every stage's boundaries from the events' timestamps. Overhead = the run's
+wall time minus the two children's. Runs alternate between an ephemeral Prefect server (what `grpoflow run` starts
+when PREFECT_API_URL is unset) and a Prefect server started once beforehand (PREFECT_API_URL set), so that the
+server's start is reported apart.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.common import REPO_ROOT, alternate, bench_env, finish, markdown_table, median, parser, run_child
+
+TARGET_OVERHEAD_S = 10.0
+SPEC = REPO_ROOT / "examples" / "arithmetic.yaml"
+# Each stage ends at an event (in pipeline order) and starts at the previous one the job emitted; the run starts at
+# the process start and ends at its exit. A full fine-tune emits no adapter.merged: its merge falls in the next stage.
+STAGES = {
+    "grpoflow.job.started": "CLI start, Prefect start, flow run, job folder",
+    "grpoflow.dataset.ingested": "ingest + reward dry-run",
+    "grpoflow.sft.completed": "SFT task",
+    "grpoflow.training.completed": "GRPO task",
+    "grpoflow.adapter.merged": "merge (LoRA jobs)",
+    "grpoflow.job.completed": "merge (full fine-tune), held-out evaluation, report",
+    "end": "webhook flush, Prefect shutdown, exit",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(home: Path) -> tuple[subprocess.Popen, str]:
+    """A Prefect server on loopback with its own PREFECT_HOME; returns the process and its API URL once healthy."""
+    port = free_port()
+    home.mkdir(parents=True, exist_ok=True)
+    env = bench_env(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    log = (home / "server.log").open("wb")
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(1)
+    stop_server(proc)
+    raise RuntimeError(f"the Prefect server did not start in 300 s; see {home / 'server.log'}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_pipeline(root: Path, tag: str, steps: int, api_url: str | None) -> dict:
+    out = root / tag
+    extra = {"PREFECT_HOME": str(root / f"prefect-home-{tag}"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if api_url:
+        extra["PREFECT_API_URL"] = api_url
+    env = bench_env(**extra)
+    if not api_url:
+        env.pop("PREFECT_API_URL", None)
+    command = [sys.executable, "-m", "flows.cli", "run", str(SPEC), "--json", "--output-uri", str(out)]
+    command += ["--set", f"sft.max_steps={steps}", "--set", f"hyperparameters.max_steps={steps}"]
+    started = datetime.now().astimezone()
+    child = run_child(command, out / "run.log", env=env)
+    lines = (out / "run.log").read_text().splitlines()
+    result = json.loads(next(line for line in reversed(lines) if line.startswith('{"job_id"')))
+    events = [json.loads(line) for line in (Path(result["output_dir"]) / "events.jsonl").read_text().splitlines()]
+    return {**child, **breakdown(events, started, child["wall_s"])}
+
+
+def breakdown(events: list[dict], started: datetime, wall_s: float) -> dict:
+    """Stage times from the events' timestamps, the children's own wall times, and the overhead."""
+    at, payload = {"end": wall_s}, {}
+    for e in events:
+        at.setdefault(e["event"], (datetime.fromisoformat(e["occurred"]) - started).total_seconds())
+        payload[e["event"]] = e.get("payload") or {}
+    stages, previous = {}, 0.0
+    for event, label in STAGES.items():
+        if event in at:
+            stages[label], previous = at[event] - previous, at[event]
+    sft_child = payload.get("grpoflow.sft.completed", {}).get("seconds", 0.0)
+    train_child = payload["grpoflow.training.completed"]["wall_seconds"]
+    return {
+        "sft_child_s": sft_child,
+        "train_child_s": train_child,
+        "overhead_s": wall_s - sft_child - train_child,
+        "stages_s": stages,
+    }
+
+
+def main(argv=None) -> dict:
+    args = parser(__doc__).parse_args(argv)
+    steps, repeats = (2, 1) if args.quick else (20, 2)
+    with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
+        root = Path(tmp)
+        modes = {"ephemeral Prefect": lambda i: run_pipeline(root, f"ephemeral-{i}", steps, None)}
+        server, server_start_s = None, None
+        try:
+            if not args.quick:  # the quick mode only checks that the script runs: no server of its own
+                server_started = time.perf_counter()
+                server, url = start_server(root / "server-home")
+                server_start_s = time.perf_counter() - server_started
+                modes["running Prefect server"] = lambda i: run_pipeline(root, f"server-{i}", steps, url)
+            runs = alternate(modes, repeats)
+        finally:
+            if server is not None:
+                stop_server(server)
+    sides = {}
+    for name, side in runs.items():
+        sides[name] = {
+            key: median(r[key] for r in side)
+            for key in ("wall_s", "sft_child_s", "train_child_s", "overhead_s", "peak_rss_mb")
+        }
+        sides[name]["stages_s"] = {label: median(r["stages_s"].get(label) for r in side) for label in STAGES.values()}
+        sides[name]["target_met"] = sides[name]["overhead_s"] <= TARGET_OVERHEAD_S
+    rows = []
+    for name, s in sides.items():
+        rows.append(
+            [name, s["wall_s"], s["sft_child_s"], s["train_child_s"], s["overhead_s"], f"<= {TARGET_OVERHEAD_S}"]
+        )
+    table = markdown_table(
+        ["Prefect", "grpoflow run wall s", "SFT child s", "GRPO child s", "overhead s", "target"], rows
+    )
+    stage_rows = [[label, *(s["stages_s"][label] for s in sides.values())] for label in STAGES.values()]
+    table += "\n\n" + markdown_table(["stage (from event timestamps), s", *sides], stage_rows)
+    return finish(
+        "pipeline_overhead",
+        args,
+        table,
+        {
+            "steps": steps,
+            "repeats": repeats,
+            "prefect_server_start_s": server_start_s,
+            "target_overhead_s": TARGET_OVERHEAD_S,
+            "sides": sides,
+            "runs": runs,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

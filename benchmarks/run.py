@@ -1,0 +1,112 @@
+"""Runs every benchmark (`make bench`), one after the other, and prints a summary table against the targets.
+
+    python -m benchmarks.run [--quick] [--only trainer_vs_trl,ingest_scale,...] [--from-results]
+
+Each benchmark runs as its own child process (`python -m benchmarks.<name>`), never beside another, and writes
+benchmarks/results/<name>.json; this script adds benchmarks/results/summary.json. The GPU benchmark runs only where
+CUDA is available. No figure here is an absolute time that could be compared across machines: each is a ratio
+against a baseline measured in the same script, or a difference within one run.
+"""
+
+import json
+import subprocess
+import sys
+
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, bench_env, fmt, markdown_table, parser
+
+BENCHMARKS = ["trainer_vs_trl", "skip_zero_variance", "pipeline_overhead", "ingest_scale", "cost_growth", "gpu"]
+
+
+def summary_rows(name: str, r: dict) -> list[list]:
+    """The headline figures of one benchmark's JSON: [benchmark, figure, value, target, met]."""
+    if name == "trainer_vs_trl":
+        target = f">= {r['target_ratio']}"
+        rows = [
+            [name, f"steps/s vs TRL (CPU time), {side}", s["cpu_steps_per_s_ratio"], target, r["target_met"][side]]
+            for side, s in r["in_process"]["sides"].items()
+            if side != "trl"
+        ]
+        return [*rows, [name, "startup vs TRL (child processes, wall)", r["startup"]["ratio"], "", ""]]
+    if name == "skip_zero_variance":
+        return [
+            [name, f"steps/s vs TRL (CPU time), skip on, {w}", s["skip_vs_trl"], f">= {s['target']}", s["target_met"]]
+            for w, s in r["workloads"].items()
+        ]
+    if name == "pipeline_overhead":
+        return [
+            [name, f"overhead s, {mode}", s["overhead_s"], f"<= {r['target_overhead_s']}", s["target_met"]]
+            for mode, s in r["sides"].items()
+        ]
+    if name == "ingest_scale":
+        rows, t = [], r["targets"]
+        for f, s in r["formats"].items():
+            g = s["grpoflow"]
+            rows += [
+                [name, f"{f}: rows/s", g["rows_per_s"], f">= {t['rows_per_s']:,}", s["target_met"]["rows_per_s"]],
+                [
+                    name,
+                    f"{f}: peak RSS MB",
+                    g["peak_rss_mb"],
+                    f"<= {t['peak_rss_mb']}",
+                    s["target_met"]["peak_rss_mb"],
+                ],
+                [name, f"{f}: rows/s vs pandas", s["vs_pandas"], f">= {t['vs_pandas']}", s["target_met"]["vs_pandas"]],
+            ]
+        return rows
+    if name == "cost_growth":
+        return [
+            [name, "R^2 of step time ~ K x L", r["fit_K_x_L"]["r2"], "report", ""],
+            [name, "R^2 of step time ~ L + K x L", r["fit_L_and_K_x_L"]["r2"], "report", ""],
+        ]
+    if name == "gpu":
+        return [
+            [name, f"steps/s vs TRL, {mode}", m["sides"]["grpoflow"]["steps_per_s_ratio"], ">= 0.97", ""]
+            for mode, m in r["modes"].items()
+        ]
+    return []
+
+
+def main(argv=None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--only", help="comma-separated benchmark names (default: all)")
+    p.add_argument("--from-results", action="store_true", help="run nothing: summarize benchmarks/results/*.json")
+    args = p.parse_args(argv)
+    names = [n for n in (args.only.split(",") if args.only else BENCHMARKS) if n]
+    import torch
+
+    results, rows, failed = {}, [], []
+    for name in names:
+        if name == "gpu" and not torch.cuda.is_available():
+            rows.append([name, "skipped: no CUDA GPU here (run `python -m benchmarks.gpu` on one)", None, "", ""])
+            continue
+        path = RESULTS_DIR / f"{name}.json"
+        command = [
+            sys.executable,
+            "-m",
+            f"benchmarks.{name}",
+            "--json",
+            str(path),
+            *(["--quick"] if args.quick else []),
+        ]
+        if args.from_results:
+            proc = subprocess.CompletedProcess(command, 0 if path.exists() else 1)
+        else:
+            print(f"--- {' '.join(command[1:])}", flush=True)
+            proc = subprocess.run(command, cwd=REPO_ROOT, env=bench_env())
+        if proc.returncode != 0:
+            failed.append(name)
+            rows.append([name, f"FAILED (exit code {proc.returncode})", None, "", ""])
+            continue
+        results[name] = json.loads(path.read_text())
+        rows += summary_rows(name, results[name])
+    table = markdown_table(["benchmark", "figure", "value", "target", "met"], rows)
+    print(f"\n## Summary{' (quick)' if args.quick else ''}\n\n{table}\n")
+    for name, r in results.items():
+        print(f"### {name}\n\n{r['table']}\n")
+    summary = {"quick": args.quick, "rows": [[fmt(v) if i == 2 else v for i, v in enumerate(row)] for row in rows]}
+    (RESULTS_DIR / "summary.json").write_text(json.dumps({**summary, "table": table, "failed": failed}, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Benchmark 2: skipping zero-variance groups (`hyperparameters.skip_zero_variance_groups: true`) against TRL.
+
+    python -m benchmarks.skip_zero_variance [--quick] [--json PATH]
+
+Three sides per workload, alternating, each training in this process (startup is benchmark 1's subject, not
+this one's): the hand-written TRL script, grpoflow's training stage, and grpoflow's training stage with the skip on.
+Workloads (see `benchmarks.workloads`): the `demo-shaped` and `long-prompt` shapes, each with half of its prompts
+ungraded (a constant reward, so exactly half of the groups have zero variance over the one epoch run) and with none.
+
+What skipping can buy is bounded: it removes the forward and backward pass and the optimizer step of the skipped
+steps, never generation or scoring (they decide whether a step is skipped). With a share z of skipped steps and a
+share f of a step's time spent in forward, backward and optimizer, the speed-up is at most 1 / (1 - z f). The table
+reports f, measured as 1 - (step time with every step skipped) / (step time with none), on each shape.
+
+Ratios are steps per CPU-second of `Trainer.train` (see `trainer_vs_trl.train_cpu_seconds`), with the wall-time
+ratio beside them. Each run is 10 steps, so its fixed costs (trainer setup, the checkpoint Trainer writes at the end)
+weigh on both f and the ratios: a long run gains a little more than these figures.
+"""
+
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import finish, markdown_table, paired_ratio, parser, pin_threads
+from benchmarks.trainer_vs_trl import NO_CHECKPOINTS, compare, shaped_workload, with_range
+
+TARGET_ZERO_VARIANCE = 1.3  # grpoflow+skip vs TRL, where at least half the groups have zero variance
+TARGET_ELSEWHERE = 0.97  # the same as benchmark 1: no slower than TRL where nothing is skipped
+# Checkpoints cost the same with or without skipping, and are benchmark 1's subject: none within these runs.
+SKIP = {"extra_hyperparameters": {"skip_zero_variance_groups": True}, **NO_CHECKPOINTS}
+
+
+def training_share(root: Path, shape: str, steps: int, repeats: int) -> float | None:
+    """f: the share of a step's time in forward, backward and optimizer, from an all-skipped vs a no-skip run."""
+    w = shaped_workload(f"{shape}-all-constant", shape, root, steps, zero_variance_share=1.0)
+    sides = compare(w, root, repeats, variants={"grpoflow+skip": SKIP})["sides"]
+    ratio = sides["grpoflow+skip"]["cpu_steps_per_s_ratio"]
+    return 1 - 1 / ratio if ratio else None
+
+
+def main(argv=None) -> dict:
+    args = parser(__doc__).parse_args(argv)
+    pin_threads()
+    steps, repeats = (2, 1) if args.quick else (10, 3)
+    rows, workloads = [], {}
+    with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
+        root = Path(tmp)
+        for shape in ("long-prompt", "demo-shaped"):
+            f = training_share(root, shape, steps, 1 if args.quick else 2)
+            for share in (0.5, 0.0):
+                name = f"{shape}-{int(share * 100)}pct-zero-variance"
+                w = shaped_workload(name, shape, root, steps, zero_variance_share=share)
+                result = compare(w, root, repeats, variants={"grpoflow": NO_CHECKPOINTS, "grpoflow+skip": SKIP})
+                s = result["sides"]
+                skip, plain = s["grpoflow+skip"], s["grpoflow"]
+                target = TARGET_ZERO_VARIANCE if share >= 0.5 else TARGET_ELSEWHERE
+                bound = 1 / (1 - share * f) if f is not None else None
+                runs = result["runs"]
+                workloads[name] = {
+                    "shape": shape,
+                    "zero_variance_share_of_prompts": share,
+                    "training_share_f": f,
+                    "speedup_bound": bound,
+                    # CPU time is the figure judged (see trainer_vs_trl.train_cpu_seconds); wall time beside it.
+                    "skip_vs_trl": skip["cpu_steps_per_s_ratio"],
+                    "skip_vs_trl_wall": skip["steps_per_s_ratio"],
+                    "skip_vs_grpoflow": paired_ratio(
+                        [r["cpu_steps_per_s"] for r in runs["grpoflow+skip"]],
+                        [r["cpu_steps_per_s"] for r in runs["grpoflow"]],
+                    ),
+                    "grpoflow_vs_trl": plain["cpu_steps_per_s_ratio"],
+                    "skipped_share": skip["skipped_share"],
+                    "target": target,
+                    "target_met": skip["cpu_steps_per_s_ratio"] >= target,
+                    **result,
+                }
+                row = workloads[name]
+                rows.append(
+                    [
+                        name,
+                        row["skipped_share"],
+                        with_range(row["skip_vs_trl"], skip["cpu_steps_per_s_ratio_range"]),
+                        f">= {target}",
+                        with_range(row["skip_vs_trl_wall"], skip["steps_per_s_ratio_range"]),
+                        row["skip_vs_grpoflow"],
+                        row["grpoflow_vs_trl"],
+                        f,
+                        bound,
+                    ]
+                )
+    table = markdown_table(
+        [
+            "workload",
+            "steps skipped",
+            "grpoflow+skip vs TRL (CPU) [range of pairs]",
+            "target",
+            "same, wall time",
+            "grpoflow+skip vs grpoflow (CPU)",
+            "grpoflow vs TRL (CPU)",
+            "f: train share of a step",
+            "bound 1/(1-z f)",
+        ],
+        rows,
+    )
+    return finish(
+        "skip_zero_variance",
+        args,
+        table,
+        {"steps": steps, "repeats": repeats, "workloads": workloads},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,418 @@
+"""Benchmark 1: grpoflow's training stage against a plain `trl.GRPOTrainer` script, side by side.
+
+    python -m benchmarks.trainer_vs_trl [--quick] [--json PATH]
+
+The same job on both sides: builtin:tiny, the demo's prompts, K = 8, 24-token completions, learning rate, seed and
+dtype, 20 steps. grpoflow's side is its training stage on a job folder prepared as the pipeline prepares it (resolved
+spec.yaml, ingested dataset); the other side is `benchmarks.bare_trl`, a hand-written TRL script. Steps/s comes from
+TRL's own `train_runtime` on each side. The trained weights are compared too: equal checksums mean both sides ran
+the very same computation. Each in-process run is also timed in CPU seconds (`train_cpu_seconds`); the targets are
+judged on that ratio, which a busy machine disturbs less than wall time. The tables give the range of the per-pair
+ratios beside each median: what the machine's noise lets the median resolve.
+
+Two parts, each alternating its sides (A B C, C B A, ...):
+
+1. steps/s, in this process (`trainers.grpo.main` and `bare_trl.main`), so that many short alternating runs fit:
+   grpoflow as the spec's defaults run it (a checkpoint every max_steps / 10 steps: 10 in a 20-step run), and
+   grpoflow with no checkpoint within the run, like the TRL script (TRL's default is one every 500 steps). The
+   difference between the two is the price of checkpoints, which depends on checkpoint_every, not on grpoflow.
+2. startup, on the real path: `python -m trainers.grpo JOB_DIR` and `python -m benchmarks.bare_trl` as child
+   processes; startup is the process wall time minus train_runtime (imports, model load, final save).
+"""
+
+import contextlib
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from benchmarks.common import (
+    alternate,
+    finish,
+    fmt,
+    markdown_table,
+    median,
+    output_to,
+    paired_ratio,
+    parser,
+    pin_threads,
+    run_child,
+)
+from benchmarks.workloads import SHAPES, write_dataset
+
+TARGET_RATIO = 0.97
+REWARD_FUNCTION = "benchmarks.workloads:graded_variety_reward"
+
+
+@dataclass
+class Workload:
+    """One training job, described once and run by both sides."""
+
+    name: str
+    dataset: Path
+    model: str = "builtin:tiny"
+    rollouts_per_prompt: int = 8
+    max_response_length: int = 24
+    max_steps: int = 20
+    learning_rate: float = 1e-4
+    seed: int = 42
+    lora_rank: int | None = None
+    load_in_4bit: bool = False
+    checkpoint_every: int | None = None  # None: the spec's default, max_steps // 10
+    extra_hyperparameters: dict = field(default_factory=dict)
+
+
+def shaped_workload(name: str, shape: str, root: Path, steps: int, zero_variance_share: float, **kw) -> Workload:
+    """A workload of `steps` steps over exactly `steps` prompts (one epoch), in one of `workloads.SHAPES`."""
+    k, length = SHAPES[shape]
+    dataset = write_dataset(root / f"{name}.jsonl", shape, steps, zero_variance_share)
+    return Workload(name, dataset, rollouts_per_prompt=k, max_response_length=length, max_steps=steps, **kw)
+
+
+@contextlib.contextmanager
+def train_cpu_seconds(record: list[float]):
+    """Appends the process CPU time of every `Trainer.train` call made inside to `record`.
+
+    Both sides train through `transformers.Trainer.train` (GRPOTrainer does not override it), so the hook costs them
+    the same. On a machine shared with other work, wall time swung by ±25% between identical runs and the CPU time
+    the run itself used by about ±10% (the vCPUs are hyperthreads: a busy sibling slows the work too).
+    """
+    from transformers import Trainer
+
+    original = Trainer.train
+
+    def timed(self, *args, **kwargs):
+        started = time.process_time()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            record.append(time.process_time() - started)
+
+    Trainer.train = timed
+    try:
+        yield
+    finally:
+        Trainer.train = original
+
+
+# --- grpoflow's side -------------------------------------------------------------------------------------------------
+
+
+def project_spec(w: Workload, output_root: Path) -> dict:
+    hp = {
+        "max_steps": w.max_steps,
+        "rollouts_per_prompt": w.rollouts_per_prompt,
+        "max_response_length": w.max_response_length,
+        "learning_rate": w.learning_rate,
+        "seed": w.seed,
+        "lora_rank": w.lora_rank,
+        "load_in_4bit": w.load_in_4bit,
+        **w.extra_hyperparameters,
+    }
+    return {
+        "name": f"bench-{w.name}",
+        "base_model": w.model,
+        "dataset": {"uri": str(w.dataset)},
+        "rewards": [{"name": "graded_variety", "function": REWARD_FUNCTION}],
+        "hyperparameters": hp,
+        "evaluation": {"holdout": 0},  # both sides train on every row
+        "checkpoint_every": w.checkpoint_every,
+        "output_uri": str(output_root),
+    }
+
+
+def prepare_job(w: Workload, root: Path):
+    """A job folder as the pipeline leaves it before training: the resolved spec.yaml and the ingested dataset."""
+    from tasks.ingest import ingest_dataset
+    from trainers.jobdir import JobDir, write_text_atomic
+    from trainers.spec import load_spec, to_yaml
+
+    spec, _ = load_spec(project_spec(w, root))
+    job = JobDir(root / f"template-{w.name}")
+    job.root.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(job.spec, to_yaml(spec))
+    ingest_dataset(spec.dataset.uri, job.dataset, holdout=0)
+    return job
+
+
+def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> dict:
+    """One run of grpoflow's training stage on a fresh copy of `template`: a child process through `launcher`, or
+    in this process (`trainers.grpo.main`) when `launcher` is None."""
+    from trainers.grpo import main as train_in_process
+    from trainers.jobdir import JobDir
+    from trainers.metrics import read_metrics
+
+    job = JobDir(root / tag)
+    shutil.copytree(template.root, job.root)  # a fresh folder: never resume from another repeat's checkpoints
+    if launcher is None:
+        cpu = []
+        with output_to(job.root / "run.log"), train_cpu_seconds(cpu):
+            train_in_process(str(job.root))
+        child = {"train_cpu_s": cpu[0]}
+    else:
+        child = run_child([*launcher, "trainers.grpo", str(job.root)], job.root / "child.log")
+        child |= _peak_gpu(job.root / "child.log")
+    result = json.loads(job.training_result.read_text())
+    records = read_metrics(job.metrics)
+    skipped = [r["values"]["skipped_zero_variance"] for r in records if "skipped_zero_variance" in r["values"]]
+    return {
+        **child,
+        "train_runtime_s": result["train_runtime"],
+        "steps": result["global_step"],
+        "num_tokens": records[-1]["values"].get("num_tokens") if records else None,
+        "skipped_share": _mean(skipped),
+        # TRL's own per-step timing; the first step pays one-off costs.
+        "step_time_s": median(r["values"].get("step_time") for r in records[1:] or records),
+        "mean_completion_length": _mean([r["values"].get("completions/mean_length") for r in records]),
+        "zero_variance_share": _mean([r["values"].get("frac_reward_zero_std") for r in records]),
+        "weights_sha256": weights_sha256(job.root / result["artifact_dir"]),
+    }
+
+
+# --- the hand-written TRL script's side ------------------------------------------------------------------------------
+
+
+def run_bare(w: Workload, root: Path, tag: str, launcher: list[str] | None) -> dict:
+    """One run of the hand-written TRL script: a child process through `launcher`, or in this process."""
+    from benchmarks import bare_trl
+    from trainers.tiny import resolve_model_path
+
+    out = root / tag
+    out.mkdir(parents=True)
+    config = {
+        "model": resolve_model_path(w.model),
+        "dataset": str(w.dataset),
+        "reward": REWARD_FUNCTION,
+        "output_dir": str(out / "trl"),
+        "learning_rate": w.learning_rate,
+        "max_steps": w.max_steps,
+        "num_generations": w.rollouts_per_prompt,
+        "max_completion_length": w.max_response_length,
+        "seed": w.seed,
+        "lora_rank": w.lora_rank,
+        "load_in_4bit": w.load_in_4bit,
+    }
+    paths = [str(out / "config.json"), str(out / "result.json")]
+    Path(paths[0]).write_text(json.dumps(config))
+    if launcher is None:
+        cpu = []
+        with output_to(out / "run.log"), train_cpu_seconds(cpu):
+            bare_trl.main(*paths)
+        child = {"train_cpu_s": cpu[0]}
+    else:
+        child = run_child([*launcher, "benchmarks.bare_trl", *paths], out / "child.log")
+        child |= _peak_gpu(out / "child.log")
+    result = json.loads(Path(paths[1]).read_text())
+    return {
+        **child,
+        "train_runtime_s": result["train_runtime"],
+        "steps": result["global_step"],
+        "num_tokens": result["num_tokens"],
+        "weights_sha256": weights_sha256(out / "trl" / "final"),
+    }
+
+
+# --- comparing -------------------------------------------------------------------------------------------------------
+
+
+def weights_sha256(folder: Path) -> str:
+    """Checksum of the saved weights (model.safetensors, or adapter_model.safetensors for LoRA), tensor by tensor."""
+    from safetensors.numpy import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    digest = hashlib.sha256()
+    for path in files:
+        tensors = load_file(path)
+        for name in sorted(tensors):
+            digest.update(name.encode())
+            digest.update(tensors[name].tobytes())
+    return digest.hexdigest()
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _peak_gpu(log: Path) -> dict:
+    """The peak GPU memory `benchmarks.peak_gpu` appended to a child's log, when it ran under it."""
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("BENCH_PEAK_GPU_MB="):
+            return {"peak_gpu_mb": float(line.split("=", 1)[1])}
+    return {}
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """Each side's medians, and each grpoflow side's paired steps/s ratio against the TRL script."""
+    for side in runs.values():
+        for r in side:
+            r["steps_per_s"] = r["steps"] / r["train_runtime_s"]
+            r["tokens_per_s"] = r["num_tokens"] / r["train_runtime_s"] if r.get("num_tokens") else None
+            if "train_cpu_s" in r:
+                r["cpu_steps_per_s"] = r["steps"] / r["train_cpu_s"]
+            if "wall_s" in r:
+                r["startup_s"] = r["wall_s"] - r["train_runtime_s"]
+    keys = (
+        "steps_per_s",
+        "cpu_steps_per_s",
+        "tokens_per_s",
+        "train_runtime_s",
+        "startup_s",
+        "peak_rss_mb",
+        "peak_gpu_mb",
+    )
+    sides = {name: {k: median(r.get(k) for r in side) for k in keys} for name, side in runs.items()}
+    bare = runs["trl"]
+    for name, side in runs.items():
+        if name == "trl":
+            continue
+        sides[name] |= {
+            "steps_per_s_ratio": _paired(side, bare, "steps_per_s"),
+            "cpu_steps_per_s_ratio": _paired(side, bare, "cpu_steps_per_s"),
+            # The spread of the per-pair ratios: what this machine's noise lets the medians resolve.
+            "steps_per_s_ratio_range": _paired_range(side, bare, "steps_per_s"),
+            "cpu_steps_per_s_ratio_range": _paired_range(side, bare, "cpu_steps_per_s"),
+            "same_weights_as_trl": [r["weights_sha256"] for r in side] == [r["weights_sha256"] for r in bare],
+            "skipped_share": median(r.get("skipped_share") for r in side),
+            "zero_variance_share": median(r.get("zero_variance_share") for r in side),
+        }
+    return {"sides": sides, "runs": runs}
+
+
+def _paired(side: list[dict], baseline: list[dict], key: str) -> float | None:
+    if not all(key in r for r in side + baseline):
+        return None
+    return paired_ratio([r[key] for r in side], [r[key] for r in baseline])
+
+
+def _paired_range(side: list[dict], baseline: list[dict], key: str) -> list[float] | None:
+    if not all(key in r for r in side + baseline):
+        return None
+    ratios = [a[key] / b[key] for a, b in zip(side, baseline, strict=True)]
+    return [min(ratios), max(ratios)]
+
+
+def with_range(value: float | None, bounds: list[float] | None) -> str:
+    """`0.99 [0.86-1.12]`: a median ratio with the range of the per-pair ratios it is the median of."""
+    return fmt(value) if not bounds or value is None else f"{fmt(value)} [{fmt(bounds[0])}-{fmt(bounds[1])}]"
+
+
+_warmed_up = False
+
+
+def compare(
+    w: Workload,
+    root: Path,
+    repeats: int,
+    variants: dict[str, dict] | None = None,
+    launcher: list[str] | None = None,
+) -> dict:
+    """Runs the workload `repeats` times on each side, alternating, and returns `summarize`'s figures.
+
+    Args:
+        w (`Workload`): the job.
+        root (`Path`): a scratch folder.
+        repeats (`int`): runs per side.
+        variants (`dict[str, dict]`, *optional*): grpoflow sides, each a name and the `Workload` fields it changes
+            (e.g. `{"checkpoint_every": 1000}`); default `{"grpoflow": {}}`. The TRL script is the side `"trl"`.
+        launcher (`list[str]`, *optional*): how to start a child, e.g. `[sys.executable, "-m"]`; None trains in
+            this process (startup is then not measured; a first, discarded run of each side pays the one-off costs).
+    """
+    global _warmed_up
+    variants = variants or {"grpoflow": {}}
+    if launcher is None and not _warmed_up:
+        warm = replace(w, name=f"{w.name}-warm-up", max_steps=1)
+        run_project(prepare_job(warm, root), root, "warm-up-grpoflow", None)
+        run_bare(warm, root, "warm-up-trl", None)
+        _warmed_up = True
+    sides = {"trl": lambda i: run_bare(w, root, f"{w.name}-trl-{i}", launcher)}
+    for name, changes in variants.items():
+        variant = replace(w, name=f"{w.name}-{_slug(name)}", **changes)
+        template = prepare_job(variant, root)
+        sides[name] = lambda i, t=template, n=variant.name: run_project(t, root, f"{n}-{i}", launcher)
+    return summarize(alternate(sides, repeats))
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower())
+
+
+NO_CHECKPOINTS = {"checkpoint_every": 10**9}  # none within the run, like the TRL script
+
+
+def main(argv=None) -> dict:
+    args = parser(__doc__).parse_args(argv)
+    pin_threads()
+    steps, repeats, child_steps, child_repeats = (3, 1, 2, 1) if args.quick else (20, 7, 3, 2)
+    default, like_script = "grpoflow (spec defaults)", "grpoflow (no checkpoint within the run)"
+    with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
+        root = Path(tmp)
+        w = shaped_workload("demo-shaped", "demo-shaped", root, steps, zero_variance_share=0.0)
+        in_process = compare(w, root, repeats, variants={default: {}, like_script: NO_CHECKPOINTS})
+        w_child = shaped_workload("demo-shaped-child", "demo-shaped", root, child_steps, zero_variance_share=0.0)
+        children = compare(w_child, root, child_repeats, launcher=[sys.executable, "-m"])
+    s, c = in_process["sides"], children["sides"]
+    startup_ratio = paired_ratio(
+        [r["startup_s"] for r in children["runs"]["grpoflow"]], [r["startup_s"] for r in children["runs"]["trl"]]
+    )
+    t = s["trl"]
+    rows = [
+        ["trl.GRPOTrainer script", t["cpu_steps_per_s"], 1.0, t["steps_per_s"], 1.0, "", "", c["trl"]["startup_s"]]
+    ]
+    for name in (default, like_script):
+        r = s[name]
+        startup = c["grpoflow"]["startup_s"] if name == default else ""
+        rows.append(
+            [
+                name,
+                r["cpu_steps_per_s"],
+                with_range(r["cpu_steps_per_s_ratio"], r["cpu_steps_per_s_ratio_range"]),
+                r["steps_per_s"],
+                with_range(r["steps_per_s_ratio"], r["steps_per_s_ratio_range"]),
+                f">= {TARGET_RATIO}",
+                r["same_weights_as_trl"],
+                startup,
+            ]
+        )
+    table = markdown_table(
+        [
+            "side",
+            "steps per CPU-s",
+            "ratio vs TRL (CPU) [range of pairs]",
+            "steps/s (wall)",
+            "ratio vs TRL (wall) [range of pairs]",
+            "target",
+            "same weights as TRL",
+            "startup s (child process)",
+        ],
+        rows,
+    )
+    table += f"\n\nStartup ratio grpoflow / TRL script (child processes, median of pairs): {fmt(startup_ratio)}."
+    return finish(
+        "trainer_vs_trl",
+        args,
+        table,
+        {
+            "workload": {"model": w.model, "K": w.rollouts_per_prompt, "max_response_length": w.max_response_length},
+            "steps": steps,
+            "repeats": repeats,
+            "target_ratio": TARGET_RATIO,
+            # Judged on CPU time: see `train_cpu_seconds`; the wall-time ratios are in `in_process` too.
+            "target_met": {name: s[name]["cpu_steps_per_s_ratio"] >= TARGET_RATIO for name in (default, like_script)},
+            "startup": {
+                "grpoflow_s": c["grpoflow"]["startup_s"],
+                "trl_s": c["trl"]["startup_s"],
+                "ratio": startup_ratio,
+            },
+            "in_process": in_process,
+            "child_processes": children,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

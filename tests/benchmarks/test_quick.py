@@ -1,0 +1,105 @@
+"""Smoke test of every benchmark: each script's `--quick` mode runs as a child process and writes the JSON it should.
+
+They never assert a time (on a shared machine a time means little): only that the scripts run and report every
+figure, so that `make bench` cannot rot.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.common import REPO_ROOT, bench_env
+from benchmarks.run import summary_rows
+
+pytestmark = pytest.mark.slow
+
+SIDE_FIGURES = {"steps_per_s", "cpu_steps_per_s", "tokens_per_s", "train_runtime_s"}
+CASES = [
+    # (benchmark, extra arguments, top-level keys its JSON must hold)
+    ("trainer_vs_trl", [], {"in_process", "child_processes", "startup", "target_met", "target_ratio"}),
+    ("skip_zero_variance", [], {"workloads", "steps", "repeats"}),
+    ("pipeline_overhead", [], {"sides", "runs", "target_overhead_s"}),
+    ("ingest_scale", [], {"formats", "rows", "targets"}),
+    ("cost_growth", [], {"cells", "fit_K_x_L", "fit_L_and_K_x_L", "fit_generated_tokens"}),
+    # Without CUDA, --allow-cpu runs the GPU script's whole path on a tiny-width model (LoRA only, to keep it short).
+    ("gpu", ["--allow-cpu", "--modes", "lora"], {"modes", "model_shape", "cpu_check"}),
+]
+
+
+def run_quick(name: str, extra: list[str], tmp_path) -> dict:
+    path = tmp_path / f"{name}.json"
+    command = [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--json", str(path), *extra]
+    proc = subprocess.run(command, cwd=REPO_ROOT, env=bench_env(), capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| " in proc.stdout  # the markdown table
+    return json.loads(path.read_text())
+
+
+# An id "gpu" would give the test the keyword `gpu`, which conftest skips without CUDA: this case must run anywhere.
+@pytest.mark.parametrize("name, extra, keys", CASES, ids=[f"{c[0]}-quick" for c in CASES])
+def test_quick_mode_writes_every_figure(name, extra, keys, tmp_path):
+    data = run_quick(name, extra, tmp_path)
+    assert data["benchmark"] == name and data["quick"] is True
+    assert keys <= data.keys()
+    assert "|" in data["table"] and data["machine"]["cpu_count"]
+    assert summary_rows(name, data)  # what `make bench` prints from it
+    check = globals()[f"check_{name}"]
+    check(data)
+
+
+def check_trainer_vs_trl(data):
+    sides = data["in_process"]["sides"]
+    assert set(sides) == {"trl", "grpoflow (spec defaults)", "grpoflow (no checkpoint within the run)"}
+    for name, side in sides.items():
+        assert SIDE_FIGURES <= side.keys()
+        if name != "trl":
+            assert {"steps_per_s_ratio", "cpu_steps_per_s_ratio", "same_weights_as_trl"} <= side.keys()
+    assert {"startup_s", "peak_rss_mb"} <= data["child_processes"]["sides"]["grpoflow"].keys()
+
+
+def check_skip_zero_variance(data):
+    assert len(data["workloads"]) == 4
+    for workload in data["workloads"].values():
+        assert {
+            "skip_vs_trl",
+            "skip_vs_grpoflow",
+            "skipped_share",
+            "training_share_f",
+            "target_met",
+        } <= workload.keys()
+        assert set(workload["sides"]) == {"trl", "grpoflow", "grpoflow+skip"}
+
+
+def check_pipeline_overhead(data):
+    side = data["sides"]["ephemeral Prefect"]
+    assert {"wall_s", "sft_child_s", "train_child_s", "overhead_s", "stages_s", "target_met"} <= side.keys()
+
+
+def check_ingest_scale(data):
+    assert set(data["formats"]) == {"jsonl", "parquet"}
+    for fmt in data["formats"].values():
+        assert {"rows_per_s", "peak_rss_mb", "import_rss_mb"} <= fmt["grpoflow"].keys() & fmt["pandas"].keys()
+        assert {"vs_pandas", "target_met"} <= fmt.keys()
+
+
+def check_cost_growth(data):
+    assert [(c["K"], c["L"]) for c in data["cells"]] == [(2, 4), (2, 8), (4, 4), (4, 8)]
+    assert "r2" in data["fit_K_x_L"]
+
+
+def check_gpu(data):
+    assert set(data["modes"]) == {"lora"}
+    sides = data["modes"]["lora"]["sides"]
+    assert {"steps_per_s", "tokens_per_s", "startup_s"} <= sides["grpoflow"].keys()
+    assert data["cpu_check"] is not torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+def test_gpu_benchmark_quick_on_cuda(tmp_path):
+    data = run_quick("gpu", [], tmp_path)
+    assert set(data["modes"]) == {"full", "lora", "qlora"}
+    for mode in data["modes"].values():
+        assert mode["sides"]["grpoflow"]["peak_gpu_mb"] > 0
