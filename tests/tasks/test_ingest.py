@@ -91,6 +91,30 @@ def test_chat_prompts(tmp_path, dest):
     assert load_ingested(dest)["train"]["prompt"] == [row["prompt"] for row in CHAT]
 
 
+def test_the_saved_folder_reads_back_like_save_to_disk(tmp_path, dest):
+    # The ingest writes `save_to_disk`'s layout itself (one Arrow stream per split); `datasets` must read it back
+    # exactly as it reads `save_to_disk`'s own output: same rows, features, split names and state.
+    rows = [{**row, "meta": {"id": i, "tags": ["a", "b"][: i % 3]}} for i, row in enumerate(CHAT * 5)]
+    source = tmp_path / "chat.jsonl"
+    write(source, rows)
+
+    ingest_dataset(str(source), dest, holdout=0.25)
+
+    ours = load_ingested(dest)
+    ours.save_to_disk(str(tmp_path / "theirs"))
+    theirs = datasets.load_from_disk(str(tmp_path / "theirs"))
+    assert list(ours) == list(theirs) == ["train", "eval"]
+    for name in ours:
+        assert ours[name].features == theirs[name].features
+        assert ours[name].to_list() == theirs[name].to_list()
+        assert ours[name].split == theirs[name].split == name
+        states = [json.loads((root / name / "state.json").read_text()) for root in (dest, tmp_path / "theirs")]
+        assert [{k: v for k, v in state.items() if k != "_fingerprint"} for state in states] == [
+            {k: v for k, v in states[1].items() if k != "_fingerprint"}
+        ] * 2
+    assert ours["train"].num_rows + ours["eval"].num_rows == len(rows)
+
+
 def test_fingerprint_follows_the_content(tmp_path, dest):
     source = tmp_path / "data.jsonl"
     write(source, ROWS)
