@@ -4,8 +4,8 @@
 
 CONFIG.json names the model, the JSONL dataset, the reward (`package.module:callable`) and the same training
 settings the grpoflow job gets (K, lengths, learning rate, steps, seed, dtype, LoRA/QLoRA). Everything else is
-TRL's default, as in a script written by hand: logging every 10 steps, no checkpoint within a short run, a progress
-bar. RESULT.json gets TRL's own `train_runtime` and the tokens it counted; the trained weights go to
+TRL's default, as in a script written by hand: logging every 10 steps, no checkpoint within a short run (unless
+the config gives `save_steps`), a progress bar. RESULT.json gets TRL's own `train_runtime` and the tokens it counted; the trained weights go to
 `<output_dir>/final`.
 """
 
@@ -56,6 +56,8 @@ def main(config_path: str, result_path: str) -> None:
         model_init_kwargs={"dtype": dtype},
         gradient_checkpointing=False,  # the same compute as the grpoflow job (which turns TRL's default off)
         report_to="none",
+        # TRL's defaults (a checkpoint every 500 steps) unless the config asks for a schedule.
+        **({"save_steps": c["save_steps"], "save_total_limit": 2} if c.get("save_steps") else {}),
     )
     trainer = GRPOTrainer(
         model=c["model"],

@@ -15,7 +15,9 @@ Two parts, each alternating its sides (A B C, C B A, ...):
 1. steps/s, in this process (`trainers.grpo.main` and `bare_trl.main`), so that many short alternating runs fit:
    grpoflow as the spec's defaults run it (a checkpoint every max_steps / 10 steps: 10 in a 20-step run), and
    grpoflow with no checkpoint within the run, like the TRL script (TRL's default is one every 500 steps). The
-   difference between the two is the price of checkpoints, which depends on checkpoint_every, not on grpoflow.
+   difference between the two is the price of checkpoints, which depends on checkpoint_every, not on grpoflow; so
+   a third side runs the TRL script with the spec's default schedule given by hand (`save_steps` = max_steps / 10),
+   the like-for-like baseline of grpoflow's defaults.
 2. startup, on the real path: `python -m trainers.grpo JOB_DIR` and `python -m benchmarks.bare_trl` as child
    processes; startup is the process wall time minus train_runtime (imports, model load, final save).
 """
@@ -195,6 +197,7 @@ def run_bare(w: Workload, root: Path, tag: str, launcher: list[str] | None) -> d
         "seed": w.seed,
         "lora_rank": w.lora_rank,
         "load_in_4bit": w.load_in_4bit,
+        "save_steps": w.checkpoint_every,
     }
     paths = [str(out / "config.json"), str(out / "result.json")]
     Path(paths[0]).write_text(json.dumps(config))
@@ -268,7 +271,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     sides = {name: {k: median(r.get(k) for r in side) for k in keys} for name, side in runs.items()}
     bare = runs["trl"]
     for name, side in runs.items():
-        if name == "trl":
+        if name.startswith("trl"):
             continue
         sides[name] |= {
             "steps_per_s_ratio": _paired(side, bare, "steps_per_s"),
@@ -310,6 +313,7 @@ def compare(
     repeats: int,
     variants: dict[str, dict] | None = None,
     launcher: list[str] | None = None,
+    trl_variants: dict[str, dict] | None = None,
 ) -> dict:
     """Runs the workload `repeats` times on each side, alternating, and returns `summarize`'s figures.
 
@@ -321,6 +325,8 @@ def compare(
             (e.g. `{"checkpoint_every": 1000}`); default `{"grpoflow": {}}`. The TRL script is the side `"trl"`.
         launcher (`list[str]`, *optional*): how to start a child, e.g. `[sys.executable, "-m"]`; None trains in
             this process (startup is then not measured; a first, discarded run of each side pays the one-off costs).
+        trl_variants (`dict[str, dict]`, *optional*): further TRL script sides, each a name and the `Workload` fields
+            it changes (`checkpoint_every` becomes the script's `save_steps`).
     """
     global _warmed_up
     variants = variants or {"grpoflow": {}}
@@ -330,6 +336,9 @@ def compare(
         run_bare(warm, root, "warm-up-trl", None)
         _warmed_up = True
     sides = {"trl": lambda i: run_bare(w, root, f"{w.name}-trl-{i}", launcher)}
+    for name, changes in (trl_variants or {}).items():
+        variant = replace(w, name=f"{w.name}-{_slug(name)}", **changes)
+        sides[name] = lambda i, v=variant: run_bare(v, root, f"{v.name}-{i}", launcher)
     for name, changes in variants.items():
         variant = replace(w, name=f"{w.name}-{_slug(name)}", **changes)
         template = prepare_job(variant, root)
@@ -349,19 +358,47 @@ def main(argv=None) -> dict:
     pin_threads()
     steps, repeats, child_steps, child_repeats = (3, 1, 2, 1) if args.quick else (20, 7, 3, 2)
     default, like_script = "grpoflow (spec defaults)", "grpoflow (no checkpoint within the run)"
+    trl_checkpoints = "trl (checkpoints as grpoflow's default)"
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         root = Path(tmp)
         w = shaped_workload("demo-shaped", "demo-shaped", root, steps, zero_variance_share=0.0)
-        in_process = compare(w, root, repeats, variants={default: {}, like_script: NO_CHECKPOINTS})
+        in_process = compare(
+            w,
+            root,
+            repeats,
+            variants={default: {}, like_script: NO_CHECKPOINTS},
+            # The spec's default schedule, given to the script by hand: the like-for-like baseline of `default`.
+            trl_variants={trl_checkpoints: {"checkpoint_every": max(1, steps // 10)}},
+        )
         w_child = shaped_workload("demo-shaped-child", "demo-shaped", root, child_steps, zero_variance_share=0.0)
         children = compare(w_child, root, child_repeats, launcher=[sys.executable, "-m"])
     s, c = in_process["sides"], children["sides"]
     startup_ratio = paired_ratio(
         [r["startup_s"] for r in children["runs"]["grpoflow"]], [r["startup_s"] for r in children["runs"]["trl"]]
     )
-    t = s["trl"]
+    t, tc, runs = s["trl"], s[trl_checkpoints], in_process["runs"]
+    # grpoflow's defaults against the script given the same checkpoint schedule: like for like.
+    same_schedule = {
+        "cpu_steps_per_s_ratio": _paired(runs[default], runs[trl_checkpoints], "cpu_steps_per_s"),
+        "cpu_steps_per_s_ratio_range": _paired_range(runs[default], runs[trl_checkpoints], "cpu_steps_per_s"),
+        "steps_per_s_ratio": _paired(runs[default], runs[trl_checkpoints], "steps_per_s"),
+        "steps_per_s_ratio_range": _paired_range(runs[default], runs[trl_checkpoints], "steps_per_s"),
+        "same_weights": [r["weights_sha256"] for r in runs[default]]
+        == [r["weights_sha256"] for r in runs[trl_checkpoints]],
+    }
+    s[default]["vs_trl_same_checkpoints"] = same_schedule
     rows = [
-        ["trl.GRPOTrainer script", t["cpu_steps_per_s"], 1.0, t["steps_per_s"], 1.0, "", "", c["trl"]["startup_s"]]
+        ["trl.GRPOTrainer script", t["cpu_steps_per_s"], 1.0, t["steps_per_s"], 1.0, "", "", c["trl"]["startup_s"]],
+        [
+            f"{trl_checkpoints}, vs the script",
+            tc["cpu_steps_per_s"],
+            with_range(_paired(runs[trl_checkpoints], runs["trl"], "cpu_steps_per_s"), None),
+            tc["steps_per_s"],
+            with_range(_paired(runs[trl_checkpoints], runs["trl"], "steps_per_s"), None),
+            "",
+            "",
+            "",
+        ],
     ]
     for name in (default, like_script):
         r = s[name]
@@ -378,6 +415,18 @@ def main(argv=None) -> dict:
                 startup,
             ]
         )
+    rows.append(
+        [
+            f"{default}, vs {trl_checkpoints}",
+            s[default]["cpu_steps_per_s"],
+            with_range(same_schedule["cpu_steps_per_s_ratio"], same_schedule["cpu_steps_per_s_ratio_range"]),
+            s[default]["steps_per_s"],
+            with_range(same_schedule["steps_per_s_ratio"], same_schedule["steps_per_s_ratio_range"]),
+            f">= {TARGET_RATIO}",
+            same_schedule["same_weights"],
+            "",
+        ]
+    )
     table = markdown_table(
         [
             "side",
@@ -402,7 +451,10 @@ def main(argv=None) -> dict:
             "repeats": repeats,
             "target_ratio": TARGET_RATIO,
             # Judged on CPU time: see `train_cpu_seconds`; the wall-time ratios are in `in_process` too.
-            "target_met": {name: s[name]["cpu_steps_per_s_ratio"] >= TARGET_RATIO for name in (default, like_script)},
+            "target_met": {
+                **{name: s[name]["cpu_steps_per_s_ratio"] >= TARGET_RATIO for name in (default, like_script)},
+                f"{default} vs {trl_checkpoints}": same_schedule["cpu_steps_per_s_ratio"] >= TARGET_RATIO,
+            },
             "startup": {
                 "grpoflow_s": c["grpoflow"]["startup_s"],
                 "trl_s": c["trl"]["startup_s"],

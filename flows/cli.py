@@ -120,9 +120,18 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     spec = load(args, extra_overrides)
     if getattr(args, "resume", None):
         check_resume(spec, args.resume)
-    from flows.pipeline import REJECTED_PREFIX, grpo_pipeline
+    from flows import server
 
-    state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
+    # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.
+    temporary = server.start_if_needed()
+    try:
+        from flows.pipeline import REJECTED_PREFIX, grpo_pipeline
+
+        with server.connected(temporary):
+            state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
+    finally:
+        if temporary is not None:
+            temporary.stop()
     if (state.message or "").startswith(REJECTED_PREFIX):
         print(f"grpoflow: {state.message}", file=sys.stderr)
         return EXIT_REJECTED
@@ -142,7 +151,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
                 f"held-out {evaluation['metric']} on {evaluation['n']} prompts: "
                 f"before GRPO {evaluation['before']:.3f}, after GRPO {evaluation['after']:.3f}"
             )
-        print(f"report: {Path(out['output_dir']) / 'report.md'}")
+        print(f"report: {out['output_dir'].rstrip('/')}/report.md")  # a path or an s3:// URI
     return EXIT_OK
 
 

@@ -9,9 +9,8 @@ accuracy.
 
 import argparse
 import sys
+import time
 from pathlib import Path
-
-import torch
 
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.modeling import load_tokenizer, prepare_prompts
@@ -19,58 +18,97 @@ from trainers.rewards import build_reward
 from trainers.spec import JobSpec, load_spec
 
 
-@torch.no_grad()
-def generate(model_path: str, prompts: list, max_new_tokens: int, batch_size: int = 64) -> list:
-    """Greedy completions for `prompts` (strings or chats), in the form TRL hands to rewards."""
+def load_for_generation(model_path: str):
+    """The model (eval mode, on the GPU when there is one) and its left-padding tokenizer."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     from trainers.modeling import torch_dtype
 
     tokenizer = load_tokenizer(model_path)
-    tokenizer.padding_side = "left"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype()).to(device).eval()
+    return model, tokenizer
+
+
+def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, tokenizer=None) -> list:
+    """Greedy completions for `prompts` (strings or chats), in the form TRL hands to rewards.
+
+    Args:
+        model: a model folder (loaded here), or a loaded causal LM (then `tokenizer` is required).
+        prompts (`list`): strings, or lists of `{role, content}` messages.
+        max_new_tokens (`int`): the most tokens per completion.
+        batch_size (`int`, *optional*, defaults to 64): prompts per `generate` call.
+        tokenizer (*optional*): the tokenizer of a loaded `model`.
+    """
+    import torch
+
+    if isinstance(model, str):
+        model, tokenizer = load_for_generation(model)
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    was_training = model.training
+    model.eval()
     conversational = bool(prompts) and isinstance(prompts[0], list)
     completions = []
-    for i in range(0, len(prompts), batch_size):
-        batch = prompts[i : i + batch_size]
-        if conversational:
-            batch = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch]
-        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not conversational).to(device)
-        out = model.generate(
-            **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
-        )
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-        completions += [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+    try:
+        with torch.no_grad():
+            for i in range(0, len(prompts), batch_size):
+                batch = prompts[i : i + batch_size]
+                if conversational:
+                    batch = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch]
+                enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not conversational)
+                enc = enc.to(model.device)
+                out = model.generate(
+                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
+                texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+                completions += [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+    finally:
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
     return completions
 
 
-def score(model_path: str, eval_rows, spec: JobSpec) -> float:
-    """Mean of the evaluation reward over greedy completions of the held-out prompts (None scores are skipped)."""
+def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float:
+    """Mean of the evaluation reward over greedy completions of the held-out prompts (None scores are skipped).
+
+    `model` is a folder, or a loaded model with its `tokenizer`.
+    """
     reward_spec = next(r for r in spec.rewards if r.name == spec.evaluation.metric)
     reward = build_reward(reward_spec.name, reward_spec.function, reward_spec.kwargs)
     prompts = list(eval_rows["prompt"])
-    completions = generate(model_path, prompts, spec.evaluation.max_new_tokens)
+    completions = generate(model, prompts, spec.evaluation.max_new_tokens, tokenizer=tokenizer)
     columns = {c: list(eval_rows[c]) for c in eval_rows.column_names if c != "prompt"}
     values = reward(prompts=prompts, completions=completions, **columns)
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else float("nan")
 
 
-def evaluate(job: JobDir, spec: JobSpec, before_model: str) -> dict | None:
-    """Scores `before_model` and `merged/` on the held-out split; None when the spec holds nothing out."""
+def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict | None:
+    """Scores `before_model` and the GRPO result on the held-out split; None when the spec holds nothing out.
+
+    Args:
+        job (`JobDir`): the job folder (its `dataset/` eval split; `evaluation.json` is written there).
+        spec (`JobSpec`): the job's spec (metric, max_new_tokens, prompt column, system prompt).
+        before_model (`str`): the folder of the model GRPO started from.
+        after (*optional*): `(model, tokenizer)` of the GRPO result already in memory (the training child passes
+            its trained model, whose weights are `merged/`'s); by default `merged/` is loaded.
+    """
     from datasets import load_from_disk
 
+    started = time.monotonic()
     dataset = load_from_disk(str(job.dataset))
     if "eval" not in dataset:
         return None
     rows = prepare_prompts(dataset["eval"], spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
+    after_model, after_tokenizer = after or (str(job.merged), None)
     result = {
         "metric": spec.evaluation.metric,
         "n": len(rows),
         "before": score(before_model, rows, spec),
-        "after": score(str(job.merged), rows, spec),
+        "after": score(after_model, rows, spec, tokenizer=after_tokenizer),
     }
+    result["seconds"] = round(time.monotonic() - started, 3)
     write_json_atomic(job.evaluation, result)
     return result
 

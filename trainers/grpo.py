@@ -164,18 +164,32 @@ def main(job_root: str) -> int:
 
     # --- save
     target = save_artifact(trainer, tokenizer, spec, job)
-    write_json_atomic(
-        job.training_result,
-        {
-            "artifact_dir": target.name,
-            "start_model": model_path,
-            "resumed_from": Path(checkpoint).name if checkpoint else None,
-            "global_step": trainer.state.global_step,
-            "train_seconds": round(time.monotonic() - started, 3),
-            "train_runtime": result.metrics.get("train_runtime"),
-        },
-    )
+    train_seconds = round(time.monotonic() - started, 3)
+    summary = {
+        "artifact_dir": target.name,
+        "start_model": model_path,
+        "resumed_from": Path(checkpoint).name if checkpoint else None,
+        "global_step": trainer.state.global_step,
+        "train_seconds": train_seconds,
+        "train_runtime": result.metrics.get("train_runtime"),
+    }
+
+    # --- held-out evaluation, here when the trained model in memory is exactly what merged/ holds
+    if evaluates_in_training(spec):
+        from trainers.evaluate import evaluate
+
+        summary["evaluated_in_training"] = True
+        summary["evaluation"] = evaluate(job, spec, model_path, after=(trainer.model, tokenizer))
+    write_json_atomic(job.training_result, summary)
     return 0
+
+
+def evaluates_in_training(spec: JobSpec) -> bool:
+    """Whether the training child runs the held-out evaluation itself, saving the evaluation stage a second
+    process start and model load: for a one-process full fine-tune, whose in-memory model is `merged/`. LoRA jobs
+    are evaluated on `merged/` after the merge stage (the adapter on a 4-bit base is not the merged model)."""
+    hp = spec.hyperparameters
+    return hp.lora_rank is None and not hp.use_unsloth and spec.gpu_count == 1
 
 
 def cli(argv=None) -> int:

@@ -3,8 +3,6 @@ prompt formatting, and the checks for the optional accelerators (Unsloth, Liger)
 
 import importlib.util
 
-import torch
-
 from trainers.tiny import resolve_model_path
 
 # Attention and MLP projections of Llama/Qwen-style models (DESIGN.md: q/k/v/o and gate/up/down).
@@ -16,16 +14,23 @@ class SetupError(RuntimeError):
 
 
 def use_bf16() -> bool:
+    import torch  # here, not at the top: the pipeline process imports this module and never needs torch
+
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 def use_cpu(gpu_count: int) -> bool:
     """True for a several-process run without CUDA (`gpu_count > 1` on a CPU machine, e.g. a test): transformers
     joins `accelerate launch`'s processes into one gloo group only when told it runs on CPU."""
+    import torch
+
     return gpu_count > 1 and not torch.cuda.is_available()
 
 
-def torch_dtype() -> torch.dtype:
+def torch_dtype():
+    """`torch.bfloat16` where the GPU supports it, else `torch.float32`."""
+    import torch
+
     return torch.bfloat16 if use_bf16() else torch.float32
 
 
@@ -62,6 +67,8 @@ def quantization_config(hp):
 
 def check_accelerators(hp) -> None:
     """Fails early, with what to do, when an opt-in accelerator cannot run here."""
+    import torch
+
     for flag, package, extra in (("use_unsloth", "unsloth", "unsloth"), ("use_liger", "liger_kernel", "liger")):
         if not getattr(hp, flag):
             continue

@@ -1,0 +1,146 @@
+"""The temporary Prefect server `grpoflow run` uses when no Prefect API is configured.
+
+It is Prefect's own ephemeral server (the same uvicorn command, app and settings as
+`prefect.server.api.server.SubprocessASGIServer`), started by grpoflow instead of by Prefect's client so that it
+boots while this process still imports the pipeline (Prefect, datasets, the tasks): the two overlap on a multi-core
+machine instead of adding up, and this process never imports the server's own modules (FastAPI, SQLAlchemy, ~2.6 s).
+The flow then talks to it as to any running server, through `PREFECT_API_URL` set for this process and its children.
+With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode turned off, nothing is started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# uvicorn's exit code when its port was taken between our check and its bind: try another port.
+PORT_IN_USE_EXIT = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TemporaryServer:
+    """A Prefect server on a free loopback port, in a child process; `wait()` until it answers, `stop()` at the end."""
+
+    def __init__(self):
+        from prefect.settings import get_current_settings
+
+        settings = get_current_settings()
+        self.timeout_s = settings.server.ephemeral.startup_timeout_seconds
+        # What Prefect's ephemeral server passes on: the settings from the active profile, the UI off.
+        self._env = {
+            **os.environ,
+            **settings.to_environment_variables(exclude_unset=True),
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+        }
+        self._env.pop("PREFECT_API_URL", None)
+        self.process: subprocess.Popen | None = None
+        self._launch()
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def _launch(self) -> None:
+        self.port = _free_port()
+        prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
+        command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory"]
+        command += ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--log-level", "error", "--lifespan", "on"]
+        print(
+            f"grpoflow: temporary Prefect server on http://127.0.0.1:{self.port} "
+            "(set PREFECT_API_URL to use a running one)",
+            file=sys.stderr,
+        )
+        self.process = subprocess.Popen(command, env=self._env, stdin=subprocess.DEVNULL)
+
+    def wait(self) -> str:
+        """Blocks until the server answers /health; returns its API URL. Raises RuntimeError if it never does."""
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code == PORT_IN_USE_EXIT:
+                self._launch()
+            elif code is not None:
+                raise RuntimeError(f"the temporary Prefect server exited with code {code} before it answered")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self.api_url
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(
+            f"the temporary Prefect server did not answer within {self.timeout_s:g} s "
+            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+        )
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+def start_if_needed() -> TemporaryServer | None:
+    """Starts a temporary server when Prefect has no API URL and ephemeral mode is on (Prefect's default)."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled:
+        return None
+    return TemporaryServer()
+
+
+@contextlib.contextmanager
+def connected(server: TemporaryServer | None):
+    """Inside: Prefect's client (and child processes) use `server`, once it answers; nothing changes for None."""
+    if server is None:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = server.wait()
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            try:
+                yield
+            finally:
+                drain_workers()
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+
+
+def drain_workers(timeout_s: float = 10.0) -> None:
+    """Sends the logs and events Prefect still queues to the server, before the server goes away (as Prefect's own
+    ephemeral server gets them at exit, because it stops last)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=timeout_s)

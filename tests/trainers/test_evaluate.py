@@ -1,0 +1,82 @@
+"""Held-out evaluation: scored in the training child from the model in memory, it equals scoring merged/ from disk."""
+
+import hashlib
+import json
+
+import pytest
+
+from tasks.ingest import ingest_dataset
+from tests.conftest import arithmetic_rows, write_jsonl
+from trainers import grpo
+from trainers.evaluate import evaluate
+from trainers.jobdir import JobDir
+from trainers.spec import load_spec, to_yaml
+
+
+def text_hash(completions, **kwargs) -> list[float]:
+    return [int(hashlib.sha256(c.encode()).hexdigest()[:12], 16) / 16**12 for c in completions]
+
+
+def make_job(tmp_path, **hyperparameters) -> tuple[JobDir, object]:
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(24))
+    spec, _ = load_spec(
+        {
+            "name": "ev",
+            "base_model": "builtin:tiny",
+            "dataset": {"uri": str(data)},
+            # A score that is a hash of each completion's text: equal means the very same completions, not merely
+            # "both wrong".
+            "rewards": [{"name": "text_hash", "function": "tests.trainers.test_evaluate:text_hash"}],
+            "hyperparameters": {
+                "max_steps": 4,
+                "rollouts_per_prompt": 4,
+                "max_response_length": 8,
+                "learning_rate": 5e-3,
+                **hyperparameters,
+            },
+            "evaluation": {"holdout": 8, "max_new_tokens": 12},
+        }
+    )
+    job = JobDir(tmp_path / "job")
+    job.root.mkdir()
+    job.spec.write_text(to_yaml(spec))
+    ingest_dataset(spec.dataset.uri, job.dataset, holdout=8, seed=spec.hyperparameters.seed)
+    return job, spec
+
+
+def test_training_child_scores_what_merged_holds(tmp_path):
+    job, spec = make_job(tmp_path)
+    assert grpo.evaluates_in_training(spec)
+
+    assert grpo.main(str(job.root)) == 0
+
+    training = json.loads(job.training_result.read_text())
+    in_child = training["evaluation"]
+    assert training["evaluated_in_training"] is True
+    assert in_child == {k: v for k, v in json.loads(job.evaluation.read_text()).items()}
+    assert in_child["n"] == 8 and in_child["metric"] == "text_hash"
+    assert in_child["before"] != in_child["after"]  # training changed what the model generates
+    # The same evaluation by the path LoRA jobs take: both models loaded from their folders.
+    from_disk = evaluate(job, spec, training["start_model"])
+    assert (from_disk["before"], from_disk["after"]) == (in_child["before"], in_child["after"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, True),
+        ({"hyperparameters": {"lora_rank": 4}}, False),  # evaluated on merged/ after the merge stage
+        ({"gpu_count": 2}, False),  # several processes: the pipeline evaluates
+    ],
+)
+def test_which_jobs_evaluate_in_training(tmp_path, changes, expected):
+    raw = {
+        "name": "ev",
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": str(tmp_path / "d.jsonl")},
+        "rewards": [{"name": "exact_answer"}],
+    }
+    for key, value in changes.items():
+        raw[key] = value
+    spec, _ = load_spec(raw)
+    assert grpo.evaluates_in_training(spec) is expected
