@@ -5,8 +5,8 @@
 CONFIG.json names the model, the JSONL dataset, the reward (`package.module:callable`) and the same training
 settings the grpoflow job gets (K, lengths, learning rate, steps, seed, dtype, LoRA/QLoRA). Everything else is
 TRL's default, as in a script written by hand: logging every 10 steps, no checkpoint within a short run (unless
-the config gives `save_steps`), a progress bar. RESULT.json gets TRL's own `train_runtime` and the tokens it counted; the trained weights go to
-`<output_dir>/final`.
+the config gives `save_steps`), a progress bar. RESULT.json gets TRL's own `train_runtime` and the tokens it
+counted; the trained weights go to `<output_dir>/final`.
 """
 
 import importlib

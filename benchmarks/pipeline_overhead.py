@@ -167,8 +167,8 @@ def main(argv=None) -> dict:
     stage_rows = [[label, *(s["stages_s"][label] for s in sides.values())] for label in labels]
     table += "\n\n" + markdown_table(["stage (from event timestamps), s", *sides], stage_rows)
     table += (
-        f"\n\nFirst run on a fresh PREFECT_HOME (Prefect creates its database): overhead {first_run['overhead_s']:.1f} s"
-        " (not in the medians)."
+        "\n\nFirst run on a fresh PREFECT_HOME (Prefect creates its database): "
+        f"overhead {first_run['overhead_s']:.1f} s (not in the medians)."
     )
     return finish(
         "pipeline_overhead",

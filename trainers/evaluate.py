@@ -55,7 +55,9 @@ def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, to
             for i in range(0, len(prompts), batch_size):
                 batch = prompts[i : i + batch_size]
                 if conversational:
-                    batch = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch]
+                    batch = [
+                        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch
+                    ]
                 enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not conversational)
                 enc = enc.to(model.device)
                 out = model.generate(
