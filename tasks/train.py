@@ -109,23 +109,38 @@ class ProgressWatcher:
 
     def __init__(self, job: JobDir, spec: JobSpec):
         hp = spec.hyperparameters
-        self.job, self.spec, self.seen = job, spec, 0
+        self.job, self.spec, self.last_step = job, spec, 0
         self.monitor = HealthMonitor(max_response_length=hp.max_response_length, kl_coef=hp.kl_coef)
         self.every = max(1, hp.max_steps // 20)
         self.alerts = []
         self.logger = get_run_logger()
+        # A retried task's child resumes from a checkpoint, and the steps before it are already in metrics.jsonl:
+        # they feed the health monitor again (its windows need them) but their events went out the first time.
+        self.announced_until = max(
+            (
+                (r.get("payload") or {}).get("step", 0)
+                for r in read_metrics(job.events)
+                if r.get("event") in ("grpoflow.training.progress", "grpoflow.training.alert")
+            ),
+            default=0,
+        )
 
     def poll(self) -> bool:
         """Handles new records; returns True when an alert asks the run to stop."""
-        records = read_metrics(self.job.metrics)
         stop = False
-        for record in records[self.seen :]:
-            stop |= self._handle(record)
-        self.seen = len(records)
+        # By step, not by line: a resuming child truncates metrics.jsonl to its checkpoint and writes those steps
+        # again (bit for bit the same values: see the resume test), which are then not handled twice.
+        for record in read_metrics(self.job.metrics):
+            if record["step"] > self.last_step:
+                stop |= self._handle(record)
+                self.last_step = record["step"]
         return stop
 
     def _handle(self, record: dict) -> bool:
         step, values = record["step"], record["values"]
+        if step <= self.announced_until:
+            self.alerts += self.monitor.update(record)
+            return False
         if step % self.every == 0 or step == self.spec.hyperparameters.max_steps:
             summary = {k: values.get(k) for k in ("reward", "reward_std", "loss", "completions/mean_length", "kl")}
             summary = {k: round(v, 4) for k, v in summary.items() if isinstance(v, float | int)}

@@ -65,6 +65,10 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, kill_at):
     assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
     steps = [r["step"] for r in read_metrics(job.metrics)]
     assert steps == list(range(1, 31))  # every step exactly once, none lost, none repeated
+    # The retried task announces only the steps the first attempt had not: one progress event per step (30 steps:
+    # every step has one), in order, none twice.
+    progress = [r["payload"]["step"] for r in read_metrics(job.events) if r["event"] == "grpoflow.training.progress"]
+    assert progress == list(range(1, 31))
     resumed = json.loads(job.training_result.read_text())["resumed_from"]
     if kill_at >= 10:  # checkpoint-5 at least was complete when the child died: the retry started from it
         assert resumed is not None and int(resumed.rsplit("-", 1)[1]) >= 5
