@@ -40,7 +40,7 @@ def training_share(root: Path, shape: str, steps: int, repeats: int) -> float | 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
     pin_threads()
-    steps, repeats = (2, 1) if args.quick else (10, 3)
+    steps, repeats = (2, 1) if args.quick else (10, 5)
     rows, workloads = [], {}
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         root = Path(tmp)

@@ -76,29 +76,48 @@ def shaped_workload(name: str, shape: str, root: Path, steps: int, zero_variance
 
 
 @contextlib.contextmanager
-def train_cpu_seconds(record: list[float]):
-    """Appends the process CPU time of every `Trainer.train` call made inside to `record`.
+def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None):
+    """Appends the process CPU time of every `Trainer.train` call made inside to `record`; with `parts`, also adds
+    the CPU seconds spent inside `Trainer._save_checkpoint` ("checkpoint_cpu_s") and `GRPOTrainer.log`
+    ("logging_cpu_s": TRL's metric averaging and every callback's `on_log`, grpoflow's metrics.jsonl writer
+    included) to it.
 
     Both sides train through `transformers.Trainer.train` (GRPOTrainer does not override it), so the hook costs them
     the same. On a machine shared with other work, wall time swung by ±25% between identical runs and the CPU time
-    the run itself used by about ±10% (the vCPUs are hyperthreads: a busy sibling slows the work too).
+    the run itself used by about ±10% (the vCPUs are hyperthreads: a busy sibling slows the work too). The parts
+    are shares of one run's own time, which that noise moves much less than it moves a ratio between two runs:
+    they say where a gap between the sides comes from.
     """
     from transformers import Trainer
+    from trl import GRPOTrainer
 
-    original = Trainer.train
+    targets = {"train": Trainer, "_save_checkpoint": Trainer, "log": GRPOTrainer}
+    originals = {name: getattr(cls, name) for name, cls in targets.items()}
 
-    def timed(self, *args, **kwargs):
-        started = time.process_time()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            record.append(time.process_time() - started)
+    def timed(name, key):
+        original = originals[name]
 
-    Trainer.train = timed
+        def wrapper(self, *args, **kwargs):
+            started = time.process_time()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                elapsed = time.process_time() - started
+                if key is None:
+                    record.append(elapsed)
+                elif parts is not None:
+                    parts[key] = parts.get(key, 0.0) + elapsed
+
+        return wrapper
+
+    Trainer.train = timed("train", None)
+    Trainer._save_checkpoint = timed("_save_checkpoint", "checkpoint_cpu_s")
+    GRPOTrainer.log = timed("log", "logging_cpu_s")
     try:
         yield
     finally:
-        Trainer.train = original
+        for name, original in originals.items():
+            setattr(targets[name], name, original)
 
 
 # --- grpoflow's side -------------------------------------------------------------------------------------------------
@@ -151,10 +170,10 @@ def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> d
     job = JobDir(root / tag)
     shutil.copytree(template.root, job.root)  # a fresh folder: never resume from another repeat's checkpoints
     if launcher is None:
-        cpu = []
-        with output_to(job.root / "run.log"), train_cpu_seconds(cpu):
+        cpu, parts = [], {}
+        with output_to(job.root / "run.log"), train_cpu_seconds(cpu, parts):
             train_in_process(str(job.root))
-        child = {"train_cpu_s": cpu[0]}
+        child = {"train_cpu_s": cpu[0], **_shares(parts, cpu[0])}
     else:
         child = run_child([*launcher, "trainers.grpo", str(job.root)], job.root / "child.log")
         child |= _peak_gpu(job.root / "child.log")
@@ -202,10 +221,10 @@ def run_bare(w: Workload, root: Path, tag: str, launcher: list[str] | None) -> d
     paths = [str(out / "config.json"), str(out / "result.json")]
     Path(paths[0]).write_text(json.dumps(config))
     if launcher is None:
-        cpu = []
-        with output_to(out / "run.log"), train_cpu_seconds(cpu):
+        cpu, parts = [], {}
+        with output_to(out / "run.log"), train_cpu_seconds(cpu, parts):
             bare_trl.main(*paths)
-        child = {"train_cpu_s": cpu[0]}
+        child = {"train_cpu_s": cpu[0], **_shares(parts, cpu[0])}
     else:
         child = run_child([*launcher, "benchmarks.bare_trl", *paths], out / "child.log")
         child |= _peak_gpu(out / "child.log")
@@ -216,6 +235,14 @@ def run_bare(w: Workload, root: Path, tag: str, launcher: list[str] | None) -> d
         "steps": result["global_step"],
         "num_tokens": result["num_tokens"],
         "weights_sha256": weights_sha256(out / "trl" / "final"),
+    }
+
+
+def _shares(parts: dict[str, float], train_cpu_s: float) -> dict[str, float]:
+    """Checkpoint saving and logging as shares of the run's `Trainer.train` CPU time (0 when never called)."""
+    return {
+        "checkpoint_share": parts.get("checkpoint_cpu_s", 0.0) / train_cpu_s,
+        "logging_share": parts.get("logging_cpu_s", 0.0) / train_cpu_s,
     }
 
 
@@ -262,6 +289,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     keys = (
         "steps_per_s",
         "cpu_steps_per_s",
+        "checkpoint_share",
+        "logging_share",
         "tokens_per_s",
         "train_runtime_s",
         "startup_s",
@@ -344,6 +373,27 @@ def compare(
         template = prepare_job(variant, root)
         sides[name] = lambda i, t=template, n=variant.name: run_project(t, root, f"{n}-{i}", launcher)
     return summarize(alternate(sides, repeats))
+
+
+def where_time_goes(sides: dict[str, dict], baselines: dict[str, str]) -> dict[str, dict]:
+    """Each side's median shares of `Trainer.train` CPU time in checkpoint saves and logging, and the steps/s ratio
+    against its baseline that those shares imply when the rest of a step costs both sides the same (it is the same
+    computation: the weight checksums match). A within-run figure, which the machine's noise moves far less than the
+    ratio of two runs' speeds."""
+
+    def rest(side: dict) -> float:
+        return 1 - side["checkpoint_share"] - side["logging_share"]
+
+    trl = sides["trl"]
+    out = {"trl": {"checkpoint_share": trl["checkpoint_share"], "logging_share": trl["logging_share"], "implied": 1.0}}
+    for name, baseline in baselines.items():
+        side = sides[name]
+        out[name] = {
+            "checkpoint_share": side["checkpoint_share"],
+            "logging_share": side["logging_share"],
+            "implied": rest(side) / rest(sides[baseline]),
+        }
+    return out
 
 
 def _slug(name: str) -> str:
@@ -441,6 +491,21 @@ def main(argv=None) -> dict:
         rows,
     )
     table += f"\n\nStartup ratio grpoflow / TRL script (child processes, median of pairs): {fmt(startup_ratio)}."
+    shares = where_time_goes(s, {default: "trl", like_script: "trl", trl_checkpoints: "trl"})
+    share_rows = [
+        [name, v["checkpoint_share"], v["logging_share"], 1 - v["checkpoint_share"] - v["logging_share"], v["implied"]]
+        for name, v in shares.items()
+    ]
+    table += "\n\n" + markdown_table(
+        [
+            "side: share of Trainer.train CPU time in",
+            "checkpoint saves",
+            "logging (TRL's + callbacks)",
+            "the rest (generation, rewards, forward/backward/optimizer)",
+            "steps/s vs TRL implied by the shares",
+        ],
+        share_rows,
+    )
     return finish(
         "trainer_vs_trl",
         args,
@@ -461,6 +526,7 @@ def main(argv=None) -> dict:
                 "ratio": startup_ratio,
             },
             "in_process": in_process,
+            "where_time_goes": shares,
             "child_processes": children,
         },
     )
