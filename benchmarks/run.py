@@ -32,6 +32,10 @@ def summary_rows(name: str, r: dict) -> list[list]:
                 label = f"{side} vs TRL with the same checkpoint schedule"
                 value = s["vs_trl_same_checkpoints"]["cpu_steps_per_s_ratio"]
                 rows.append([name, f"steps/s (CPU time), {label}", value, target, value >= r["target_ratio"]])
+        shares = r.get("where_time_goes", {})
+        for side, v in shares.items():
+            if side != "trl" and not side.startswith("trl"):
+                rows.append([name, f"steps/s vs TRL implied by time shares in the run, {side}", v["implied"], "", ""])
         return [*rows, [name, "startup vs TRL (child processes, wall)", r["startup"]["ratio"], "", ""]]
     if name == "skip_zero_variance":
         return [
