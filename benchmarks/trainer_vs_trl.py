@@ -3,7 +3,8 @@
     python -m benchmarks.trainer_vs_trl [--quick] [--json PATH]
 
 The same job on both sides: builtin:tiny, the demo's prompts, K = 8, 24-token completions, learning rate, seed and
-dtype, 20 steps. grpoflow's side is its training stage on a job folder prepared as the pipeline prepares it (resolved
+dtype, 100 steps (the spec's default max_steps, so "spec defaults" is the whole default schedule: ten checkpoints).
+grpoflow's side is its training stage on a job folder prepared as the pipeline prepares it (resolved
 spec.yaml, ingested dataset); the other side is `benchmarks.bare_trl`, a hand-written TRL script. Steps/s comes from
 TRL's own `train_runtime` on each side. The trained weights are compared too: equal checksums mean both sides ran
 the very same computation. Each in-process run is also timed in CPU seconds (`train_cpu_seconds`); the targets are
@@ -13,7 +14,7 @@ ratios beside each median: what the machine's noise lets the median resolve.
 Two parts, each alternating its sides (A B C, C B A, ...):
 
 1. steps/s, in this process (`trainers.grpo.main` and `bare_trl.main`), so that many short alternating runs fit:
-   grpoflow as the spec's defaults run it (a checkpoint every max_steps / 10 steps: 10 in a 20-step run), and
+   grpoflow as the spec's defaults run it (a checkpoint every max_steps / 10 steps), and
    grpoflow with no checkpoint within the run, like the TRL script (TRL's default is one every 500 steps). The
    difference between the two is the price of checkpoints, which depends on checkpoint_every, not on grpoflow; so
    a third side runs the TRL script with the spec's default schedule given by hand (`save_steps` = max_steps / 10),
@@ -406,7 +407,7 @@ NO_CHECKPOINTS = {"checkpoint_every": 10**9}  # none within the run, like the TR
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
     pin_threads()
-    steps, repeats, child_steps, child_repeats = (3, 1, 2, 1) if args.quick else (20, 7, 3, 2)
+    steps, repeats, child_steps, child_repeats = (3, 1, 2, 1) if args.quick else (100, 5, 3, 2)
     default, like_script = "grpoflow (spec defaults)", "grpoflow (no checkpoint within the run)"
     trl_checkpoints = "trl (checkpoints as grpoflow's default)"
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
