@@ -52,11 +52,17 @@ def test_quick_mode_writes_every_figure(name, extra, keys, tmp_path):
 
 def check_trainer_vs_trl(data):
     sides = data["in_process"]["sides"]
-    assert set(sides) == {"trl", "grpoflow (spec defaults)", "grpoflow (no checkpoint within the run)"}
+    default, trl_same = "grpoflow (spec defaults)", "trl (checkpoints as grpoflow's default)"
+    assert set(sides) == {"trl", trl_same, default, "grpoflow (no checkpoint within the run)"}
     for name, side in sides.items():
-        assert SIDE_FIGURES <= side.keys()
-        if name != "trl":
+        assert SIDE_FIGURES | {"checkpoint_share", "logging_share"} <= side.keys()
+        if not name.startswith("trl"):
             assert {"steps_per_s_ratio", "cpu_steps_per_s_ratio", "same_weights_as_trl"} <= side.keys()
+    like_for_like = sides[default]["vs_trl_same_checkpoints"]
+    assert like_for_like["cpu_steps_per_s_ratio"] > 0 and like_for_like["same_weights"] is True
+    # Every run saves at least its final checkpoint; grpoflow's mid-run ones weigh more than TRL's default run's.
+    assert 0 < sides["trl"]["checkpoint_share"] < sides[default]["checkpoint_share"] < 1
+    assert set(data["where_time_goes"]) == set(sides)
     assert {"startup_s", "peak_rss_mb"} <= data["child_processes"]["sides"]["grpoflow"].keys()
 
 
@@ -75,7 +81,11 @@ def check_skip_zero_variance(data):
 
 def check_pipeline_overhead(data):
     side = data["sides"]["ephemeral Prefect"]
-    assert {"wall_s", "sft_child_s", "train_child_s", "overhead_s", "stages_s", "target_met"} <= side.keys()
+    keys = {"wall_s", "sft_child_s", "train_child_s", "evaluation_in_child_s", "overhead_s", "stages_s", "target_met"}
+    assert keys <= side.keys()
+    # The demo spec is a full fine-tune: its GRPO child scored the held-out prompts, and that counts as overhead.
+    assert side["evaluation_in_child_s"] > 0
+    assert data["first_run_fresh_prefect_home"]["overhead_s"] > 0
 
 
 def check_ingest_scale(data):
