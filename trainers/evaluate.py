@@ -19,7 +19,7 @@ from trainers.spec import JobSpec, load_spec
 
 
 def load_for_generation(model_path: str):
-    """The model (eval mode, on the GPU when there is one) and its left-padding tokenizer."""
+    """The model (eval mode, on the GPU when there is one) and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM
 
