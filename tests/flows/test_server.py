@@ -1,0 +1,87 @@
+"""The temporary Prefect server `grpoflow run` starts when no Prefect API is configured (flows/server.py).
+
+Each case runs in a child process with its own environment and PREFECT_HOME, as a `grpoflow run` would: Prefect's
+settings are read once per process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.common import REPO_ROOT
+
+FLOW_SCRIPT = """
+import json, os
+import httpx
+from prefect import flow, get_run_logger
+from flows import server
+
+@flow
+def hello():
+    get_run_logger().info("hello from the flow")
+    return 42
+
+temporary = server.start_if_needed()
+assert temporary is not None
+with server.connected(temporary):
+    inside = os.environ["PREFECT_API_URL"]
+    state = hello(return_state=True)
+url = temporary.api_url
+# Leaving `connected` drained Prefect's log and event workers: the server has the flow's log line before it stops.
+flow_run = str(state.state_details.flow_run_id)
+logs = httpx.post(f"{url}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run]}}}).json()
+process = temporary.process
+temporary.stop()
+print(json.dumps({
+    "result": state.result(),
+    "inside": inside,
+    "url": url,
+    "after": os.environ.get("PREFECT_API_URL"),
+    "messages": [log["message"] for log in logs],
+    "server_exit": process.returncode,
+}))
+"""
+
+NOTHING_TO_START = """
+from flows import server
+print(server.start_if_needed() is None)
+"""
+
+
+def run(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    environ |= {"PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONPATH": str(REPO_ROOT), **env}
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_a_flow_runs_against_the_temporary_server_and_its_logs_arrive(tmp_path):
+    proc = run(FLOW_SCRIPT, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["result"] == 42
+    assert out["inside"] == out["url"] and out["url"].startswith("http://127.0.0.1:")
+    assert out["after"] is None  # PREFECT_API_URL is this run's only
+    assert "hello from the flow" in out["messages"]
+    assert out["server_exit"] is not None  # stopped, not left behind
+    assert "grpoflow: temporary Prefect server on http://127.0.0.1:" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"PREFECT_API_URL": "http://127.0.0.1:9/api"},  # a configured server: use it
+        {"PREFECT_SERVER_EPHEMERAL_ENABLED": "false"},  # ephemeral mode off: Prefect's own rule applies
+    ],
+    ids=["api-url-set", "ephemeral-off"],
+)
+def test_nothing_is_started_when_prefect_is_configured_otherwise(tmp_path, env):
+    proc = run(NOTHING_TO_START, tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "True"
+    assert "temporary Prefect server" not in proc.stderr
