@@ -120,8 +120,8 @@ def main(argv=None) -> dict:
             "cpu_check": not torch.cuda.is_available(),
             "steps": steps,
             "repeats": repeats,
-            "K": 8,
-            "max_response_length": 64,
+            "K": w.rollouts_per_prompt,
+            "max_response_length": w.max_response_length,
             "modes": results,
         },
     )

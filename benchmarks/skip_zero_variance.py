@@ -53,7 +53,10 @@ def main(argv=None) -> dict:
                 s = result["sides"]
                 skip, plain = s["grpoflow+skip"], s["grpoflow"]
                 target = TARGET_ZERO_VARIANCE if share >= 0.5 else TARGET_ELSEWHERE
-                bound = 1 / (1 - share * f) if f is not None else None
+                # z: the share of steps actually skipped, measured (one prompt per step: the share of ungraded
+                # prompts, when each of their groups really had zero variance).
+                z = skip["skipped_share"] or 0.0
+                bound = 1 / (1 - z * f) if f is not None else None
                 runs = result["runs"]
                 workloads[name] = {
                     "shape": shape,

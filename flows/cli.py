@@ -336,6 +336,17 @@ def cmd_serve(args) -> int:
     return EXIT_OK
 
 
+def _port(text: str) -> int:
+    """argparse type of --port: a TCP port, 1 to 65535 (checked before any model is loaded)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1 to 65535)")
+    return port
+
+
 def _add_model_commands(sub) -> None:
     """`publish`, `deploy` and `serve`: push a job's model to the Hub (tasks/publish.py), register its merged weights
     for serving and serve them (tasks/register.py)."""
@@ -354,7 +365,7 @@ def _add_model_commands(sub) -> None:
     serve = sub.add_parser("serve", help="serve a registered deployment over an OpenAI-compatible HTTP API")
     serve.add_argument("name")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.set_defaults(func=cmd_serve)
     for p in (deploy, publish, serve):
         p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -424,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from flows.server import ServerError
     from trainers.spec import SpecError
 
     try:
@@ -436,6 +448,9 @@ def main(argv=None) -> int:
         print(f"grpoflow: {e}", file=sys.stderr)
         return EXIT_REJECTED
     except UnknownJob as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except ServerError as e:
         print(f"grpoflow: {e}", file=sys.stderr)
         return EXIT_FAILED
 

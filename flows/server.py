@@ -21,8 +21,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-# uvicorn's exit code when its port was taken between our check and its bind: try another port.
-PORT_IN_USE_EXIT = 3
+# uvicorn's exit code when startup failed: its port taken between our check and its bind (then another port may do),
+# or the app itself failing to start (then every try fails the same way): a few tries, not until the timeout.
+STARTUP_FAILED_EXIT = 3
+MAX_LAUNCHES = 3
+
+
+class ServerError(RuntimeError):
+    """The temporary server did not come up; the message says what happened and what to set."""
 
 
 def _free_port() -> int:
@@ -49,6 +55,7 @@ class TemporaryServer:
         }
         self._env.pop("PREFECT_API_URL", None)
         self.process: subprocess.Popen | None = None
+        self.launches = 0
         self._launch()
 
     @property
@@ -56,6 +63,7 @@ class TemporaryServer:
         return f"http://127.0.0.1:{self.port}/api"
 
     def _launch(self) -> None:
+        self.launches += 1
         self.port = _free_port()
         prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
         command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory"]
@@ -69,14 +77,18 @@ class TemporaryServer:
         self.process = subprocess.Popen(command, env=self._env, stdin=subprocess.DEVNULL)
 
     def wait(self) -> str:
-        """Blocks until the server answers /health; returns its API URL. Raises RuntimeError if it never does."""
+        """Blocks until the server answers /health; returns its API URL. Raises ServerError if it never does."""
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             code = self.process.poll()
-            if code == PORT_IN_USE_EXIT:
+            if code == STARTUP_FAILED_EXIT and self.launches < MAX_LAUNCHES:
                 self._launch()
             elif code is not None:
-                raise RuntimeError(f"the temporary Prefect server exited with code {code} before it answered")
+                raise ServerError(
+                    f"the temporary Prefect server exited with code {code} before it answered ({self.launches} "
+                    "tries; its error is above); start one with `prefect server start` and set PREFECT_API_URL, or "
+                    "check the Prefect settings it read (PREFECT_HOME, PREFECT_API_DATABASE_CONNECTION_URL)"
+                )
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
@@ -85,9 +97,9 @@ class TemporaryServer:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(
-            f"the temporary Prefect server did not answer within {self.timeout_s:g} s "
-            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+        raise ServerError(
+            f"the temporary Prefect server did not answer within {self.timeout_s:g} s; raise "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a running server"
         )
 
     def stop(self) -> None:

@@ -145,7 +145,8 @@ class ProgressWatcher:
             summary = {k: values.get(k) for k in ("reward", "reward_std", "loss", "completions/mean_length", "kl")}
             summary = {k: round(v, 4) for k, v in summary.items() if isinstance(v, float | int)}
             self.logger.info("step %d/%d %s", step, self.spec.hyperparameters.max_steps, summary)
-            emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": self._max(), **summary})
+            max_steps = self.spec.hyperparameters.max_steps
+            emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": max_steps, **summary})
         stop = False
         for alert in self.monitor.update(record):
             self.alerts.append(alert)
@@ -153,9 +154,6 @@ class ProgressWatcher:
             emit(self.job, "grpoflow.training.alert", alert.to_dict())
             stop |= self.spec.stop_on_alert
         return stop
-
-    def _max(self) -> int:
-        return self.spec.hyperparameters.max_steps
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=_retryable)

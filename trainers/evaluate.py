@@ -80,10 +80,32 @@ def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float:
     reward = build_reward(reward_spec.name, reward_spec.function, reward_spec.kwargs)
     prompts = list(eval_rows["prompt"])
     completions = generate(model, prompts, spec.evaluation.max_new_tokens, tokenizer=tokenizer)
-    columns = {c: list(eval_rows[c]) for c in eval_rows.column_names if c != "prompt"}
-    values = reward(prompts=prompts, completions=completions, **columns)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model)
+    values = call_reward(reward, prompts, completions, eval_rows, tokenizer)
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else float("nan")
+
+
+def call_reward(reward, prompts: list, completions: list, rows, tokenizer) -> list:
+    """Calls a reward with what TRL passes it during training (every other column, `completion_ids` from
+    `tokenizer`, the logging hooks; `trainer_state` None, as outside a trainer) and awaits an `async def` reward."""
+    import asyncio
+    import inspect
+
+    skipped = ("prompt", "completion", "completion_ids")
+    columns = {c: list(rows[c]) for c in rows.column_names if c not in skipped}
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    result = reward(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=tokenizer(texts, add_special_tokens=False)["input_ids"],
+        trainer_state=None,
+        log_extra=lambda column, values: None,
+        log_metric=lambda name, value: None,
+        **columns,
+    )
+    return asyncio.run(result) if inspect.iscoroutine(result) else result
 
 
 def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict | None:

@@ -87,27 +87,31 @@ def intact_checkpoint(path: Path) -> bool:
     return state.get("global_step") == int(path.name.rsplit("-", 1)[-1])
 
 
-def resume_checkpoint(job: JobDir) -> str | None:
-    """The newest intact checkpoint in `checkpoints/` (torn ones are removed), with the metrics logged after it
-    dropped so each step appears once."""
+def resume_checkpoint(job: JobDir, tidy: bool = True) -> str | None:
+    """The newest intact checkpoint in `checkpoints/`. With `tidy` (the main process of a run; the other ranks of a
+    several-GPU run only look), torn checkpoints are removed and the metrics logged after the checkpoint dropped, so
+    each step appears once."""
     if not job.checkpoints.exists():
         return None
     candidates = [p for p in job.checkpoints.glob("checkpoint-*") if p.name.rsplit("-", 1)[-1].isdigit()]
     for path in sorted(candidates, key=lambda p: int(p.name.rsplit("-", 1)[-1]), reverse=True):
         if intact_checkpoint(path):
-            truncate_metrics(job.metrics, int(path.name.rsplit("-", 1)[-1]))
+            if tidy:
+                truncate_metrics(job.metrics, int(path.name.rsplit("-", 1)[-1]))
             return str(path)
-        print(f"grpoflow: removing torn checkpoint {path.name}")
-        shutil.rmtree(path, ignore_errors=True)
-    truncate_metrics(job.metrics, 0)
+        if tidy:
+            print(f"grpoflow: removing torn checkpoint {path.name}")
+            shutil.rmtree(path, ignore_errors=True)
+    if tidy:
+        truncate_metrics(job.metrics, 0)
     return None
 
 
-def save_artifact(trainer, tokenizer, spec: JobSpec, job: JobDir) -> Path:
-    """Saves the adapter (LoRA jobs) or the full weights (full fine-tune), each with the tokenizer."""
+def save_artifact(trainer, spec: JobSpec, job: JobDir) -> Path:
+    """Saves the adapter (LoRA jobs) or the full weights (full fine-tune), each with the tokenizer: `save_model`
+    writes the trainer's `processing_class` too, from the main process only."""
     target = job.adapter if spec.hyperparameters.lora_rank else job.merged
     trainer.save_model(str(target))
-    tokenizer.save_pretrained(str(target))
     return target
 
 
@@ -158,12 +162,12 @@ def main(job_root: str) -> int:
     print(f"grpoflow: start model {model_path}; loaded in 4-bit: {quantized}; trainable {trainable:,}/{total:,}")
 
     # --- train (resuming from the newest checkpoint when a previous attempt left one)
-    checkpoint = resume_checkpoint(job)
+    checkpoint = resume_checkpoint(job, tidy=trainer.is_world_process_zero())
     started = time.monotonic()
     result = trainer.train(resume_from_checkpoint=checkpoint)
 
     # --- save
-    target = save_artifact(trainer, tokenizer, spec, job)
+    target = save_artifact(trainer, spec, job)
     train_seconds = round(time.monotonic() - started, 3)
     summary = {
         "artifact_dir": target.name,

@@ -95,7 +95,9 @@ def main(job_root: str) -> int:
     # --- train
     trainer.train()
 
-    # --- save full weights (merging LoRA adapters in), written beside sft/ and renamed into place
+    # --- save full weights (merging LoRA adapters in), written beside sft/ and renamed into place, by one process
+    if not trainer.is_world_process_zero():
+        return 0
     model = trainer.model
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()

@@ -85,3 +85,15 @@ def test_nothing_is_started_when_prefect_is_configured_otherwise(tmp_path, env):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "True"
     assert "temporary Prefect server" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_server_that_cannot_start_ends_the_run_with_a_message(tmp_path, make_spec):
+    # Its database cannot be created: uvicorn exits at startup (code 3, as for a taken port), a few times over.
+    bad_db = f"sqlite+aiosqlite:///{tmp_path / 'no-such-dir' / 'prefect.db'}"
+    script = f"import sys; from flows.cli import main; sys.exit(main(['run', {str(make_spec('s'))!r}]))"
+    proc = run(script, tmp_path, PREFECT_API_DATABASE_CONNECTION_URL=bad_db)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "grpoflow: the temporary Prefect server exited with code 3 before it answered (3 tries" in proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr.split("grpoflow: the temporary")[1]
+    assert not (tmp_path / "runs").exists()  # no job folder: nothing ran

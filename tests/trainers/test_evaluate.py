@@ -80,3 +80,22 @@ def test_which_jobs_evaluate_in_training(tmp_path, changes, expected):
         raw[key] = value
     spec, _ = load_spec(raw)
     assert grpo.evaluates_in_training(spec) is expected
+
+
+async def async_char_count(completions, log_metric, completion_ids, **kwargs) -> list[float]:
+    # An async reward that uses TRL's logging hook and completion_ids, as training may pass them: the evaluation
+    # must call it the same way.
+    log_metric("seen", len(completions))
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def test_evaluation_calls_rewards_as_training_does(tmp_path):
+    from datasets import Dataset
+
+    from trainers.evaluate import call_reward
+    from trainers.modeling import load_tokenizer
+    from trainers.tiny import build_tiny
+
+    rows = Dataset.from_list([{"prompt": "p1", "answer": "1"}, {"prompt": "p2", "answer": "2"}])
+    values = call_reward(async_char_count, ["p1", "p2"], ["ab", "héllo"], rows, load_tokenizer(str(build_tiny())))
+    assert values == [2.0, 6.0]  # builtin:tiny's tokenizer is byte-level: one id per UTF-8 byte
