@@ -47,6 +47,15 @@ def output_root(args) -> Path | None:
 
     root = output_uri(args)
     if root and is_remote(root):
+        import fsspec
+
+        scheme = root.split("://", 1)[0].lower()
+        try:
+            fsspec.get_filesystem_class(scheme)
+        except (ValueError, ImportError) as e:
+            raise UsageError(
+                f"cannot read output root {root} ({e}); give a folder or e.g. s3://bucket/prefix"
+            ) from None
         return mirror_job_files(root)
     return Path(root) if root else None
 
