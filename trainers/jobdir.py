@@ -2,7 +2,9 @@
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,3 +51,24 @@ def write_text_atomic(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def replace_dir(staged: Path, dest: Path) -> None:
+    """Puts the finished folder `staged` at `dest`, keeping the old `dest` until the swap.
+
+    `dest` is at every moment absent, the old folder or the complete new one; a failed rename puts the old one back.
+
+    Args:
+        staged (`Path`): the complete new folder, on the same filesystem as `dest` (written beside it).
+        dest (`Path`): where it goes; an existing folder there is replaced.
+    """
+    old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex}")
+    if dest.exists():
+        dest.rename(old)
+    try:
+        staged.rename(dest)
+    except OSError:
+        if old.exists():
+            old.rename(dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
