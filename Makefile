@@ -5,17 +5,29 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install demo test test-fast lint format bench clean
+.PHONY: install constraints demo test test-fast lint format bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# torch first, pinned: an unpinned torch (asked for by trl/peft) would pull a multi-GB CUDA build.
-	$(PIP) install --quiet torch==$(TORCH_VERSION)
-	$(PIP) install --quiet -e ".[dev,qlora]"
+	$(PIP) install --quiet -c constraints.txt torch==$(TORCH_VERSION)
+	# Every other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it).
+	$(PIP) install --quiet -c constraints.txt -e ".[dev,qlora]"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Rewrites constraints.txt from what .venv holds now: after `$(PIP) install -U <package>` or a new dependency in
+# pyproject.toml, run this and `make test`, then commit both. torch stays pinned by TORCH_VERSION, grpoflow is ours.
+constraints: $(STAMP)
+	{ printf '%s\n' \
+		'# The exact versions the test suite ran on: `make install` installs with `pip install -c constraints.txt`.' \
+		'# Generated from .venv by `make constraints` (pip freeze, less grpoflow and torch, which the Makefile pins' \
+		'# as TORCH_VERSION). To upgrade: `.venv/bin/pip install -U <package>`, `make constraints`, `make test`.'; \
+	  $(PIP) freeze --exclude-editable | grep -viE '^(torch|grpoflow)[=@ ]'; } > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
+	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/grpoflow demo
