@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainers.markdown import table
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 # Quiet logs for the benchmarks' own process too (they ingest and train in-process as well).
@@ -133,9 +135,7 @@ def fmt(value, digits: int = 3) -> str:
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return table(headers, [[fmt(v) for v in row] for row in rows])
 
 
 def machine() -> dict:

@@ -210,13 +210,11 @@ def cmd_metrics(args) -> int:
     if args.json:
         print(json.dumps({"metrics": records}))
         return EXIT_OK
+    from trainers.markdown import number
+
     for r in records:
-        print(f"step {r['step']:>5}  " + "  ".join(f"{k}={_fmt(v)}" for k, v in r["values"].items()))
+        print(f"step {r['step']:>5}  " + "  ".join(f"{k}={number(v)}" for k, v in r["values"].items()))
     return EXIT_OK
-
-
-def _fmt(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def cmd_model(args) -> int:

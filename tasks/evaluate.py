@@ -36,10 +36,7 @@ def evaluate_task(job: JobDir, spec: JobSpec, before_model: str, extra: dict | N
             evaluation["before"],
             evaluation["after"],
         )
-    hp = spec.hyperparameters
-    alerts = HealthMonitor(max_response_length=hp.max_response_length, kl_coef=hp.kl_coef).check(
-        read_metrics(job.metrics)
-    )
+    alerts = HealthMonitor.for_hyperparameters(spec.hyperparameters).check(read_metrics(job.metrics))
     report = write_report(job, spec, evaluation, alerts, extra)
     logger.info("report: %s", report)
     return evaluation

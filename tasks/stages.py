@@ -1,18 +1,23 @@
 """Stage records for resumable jobs: `stages/<stage>.json` in the job folder says a stage finished, for which
-inputs, with which result.
+inputs, with which result and which outputs.
 
 A resumed job (`grpoflow run SPEC --resume JOB_ID`, or a Prefect retry of the whole flow run) skips every stage
-whose record matches its inputs and whose outputs are still there, so a failed late stage never retrains. The
-records live in the job folder rather than in Prefect's result storage: they travel with the folder to another
-worker, and deleting an output is enough to redo its stage.
+whose record matches its inputs and whose outputs are still there, so a failed late stage never retrains. A stage's
+inputs are the resolved spec and the outputs of the stages it reads (`UPSTREAM`), by content: replace `sft/` and
+GRPO, the merge and the evaluation run again; delete `report.md` and only the evaluation does. The records live in
+the job folder rather than in Prefect's result storage: they travel with the folder to another worker, and deleting
+an output is enough to redo its stage.
 """
 
 import functools
 import hashlib
 import json
 import logging
+from collections.abc import Callable
+from pathlib import Path
 
 from trainers.jobdir import JobDir, write_json_atomic
+from trainers.launch import TrainingSetupError, TrainingStopped
 from trainers.spec import JobSpec, resolved_dict
 
 # What each stage leaves behind; a record whose outputs are gone is stale.
@@ -23,39 +28,105 @@ OUTPUTS = {
     "merge": ("model.json", "merged/config.json"),
     "evaluate": ("report.md",),
 }
+# What each stage's output digest covers: what it writes and no later stage rewrites (merged/ of a LoRA job is the
+# merge's, of a full fine-tune the training's; a path that does not exist counts as absent).
+DIGESTED = {
+    "ingest": ("dataset",),
+    "sft": ("sft",),
+    "train": ("training.json", "adapter"),
+    "merge": ("model.json", "merged"),
+    "evaluate": ("evaluation.json", "report.md"),
+}
+# The stages whose outputs each stage reads.
+UPSTREAM = {
+    "ingest": (),
+    "sft": ("ingest",),
+    "train": ("ingest", "sft"),
+    "merge": ("train",),
+    "evaluate": ("ingest", "sft", "merge"),
+}
 
 
-def stage_key(spec: JobSpec, *upstream) -> str:
-    """A digest of the stage's inputs: the resolved spec (output_uri aside) and what upstream stages produced."""
+def _record_path(job: JobDir, stage: str) -> Path:
+    return job.root / "stages" / f"{stage}.json"
+
+
+def read_record(job: JobDir, stage: str) -> dict | None:
+    """The record of `stage`, or None when it never completed (or its record is unreadable)."""
+    try:
+        record = json.loads(_record_path(job, stage).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _files(job: JobDir, stage: str) -> dict[str, list[int]]:
+    """`{relative path: [size, mtime_ns]}` of every file under the stage's digested outputs."""
+    files = {}
+    for name in DIGESTED[stage]:
+        top = job.root / name
+        for path in sorted(top.rglob("*")) if top.is_dir() else [top] if top.is_file() else []:
+            if path.is_file():
+                stat = path.stat()
+                files[path.relative_to(job.root).as_posix()] = [stat.st_size, stat.st_mtime_ns]
+    return files
+
+
+def _content_digest(job: JobDir, files: dict[str, list[int]]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        with (job.root / name).open("rb") as f:
+            digest.update(f"{name}\0{hashlib.file_digest(f, 'sha256').hexdigest()}\0".encode())
+    return digest.hexdigest()
+
+
+def output_digest(job: JobDir, stage: str) -> str | None:
+    """A digest of what `stage` produced as it is on disk now; None when the stage has no record.
+
+    Files whose size and mtime match the record's are taken at the recorded digest; otherwise (a replaced folder, or
+    the job folder copied to another machine) their content is hashed again.
+    """
+    record = read_record(job, stage)
+    if record is None:
+        return None
+    files = _files(job, stage)
+    if files == record.get("files") and record.get("digest"):
+        return record["digest"]
+    return _content_digest(job, files)
+
+
+def stage_key(spec: JobSpec, stage: str, upstream: dict[str, str | None]) -> str:
+    """A digest of the stage's inputs: the resolved spec (output_uri aside) and its upstream stages' output digests."""
     inputs = resolved_dict(spec)
     inputs.pop("output_uri", None)
-    text = json.dumps([inputs, *upstream], sort_keys=True, default=str)
+    text = json.dumps([stage, inputs, upstream], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def completed(job: JobDir, stage: str, key: str) -> dict | None:
     """The record of `stage` (its `result` included) when it already ran with inputs `key` and its outputs exist."""
-    path = job.root / "stages" / f"{stage}.json"
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    record = read_record(job, stage)
+    if record is None or record.get("key") != key:
         return None
-    if record.get("key") != key or not all((job.root / out).exists() for out in OUTPUTS[stage]):
+    if not all((job.root / out).exists() for out in OUTPUTS[stage]):
         return None
     return record
 
 
 def record(job: JobDir, stage: str, key: str, result) -> None:
-    write_json_atomic(job.root / "stages" / f"{stage}.json", {"stage": stage, "key": key, "result": result})
+    """Records that `stage` completed with inputs `key`, with its result and a digest of its outputs."""
+    files = _files(job, stage)
+    entry = {"stage": stage, "key": key, "result": result, "digest": _content_digest(job, files), "files": files}
+    write_json_atomic(_record_path(job, stage), entry)
 
 
-def resumable(stage: str):
+def resumable(stage: str) -> Callable:
     """Makes a stage task `(job, spec, ...)` skip itself when its record matches, and record itself when it ends."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def run_or_skip(job: JobDir, spec: JobSpec, *args, **kwargs):
-            key = stage_key(spec, stage)
+            key = stage_key(spec, stage, {up: output_digest(job, up) for up in UPSTREAM[stage]})
             done = completed(job, stage, key)
             if done is not None:
                 logging.getLogger("grpoflow").info("%s: already completed for job %s; skipped", stage, job.job_id)
@@ -67,3 +138,14 @@ def resumable(stage: str):
         return run_or_skip
 
     return wrap
+
+
+def retry_unless_final(task, task_run, state) -> bool:
+    """Prefect's `retry_condition_fn` for the training stages: a setup problem or a health stop is final."""
+    try:
+        state.result()
+    except (TrainingSetupError, TrainingStopped):
+        return False
+    except Exception:
+        return True
+    return False

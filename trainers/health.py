@@ -154,6 +154,11 @@ class HealthMonitor:
         self._reward_best = -math.inf
         self._reward_worst = math.inf
 
+    @classmethod
+    def for_hyperparameters(cls, hp) -> "HealthMonitor":
+        """The monitor of a job with hyperparameters `hp` (the spec's `hyperparameters`), default thresholds."""
+        return cls(max_response_length=hp.max_response_length, kl_coef=hp.kl_coef)
+
     # --- feeding -----------------------------------------------------------------------------------------------------
 
     def update(self, record: dict) -> list[Alert]:

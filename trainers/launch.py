@@ -1,30 +1,25 @@
-"""GRPO training task: runs `trainers.grpo` as its own child process and watches it.
+"""Training children: the SFT and GRPO stages each run as their own process, started, watched and stopped here.
 
-The child (under `accelerate launch` when gpu_count > 1) writes `metrics.jsonl`; this task tails it to log progress,
-emit `grpoflow.training.progress` events and run the health monitor, which emits `grpoflow.training.alert` and, with
-`stop_on_alert`, stops the run. A crash of the child (SIGKILL, OOM, an exception) fails the task and Prefect's retries
-start a new child that resumes from the newest checkpoint. Exit code 2 means a setup problem no retry can fix.
+`run_child("trainers.grpo", job, gpu_count, "train.log", poll)` starts `python -m trainers.grpo JOB_DIR` (under
+`accelerate launch` when gpu_count > 1) in its own process group with its output in `logs/`, calls `poll()` every
+half second while it runs (a reason it returns stops the child), and turns its exit code into the outcome: exit 2 is
+a setup problem no retry can fix (`TrainingSetupError`), any other failure a `RuntimeError` that a retry may cure. No
+Prefect here: the tasks in `tasks/` wrap it.
 """
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from prefect import get_run_logger, task
-
-from tasks.events import emit
-from tasks.stages import resumable
-from trainers.health import HealthMonitor
 from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
-from trainers.spec import JobSpec
 
 SETUP_ERROR_EXIT = 2
 POLL_SECONDS = 0.5
+STAGE_NAMES = {"trainers.sft": "SFT warm-up", "trainers.grpo": "training"}  # for messages
 
 
 class TrainingSetupError(RuntimeError):
@@ -32,7 +27,7 @@ class TrainingSetupError(RuntimeError):
 
 
 class TrainingStopped(RuntimeError):
-    """The health monitor stopped the run (`stop_on_alert`)."""
+    """The run was stopped on purpose (the health monitor, with `stop_on_alert`): retrying would stop it again."""
 
 
 def child_command(module: str, job: JobDir, gpu_count: int = 1) -> list[str]:
@@ -43,16 +38,6 @@ def child_command(module: str, job: JobDir, gpu_count: int = 1) -> list[str]:
         launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpu_count)]
         return [*launch, "-m", module, str(job.root)]
     return [sys.executable, "-m", module, str(job.root)]
-
-
-def _retryable(task, task_run, state) -> bool:
-    try:
-        state.result()
-    except (TrainingSetupError, TrainingStopped):
-        return False
-    except Exception:
-        return True
-    return False
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -84,6 +69,7 @@ def start_child(command: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to the child's process group, SIGKILL after `grace` seconds; a no-op once it exited."""
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGTERM)
@@ -95,7 +81,7 @@ def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 def check_exit(proc: subprocess.Popen, stage: str, log_path: Path) -> None:
-    """Turns the child's exit code into the task's outcome, with the end of its log in the message."""
+    """Turns the child's exit code into the outcome, with the end of its log in the message."""
     if proc.returncode == 0:
         return
     tail = _tail(log_path)
@@ -104,78 +90,33 @@ def check_exit(proc: subprocess.Popen, stage: str, log_path: Path) -> None:
     raise RuntimeError(f"{stage} child exited with code {proc.returncode}; end of {log_path}:\n{tail}")
 
 
-class ProgressWatcher:
-    """Turns new lines of `metrics.jsonl` into progress logs and events, and health alerts."""
+def run_child(
+    module: str, job: JobDir, gpu_count: int, log_name: str, poll: Callable[[], str | None] | None = None
+) -> float:
+    """Runs `python -m module JOB_DIR` to its end and returns its wall time in seconds.
 
-    def __init__(self, job: JobDir, spec: JobSpec):
-        hp = spec.hyperparameters
-        self.job, self.spec, self.last_step = job, spec, 0
-        self.monitor = HealthMonitor(max_response_length=hp.max_response_length, kl_coef=hp.kl_coef)
-        self.every = max(1, hp.max_steps // 20)
-        self.alerts = []
-        self.logger = get_run_logger()
-        # A retried task's child resumes from a checkpoint, and the steps before it are already in metrics.jsonl:
-        # they feed the health monitor again (its windows need them) but their events went out the first time.
-        self.announced_until = max(
-            (
-                (r.get("payload") or {}).get("step", 0)
-                for r in read_metrics(job.events)
-                if r.get("event") in ("grpoflow.training.progress", "grpoflow.training.alert")
-            ),
-            default=0,
-        )
+    Args:
+        module (`str`): the trainer module, `"trainers.sft"` or `"trainers.grpo"`.
+        job (`JobDir`): the job folder, the child's only argument.
+        gpu_count (`int`): processes to launch (one per GPU).
+        log_name (`str`): the child's output file under `logs/`.
+        poll (`Callable`, *optional*): called every `POLL_SECONDS` while the child runs and once after it exits; a
+            string it returns stops the child and raises `TrainingStopped` with that reason.
 
-    def poll(self) -> bool:
-        """Handles new records; returns True when an alert asks the run to stop."""
-        stop = False
-        # By step, not by line: a resuming child truncates metrics.jsonl to its checkpoint and writes those steps
-        # again (bit for bit the same values: see the resume test), which are then not handled twice.
-        for record in read_metrics(self.job.metrics):
-            if record["step"] > self.last_step:
-                stop |= self._handle(record)
-                self.last_step = record["step"]
-        return stop
-
-    def _handle(self, record: dict) -> bool:
-        step, values = record["step"], record["values"]
-        if step <= self.announced_until:
-            self.alerts += self.monitor.update(record)
-            return False
-        if step % self.every == 0 or step == self.spec.hyperparameters.max_steps:
-            summary = {k: values.get(k) for k in ("reward", "reward_std", "loss", "completions/mean_length", "kl")}
-            summary = {k: round(v, 4) for k, v in summary.items() if isinstance(v, float | int)}
-            self.logger.info("step %d/%d %s", step, self.spec.hyperparameters.max_steps, summary)
-            max_steps = self.spec.hyperparameters.max_steps
-            emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": max_steps, **summary})
-        stop = False
-        for alert in self.monitor.update(record):
-            self.alerts.append(alert)
-            self.logger.warning("health alert at step %d: %s %s", alert.step, alert.message, alert.advice)
-            emit(self.job, "grpoflow.training.alert", alert.to_dict())
-            stop |= self.spec.stop_on_alert
-        return stop
-
-
-@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=_retryable)
-@resumable("train")
-def train_task(job: JobDir, spec: JobSpec) -> dict:
-    """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
-    log_path = job.logs / "train.log"
-    proc = start_child(child_command("trainers.grpo", job, spec.gpu_count), log_path)
-    watcher = ProgressWatcher(job, spec)
+    Raises:
+        `TrainingSetupError`: the child exited 2 (a setup problem). `RuntimeError`: any other failure.
+    """
+    log_path = job.logs / log_name
     started = time.monotonic()
+    proc = start_child(child_command(module, job, gpu_count), log_path)
     try:
         while proc.poll() is None:
-            if watcher.poll():
-                stop_child(proc)
-                raise TrainingStopped(f"stopped by the health monitor: {watcher.alerts[-1].message}")
+            if poll and (reason := poll()):
+                raise TrainingStopped(reason)
             time.sleep(POLL_SECONDS)
-        watcher.poll()
+        if poll and (reason := poll()):
+            raise TrainingStopped(reason)
     finally:
         stop_child(proc)
-    check_exit(proc, "training", log_path)
-    summary = json.loads(job.training_result.read_text())
-    summary["wall_seconds"] = round(time.monotonic() - started, 3)
-    summary["alerts"] = [a.to_dict() for a in watcher.alerts]
-    emit(job, "grpoflow.training.completed", {k: v for k, v in summary.items() if k != "alerts"})
-    return summary
+    check_exit(proc, STAGE_NAMES.get(module, module), log_path)
+    return round(time.monotonic() - started, 3)

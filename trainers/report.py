@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from trainers.health import Alert, verdict
 from trainers.jobdir import JobDir, write_text_atomic
+from trainers.markdown import cell, number, table
 from trainers.metrics import read_metrics
 from trainers.spec import JobSpec, resolved_dict
 
@@ -102,31 +103,10 @@ def plot_metrics(records: list[dict], out_dir: Path, keys: tuple[str, ...] = PLO
 # --- formatting ------------------------------------------------------------------------------------------------------
 
 
-def _num(value) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _cell(value) -> str:
-    """A value as a markdown table cell: the spec's YAML spelling (null, true) with pipes and newlines escaped."""
-    text = "null" if value is None else _num(value) if isinstance(value, int | float) else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 # --- sections --------------------------------------------------------------------------------------------------------
@@ -164,22 +144,22 @@ def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> st
         if key == "wall_time_s" and isinstance(value, int | float):
             lines.append(f"- **Wall time:** {_duration(value)}")
         else:
-            lines.append(f"- **{key[0].upper() + key[1:].replace('_', ' ')}:** {_cell(value)}")
+            lines.append(f"- **{key[0].upper() + key[1:].replace('_', ' ')}:** {cell(value)}")
     return "## Summary\n\n" + "\n".join(lines)
 
 
 def _hyperparameters(spec: JobSpec) -> str:
     resolved = resolved_dict(spec)
-    rows = [[name, _cell(value)] for name, value in resolved["hyperparameters"].items()]
-    rows.append(["gpu_count", _cell(resolved["gpu_count"])])
-    return "## Hyperparameters\n\n" + _table(["name", "value"], rows)
+    rows = [[name, cell(value)] for name, value in resolved["hyperparameters"].items()]
+    rows.append(["gpu_count", cell(resolved["gpu_count"])])
+    return "## Hyperparameters\n\n" + table(["name", "value"], rows)
 
 
 def _score(value) -> str:
     # Scores in [0, 1] (accuracies, pass rates) read best as percentages; anything else is shown as is.
     if isinstance(value, int | float) and 0 <= value <= 1:
         return f"{100 * value:.1f}%"
-    return _num(value)
+    return number(value)
 
 
 def _change(before, after) -> str:
@@ -195,10 +175,10 @@ def _evaluation(evaluation: dict | None) -> str:
     if not evaluation:
         return title + "No held-out evaluation was run (`evaluation.holdout` is 0, or the stage did not finish)."
     before, after = evaluation.get("before"), evaluation.get("after")
-    row = [_cell(evaluation.get("metric")), _num(evaluation.get("n")), _score(before), _score(after)]
+    row = [cell(evaluation.get("metric")), number(evaluation.get("n")), _score(before), _score(after)]
     note = "before: the model GRPO started from; after: the GRPO result, both on prompts held out of training."
-    table = _table(["metric", "n", "before", "after", "change"], [row + [_change(before, after)]])
-    return f"{title}{table}\n\n{note}"
+    rows = table(["metric", "n", "before", "after", "change"], [row + [_change(before, after)]])
+    return f"{title}{rows}\n\n{note}"
 
 
 def _metric_keys(records: list[dict]) -> list[str]:
@@ -214,12 +194,12 @@ def _metrics(records: list[dict], plots: list[Path]) -> str:
     for key in _metric_keys(records):
         _, values = _series(records, key)
         if values:  # a key logged only as None (NaN) has nothing to summarize
-            rows.append([f"`{key}`"] + [_num(v) for v in (values[0], values[-1], min(values), max(values))])
-    parts = [title + _table(["metric", "first", "last", "min", "max"], rows)]
+            rows.append([f"`{key}`"] + [number(v) for v in (values[0], values[-1], min(values), max(values))])
+    parts = [title + table(["metric", "first", "last", "min", "max"], rows)]
     steps, rewards = _series(records, "reward")
     if rewards:
         best = max(range(len(rewards)), key=rewards.__getitem__)
-        parts.append(f"Best reward: {_num(rewards[best])} at step {steps[best]}.")
+        parts.append(f"Best reward: {number(rewards[best])} at step {steps[best]}.")
     parts += [f"![{path.stem}]({path.name})" for path in plots]
     return "\n\n".join(parts)
 

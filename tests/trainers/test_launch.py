@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from tasks.ingest import ingest_dataset
-from tasks.train import check_exit, child_command, start_child, stop_child
 from trainers.jobdir import JobDir
+from trainers.launch import check_exit, child_command, start_child, stop_child
 from trainers.metrics import read_metrics
 from trainers.spec import load_spec, to_yaml
 

@@ -1,0 +1,85 @@
+"""GRPO training task: runs `trainers.grpo` as its own child process (`trainers.launch`) and watches it.
+
+The child writes `metrics.jsonl`; this task tails it to log progress, emit `grpoflow.training.progress` events and
+run the health monitor, which emits `grpoflow.training.alert` and, with `stop_on_alert`, stops the run. A crash of the
+child (SIGKILL, OOM, an exception) fails the task and Prefect's retries start a new child that resumes from the newest
+checkpoint; a setup problem (the child's exit code 2) or a stop by the monitor is not retried.
+"""
+
+import json
+
+from prefect import get_run_logger, task
+
+from tasks.events import emit
+from tasks.stages import resumable, retry_unless_final
+from trainers.health import HealthMonitor
+from trainers.jobdir import JobDir
+from trainers.launch import run_child
+from trainers.metrics import read_metrics
+from trainers.spec import JobSpec
+
+
+class ProgressWatcher:
+    """Turns new lines of `metrics.jsonl` into progress logs and events, and health alerts."""
+
+    def __init__(self, job: JobDir, spec: JobSpec):
+        hp = spec.hyperparameters
+        self.job, self.spec, self.last_step = job, spec, 0
+        self.monitor = HealthMonitor.for_hyperparameters(hp)
+        self.every = max(1, hp.max_steps // 20)
+        self.alerts = []
+        self.logger = get_run_logger()
+        # A retried task's child resumes from a checkpoint, and the steps before it are already in metrics.jsonl:
+        # they feed the health monitor again (its windows need them) but their events went out the first time.
+        self.announced_until = max(
+            (
+                (r.get("payload") or {}).get("step", 0)
+                for r in read_metrics(job.events)
+                if r.get("event") in ("grpoflow.training.progress", "grpoflow.training.alert")
+            ),
+            default=0,
+        )
+
+    def poll(self) -> str | None:
+        """Handles new records; returns the reason when an alert asks the run to stop."""
+        stop = None
+        # By step, not by line: a resuming child truncates metrics.jsonl to its checkpoint and writes those steps
+        # again (bit for bit the same values: see the resume test), which are then not handled twice.
+        for record in read_metrics(self.job.metrics):
+            if record["step"] > self.last_step:
+                stop = self._handle(record) or stop
+                self.last_step = record["step"]
+        return stop
+
+    def _handle(self, record: dict) -> str | None:
+        step, values = record["step"], record["values"]
+        if step <= self.announced_until:
+            self.alerts += self.monitor.update(record)
+            return None
+        max_steps = self.spec.hyperparameters.max_steps
+        if step % self.every == 0 or step == max_steps:
+            summary = {k: values.get(k) for k in ("reward", "reward_std", "loss", "completions/mean_length", "kl")}
+            summary = {k: round(v, 4) for k, v in summary.items() if isinstance(v, float | int)}
+            self.logger.info("step %d/%d %s", step, max_steps, summary)
+            emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": max_steps, **summary})
+        stop = None
+        for alert in self.monitor.update(record):
+            self.alerts.append(alert)
+            self.logger.warning("health alert at step %d: %s %s", alert.step, alert.message, alert.advice)
+            emit(self.job, "grpoflow.training.alert", alert.to_dict())
+            if self.spec.stop_on_alert:
+                stop = f"stopped by the health monitor: {alert.message}"
+        return stop
+
+
+@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
+@resumable("train")
+def train_task(job: JobDir, spec: JobSpec) -> dict:
+    """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
+    watcher = ProgressWatcher(job, spec)
+    seconds = run_child("trainers.grpo", job, spec.gpu_count, "train.log", poll=watcher.poll)
+    summary = json.loads(job.training_result.read_text())
+    summary["wall_seconds"] = seconds
+    summary["alerts"] = [a.to_dict() for a in watcher.alerts]
+    emit(job, "grpoflow.training.completed", {k: v for k, v in summary.items() if k != "alerts"})
+    return summary
