@@ -13,13 +13,16 @@ webhook has a `secret_env`), `content-type: application/json` and `user-agent: g
 naming an unset or empty variable is a failed delivery: nothing is sent unsigned (a verifying receiver would reject
 it anyway).
 
-Receivers verify with the secret they share with the job (`verify` here is the reference):
+Signing is the `standardwebhooks` package's (the convention's reference implementation). A secret written
+`whsec_<base64>` is the package's own form and signs with the decoded bytes; any other secret signs with its UTF-8
+bytes, so it is handed to the package as bytes (given a bare string, the package would base64-decode it). Receivers
+verify with the package too:
 
-    key = base64.b64decode(secret[6:]) if secret.startswith("whsec_") else secret.encode()
-    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + raw_body
-    expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-    ok = any(hmac.compare_digest(expected, s) for s in headers["webhook-signature"].split())
-    # ...and reject a webhook-timestamp more than a few minutes from now (replays).
+    from standardwebhooks import Webhook
+
+    Webhook(secret if secret.startswith("whsec_") else secret.encode()).verify(raw_body, headers)  # raises if bad
+
+or with `verify` here, which does the same and returns a bool. Both reject a timestamp more than 5 minutes from now.
 
 The job folder's `webhooks.jsonl` gets one line per attempt: `time`, `event_id`, `type`, `url` (scheme://host[:port]
 /path: no userinfo, no query), `attempt` (1-based; 0 when nothing was sent), `outcome` (`retrying`, `delivered`,
@@ -29,9 +32,6 @@ ever written or logged.
 """
 
 import base64
-import binascii
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -48,6 +48,8 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 from pydantic import TypeAdapter
+from standardwebhooks import Webhook, WebhookVerificationError
+from standardwebhooks.webhooks import EmptyWebhookSecretError
 
 from trainers.jobdir import JobDir
 from trainers.spec import WebhookSpec
@@ -139,31 +141,31 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
         secret (`str`): `whsec_<base64>` (signs with the decoded bytes) or any other string (signs with its UTF-8).
         msg_id (`str`): the `webhook-id` header.
         timestamp (`int`): the `webhook-timestamp` header, unix seconds.
-        body (`bytes`): the exact request body.
+        body (`bytes`): the exact request body, UTF-8 (the package signs text).
+
+    Raises:
+        `ValueError`: a `whsec_` secret whose rest is not base64 or decodes to nothing.
     """
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    return "v1," + base64.b64encode(hmac.new(_key(secret), signed, hashlib.sha256).digest()).decode()
+    # The package replaces the datetime's tzinfo with UTC, so it must be a UTC datetime already (not local time).
+    return _webhook(secret).sign(msg_id, datetime.fromtimestamp(timestamp, UTC), body.decode())
 
 
-def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: int = 300) -> bool:
+def verify(secret: str, headers: Mapping[str, str], body: bytes) -> bool:
     """Reference receiver check: True if one of the request's `v1` signatures matches and its timestamp is recent.
+
+    `standardwebhooks.Webhook.verify` does the check, with its tolerance of 5 minutes either side of now.
 
     Args:
         secret (`str`): the shared secret, as in `sign`.
         headers (`Mapping[str, str]`): the request headers (any case).
         body (`bytes`): the raw request body, before any JSON parsing.
-        tolerance_s (`int`, *optional*, defaults to `300`): the most seconds the timestamp may be from now.
     """
-    lower = {k.lower(): v for k, v in headers.items()}
-    msg_id, stamp, signatures = (lower.get(k) for k in ("webhook-id", "webhook-timestamp", "webhook-signature"))
-    if not (msg_id and stamp and signatures and stamp.isdigit()) or abs(time.time() - int(stamp)) > tolerance_s:
-        return False
     try:
-        expected = sign(secret, msg_id, int(stamp), body)
-    except binascii.Error:
+        _webhook(secret).verify(body, dict(headers), json_parse=False)
+    # ValueError: a malformed signature list, non-base64 signature, or a body that is not UTF-8.
+    except (WebhookVerificationError, ValueError):
         return False
-    # A header may carry several space-separated signatures (key rotation); one match is enough.
-    return any(hmac.compare_digest(expected, s) for s in signatures.split())
+    return True
 
 
 # --- queueing -----------------------------------------------------------------------------------------------------
@@ -256,9 +258,9 @@ def _secret(hook: WebhookSpec) -> tuple[str | None, str | None]:
     if not secret:
         return None, f"secret_env {hook.secret_env} is not set (or empty); not sending unsigned"
     try:
-        _key(secret)
-    except binascii.Error:
-        return None, f"secret_env {hook.secret_env} starts with whsec_ but the rest is not valid base64"
+        _webhook(secret)
+    except ValueError:
+        return None, f"secret_env {hook.secret_env} starts with whsec_ but the rest is not a non-empty base64 key"
     return secret, None
 
 
@@ -282,10 +284,20 @@ def _post(
     return status, f"HTTP {status}", status == 429 or status >= 500, _seconds(response.headers.get("retry-after"))
 
 
-def _key(secret: str) -> bytes:
+def _webhook(secret: str) -> Webhook:
+    """The package's signer for `secret`: a `whsec_<base64>` string as it is, any other secret as its UTF-8 bytes.
+
+    Raises:
+        `ValueError`: an empty secret, or `whsec_` followed by nothing or by something that is not base64 (the
+            package would skip the stray characters and sign with other bytes than the receiver's).
+    """
     if secret.startswith("whsec_"):
-        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
-    return secret.encode()
+        key = secret.removeprefix("whsec_")
+        base64.b64decode(key + "=" * (-len(key) % 4), validate=True)  # unpadded is fine, as for the package
+    try:
+        return Webhook(secret if secret.startswith("whsec_") else secret.encode())
+    except EmptyWebhookSecretError as e:
+        raise ValueError(str(e)) from None
 
 
 def _seconds(value: str | None) -> float | None:

@@ -1,0 +1,253 @@
+"""The job spec's pydantic models: a grpoflow job, its sections and its GRPO hyperparameters, with their field types.
+
+Each field's `description` is what the Prefect form shows. `JobSpec` runs the cross-field rules
+(`trainers/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
+"""
+
+import re
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from trainers.uris import unopenable
+
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
+# Spelled without \w so that the UI's JavaScript check and Python's agree (ASCII only).
+FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# The Hub's rules for each half of owner/name: 1-96 of [A-Za-z0-9_.-], no "--" or "..", no "-" or "." at either end.
+_HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+REPO_ID_PATTERN = rf"^(?!.*(?:--|\.\.)){_HUB_PART}/{_HUB_PART}$"
+MAX_INT = 2**31 - 1  # every integer field (steps, lengths, counts) fits an int32 wherever it ends up
+MAX_SEED = 2**32 - 1  # numpy's range, which transformers.set_seed enforces only once training starts
+
+
+class _Section(BaseModel):
+    # inf and NaN are YAML floats (.inf, .nan) that no field means; rejecting them here covers every float field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _matching(pattern: str, hint: str) -> Any:
+    """A string type checked against `pattern`, failing with `hint`; the pattern also goes into the JSON schema."""
+
+    def check(value: str) -> str:
+        # fullmatch: with re.match, "$" would also accept a trailing newline.
+        if not re.fullmatch(pattern, value):
+            raise ValueError(hint)
+        return value
+
+    return Annotated[str, AfterValidator(check), Field(json_schema_extra={"pattern": pattern})]
+
+
+# Integer fields: the bound turns a typo like 1e30 into an error at submit time rather than an overflow later.
+Int = Annotated[int, Field(le=MAX_INT)]
+Slug = _matching(
+    SLUG_PATTERN, "must be 1-63 lowercase letters, digits, '-', '_' or '.', starting with one of the first two"
+)
+FunctionRef = _matching(FUNCTION_PATTERN, "must be 'package.module:callable' (a dotted module path, a colon, a name)")
+EnvName = _matching(ENV_NAME_PATTERN, "must be an environment variable name (letters, digits, '_'; no leading digit)")
+RepoId = _matching(
+    REPO_ID_PATTERN,
+    "must be 'owner/name', each 1-96 letters, digits, '-', '_' or '.', without '--' or '..', "
+    "not starting or ending with '-' or '.'",
+)
+
+
+class Hyperparameters(_Section):
+    """The GRPO hyperparameters (DESIGN.md): names, defaults and rules are the contract."""
+
+    learning_rate: float = Field(1e-6, gt=0, description="Optimizer learning rate.")
+    num_epochs: Int = Field(1, ge=1, description="Accepted but unused by GRPO: the run length is max_steps.")
+    max_steps: Int = Field(
+        100, ge=1, description="Training steps; one step is one prompt and its rollouts_per_prompt completions."
+    )
+    rollouts_per_prompt: Int = Field(8, ge=2, description="Completions sampled per prompt (the GRPO group size).")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty weight; 0 means no KL term and no reference model.")
+    max_prompt_length: Int = Field(1024, ge=1, description="Prompt truncation length; only with use_unsloth.")
+    max_response_length: Int = Field(2048, ge=1, description="Completions are truncated to this many tokens.")
+    global_batch_size: Int | None = Field(
+        None, description="Not supported by GRPO: each step's batch is one prompt's rollouts_per_prompt completions."
+    )
+    seed: int = Field(
+        42,
+        ge=0,
+        le=MAX_SEED,
+        description="Random seed, 0 to 2**32 - 1: the same seed, data and machine give the same metrics.",
+    )
+    system_prompt: str | None = Field(
+        None, description="When set, each string prompt becomes a system + user chat via the chat template."
+    )
+    lora_rank: Int | None = Field(None, ge=1, description="LoRA rank; null means a full fine-tune.")
+    lora_alpha: Int | None = Field(None, ge=1, description="LoRA alpha; defaults to lora_rank.")
+    load_in_4bit: bool = Field(False, description="QLoRA: NF4 base plus LoRA adapters; needs lora_rank, one GPU.")
+    use_unsloth: bool = Field(False, description="Train with Unsloth (opt-in, single GPU only).")
+    use_liger: bool = Field(False, description="Liger kernels (opt-in; not multi-GPU, Unsloth, NeoX, Gemma 2, ...).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for the rollouts.")
+    skip_zero_variance_groups: bool = Field(
+        False,
+        description=(
+            "Skip the forward/backward pass and optimizer step of steps whose completions all got the same reward "
+            "(all advantages 0: no gradient when kl_coef = 0; no effect otherwise). Parameters and Adam state stay "
+            "unchanged on a skipped step, where plain TRL still moves them by momentum; the LR schedule advances."
+        ),
+    )
+
+    @field_validator("global_batch_size", mode="before")
+    @classmethod
+    def _no_global_batch_size(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError(
+                "not supported by GRPO: each step's batch is one prompt's rollouts_per_prompt completions"
+            )
+
+
+class DatasetSpec(_Section):
+    """Where the prompts come from."""
+
+    uri: str = Field(min_length=1, description="Local path, file://, s3://..., or hf://datasets/<repo>[/<split>].")
+    prompt_column: str = Field("prompt", description="Column holding a string prompt or a list of chat messages.")
+    split: str | None = Field(None, description="Dataset split, for hf:// URIs.")
+    max_row_bytes: Int = Field(
+        1_000_000,
+        ge=1,
+        description="Longest line a JSON Lines or CSV file may have, in bytes; a longer one rejects the dataset "
+        "(found by streaming the file, before any of it is parsed).",
+    )
+
+
+class RewardSpec(_Section):
+    """One reward; the spec's rewards are summed with their weights."""
+
+    name: str = Field(min_length=1, description="A built-in reward's name, or a label when function is set.")
+    function: FunctionRef | None = Field(None, description="A custom reward, as 'package.module:callable'.")
+    weight: float = Field(1.0, description="Weight of this reward in the sum.")
+    kwargs: dict[str, Any] = Field({}, description="Arguments for parameterised rewards.")
+
+
+class SFTSpec(_Section):
+    """The optional supervised format warm-up before GRPO."""
+
+    enabled: bool = Field(False, description="Run the SFT warm-up.")
+    completion_column: str = Field("completion", description="Column holding the target completions.")
+    max_steps: Int = Field(200, ge=1, description="SFT training steps.")
+    learning_rate: float = Field(
+        2e-5, gt=0, description="SFT learning rate (TRL's default; a tiny model from scratch wants far more, ~3e-3)."
+    )
+    batch_size: Int = Field(8, ge=1, description="SFT per-device batch size.")
+
+
+class EvaluationSpec(_Section):
+    """The held-out before/after evaluation."""
+
+    holdout: float = Field(
+        0.1, ge=0, description="Prompts held out of training: a fraction in (0, 1), a count if >= 1; 0 disables."
+    )
+    metric: str | None = Field(None, description="The reward (by name) to score with; default: the first reward.")
+    max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
+
+    @field_validator("holdout")
+    @classmethod
+    def _whole_count(cls, value: float) -> float:
+        if value >= 1 and value != int(value):
+            raise ValueError("must be a fraction below 1 or a whole number of prompts")
+        return value
+
+
+class PublishSpec(_Section):
+    """Publishing the trained model to the Hugging Face Hub."""
+
+    repo_id: RepoId = Field(description="Hub repository, 'owner/name'.")
+    artifact: Literal["merged", "adapter"] = Field("merged", description="Push the merged weights or the adapter.")
+    private: bool = Field(True, description="Create the repository as private.")
+
+
+class DeploySpec(_Section):
+    """Registering a serving deployment from the merged weights."""
+
+    name: Slug = Field(description="Deployment name (a slug).")
+
+
+class WebhookSpec(_Section):
+    """A webhook receiving the job's events (Standard Webhooks)."""
+
+    url: str = Field(description="http(s) URL receiving the events.")
+    secret_env: EnvName | None = Field(
+        None, description="Name of the environment variable holding the signing secret (never the secret itself)."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL")
+        return value
+
+
+class JobSpec(_Section):
+    """A grpoflow job: dataset, base model and rewards in, a GRPO-fine-tuned model out."""
+
+    name: Slug = Field(description="Job name (a slug); becomes part of the job id.")
+    base_model: str = Field(min_length=1, description="HF repo id, local path, or builtin:tiny (offline, shipped).")
+    dataset: DatasetSpec = Field(description="The prompt dataset.")
+    rewards: list[RewardSpec] = Field(min_length=1, description="Rewards, summed with their weights.")
+    sft: SFTSpec = Field(SFTSpec(), description="Optional SFT format warm-up before GRPO.")
+    evaluation: EvaluationSpec = Field(EvaluationSpec(), description="Held-out before/after evaluation.")
+    hyperparameters: Hyperparameters = Field(Hyperparameters(), description="GRPO hyperparameters.")
+    gpu_count: Int = Field(1, ge=1, description="GPUs for training; more than one runs under accelerate launch.")
+    checkpoint_every: Int | None = Field(
+        None, ge=1, description="Steps between checkpoints; default: max_steps // 10."
+    )
+    output_uri: str = Field(
+        "runs", min_length=1, description="Local folder or s3://bucket/prefix; the job folder goes under it."
+    )
+    stop_on_alert: bool = Field(False, description="Stop training on a health alert.")
+    publish: PublishSpec | None = Field(None, description="Optional: push the model to the Hugging Face Hub.")
+    deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
+    webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
+
+    @field_validator("output_uri")
+    @classmethod
+    def _writable_scheme(cls, value: str) -> str:
+        # Remote roots go through fsspec (tasks/storage.py): a scheme it cannot open would only fail after training.
+        if reason := unopenable(value):
+            raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
+        return value
+
+    @field_validator("sft", "evaluation", "hyperparameters", "webhooks", mode="before")
+    @classmethod
+    def _empty_section(cls, value: Any, info: ValidationInfo) -> Any:
+        # A YAML key with nothing under it (`sft:`) is null; read it as "all defaults".
+        return ([] if info.field_name == "webhooks" else {}) if value is None else value
+
+    @model_validator(mode="after")
+    def _rules_then_defaults(self) -> "JobSpec":
+        # Imported here: the rules read their defaults from this module's models.
+        from trainers.spec.rules import rule_problems
+
+        problems = rule_problems(self.model_dump(exclude_unset=True))
+        if problems:
+            raise PydanticCustomError(
+                "spec_rules", "{summary}", {"summary": "; ".join(problems), "problems": problems}
+            )
+        # Resolve the defaults that depend on other fields, so consumers and the saved spec see concrete values.
+        hp = self.hyperparameters
+        if hp.lora_rank is not None and hp.lora_alpha is None:
+            hp.lora_alpha = hp.lora_rank
+        if self.checkpoint_every is None:
+            self.checkpoint_every = max(1, hp.max_steps // 10)
+        if self.evaluation.metric is None:
+            self.evaluation.metric = self.rewards[0].name
+        if self.evaluation.max_new_tokens is None:
+            self.evaluation.max_new_tokens = hp.max_response_length
+        return self

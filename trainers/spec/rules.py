@@ -1,0 +1,164 @@
+"""The job spec's cross-field rules: what no single field can check (QLoRA needs lora_rank, Liger's unsupported model
+families, reward names...).
+
+`rule_problems` reads a raw spec dict leniently, so a spec whose fields are invalid still gets its rule violations in
+the same report as its field errors. Every default it needs is read from the models' fields, never restated.
+"""
+
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from trainers.spec.models import Hyperparameters, JobSpec
+
+# Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
+LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
+
+_FAMILY_GUESSES = (
+    (r"pythia|gpt[-_]?neo[-_]?x", "gpt_neox"),
+    (r"gemma[-_]?2(?!\d*b)", "gemma2"),  # "gemma-2b" is Gemma 1
+    (r"gemma[-_]?3", "gemma3"),
+    (r"gemma", "gemma"),
+    (r"command[-_]?r7b|command[-_]?a(?![a-z])", "cohere2"),
+    (r"cohere|command[-_]?r|c4ai|aya", "cohere"),
+    (r"granite", "granite"),
+    (r"qwen[-_]?3", "qwen3"),
+    (r"qwen[-_]?2", "qwen2"),
+    (r"llama", "llama"),
+    (r"mistral", "mistral"),
+)
+
+
+def model_family(base_model: str) -> str | None:
+    """The model's family (transformers' `model_type`), found offline.
+
+    A local folder with `config.json` gives its `model_type`; otherwise the family is guessed from the name.
+
+    Args:
+        base_model (`str`): an HF repo id, a local path, or `builtin:tiny`.
+
+    Returns:
+        `str | None`: e.g. "gpt_neox", "gemma2", "cohere", "granite", "qwen2"; None when unknown.
+    """
+    if base_model == "builtin:tiny":
+        return "qwen2"
+    config = Path(base_model).expanduser() / "config.json"
+    if config.is_file():
+        try:
+            family = json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            family = None
+        return family.lower() if isinstance(family, str) else None
+    name = base_model.lower()
+    for pattern, family in _FAMILY_GUESSES:
+        if re.search(pattern, name):
+            return family
+    return None
+
+
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter:
+    return TypeAdapter(kind)
+
+
+def _lax(section: dict, model: type[BaseModel], key: str) -> Any:
+    """`section[key]` coerced to `model`'s field type as pydantic would; the field's default when absent or invalid
+    (its field error says why). The field's bounds are not applied: a rule sees the value the user gave."""
+    field = model.model_fields[key]
+    try:
+        return _adapter(field.annotation).validate_python(section.get(key, field.default))
+    except ValidationError:
+        return field.default
+
+
+def _builtin_rewards() -> list[str] | None:
+    try:
+        from trainers.rewards import REWARDS
+    except ImportError:
+        return None
+    return list(REWARDS)
+
+
+def rule_problems(data: dict) -> list[str]:
+    """The cross-field violations in a spec dict, even one whose fields are invalid.
+
+    It reads the raw dict leniently (an invalid value counts as its default), so a spec gets its field errors and
+    its rule violations in one report. A key present in `data` counts as explicitly set.
+
+    Args:
+        data (`dict`): the spec as a (possibly invalid) mapping.
+
+    Returns:
+        `list[str]`: "dotted.location: message" lines; empty when the rules hold.
+    """
+    hp = data.get("hyperparameters") if isinstance(data.get("hyperparameters"), dict) else {}
+    gpus = _lax(data, JobSpec, "gpu_count")
+    has_rank = hp.get("lora_rank") is not None
+    unsloth, liger = _lax(hp, Hyperparameters, "use_unsloth"), _lax(hp, Hyperparameters, "use_liger")
+    problems = []
+    if _lax(hp, Hyperparameters, "load_in_4bit"):
+        if not has_rank:
+            problems.append("hyperparameters.load_in_4bit: requires lora_rank (QLoRA trains LoRA adapters)")
+        if gpus > 1:
+            problems.append(f"hyperparameters.load_in_4bit: QLoRA runs on a single GPU only (got gpu_count={gpus})")
+    if hp.get("lora_alpha") is not None and not has_rank:
+        problems.append("hyperparameters.lora_alpha: requires lora_rank (alpha scales LoRA adapters)")
+    if unsloth and gpus > 1:
+        problems.append(f"hyperparameters.use_unsloth: single GPU only (got gpu_count={gpus})")
+    if "max_prompt_length" in hp and not unsloth:
+        problems.append(
+            "hyperparameters.max_prompt_length: only used with use_unsloth: true (TRL's GRPO does not truncate "
+            "prompts); remove it or set use_unsloth: true"
+        )
+    rollouts = _lax(hp, Hyperparameters, "rollouts_per_prompt")
+    if gpus > 1 and rollouts % gpus:
+        problems.append(
+            f"hyperparameters.rollouts_per_prompt: must be a multiple of gpu_count, as each GPU generates an equal "
+            f"share of a group (got {rollouts} with gpu_count={gpus})"
+        )
+    if liger:
+        problems += _liger_problems(data.get("base_model"), gpus, unsloth)
+    return problems + _reward_problems(data)
+
+
+def _liger_problems(base_model: Any, gpus: int, unsloth: bool) -> list[str]:
+    problems = []
+    if gpus > 1:
+        problems.append(f"hyperparameters.use_liger: not supported with gpu_count > 1 (got gpu_count={gpus})")
+    if unsloth:
+        problems.append("hyperparameters.use_liger: not supported together with use_unsloth")
+    family = model_family(base_model) if isinstance(base_model, str) else None
+    if family and family.startswith(LIGER_UNSUPPORTED):
+        problems.append(
+            f"hyperparameters.use_liger: not supported for {family} models such as {base_model!r} "
+            "(Liger's kernels give wrong log-probs); set use_liger: false"
+        )
+    return problems
+
+
+def _reward_problems(data: dict) -> list[str]:
+    rewards = data.get("rewards") if isinstance(data.get("rewards"), list) else []
+    builtins, names, problems = _builtin_rewards(), [], []
+    for i, reward in enumerate(rewards):
+        name = reward.get("name") if isinstance(reward, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in names:
+            problems.append(f"rewards[{i}].name: duplicate reward name {name!r}; each reward needs its own name")
+        names.append(name)
+        if reward.get("function") is None and builtins is not None and name not in builtins:
+            problems.append(
+                f"rewards[{i}].name: unknown built-in reward {name!r}; choose one of: {', '.join(builtins)} "
+                "(or set function: package.module:callable)"
+            )
+    evaluation = data.get("evaluation") if isinstance(data.get("evaluation"), dict) else {}
+    metric = evaluation.get("metric")
+    if isinstance(metric, str) and names and metric not in names:
+        problems.append(
+            f"evaluation.metric: {metric!r} is not one of this spec's rewards: {', '.join(dict.fromkeys(names))}"
+        )
+    return problems
