@@ -149,7 +149,7 @@ def project_spec(w: Workload, output_root: Path) -> dict:
 
 def prepare_job(w: Workload, root: Path):
     """A job folder as the pipeline leaves it before training: the resolved spec.yaml and the ingested dataset."""
-    from tasks.ingest import ingest_dataset
+    from trainers.dataset import ingest_dataset
     from trainers.jobdir import JobDir, write_text_atomic
     from trainers.spec import load_spec, to_yaml
 

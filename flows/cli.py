@@ -47,15 +47,10 @@ def output_root(args) -> Path | None:
 
     root = output_uri(args)
     if root and is_remote(root):
-        import fsspec
+        from trainers.uris import unopenable
 
-        scheme = root.split("://", 1)[0].lower()
-        try:
-            fsspec.get_filesystem_class(scheme)
-        except (ValueError, ImportError) as e:
-            raise UsageError(
-                f"cannot read output root {root} ({e}); give a folder or e.g. s3://bucket/prefix"
-            ) from None
+        if reason := unopenable(root):
+            raise UsageError(f"cannot read output root {root}: {reason}")
         return mirror_job_files(root)
     return Path(root) if root else None
 
@@ -76,12 +71,20 @@ def load(args, extra_overrides: list[str] = ()):
 def find_job(args, job_id: str):
     from trainers.jobdir import JobDir
 
-    if "/" in job_id or job_id in ("", ".", ".."):
-        raise UsageError(f"not a job id: {job_id!r}")
-    job = JobDir((output_root(args) or Path("runs")).resolve() / job_id)
+    job = JobDir((output_root(args) or Path("runs")).resolve() / job_id_arg(job_id))
     if not job.spec.exists():
         raise UnknownJob(f"unknown job {job_id!r} under {job.root.parent} (see `grpoflow jobs`)")
     return job
+
+
+def job_id_arg(job_id: str, option: str = "") -> str:
+    """`job_id` when it names a job folder; a `UsageError` (exit 2) otherwise. `option` prefixes the message."""
+    from trainers.jobdir import check_job_id
+
+    try:
+        return check_job_id(job_id)
+    except ValueError as e:
+        raise UsageError(f"{option}{': ' if option else ''}{e}") from None
 
 
 def job_status(job) -> str:
@@ -107,16 +110,17 @@ def cmd_validate(args) -> int:
 
 
 def check_resume(spec, job_id: str) -> None:
-    """A resumed job must run the spec it started with: its stages' records are only valid for that spec."""
-    from trainers.jobdir import JobDir
+    """A resumed job must run the spec it started with: its stages' records are only valid for that spec. The job
+    is looked for under the spec's output_uri, local or remote (`s3://...`)."""
+    from tasks.storage import filesystem, is_remote, join, storage_options
     from trainers.spec import load_spec, resolved_dict
 
-    if "/" in job_id or job_id in ("", ".", ".."):
-        raise UsageError(f"--resume: not a job id: {job_id!r}")
-    job = JobDir(Path(spec.output_uri).expanduser().resolve() / job_id)
-    if not job.spec.exists():
-        raise UsageError(f"--resume: unknown job {job_id!r} under {job.root.parent}")
-    before, after = resolved_dict(load_spec(job.spec)[0]), resolved_dict(spec)
+    root = spec.output_uri if is_remote(spec.output_uri) else str(Path(spec.output_uri).expanduser().resolve())
+    saved = join(root, job_id_arg(job_id, "--resume"), "spec.yaml")
+    fs, path = filesystem(saved)
+    if not fs.exists(path):
+        raise UsageError(f"--resume: unknown job {job_id!r} under {root}")
+    before, after = resolved_dict(load_spec(saved, storage_options=storage_options(saved))[0]), resolved_dict(spec)
     changed = sorted(k for k in before.keys() | after.keys() if k != "output_uri" and before.get(k) != after.get(k))
     if changed:
         raise UsageError(
@@ -134,15 +138,16 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.
     temporary = server.start_if_needed()
     try:
-        from flows.pipeline import REJECTED_PREFIX, grpo_pipeline
+        from flows.pipeline import grpo_pipeline
+        from tasks.stages import REJECTED
 
         with server.connected(temporary):
             state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
     finally:
         if temporary is not None:
             temporary.stop()
-    if (state.message or "").startswith(REJECTED_PREFIX):
-        print(f"grpoflow: {state.message}", file=sys.stderr)
+    if state.name == REJECTED:
+        print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
         return EXIT_REJECTED
     if not state.is_completed():
         error = state.result(raise_on_failure=False)

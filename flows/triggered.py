@@ -13,9 +13,9 @@ spec object (the UI's form). By hand:
 import json
 
 from prefect import flow, get_run_logger
-from prefect.states import Failed
 
-from flows.pipeline import REJECTED_PREFIX, grpo_pipeline
+from flows.pipeline import grpo_pipeline
+from tasks.stages import rejected
 from tasks.storage import storage_options
 from trainers.spec import SpecError, load_spec
 
@@ -41,7 +41,7 @@ def grpo_pipeline_from_file(
         job_spec, warnings = load_spec(source, overrides, storage_options(source))
     except SpecError as e:
         logger.error("spec %s rejected:\n%s", source, "\n".join(e.problems))
-        return Failed(message=f"{REJECTED_PREFIX}{source}: {'; '.join(e.problems)}")
+        return rejected(f"{source}: {'; '.join(e.problems)}")
     for warning in warnings:
         logger.warning(warning)
     logger.info("spec %s, dataset %s", source, job_spec.dataset.uri)

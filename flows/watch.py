@@ -36,8 +36,8 @@ from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
 from prefect.states import Completed
 
-from tasks.ingest import COMPRESSIONS, FORMATS
 from tasks.storage import filesystem, is_remote
+from trainers.dataset import COMPRESSIONS, FORMATS
 from trainers.jobdir import write_json_atomic
 
 EVENT = "grpoflow.dataset.landed"

@@ -1,4 +1,5 @@
-"""Evaluation and report task: held-out before/after scores, health verdict, report.md with PNG plots."""
+"""Evaluation and report task: held-out before/after scores (`trainers.evaluate`), health verdict, report.md with
+PNG plots (`trainers.report`)."""
 
 import json
 
@@ -9,25 +10,34 @@ from trainers.evaluate import evaluate
 from trainers.health import HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
+from trainers.modeling import start_model
 from trainers.report import write_report
 from trainers.spec import JobSpec
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=5)
 @resumable("evaluate")
-def evaluate_task(job: JobDir, spec: JobSpec, before_model: str, extra: dict | None = None) -> dict | None:
+def evaluate_task(
+    job: JobDir, spec: JobSpec, sft: dict | None, training: dict, wall_seconds: float = 0.0
+) -> dict | None:
     """Scores the start model and the GRPO result on the held-out prompts, then writes the report.
 
     A one-process full fine-tune was already scored by its training child (`trainers.grpo.evaluates_in_training`);
     its `evaluation.json` is then taken as it is.
+
+    Args:
+        job (`JobDir`), spec (`JobSpec`): the job.
+        sft (`dict`, *optional*): the SFT task's summary, when the warm-up ran.
+        training (`dict`): the training task's summary.
+        wall_seconds (`float`, *optional*): the job's time so far, for the report.
     """
     logger = get_run_logger()
-    training = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
-    if training.get("evaluated_in_training"):
+    in_child = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
+    if in_child.get("evaluated_in_training"):
         # The training child scored its model in memory (the weights in merged/) before it exited.
-        evaluation = training["evaluation"]
+        evaluation = in_child["evaluation"]
     else:
-        evaluation = evaluate(job, spec, before_model)
+        evaluation = evaluate(job, spec, start_model(spec, job))
     if evaluation:
         logger.info(
             "held-out %s on %d prompts: before %.3f, after %.3f",
@@ -37,6 +47,13 @@ def evaluate_task(job: JobDir, spec: JobSpec, before_model: str, extra: dict | N
             evaluation["after"],
         )
     alerts = HealthMonitor.for_hyperparameters(spec.hyperparameters).check(read_metrics(job.metrics))
+    extra = {
+        "wall_time_s": round(wall_seconds, 1),
+        "GRPO_training": f"{training['wall_seconds']:.1f} s",
+        "resumed_from_checkpoint": training["resumed_from"] or "no",
+    }
+    if sft:
+        extra["SFT_warm_up"] = f"{sft['seconds']:.1f} s"
     report = write_report(job, spec, evaluation, alerts, extra)
     logger.info("report: %s", report)
     return evaluation

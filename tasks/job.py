@@ -1,5 +1,6 @@
-"""Job bookkeeping tasks: create the job folder (id, resolved spec.yaml), record how the job ended, and upload the
-folder when `output_uri` is remote (`s3://...`: the job runs in a local staging folder, see `tasks.storage`)."""
+"""Job bookkeeping tasks: create the job folder (id, resolved spec.yaml), end the job (`JobEnding`: its last event,
+the webhook flush, the uploads), and upload the folder when `output_uri` is remote (`s3://...`: the job runs in a
+local staging folder, see `tasks.storage`)."""
 
 import logging
 import secrets
@@ -8,13 +9,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import get_run_logger, task
+from prefect.exceptions import TerminationSignal
+from prefect.states import State
 
+from tasks import webhooks
 from tasks.events import emit
+from tasks.stages import rejected
 from tasks.storage import filesystem, is_remote, join, staging_root
-from trainers.jobdir import JobDir, write_text_atomic
+from trainers.jobdir import JobDir, check_job_id, write_text_atomic
 from trainers.spec import JobSpec, to_yaml
 
 logger = logging.getLogger(__name__)
+# The most a job's end waits for its webhook deliveries (a bounded wait: the last events, e.g. job.completed, would
+# otherwise be lost when the process exits; a dead endpoint costs at most this).
+WEBHOOK_FLUSH_S = 10.0
 
 
 def new_job_id(name: str, run_id: str | None = None, started: datetime | None = None) -> str:
@@ -29,8 +37,7 @@ def new_job_id(name: str, run_id: str | None = None, started: datetime | None = 
 
 def job_dir(output_root: str | Path, job_id: str) -> JobDir:
     """The local job folder: under `output_root`, or under the staging folder when `output_root` is remote."""
-    if "/" in job_id or job_id in ("", ".", ".."):  # a flow parameter too: the UI could pass anything
-        raise ValueError(f"not a job id: {job_id!r}")
+    check_job_id(job_id)  # a flow parameter too: the UI could pass anything
     if is_remote(output_root):
         return JobDir(staging_root() / job_id)
     return JobDir(Path(output_root).expanduser().resolve() / job_id)
@@ -102,3 +109,45 @@ def upload_failed_job(job: JobDir, spec: JobSpec) -> None:
         upload_job(job, spec)
     except Exception:
         logger.exception("could not upload the failed job %s to %s", job.job_id, spec.output_uri)
+
+
+class JobEnding:
+    """How a job ends, in one place: `with JobEnding(job, spec, resumed) as end:` around the stages.
+
+    `end.completed(result)` uploads the folder (remote output_uri), emits `grpoflow.job.completed` and returns the
+    result; `end.rejected(message)` emits `grpoflow.job.failed` (reason `rejected`), removes the folder of a new job
+    and returns the `Rejected` state; an exception leaving the block (a failed stage, a cancelled flow run, Ctrl-C)
+    emits `grpoflow.job.failed`, uploads what the job left and propagates. Each waits for the webhook deliveries.
+    """
+
+    def __init__(self, job: JobDir, spec: JobSpec, resumed: bool):
+        self.job, self.spec, self.resumed, self.ended = job, spec, resumed, False
+
+    def __enter__(self) -> "JobEnding":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is not None and not self.ended:
+            # A cancelled flow run (Prefect UI, SIGTERM) or Ctrl-C: the training child is stopped, checkpoints kept.
+            reason = "cancelled" if isinstance(error, TerminationSignal | KeyboardInterrupt) else type(error).__name__
+            self._announce("grpoflow.job.failed", {"reason": reason, "error": str(error)[-2000:]})
+            upload_failed_job(self.job, self.spec)
+        return False
+
+    def rejected(self, message: str) -> State:
+        self._announce("grpoflow.job.failed", {"reason": "rejected", "error": message})
+        if not self.resumed:  # never delete an earlier job's checkpoints over a rejected input
+            discard_job(self.job)
+        return rejected(message)
+
+    def completed(self, result: dict) -> dict:
+        # Uploaded before job.completed announces the folder, then once more for the events that announced it.
+        upload_job_task(self.job, self.spec)
+        self._announce("grpoflow.job.completed", result)
+        upload_job_task(self.job, self.spec, names=("events.jsonl", "webhooks.jsonl"))
+        return result
+
+    def _announce(self, event: str, payload: dict) -> None:
+        self.ended = True
+        emit(self.job, event, payload)
+        webhooks.flush(timeout=WEBHOOK_FLUSH_S)

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from prefect.states import Failed, State
+
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.launch import TrainingSetupError, TrainingStopped
 from trainers.spec import JobSpec, resolved_dict
@@ -132,7 +134,8 @@ def resumable(stage: str) -> Callable:
                 logging.getLogger("grpoflow").info("%s: already completed for job %s; skipped", stage, job.job_id)
                 return done["result"]
             result = fn(job, spec, *args, **kwargs)
-            record(job, stage, key, result)
+            if not isinstance(result, State):  # a rejection is no result to keep
+                record(job, stage, key, result)
             return result
 
         return run_or_skip
@@ -140,8 +143,23 @@ def resumable(stage: str) -> Callable:
     return wrap
 
 
+# --- how a stage ends ---------------------------------------------------------------------------------------------
+
+# The name of the state of a task or flow run whose input was rejected (a spec, dataset or reward mistake): the CLI's
+# exit code 2, never retried. Callers check a state's name, never its message.
+REJECTED = "Rejected"
+
+
+def rejected(message: str) -> State:
+    """The final state of a run whose input was rejected: failed, named `Rejected`, with the reason as its message."""
+    return Failed(name=REJECTED, message=message)
+
+
 def retry_unless_final(task, task_run, state) -> bool:
-    """Prefect's `retry_condition_fn` for the training stages: a setup problem or a health stop is final."""
+    """Prefect's `retry_condition_fn` of every stage: a rejected input, a setup problem and a deliberate stop are
+    final (a retry would meet them again); a crash or a transient error is retried."""
+    if state.name == REJECTED:
+        return False
     try:
         state.result()
     except (TrainingSetupError, TrainingStopped):

@@ -21,20 +21,14 @@ A job whose `output_uri` is remote runs in a local staging folder (`GRPOFLOW_STA
 import functools
 import hashlib
 import os
-import re
 from pathlib import Path
 
 import fsspec
 
+from trainers.uris import is_remote
+
 STORAGE_BLOCK_ENV = "GRPOFLOW_STORAGE_BLOCK"
 STAGING_ENV = "GRPOFLOW_STAGING_DIR"
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def is_remote(uri: str | os.PathLike) -> bool:
-    """True for URLs fsspec resolves remotely (`s3://...`); False for local paths and `file://`."""
-    m = _SCHEME.match(str(uri))
-    return bool(m) and m.group(1).lower() not in ("file", "local")
 
 
 def storage_options(uri: str | os.PathLike) -> dict:

@@ -6,9 +6,9 @@ Every source goes through `datasets.load_dataset`, so the loader is the same eve
 table with `pyarrow.compute`, never row by row: a million short rows take one to two seconds. Only when the loader
 fails is the file read again, line by line, to name the lines at fault.
 
-Pure functions, no Prefect: `tasks` wraps `ingest_dataset` in a Prefect task. By hand:
+Pure functions, no Prefect: `tasks/ingest.py` wraps `ingest_dataset` in a Prefect task. By hand:
 
-    python -c 'from pathlib import Path; from tasks.ingest import ingest_dataset;
+    python -c 'from pathlib import Path; from trainers.dataset import ingest_dataset;
                print(ingest_dataset("examples/data/arithmetic.jsonl", Path("/tmp/job/dataset"), holdout=0.1))'
 """
 
@@ -37,10 +37,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets.features.features import require_storage_embed
-from prefect import task as task_decorator
 
-from tasks.stages import resumable
+from trainers.jobdir import replace_dir
 from trainers.spec import REPO_ID_PATTERN
+from trainers.uris import url_scheme
 
 SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -121,7 +121,7 @@ def _resolve(uri: str, split: str | None) -> _Source:
 
 
 def _resolve_file(uri: str) -> _Source:
-    scheme = m.group(1).lower() if (m := re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", uri)) else ""
+    scheme = url_scheme(uri)
     if scheme == "":
         location = str(Path(uri).expanduser().absolute())
     elif scheme == "file":
@@ -575,23 +575,15 @@ def _write_splits(splits: datasets.DatasetDict, folder: Path) -> None:
 
 
 def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
-    """Saves beside `dest`, then renames, so `dest` is either absent, the old folder, or the complete new one."""
+    """Saves beside `dest`, then swaps it in, so `dest` is either absent, the old folder, or the complete new one."""
     # Not `mkdtemp`: its 0700 mode would stick to `dest` after the rename.
-    tmp, old = (dest.with_name(f".{dest.name}.{kind}-{uuid.uuid4().hex}") for kind in ("tmp", "old"))
+    tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
     tmp.mkdir()
     try:
         _write_splits(splits, tmp)
-        if dest.exists():  # a retried task replaces the earlier ingest
-            dest.rename(old)
-        try:
-            tmp.rename(dest)
-        except OSError:
-            if old.exists():
-                old.rename(dest)
-            raise
+        replace_dir(tmp, dest)  # a retried task replaces the earlier ingest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # --- the entry points --------------------------------------------------------------------------------------------
@@ -680,86 +672,3 @@ def load_ingested(dest: Path) -> datasets.DatasetDict:
         `datasets.DatasetDict`: `train`, and `eval` when the ingest held rows out.
     """
     return datasets.load_from_disk(str(dest))
-
-
-# --- Prefect task ----------------------------------------------------------------------------------------------------
-
-
-def required_columns(spec, rewards: list) -> dict[str, str]:
-    """Columns the job reads besides the prompt, each with the reason (shown when it is missing)."""
-    from trainers.rewards import reward_columns
-
-    needed = {}
-    for reward_spec, reward in zip(spec.rewards, rewards, strict=True):
-        for column in reward_columns(reward):
-            needed.setdefault(column, f"reward {reward_spec.name!r}")
-    if spec.sft.enabled:
-        needed.setdefault(spec.sft.completion_column, "the SFT warm-up (sft.completion_column)")
-    return needed
-
-
-def check_rewards(spec, rewards: list, dataset: datasets.Dataset) -> None:
-    """Dry-runs every reward on a few training rows, shaped as TRL will pass them (system prompt applied)."""
-    from trainers.modeling import prepare_prompts
-    from trainers.rewards import dry_run_rewards
-
-    rows = dataset.select(range(min(4, len(dataset))))
-    sample = prepare_prompts(rows, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
-    named = [(r.name, fn) for r, fn in zip(spec.rewards, rewards, strict=True)]
-    dry_run_rewards(named, sample.to_list(), "prompt", timeout_s=dry_run_timeout())
-
-
-def dry_run_timeout() -> float:
-    """Seconds one reward call may take in the dry run: `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`, default 10."""
-    from trainers.rewards import RewardError
-
-    raw = os.environ.get("GRPOFLOW_REWARD_DRY_RUN_TIMEOUT", "10")
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise RewardError(f"GRPOFLOW_REWARD_DRY_RUN_TIMEOUT={raw!r}: expected a number of seconds > 0")
-    return seconds
-
-
-@task_decorator(name="ingest", retries=2, retry_delay_seconds=5)
-@resumable("ingest")
-def ingest_task(job, spec) -> dict:
-    """Ingests `spec.dataset` into the job folder, dry-runs the rewards on it, emits `grpoflow.dataset.ingested`.
-
-    A bad dataset or reward is the user's mistake, not a failure to retry: the task then returns
-    `{"rejected": message}` (before any model is loaded) and the flow ends the job as rejected.
-    """
-    from tasks.events import emit
-    from tasks.storage import storage_options
-    from trainers.rewards import RewardError, build_reward
-
-    datasets.disable_progress_bars()  # per-batch bars drown the flow's log; the event carries the counts
-    try:
-        rewards = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
-        result = ingest_dataset(
-            spec.dataset.uri,
-            job.dataset,
-            prompt_column=spec.dataset.prompt_column,
-            required_columns=required_columns(spec, rewards),
-            holdout=spec.evaluation.holdout,
-            seed=spec.hyperparameters.seed,
-            split=spec.dataset.split,
-            storage_options=storage_options(spec.dataset.uri),
-            max_row_bytes=spec.dataset.max_row_bytes,
-        )
-        check_rewards(spec, rewards, load_ingested(job.dataset)["train"])
-    except (DatasetError, RewardError) as e:
-        return {"rejected": str(e)}
-    info = {
-        "rejected": None,
-        "uri": result.uri,
-        "num_train": result.num_train,
-        "num_eval": result.num_eval,
-        "columns": result.columns,
-        "prompt_format": result.prompt_format,
-        "fingerprint": result.fingerprint,
-    }
-    emit(job, "grpoflow.dataset.ingested", {k: v for k, v in info.items() if k != "rejected"})
-    return info

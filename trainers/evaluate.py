@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from trainers.jobdir import JobDir, write_json_atomic
-from trainers.modeling import load_tokenizer, prepare_prompts
-from trainers.rewards import build_reward
+from trainers.modeling import load_tokenizer, prepare_prompts, start_model
+from trainers.rewards import build_reward, call_reward, trl_columns
 from trainers.spec import JobSpec, load_spec
 
 
@@ -82,30 +82,18 @@ def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float:
     completions = generate(model, prompts, spec.evaluation.max_new_tokens, tokenizer=tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(model)
-    values = call_reward(reward, prompts, completions, eval_rows, tokenizer)
+    values = reward_values(reward, prompts, completions, eval_rows, tokenizer)
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else float("nan")
 
 
-def call_reward(reward, prompts: list, completions: list, rows, tokenizer) -> list:
-    """Calls a reward with what TRL passes it during training (every other column, `completion_ids` from
-    `tokenizer`, the logging hooks; `trainer_state` None, as outside a trainer) and awaits an `async def` reward."""
-    import asyncio
-    import inspect
-
-    skipped = ("prompt", "completion", "completion_ids")
-    columns = {c: list(rows[c]) for c in rows.column_names if c not in skipped}
+def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:
+    """`reward` on `completions` of `rows`' prompts, called as in training: the other columns, `completion_ids` from
+    `tokenizer`, TRL's logging hooks (see `trainers.rewards.call_reward`)."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    result = reward(
-        prompts=prompts,
-        completions=completions,
-        completion_ids=tokenizer(texts, add_special_tokens=False)["input_ids"],
-        trainer_state=None,
-        log_extra=lambda column, values: None,
-        log_metric=lambda name, value: None,
-        **columns,
-    )
-    return asyncio.run(result) if inspect.iscoroutine(result) else result
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    columns = trl_columns({c: list(rows[c]) for c in rows.column_names})
+    return call_reward(reward, prompts, completions, ids, columns)
 
 
 def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict | None:
@@ -138,8 +126,6 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict 
 
 
 if __name__ == "__main__":
-    from trainers.grpo import start_model
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job_dir")
     job = JobDir(Path(parser.parse_args().job_dir))

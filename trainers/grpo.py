@@ -26,20 +26,13 @@ from trainers.modeling import (
     lora_config,
     prepare_prompts,
     quantization_config,
+    start_model,
     torch_dtype,
     use_bf16,
     use_cpu,
 )
 from trainers.rewards import build_reward
 from trainers.spec import JobSpec, load_spec
-from trainers.tiny import resolve_model_path
-
-
-def start_model(spec: JobSpec, job: JobDir) -> str:
-    """The weights GRPO starts from: the SFT warm-up's output when it ran, else the base model."""
-    if spec.sft.enabled and (job.sft / "config.json").exists():
-        return str(job.sft)
-    return resolve_model_path(spec.base_model)
 
 
 def grpo_config(spec: JobSpec, job: JobDir):

@@ -9,6 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def check_job_id(job_id: str) -> str:
+    """`job_id` when it can name a job folder (one path segment); else `ValueError` saying so.
+
+    >>> check_job_id("arithmetic-demo-20261130-064628-4013d1")
+    'arithmetic-demo-20261130-064628-4013d1'
+    """
+    if not isinstance(job_id, str) or "/" in job_id or "\\" in job_id or job_id in ("", ".", ".."):
+        raise ValueError(f"not a job id: {job_id!r}")
+    return job_id
+
+
 @dataclass(frozen=True)
 class JobDir:
     """Paths of one job's folder. Every stage reads and writes through these names."""

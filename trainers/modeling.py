@@ -3,6 +3,8 @@ prompt formatting, and the checks for the optional accelerators (Unsloth, Liger)
 
 import importlib.util
 
+from trainers.jobdir import JobDir
+from trainers.spec import JobSpec
 from trainers.tiny import resolve_model_path
 
 # Attention and MLP projections of Llama/Qwen-style models (DESIGN.md: q/k/v/o and gate/up/down).
@@ -137,3 +139,10 @@ def prepare_prompts(dataset, prompt_column: str, system_prompt: str | None):
     if system_prompt is not None:
         dataset = dataset.map(lambda row: {"prompt": to_prompt(row["prompt"], system_prompt)})
     return dataset
+
+
+def start_model(spec: JobSpec, job: JobDir) -> str:
+    """The weights GRPO starts from: the SFT warm-up's output when it ran, else the base model."""
+    if spec.sft.enabled and (job.sft / "config.json").exists():
+        return str(job.sft)
+    return resolve_model_path(spec.base_model)

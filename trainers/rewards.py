@@ -424,35 +424,56 @@ def dry_run_rewards(
         raise RewardError(f"{len(problems)} reward problems:\n" + "\n".join(f"- {p}" for p in problems), problems)
 
 
-def _dummy_call_kwargs(row: dict, prompt_column: str) -> dict[str, Any]:
+def call_reward(reward: Callable, prompts: list, completions: list, completion_ids: list, columns: dict) -> Any:
+    """Calls `reward` with what TRL's GRPOTrainer passes it, outside a trainer, and awaits an `async def` reward.
+
+    Args:
+        reward (`Callable`): a reward with TRL's signature.
+        prompts (`list`), completions (`list`), completion_ids (`list[list[int]]`): one entry per completion.
+        columns (`dict[str, list]`): the other dataset columns, one value per completion (TRL leaves out the prompt,
+            `completion` and `completion_ids`; see `trl_columns`).
+
+    Returns:
+        What the reward returned: a list with one float (or None) per completion, unless it is broken.
+    """
+    result = reward(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=completion_ids,
+        trainer_state=None,  # no trainer outside training
+        log_extra=lambda column, values: None,
+        log_metric=lambda name, value: None,
+        **columns,
+    )
+    return asyncio.run(result) if inspect.iscoroutine(result) else result
+
+
+def trl_columns(columns: dict[str, list], prompt_column: str = "prompt") -> dict[str, list]:
+    """The dataset columns TRL passes a reward as keyword lists: all but the prompt, `completion`, `completion_ids`."""
+    skipped = (prompt_column, "prompt", "completion", "completion_ids")
+    return {k: v for k, v in columns.items() if k not in skipped}
+
+
+def _dummy_call(row: dict, prompt_column: str) -> tuple[list, Callable[[Callable], Any]]:
+    """The dry run's completions for `row`, and a function calling a reward on them as TRL will."""
     texts = ["", "<answer>0</answer>"]
     if row.get("answer") is not None:
         texts += [f"<answer>{row['answer']}</answer>", str(row["answer"])]
     prompt = row[prompt_column]
     conversational = isinstance(prompt, list)
     completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
-    # TRL passes every column except these, repeated once per completion.
-    skipped = (prompt_column, "prompt", "completion", "completion_ids")
-    columns = {k: [v] * len(texts) for k, v in row.items() if k not in skipped}
-    return {
-        "prompts": [prompt] * len(texts),
-        "completions": completions,
-        "completion_ids": [[0] * len(t) for t in texts],
-        **columns,
-        "trainer_state": None,
-        "log_extra": lambda column, values: None,
-        "log_metric": lambda name, value: None,
-    }
+    columns = trl_columns({k: [v] * len(texts) for k, v in row.items()}, prompt_column)
+    ids = [[0] * len(t) for t in texts]
+    return completions, lambda reward: call_reward(reward, [prompt] * len(texts), completions, ids, columns)
 
 
 def _check_reward_on_row(reward: Callable, row: dict, prompt_column: str, timeout_s: float) -> str | None:
-    call_kwargs = _dummy_call_kwargs(row, prompt_column)
+    completions, call_on_row = _dummy_call(row, prompt_column)
     outcome: dict[str, Any] = {}
 
     def call() -> None:
         try:
-            result = reward(**call_kwargs)
-            outcome["value"] = asyncio.run(result) if inspect.iscoroutine(result) else result
+            outcome["value"] = call_on_row(reward)
         except BaseException as exc:  # reported, not raised: the thread must not die silently
             outcome["error"] = exc
 
@@ -465,7 +486,7 @@ def _check_reward_on_row(reward: Callable, row: dict, prompt_column: str, timeou
     if "error" in outcome:
         exc = outcome["error"]
         return f"raised {type(exc).__name__}: {exc}"
-    return _check_output(outcome["value"], len(call_kwargs["completions"]))
+    return _check_output(outcome["value"], len(completions))
 
 
 def _check_output(values: Any, expected: int) -> str | None:
@@ -483,3 +504,48 @@ def _check_output(values: Any, expected: int) -> str | None:
         if math.isinf(value):
             return f"returned {value} at position {i}, expected a finite number"
     return None
+
+
+# --- a job's rewards on its dataset ------------------------------------------------------------------------------
+
+
+def required_columns(spec, rewards: list[Callable]) -> dict[str, str]:
+    """Columns the job reads besides the prompt, each with the reason (shown when it is missing).
+
+    Args:
+        spec (`JobSpec`): the job spec (its rewards, in the order of `rewards`, and its SFT warm-up).
+        rewards (`list[Callable]`): the spec's rewards, built.
+    """
+    needed = {}
+    for reward_spec, reward in zip(spec.rewards, rewards, strict=True):
+        for column in reward_columns(reward):
+            needed.setdefault(column, f"reward {reward_spec.name!r}")
+    if spec.sft.enabled:
+        needed.setdefault(spec.sft.completion_column, "the SFT warm-up (sft.completion_column)")
+    return needed
+
+
+def dry_run_job_rewards(spec, rewards: list[Callable], dataset) -> None:
+    """Dry-runs the rewards of `spec` on a few rows of `dataset`, shaped as TRL will pass them (system prompt applied).
+
+    Raises:
+        RewardError: see `dry_run_rewards`; also for a malformed `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`.
+    """
+    from trainers.modeling import prepare_prompts
+
+    rows = dataset.select(range(min(DRY_RUN_ROWS, len(dataset))))
+    sample = prepare_prompts(rows, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
+    named = [(r.name, fn) for r, fn in zip(spec.rewards, rewards, strict=True)]
+    dry_run_rewards(named, sample.to_list(), "prompt", timeout_s=dry_run_timeout())
+
+
+def dry_run_timeout() -> float:
+    """Seconds one reward call may take in the dry run: `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`, default 10."""
+    raw = os.environ.get("GRPOFLOW_REWARD_DRY_RUN_TIMEOUT", "10")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RewardError(f"GRPOFLOW_REWARD_DRY_RUN_TIMEOUT={raw!r}: expected a number of seconds > 0")
+    return seconds

@@ -6,8 +6,8 @@ import pytest
 import s3fs
 import yaml
 
-from flows.pipeline import REJECTED_PREFIX
 from flows.triggered import DEFAULT_SPEC, grpo_pipeline_from_file
+from tasks.stages import REJECTED
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -26,7 +26,7 @@ def write_spec(path, output_uri, **changes) -> str:
 
 
 def rejection(state) -> str:
-    assert state.is_failed() and state.message.startswith(REJECTED_PREFIX), state
+    assert state.is_failed() and state.name == REJECTED, state
     return state.message
 
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from flows.serve import make_server
-from tasks.ingest import ingest_dataset
 from tests.conftest import arithmetic_rows, cli, write_jsonl
+from trainers.dataset import ingest_dataset
 from trainers.jobdir import JobDir
 from trainers.spec import load_spec, to_yaml
 from trainers.tiny import build_tiny

@@ -14,9 +14,9 @@ from prefect.filesystems import RemoteFileSystem
 
 from flows.cli import main
 from tasks import storage
-from tasks.ingest import ingest_dataset, load_ingested
 from tasks.job import create_job_task, job_dir, job_location, upload_job
 from tests.conftest import arithmetic_rows
+from trainers.dataset import ingest_dataset, load_ingested
 from trainers.spec import SpecError, load_spec
 
 ROWS = "".join(json.dumps(r) + "\n" for r in arithmetic_rows(10)).encode()

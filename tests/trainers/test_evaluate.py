@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from tasks.ingest import ingest_dataset
 from tests.conftest import arithmetic_rows, write_jsonl
 from trainers import grpo
+from trainers.dataset import ingest_dataset
 from trainers.evaluate import evaluate
 from trainers.jobdir import JobDir
 from trainers.spec import load_spec, to_yaml
@@ -92,10 +92,10 @@ async def async_char_count(completions, log_metric, completion_ids, **kwargs) ->
 def test_evaluation_calls_rewards_as_training_does(tmp_path):
     from datasets import Dataset
 
-    from trainers.evaluate import call_reward
+    from trainers.evaluate import reward_values
     from trainers.modeling import load_tokenizer
     from trainers.tiny import build_tiny
 
     rows = Dataset.from_list([{"prompt": "p1", "answer": "1"}, {"prompt": "p2", "answer": "2"}])
-    values = call_reward(async_char_count, ["p1", "p2"], ["ab", "héllo"], rows, load_tokenizer(str(build_tiny())))
+    values = reward_values(async_char_count, ["p1", "p2"], ["ab", "héllo"], rows, load_tokenizer(str(build_tiny())))
     assert values == [2.0, 6.0]  # builtin:tiny's tokenizer is byte-level: one id per UTF-8 byte

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tasks.ingest import ingest_dataset
 from tests.conftest import arithmetic_rows, write_jsonl
+from trainers.dataset import ingest_dataset
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
 from trainers.spec import load_spec, to_yaml

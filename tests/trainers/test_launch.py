@@ -9,7 +9,7 @@ import psutil
 import pytest
 import yaml
 
-from tasks.ingest import ingest_dataset
+from trainers.dataset import ingest_dataset
 from trainers.jobdir import JobDir
 from trainers.launch import check_exit, child_command, start_child, stop_child
 from trainers.metrics import read_metrics

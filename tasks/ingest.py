@@ -1,0 +1,51 @@
+"""Ingest task: loads and checks the dataset into the job folder (`trainers.dataset`), dry-runs the rewards on it
+(`trainers.rewards`), and emits `grpoflow.dataset.ingested`. A bad dataset or reward ends the task `Rejected`."""
+
+from prefect import task
+
+from tasks.events import emit
+from tasks.stages import rejected, resumable, retry_unless_final
+from tasks.storage import storage_options
+from trainers.dataset import DatasetError, ingest_dataset, load_ingested
+from trainers.jobdir import JobDir
+from trainers.rewards import RewardError, build_reward, dry_run_job_rewards, required_columns
+from trainers.spec import JobSpec
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
+@resumable("ingest")
+def ingest_task(job: JobDir, spec: JobSpec):
+    """Ingests `spec.dataset` into `job.dataset` and dry-runs the rewards on it; returns what was ingested.
+
+    A bad dataset or reward is the user's mistake, not a failure to retry: the task then ends in a `Rejected` state
+    (before any model is loaded) whose message says what is wrong, and the flow ends the job the same way.
+    """
+    import datasets
+
+    datasets.disable_progress_bars()  # per-batch bars drown the flow's log; the event carries the counts
+    try:
+        rewards = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
+        result = ingest_dataset(
+            spec.dataset.uri,
+            job.dataset,
+            prompt_column=spec.dataset.prompt_column,
+            required_columns=required_columns(spec, rewards),
+            holdout=spec.evaluation.holdout,
+            seed=spec.hyperparameters.seed,
+            split=spec.dataset.split,
+            storage_options=storage_options(spec.dataset.uri),
+            max_row_bytes=spec.dataset.max_row_bytes,
+        )
+        dry_run_job_rewards(spec, rewards, load_ingested(job.dataset)["train"])
+    except (DatasetError, RewardError) as e:
+        return rejected(str(e))
+    info = {
+        "uri": result.uri,
+        "num_train": result.num_train,
+        "num_eval": result.num_eval,
+        "columns": result.columns,
+        "prompt_format": result.prompt_format,
+        "fingerprint": result.fingerprint,
+    }
+    emit(job, "grpoflow.dataset.ingested", info)
+    return info
