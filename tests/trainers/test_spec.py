@@ -1,18 +1,22 @@
-"""Tests for trainers/spec.py: the job spec's defaults and rules, its error messages, overrides and resolution."""
+"""Tests for trainers/spec/: the job spec's defaults and rules, its error messages, overrides and resolution, and the
+README's hyperparameter table generated from the model."""
 
 import copy
 import importlib.util
 import json
+import runpy
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import trainers.spec as spec_module
+import trainers.spec.models as spec_models
 from trainers.spec import (
     JobSpec,
     SpecError,
     apply_overrides,
+    hyperparameter_table,
     load_spec,
     model_family,
     resolved_dict,
@@ -578,7 +582,26 @@ def test_json_schema_describes_every_field():
 
 
 def test_every_model_forbids_extra_keys():
-    models = [m for m in vars(spec_module).values() if isinstance(m, type) and issubclass(m, BaseModel)]
+    models = [m for m in vars(spec_models).values() if isinstance(m, type) and issubclass(m, BaseModel)]
     assert len(models) > 8
     for model in models:
         assert model is BaseModel or model.model_config.get("extra") == "forbid", model
+
+
+def test_readme_hyperparameter_table_is_generated_from_the_model(capsys):
+    runpy.run_module("trainers.spec", run_name="__main__")
+    printed = capsys.readouterr().out.strip()
+    assert printed == hyperparameter_table()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    intro = "GRPO hyperparameters, with their defaults and rules:\n\n"
+    assert intro in readme, "README.md lost the sentence that introduces the hyperparameter table"
+    table = readme.split(intro, 1)[1].split("\n\n", 1)[0]
+    assert table == printed, (
+        "README.md's hyperparameter table differs from the Hyperparameters model: "
+        "paste the output of `python -m trainers.spec` over it"
+    )
+    # One row per field, each with the field's own description (the text the Prefect form shows).
+    fields = spec_models.Hyperparameters.model_fields
+    rows = table.splitlines()[2:]
+    assert [row.split(" | ")[0].lstrip("| ") for row in rows] == list(fields)
+    assert all(field.description in row for field, row in zip(fields.values(), rows, strict=True))

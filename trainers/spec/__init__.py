@@ -3,11 +3,13 @@
 - `models.py`: the models and field types (each field's description is its one documented copy);
 - `rules.py`: the cross-field rules, which read their defaults from the models;
 - `loading.py`: YAML in (hardened), `--set` overrides, shape caps, errors as "dotted.location: message" lines,
-  `load_spec`, and the resolved spec out (`resolved_dict`, `to_yaml`).
+  `load_spec`, and the resolved spec out (`resolved_dict`, `to_yaml`);
+- `docs.py`: the README's hyperparameter table, printed by `python -m trainers.spec`.
 
 A rejected spec raises `SpecError`, which lists every violation at once.
 """
 
+from trainers.spec.docs import hyperparameter_table
 from trainers.spec.loading import (
     MAX_SPEC_BYTES,
     MAX_SPEC_DEPTH,
@@ -59,6 +61,7 @@ __all__ = [
     "SpecError",
     "WebhookSpec",
     "apply_overrides",
+    "hyperparameter_table",
     "load_spec",
     "model_family",
     "resolved_dict",

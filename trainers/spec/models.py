@@ -1,6 +1,7 @@
 """The job spec's pydantic models: a grpoflow job, its sections and its GRPO hyperparameters, with their field types.
 
-Each field's `description` is what the Prefect form shows. `JobSpec` runs the cross-field rules
+Each field's `description` is the one written copy of what it means and its rule: the Prefect form shows it, and the
+README's hyperparameter table is generated from it (`python -m trainers.spec`). `JobSpec` runs the cross-field rules
 (`trainers/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
 """
 
@@ -66,33 +67,66 @@ RepoId = _matching(
 class Hyperparameters(_Section):
     """The GRPO hyperparameters (DESIGN.md): names, defaults and rules are the contract."""
 
-    learning_rate: float = Field(1e-6, gt=0, description="Optimizer learning rate.")
-    num_epochs: Int = Field(1, ge=1, description="Accepted but unused by GRPO: the run length is max_steps.")
-    max_steps: Int = Field(
-        100, ge=1, description="Training steps; one step is one prompt and its rollouts_per_prompt completions."
+    learning_rate: float = Field(
+        1e-6, gt=0, description="Optimizer learning rate, sized for full fine-tuning; LoRA wants ~2e-5."
     )
-    rollouts_per_prompt: Int = Field(8, ge=2, description="Completions sampled per prompt (the GRPO group size).")
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty weight; 0 means no KL term and no reference model.")
-    max_prompt_length: Int = Field(1024, ge=1, description="Prompt truncation length; only with use_unsloth.")
-    max_response_length: Int = Field(2048, ge=1, description="Completions are truncated to this many tokens.")
+    num_epochs: Int = Field(
+        1, ge=1, description="Accepted with a warning but unused by GRPO: the run length is max_steps."
+    )
+    max_steps: Int = Field(
+        100,
+        ge=1,
+        description="Training steps; one step is one prompt and its rollouts_per_prompt completions, so one pass "
+        "over N prompts is N steps.",
+    )
+    rollouts_per_prompt: Int = Field(
+        8,
+        ge=2,
+        description="Completions sampled per prompt: the GRPO group (TRL's num_generations); a group of one has no "
+        "baseline. A multiple of gpu_count.",
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="KL penalty weight (TRL's beta); 0 means no KL term, no reference model loaded and no kl metric.",
+    )
+    max_prompt_length: Int = Field(
+        1024,
+        ge=1,
+        description="Prompt truncation length, only with use_unsloth (TRL's GRPO does not truncate prompts); "
+        "setting it without use_unsloth is rejected.",
+    )
+    max_response_length: Int = Field(
+        2048, ge=1, description="Completions are truncated to this many tokens (TRL's max_completion_length)."
+    )
     global_batch_size: Int | None = Field(
-        None, description="Not supported by GRPO: each step's batch is one prompt's rollouts_per_prompt completions."
+        None,
+        description="Not supported by GRPO, setting it is rejected: each step's batch is one prompt's "
+        "rollouts_per_prompt completions.",
     )
     seed: int = Field(
-        42,
-        ge=0,
-        le=MAX_SEED,
-        description="Random seed, 0 to 2**32 - 1: the same seed, data and machine give the same metrics.",
+        42, ge=0, le=MAX_SEED, description="Random seed: the same seed, data and machine give the same metrics."
     )
     system_prompt: str | None = Field(
-        None, description="When set, each string prompt becomes a system + user chat via the chat template."
+        None,
+        description="When set, each string prompt becomes a system + user chat through the model's chat template.",
     )
-    lora_rank: Int | None = Field(None, ge=1, description="LoRA rank; null means a full fine-tune.")
-    lora_alpha: Int | None = Field(None, ge=1, description="LoRA alpha; defaults to lora_rank.")
-    load_in_4bit: bool = Field(False, description="QLoRA: NF4 base plus LoRA adapters; needs lora_rank, one GPU.")
-    use_unsloth: bool = Field(False, description="Train with Unsloth (opt-in, single GPU only).")
-    use_liger: bool = Field(False, description="Liger kernels (opt-in; not multi-GPU, Unsloth, NeoX, Gemma 2, ...).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature for the rollouts.")
+    lora_rank: Int | None = Field(
+        None,
+        ge=1,
+        description="LoRA rank, for LoRA on the q/k/v/o and gate/up/down projections; null means a full fine-tune.",
+    )
+    lora_alpha: Int | None = Field(None, ge=1, description="LoRA alpha; null means lora_rank. Requires lora_rank.")
+    load_in_4bit: bool = Field(
+        False, description="QLoRA: an NF4 base (bitsandbytes) plus LoRA adapters; requires lora_rank, single GPU only."
+    )
+    use_unsloth: bool = Field(False, description="Train with Unsloth (opt-in); single GPU only.")
+    use_liger: bool = Field(
+        False,
+        description="Liger kernels (opt-in); rejected with gpu_count > 1, with use_unsloth, and for GPT-NeoX/Pythia, "
+        "Gemma 2, Cohere and Granite models (wrong log-probs).",
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
     skip_zero_variance_groups: bool = Field(
         False,
         description=(
