@@ -1,0 +1,512 @@
+# ruff: noqa: E501  (the table's rows cannot wrap; code lines keep to 119 through `ruff format`)
+"""The private and undocumented library APIs grpoflow relies on: the one list of them, one test each.
+
+`constraints.txt` keeps installs on the versions these ran on; an upgrade that removes or changes one of them fails
+its test here, naming what grpoflow would have silently relied on. Places are given as `function` (module) because
+code moves between modules; grep for the function name.
+
+| library | private / undocumented API | what grpoflow uses it for | where |
+| --- | --- | --- | --- |
+| trl | `GRPOTrainer._prepare_inputs(generation_batch)`, called once per `Trainer.training_step`, returning the batch with `advantages` | generate and score once, look at the advantages, hand the batch back to the parent's call | `ZeroVarianceSkippingGRPOTrainer` (trainers/zero_variance.py) |
+| trl | `GRPOTrainer._metrics`: `{"train": defaultdict(list), "eval": ...}` averaged into each log record | the `skipped_zero_variance` and `step_time` metrics | `ZeroVarianceSkippingGRPOTrainer.training_step` |
+| trl | `GRPOTrainer._step`, `_current_train_step_time`, `current_gradient_accumulation_steps` (the bookkeeping of `GRPOTrainer.training_step`) | a skipped step does the same bookkeeping | `ZeroVarianceSkippingGRPOTrainer.training_step` |
+| trl | `GRPOTrainer._entropy_bonus_enabled`, `aux_loss_enabled`, `beta` | when the skip cannot be exact | `skip_blocker` (trainers/zero_variance.py) |
+| trl | the keyword arguments `GRPOTrainer._calculate_rewards` passes a reward, and the `log_extra(column, values)` / `log_metric(name, value)` hooks | rewards' dataset columns, the dry run and held-out evaluation call rewards the same way | `_TRL_ARGUMENTS`, `reward_columns`, `call_reward` (trainers/rewards.py), `evaluate` (trainers/evaluate.py) |
+| trl | `trl.trainer.utils.is_async_callable`, `get_callable_name` | mirrored without importing TRL: async detection and the reward's metric name | `_is_async`, `_named` (trainers/rewards.py) |
+| transformers | `Trainer._save_checkpoint(model, trial)`, writing `trainer_state.json` last, `global_step` = the folder's number | a checkpoint without a complete trainer_state.json is torn; the benchmark times `_save_checkpoint` | `intact_checkpoint` (trainers/grpo.py), `train_cpu_seconds` (benchmarks/trainer_vs_trl.py) |
+| datasets | `datasets.features.features.require_storage_embed` (private module path) | features that embed files go through `save_to_disk` | `_write_splits` (the dataset ingest module) |
+| datasets | `Dataset._fingerprint` | the ingest cache key of a Hub dataset, and `state.json` | `_fingerprint`, `_write_splits` (the dataset ingest module) |
+| datasets | `save_to_disk`'s layout: `state.json` keys, `dataset_dict.json`, one Arrow IPC stream per split | the ingest writes the folder by hand (~20x faster) and `load_from_disk` reads it | `_write_splits` (the dataset ingest module) |
+| datasets | `Dataset(pyarrow.Table, info=...)` and `Dataset.data.table` | the holdout split taken with Arrow, not `train_test_split` | `_split` / holdout (the dataset ingest module) |
+| prefect | `PREFECT__SERVER_EPHEMERAL`, `PREFECT__SERVER_FINAL`, `PREFECT_UI_ENABLED`: the environment `SubprocessASGIServer` gives its server | the temporary server is Prefect's ephemeral server, started by grpoflow | `TemporaryServer.__init__` (flows/server.py) |
+| prefect | `uvicorn --factory prefect.server.api.server:create_app` (the server's private module) | the same command line | `TemporaryServer._launch` (flows/server.py) |
+| prefect | settings `server.ephemeral.enabled` / `.startup_timeout_seconds`, `api.url`, `to_environment_variables(exclude_unset=True)`; env names `PREFECT_SERVER_ANALYTICS_ENABLED`, `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` | when to start a server, how long to wait, no telemetry | `start_if_needed`, `TemporaryServer` (flows/server.py), flows/__init__.py, tasks/__init__.py |
+| prefect | `temporary_settings(updates={PREFECT_API_URL: ...})` and `PREFECT_API_URL.value()` (the legacy setting objects) | point the client at the temporary server; read the API URL | `connected` (flows/server.py), `api_url` (flows/deployments.py) |
+| prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (flows/server.py) |
+| prefect | `prefect.workers.base.BaseWorker.get_worker_class_from_type` (None when not installed) | a pool's default base job template | `default_template` (flows/deployments.py) |
+| prefect | `prefect.utilities.urls.url_for` and the UI's `/runs/flow-run/<id>` path | a flow run's link, with a fallback of the same form | `flow_run_url` (flows/deployments.py) |
+| prefect | `prefect.exceptions.TerminationSignal`, a `BaseException` | a cancelled run is reported as "cancelled" | `grpo_pipeline` (flows/pipeline.py) |
+| accelerate | `python -m accelerate.commands.launch --multi_gpu --num_processes N -m module ...` (the module behind `accelerate launch`) | the multi-GPU training child, with this interpreter | `child_command` (trainers/launch.py) |
+| standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (tasks/webhooks.py) |
+"""
+
+import ast
+import inspect
+import json
+import os
+import textwrap
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from datasets import Dataset, DatasetDict, Features, Image, Value, load_from_disk
+
+# --- TRL and transformers: one real one-step GRPO run on the built-in tiny model ------------------------------------
+
+DATASET_COLUMNS = {"answer"}
+
+
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory):
+    """A one-step `GRPOTrainer` run, recording what grpoflow's subclass and rewards would see."""
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trainers.tiny import resolve_model_path
+
+    seen = {"reward_kwargs": [], "prepared": [], "save_calls": 0, "at_step_end": None}
+
+    def recording_reward(completions, **kwargs):
+        seen["reward_kwargs"].append(kwargs)
+        return [float(i) for i in range(len(completions))]  # distinct rewards: non-zero advantages
+
+    class Probe(GRPOTrainer):
+        # Overridden by name, as grpoflow's subclass does: a renamed method is never called, and the lists stay empty.
+        def _prepare_inputs(self, generation_batch):
+            prepared = super()._prepare_inputs(generation_batch)
+            seen["prepared"].append(prepared)
+            return prepared
+
+        def _save_checkpoint(self, model, trial):
+            seen["save_calls"] += 1
+            return super()._save_checkpoint(model, trial)
+
+    class AtStepEnd(TrainerCallback):
+        # After training_step and the optimizer step, before `log` averages and clears `_metrics`.
+        def on_step_end(self, args, state, control, **kwargs):
+            seen["at_step_end"] = {
+                "_step": trainer._step,
+                "_current_train_step_time": trainer._current_train_step_time,
+                "step_time": list(trainer._metrics["train"]["step_time"]),
+                "current_gradient_accumulation_steps": trainer.current_gradient_accumulation_steps,
+            }
+
+    output = tmp_path_factory.mktemp("one_step")
+    args = GRPOConfig(
+        output_dir=str(output),
+        max_steps=1,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        max_completion_length=4,
+        seed=7,
+        bf16=False,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+    )
+    dataset = Dataset.from_list([{"prompt": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(4)])
+    trainer = Probe(
+        model=resolve_model_path("builtin:tiny"),
+        reward_funcs=recording_reward,
+        args=args,
+        train_dataset=dataset,
+        callbacks=[AtStepEnd()],
+    )
+    untrained = {
+        "_metrics": trainer._metrics,
+        "_entropy_bonus_enabled": trainer._entropy_bonus_enabled,
+        "aux_loss_enabled": trainer.aux_loss_enabled,
+        "beta": trainer.beta,
+    }
+    trainer.train()
+    return trainer, seen, untrained, output
+
+
+def test_prepare_inputs_is_called_once_per_training_step_and_returns_the_advantages(one_step):
+    from trl import GRPOTrainer
+
+    trainer, seen, _, _ = one_step
+    # grpoflow overrides it with this exact signature and calls it itself before the parent's training_step.
+    assert list(inspect.signature(GRPOTrainer._prepare_inputs).parameters) == ["self", "generation_batch"]
+    assert list(inspect.signature(GRPOTrainer.training_step).parameters) == [
+        "self",
+        "model",
+        "inputs",
+        "num_items_in_batch",
+    ]
+    assert len(seen["prepared"]) == trainer.state.global_step == 1
+    advantages = seen["prepared"][0]["advantages"]
+    assert advantages.shape == (4,) and advantages.abs().sum() > 0
+
+
+def test_metrics_is_a_dict_of_lists_by_mode_averaged_into_the_log(one_step):
+    trainer, _, untrained, _ = one_step
+    metrics = untrained["_metrics"]
+    assert set(metrics) == {"train", "eval"}
+    assert all(isinstance(m, defaultdict) and m.default_factory is list for m in metrics.values())
+    # What grpoflow appends, `log` must average into the record that metrics.jsonl gets.
+    trainer.model.train()
+    trainer._metrics["train"]["grpoflow_probe"].extend([1.0, 3.0])
+    trainer.log({})
+    assert trainer.state.log_history[-1]["grpoflow_probe"] == 2.0
+    assert not trainer._metrics["train"], "log clears the metrics it averaged"
+
+
+def test_training_step_bookkeeping_that_a_skipped_step_repeats(one_step):
+    _, seen, _, _ = one_step
+    at_end = seen["at_step_end"]
+    assert at_end is not None
+    assert at_end["_step"] == 1
+    assert at_end["current_gradient_accumulation_steps"] == 1
+    # One optimizer step: its time went into `step_time` and the running total was reset.
+    assert len(at_end["step_time"]) == 1 and at_end["step_time"][0] > 0
+    assert at_end["_current_train_step_time"] == 0.0
+
+
+def test_the_flags_skip_blocker_reads(one_step, tmp_path):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trainers.tiny import resolve_model_path
+
+    _, _, untrained, _ = one_step
+    assert untrained["_entropy_bonus_enabled"] is False
+    assert untrained["aux_loss_enabled"] is False  # Qwen2 has no router
+    assert untrained["beta"] == 0.0
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        num_generations=4,
+        per_device_train_batch_size=4,
+        entropy_coef=0.1,
+        bf16=False,
+        report_to="none",
+    )
+    dataset = Dataset.from_list([{"prompt": "p"}] * 4)
+    with_bonus = GRPOTrainer(
+        model=resolve_model_path("builtin:tiny"),
+        reward_funcs=lambda completions, **kw: [0.0],
+        args=args,
+        train_dataset=dataset,
+    )
+    assert with_bonus._entropy_bonus_enabled is True
+
+
+def test_reward_keyword_arguments_are_those_grpoflow_passes_outside_a_trainer(one_step):
+    from trl import GRPOTrainer
+
+    trainer, seen, _, _ = one_step
+    kwargs = seen["reward_kwargs"][0]
+    # `call_reward` and `_TRL_ARGUMENTS` (trainers/rewards.py): these, plus every dataset column but the prompt.
+    # (`environments` too, only with an environment factory.)
+    assert set(kwargs) - DATASET_COLUMNS == {"prompts", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+    # A dataset column, one value per completion: the group's prompt's answer, four times.
+    assert (
+        len(kwargs["answer"]) == 4 and len(set(kwargs["answer"])) == 1 and kwargs["answer"][0] in {"0", "2", "4", "6"}
+    )
+    assert kwargs["trainer_state"] is trainer.state
+    assert list(inspect.signature(GRPOTrainer._log_completion_extra).parameters) == ["self", "column", "values"]
+    assert list(inspect.signature(GRPOTrainer._log_metric).parameters) == ["self", "name", "value"]
+    assert "rewards/recording_reward/mean" in trainer.state.log_history[0]  # named after `__name__`
+
+
+def test_trl_reward_helpers_agree_with_grpoflows_copies():
+    import functools
+
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
+    from trainers.rewards import _is_async, _named
+
+    async def async_reward(completions, **kwargs):
+        return [0.0]
+
+    def sync_reward(completions, **kwargs):
+        return [0.0]
+
+    class AsyncCallable:
+        async def __call__(self, completions, **kwargs):
+            return [0.0]
+
+    cases = [
+        async_reward,
+        sync_reward,
+        AsyncCallable(),
+        functools.partial(async_reward),
+        functools.partial(sync_reward),
+    ]
+    assert [_is_async(f) for f in cases] == [is_async_callable(f) for f in cases] == [True, False, True, True, False]
+    assert [is_async_callable(_named(f, "x")) for f in cases] == [True, False, True, True, False]
+    assert get_callable_name(_named(functools.partial(sync_reward), "my_metric")) == "my_metric"
+
+
+def test_checkpoint_is_saved_by_save_checkpoint_and_trainer_state_is_written_last(one_step):
+    _, seen, _, output = one_step
+    assert seen["save_calls"] == 1
+    checkpoint = output / "checkpoint-1"
+    state_file = checkpoint / "trainer_state.json"
+    assert json.loads(state_file.read_text())["global_step"] == 1
+    others = [p for p in checkpoint.rglob("*") if p.is_file() and p != state_file]
+    assert others, "the checkpoint holds weights and optimizer state besides trainer_state.json"
+    last_other = max(p.stat().st_mtime_ns for p in others)
+    assert state_file.stat().st_mtime_ns >= last_other, "a checkpoint killed mid-save must lack trainer_state.json"
+
+
+# --- datasets -------------------------------------------------------------------------------------------------------
+
+# What grpoflow's dataset writer (`_write_splits`) puts in each split's state.json, besides `_fingerprint`.
+HAND_WRITTEN_STATE = {
+    "_data_files": [{"filename": "data-00000-of-00001.arrow"}],
+    "_format_columns": None,
+    "_format_kwargs": {},
+    "_format_type": None,
+    "_output_all_columns": False,
+}
+
+
+def splits() -> DatasetDict:
+    return DatasetDict(
+        {
+            # Named splits, as the ingest's are (`_split` in state.json is the split's name, None without one).
+            "train": Dataset.from_dict({"prompt": ["a", "b", "c"], "answer": ["1", "2", "3"]}, split="train"),
+            "eval": Dataset.from_dict({"prompt": ["d"], "answer": ["4"]}, split="eval"),
+        }
+    )
+
+
+def test_require_storage_embed_tells_file_embedding_features_apart():
+    from datasets.features.features import require_storage_embed
+
+    assert require_storage_embed(Features({"prompt": Value("string")})) is False
+    assert require_storage_embed(Features({"image": Image()})) is True
+
+
+def test_fingerprint_is_a_content_hash_that_save_to_disk_records(tmp_path):
+    ds = splits()
+    fingerprints = {name: d._fingerprint for name, d in ds.items()}
+    assert all(isinstance(f, str) and f for f in fingerprints.values())
+    assert fingerprints["train"] != fingerprints["eval"]
+    assert Dataset.from_dict({"prompt": ["a"]})._fingerprint != Dataset.from_dict({"prompt": ["b"]})._fingerprint
+    ds.save_to_disk(str(tmp_path))
+    for name, fingerprint in fingerprints.items():
+        assert json.loads((tmp_path / name / "state.json").read_text())["_fingerprint"] == fingerprint
+
+
+def test_save_to_disk_layout_is_the_one_grpoflow_writes_by_hand(tmp_path):
+    ds = splits()
+    ds.save_to_disk(str(tmp_path))
+    assert json.loads((tmp_path / "dataset_dict.json").read_text()) == {"splits": ["train", "eval"]}
+    for name, split in ds.items():
+        state = json.loads((tmp_path / name / "state.json").read_text())
+        assert state == {**HAND_WRITTEN_STATE, "_fingerprint": split._fingerprint, "_split": name}
+        # One Arrow IPC *stream* (not the file format), the features in its schema metadata.
+        with pa.OSFile(str(tmp_path / name / HAND_WRITTEN_STATE["_data_files"][0]["filename"])) as f:
+            table = pa.ipc.open_stream(f).read_all()
+        assert table.schema.equals(split.features.arrow_schema, check_metadata=True)
+        assert table.to_pylist() == split.to_list()
+
+
+def test_load_from_disk_reads_a_folder_written_by_hand_as_it_reads_save_to_disks(tmp_path):
+    ds = splits()
+    ds.save_to_disk(str(tmp_path / "saved"))
+    by_hand = tmp_path / "by_hand"
+    for name, split in ds.items():  # as `_write_splits` does it
+        folder = by_hand / name
+        folder.mkdir(parents=True)
+        schema = split.features.arrow_schema
+        filename = HAND_WRITTEN_STATE["_data_files"][0]["filename"]
+        with pa.OSFile(str(folder / filename), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            writer.write_table(split.data.table.cast(schema))
+        info = split.info.copy()
+        info.split = name
+        info.write_to_directory(str(folder))
+        state = {**HAND_WRITTEN_STATE, "_fingerprint": split._fingerprint, "_split": name}
+        (folder / "state.json").write_text(json.dumps(state))
+    (by_hand / "dataset_dict.json").write_text(json.dumps({"splits": list(ds)}))
+    loaded, saved = load_from_disk(str(by_hand)), load_from_disk(str(tmp_path / "saved"))
+    for name, split in ds.items():
+        assert loaded[name].to_list() == saved[name].to_list() == split.to_list()
+        assert loaded[name].features == saved[name].features == split.features
+        # load_from_disk derives the loaded dataset's fingerprint from state.json's: the same state, the same one.
+        assert loaded[name]._fingerprint == saved[name]._fingerprint
+        assert str(loaded[name].split) == str(saved[name].split) == name
+
+
+def test_dataset_wraps_a_pyarrow_table_and_exposes_it():
+    ds = splits()["train"]
+    table = ds.data.table
+    assert isinstance(table, pa.Table)
+    taken = Dataset(table.take([2, 0]), info=ds.info.copy())
+    assert taken["prompt"] == ["c", "a"] and taken.features == ds.features
+
+
+# --- Prefect --------------------------------------------------------------------------------------------------------
+
+
+def _function_ast(fn) -> ast.AST:
+    return ast.parse(textwrap.dedent(inspect.getsource(fn)))
+
+
+def _prefect_env_literals(fn) -> dict[str, str]:
+    """The `"PREFECT...": "value"` entries of the dict literals in `fn`'s source."""
+    found = {}
+    for node in ast.walk(_function_ast(fn)):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and str(key.value).startswith("PREFECT"):
+                    if isinstance(value, ast.Constant):
+                        found[key.value] = value.value
+    return found
+
+
+def _list_string_literals(fn) -> set[str]:
+    return {
+        element.value
+        for node in ast.walk(_function_ast(fn))
+        if isinstance(node, ast.List)
+        for element in node.elts
+        if isinstance(element, ast.Constant) and isinstance(element.value, str)
+    }
+
+
+def test_temporary_server_environment_is_the_one_prefects_ephemeral_server_gets():
+    from prefect.server.api.server import SubprocessASGIServer, create_app
+
+    from flows.server import TemporaryServer
+
+    ours = _prefect_env_literals(TemporaryServer.__init__)
+    assert ours == {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    assert _prefect_env_literals(SubprocessASGIServer._run_uvicorn_command) == ours
+    # ...and the app factory still reads the two private variables from the environment.
+    read = {
+        node.args[0].value
+        for node in ast.walk(_function_ast(create_app))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getenv" and node.args
+    }
+    assert {"PREFECT__SERVER_EPHEMERAL", "PREFECT__SERVER_FINAL"} <= read
+
+
+def test_temporary_server_command_is_prefects_uvicorn_command():
+    from prefect.server.api.server import SubprocessASGIServer, create_app
+
+    from flows.server import TemporaryServer
+
+    ours = _list_string_literals(TemporaryServer._launch)
+    assert "prefect.server.api.server:create_app" in ours and "--factory" in ours
+    assert ours == _list_string_literals(SubprocessASGIServer._run_uvicorn_command)
+    # uvicorn --factory calls it with no arguments.
+    assert all(p.default is not inspect.Parameter.empty for p in inspect.signature(create_app).parameters.values())
+
+
+@pytest.mark.parametrize(
+    "name, raw, read, expected",
+    [
+        # TemporaryServer turns the UI off with the name Prefect's own ephemeral server uses (an alias now).
+        ("PREFECT_UI_ENABLED", "0", lambda s: s.server.ui.enabled, False),
+        # flows/__init__.py and tasks/__init__.py: no telemetry from a server started for grpoflow.
+        ("PREFECT_SERVER_ANALYTICS_ENABLED", "false", lambda s: s.server.analytics_enabled, False),
+        # flows/__init__.py: the first start creates the database; TemporaryServer waits this long.
+        (
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+            "180",
+            lambda s: s.server.ephemeral.startup_timeout_seconds,
+            180,
+        ),
+        # start_if_needed: no temporary server with ephemeral mode off, or with an API URL.
+        ("PREFECT_SERVER_EPHEMERAL_ENABLED", "false", lambda s: s.server.ephemeral.enabled, False),
+        ("PREFECT_API_URL", "http://127.0.0.1:9/api", lambda s: s.api.url, "http://127.0.0.1:9/api"),
+    ],
+)
+def test_prefect_settings_read_the_environment_variables_grpoflow_sets(monkeypatch, name, raw, read, expected):
+    from prefect.settings import Settings
+
+    monkeypatch.delenv(name, raising=False)
+    assert read(Settings()) != expected, "the default must differ, or this test could not fail"
+    monkeypatch.setenv(name, raw)
+    assert read(Settings()) == expected
+
+
+def test_to_environment_variables_passes_on_what_is_set_and_only_that(monkeypatch):
+    from prefect.settings import Settings
+
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    env = Settings().to_environment_variables(exclude_unset=True)
+    assert env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "180"
+    assert "PREFECT_API_URL" not in env
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+
+
+def test_temporary_settings_with_the_legacy_api_url_setting():
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    before = get_current_settings().api.url
+    url = "http://127.0.0.1:9/api"
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        assert get_current_settings().api.url == url
+        assert PREFECT_API_URL.value() == url
+    assert get_current_settings().api.url == before
+
+
+@pytest.mark.parametrize(
+    "import_path", ["prefect.events.worker:EventsWorker", "prefect.logging.handlers:APILogWorker"]
+)
+def test_queue_workers_drain_all(import_path):
+    import importlib
+
+    module, name = import_path.split(":")
+    worker = getattr(importlib.import_module(module), name)
+    assert "timeout" in inspect.signature(worker.drain_all).parameters
+    worker.drain_all(timeout=0.5)  # nothing queued: returns at once
+
+
+def test_worker_class_from_pool_type():
+    from prefect.workers.base import BaseWorker
+
+    for pool_type in ("process", "kubernetes"):
+        template = BaseWorker.get_worker_class_from_type(pool_type).get_default_base_job_template()
+        assert {"job_configuration", "variables"} <= set(template)
+    # default_template turns None into "install its package".
+    assert BaseWorker.get_worker_class_from_type("no-such-pool-type") is None
+
+
+def test_url_for_a_flow_run_is_the_fallbacks_form():
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+    from prefect.utilities.urls import url_for
+
+    flow_run = FlowRun(id=uuid.uuid4(), flow_id=uuid.uuid4(), name="probe")
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api", PREFECT_UI_URL: None}):
+        # flow_run_url's fallback: the API URL less /api, then this path.
+        assert url_for(flow_run) == f"http://127.0.0.1:4200/runs/flow-run/{flow_run.id}"
+
+
+def test_termination_signal_is_not_an_exception():
+    from prefect.exceptions import TerminationSignal
+
+    # grpo_pipeline catches BaseException to report a cancelled run; a TerminationSignal is one, not an Exception.
+    assert issubclass(TerminationSignal, BaseException) and not issubclass(TerminationSignal, Exception)
+    assert TerminationSignal(signal=15).signal == 15
+
+
+# --- accelerate, standardwebhooks -----------------------------------------------------------------------------------
+
+
+def test_accelerate_launch_module_takes_the_child_command():
+    import accelerate.commands.launch as launch
+
+    args = launch.launch_command_parser().parse_args(
+        ["--multi_gpu", "--num_processes", "2", "-m", "trainers.grpo", "runs/job"]
+    )
+    assert args.multi_gpu and args.num_processes == 2 and args.module
+    assert (args.training_script, args.training_script_args) == ("trainers.grpo", ["runs/job"])
+    # Run with `python -m`, so the module must start the launcher itself.
+    assert 'if __name__ == "__main__"' in Path(launch.__file__).read_text()
+
+
+def test_standardwebhooks_secret_forms():
+    import base64
+
+    from standardwebhooks import Webhook
+    from standardwebhooks.webhooks import EmptyWebhookSecretError
+
+    for empty in (b"", "whsec_"):
+        with pytest.raises(EmptyWebhookSecretError):
+            Webhook(empty)
+    key = os.urandom(24)
+    whsec = "whsec_" + base64.b64encode(key).decode()
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    assert Webhook(whsec).sign("msg_1", at, "{}") == Webhook(key).sign("msg_1", at, "{}")
