@@ -30,12 +30,12 @@ OUTPUTS = {
     "merge": ("model.json", "merged/config.json"),
     "evaluate": ("report.md",),
 }
-# What each stage's output digest covers: what it writes and no later stage rewrites (merged/ of a LoRA job is the
-# merge's, of a full fine-tune the training's; a path that does not exist counts as absent).
+# What each stage's output digest covers: what it writes (a path that does not exist counts as absent). merged/ is
+# the training's output in a full fine-tune, the merge's in a LoRA job.
 DIGESTED = {
     "ingest": ("dataset",),
     "sft": ("sft",),
-    "train": ("training.json", "adapter"),
+    "train": ("training.json", "adapter", "merged"),
     "merge": ("model.json", "merged"),
     "evaluate": ("evaluation.json", "report.md"),
 }
@@ -65,7 +65,10 @@ def read_record(job: JobDir, stage: str) -> dict | None:
 def _files(job: JobDir, stage: str) -> dict[str, list[int]]:
     """`{relative path: [size, mtime_ns]}` of every file under the stage's digested outputs."""
     files = {}
-    for name in DIGESTED[stage]:
+    names = DIGESTED[stage]
+    if stage == "train" and (job.adapter / "adapter_config.json").exists():
+        names = tuple(n for n in names if n != "merged")  # written later, by the merge
+    for name in names:
         top = job.root / name
         for path in sorted(top.rglob("*")) if top.is_dir() else [top] if top.is_file() else []:
             if path.is_file():

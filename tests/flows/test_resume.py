@@ -41,3 +41,28 @@ def test_resume_rejects_a_changed_spec(make_spec):
     assert code == 2 and "hyperparameters" in err
     code, _, err = cli("run", spec, "--resume", "no-such-job")
     assert code == 2 and "unknown job" in err
+
+
+def test_resume_after_sft_replaced_retrains_on_it(make_spec):
+    spec = make_spec("resume3", sft={"enabled": True, "max_steps": 2, "batch_size": 4})
+    code, out, _ = cli("run", spec, "--json")
+    assert code == 0
+    job = JobDir(Path(json.loads(out)["output_dir"]))
+    stamps = {p: p.stat().st_mtime_ns for p in (job.training_result, job.model_json, job.evaluation, job.report)}
+
+    # Other SFT weights in sft/ (a user's own warm-up, say): the base model, whose weights differ from the SFT's.
+    from trainers.tiny import build_tiny
+
+    weights = job.sft / "model.safetensors"
+    before = weights.read_bytes()
+    weights.write_bytes((build_tiny() / "model.safetensors").read_bytes())
+    assert weights.read_bytes() != before
+    code, out, _ = cli("run", spec, "--json", "--resume", job.job_id)
+    assert code == 0
+
+    names = [r["event"] for r in read_metrics(job.events)]
+    assert names.count("grpoflow.sft.completed") == 1  # the SFT's own record still holds: it is not redone
+    assert names.count("grpoflow.training.completed") == 2  # GRPO trained again, on the new sft/
+    for path, stamp in stamps.items():
+        assert path.stat().st_mtime_ns != stamp, f"{path.name} was not rewritten"
+    assert json.loads(job.training_result.read_text())["start_model"] == str(job.sft)
