@@ -279,6 +279,51 @@ CASES = [
         "rewards[0].function: must be 'package.module:callable'",
         id="reward-function-newline",
     ),
+    # --- a custom function alone is a reward: its name defaults to the function's (TRL's metric name) ---
+    # The name is resolved in the model, so the metric rewards/<name>/mean and evaluation.metric's default see it.
+    pytest.param(
+        {"rewards": [{"function": "my_pkg.rewards:length_reward"}]},
+        {"rewards.0.name": "length_reward", "evaluation.metric": "length_reward"},
+        id="reward-function-alone",
+    ),
+    # An explicit null name is the same as none.
+    pytest.param(
+        {"rewards": [{"name": None, "function": "my_pkg.rewards:score"}]}, {"rewards.0.name": "score"}, id="name-null"
+    ),
+    # A name given with the function still wins (old specs keep working).
+    pytest.param(
+        {"rewards": [{"name": "mine", "function": "my_pkg.rewards:score"}]}, {"rewards.0.name": "mine"}, id="name-wins"
+    ),
+    # evaluation.metric may name a reward by its function's name.
+    pytest.param(
+        {"rewards": [{"name": "exact_answer"}, {"function": "my_pkg.rewards:score"}], "evaluation.metric": "score"},
+        {"evaluation.metric": "score"},
+        id="metric-function-name",
+    ),
+    # Two functions of one name would log into one metric.
+    pytest.param(
+        {"rewards": [{"function": "pkg_a.rewards:score"}, {"function": "pkg_b.rewards:score"}]},
+        "rewards[1].name: duplicate reward name 'score'",
+        id="reward-function-names-clash",
+    ),
+    # A function named like a built-in, next to that built-in.
+    pytest.param(
+        {"rewards": [{"name": "exact_answer"}, {"function": "my_pkg.rewards:exact_answer"}]},
+        "rewards[1].name: duplicate reward name 'exact_answer'",
+        id="reward-function-name-clashes-builtin",
+    ),
+    # A built-in still needs its name: a weight alone names nothing.
+    pytest.param(
+        {"rewards": [{"weight": 2.0}]},
+        "rewards[0]: give name (a built-in",
+        id="reward-neither-name-nor-function",
+    ),
+    # A malformed function without a name: only the function's own error, no second message.
+    pytest.param(
+        {"rewards": [{"function": "my_pkg/rewards.py"}]},
+        "rewards[0].function: must be 'package.module:callable'",
+        id="reward-function-alone-format",
+    ),
     # --- evaluation: metric names one of the rewards; holdout is a fraction or a whole count ---
     pytest.param(
         {"rewards": [{"name": "exact_answer"}, {"name": "answer_format"}], "evaluation.metric": "answer_format"},
@@ -372,6 +417,33 @@ def test_builtin_reward_check_waits_for_rewards_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "trainers.rewards", None)
     spec, _ = load_spec(patched({"rewards": [{"name": "not_yet_known"}]}))
     assert spec.rewards[0].name == "not_yet_known"
+
+
+@needs_rewards
+def test_reward_needs_a_name_or_a_function():
+    from trainers.rewards import REWARDS
+
+    # Reported with the reward's other problems, not instead of them.
+    problems = rejected({"rewards": [{"weight": "heavy"}]})
+    assert problems == [
+        "rewards[0].weight: must be a number (got 'heavy')",
+        f"rewards[0]: give name (a built-in: {', '.join(REWARDS)}) or function: package.module:callable",
+    ]
+
+
+@needs_rewards
+def test_function_alone_names_the_reward_and_its_metric(tmp_path):
+    from trainers.rewards import build_reward
+
+    spec, _ = load_spec(patched({"rewards": [{"function": "examples.rewards.arithmetic:close_answer_reward"}]}))
+    [reward] = spec.rewards
+    # TRL names the metric rewards/<__name__>/mean (trl.trainer.utils.get_callable_name).
+    assert build_reward(reward.name, reward.function, reward.kwargs).__name__ == "close_answer_reward"
+    # The job folder's spec.yaml holds the resolved name and loads again unchanged.
+    assert "name: close_answer_reward" in to_yaml(spec)
+    path = tmp_path / "spec.yaml"
+    path.write_text(to_yaml(spec))
+    assert load_spec(path)[0] == spec
 
 
 def test_every_violation_is_reported_at_once():

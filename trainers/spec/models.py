@@ -159,13 +159,30 @@ class DatasetSpec(_Section):
     )
 
 
+def function_name(function: str) -> str:
+    """The callable's name in a 'package.module:callable' reference: what TRL names a reward's metric after."""
+    return function.rpartition(":")[2]
+
+
 class RewardSpec(_Section):
     """One reward; the spec's rewards are summed with their weights."""
 
-    name: str = Field(min_length=1, description="A built-in reward's name, or a label when function is set.")
+    name: str | None = Field(
+        None,
+        min_length=1,
+        description="A built-in reward's name; with function, the reward's label (default: the function's name). "
+        "Each reward logs rewards/<name>/mean.",
+    )
     function: FunctionRef | None = Field(None, description="A custom reward, as 'package.module:callable'.")
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
     kwargs: dict[str, Any] = Field({}, description="Arguments for parameterised rewards.")
+
+    @model_validator(mode="after")
+    def _name_from_function(self) -> "RewardSpec":
+        # Giving neither name nor function is a rule violation (rules.py), reported with the spec's other problems.
+        if self.name is None and self.function is not None:
+            self.name = function_name(self.function)
+        return self
 
 
 class SFTSpec(_Section):

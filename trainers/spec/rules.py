@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from trainers.spec.models import Hyperparameters, JobSpec
+from trainers.spec.models import Hyperparameters, JobSpec, function_name
 
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
@@ -140,11 +140,22 @@ def _liger_problems(base_model: Any, gpus: int, unsloth: bool) -> list[str]:
     return problems
 
 
+def _reward_name(reward: Any) -> Any:
+    """The reward's name as the model resolves it: given, or the function's name."""
+    if not isinstance(reward, dict):
+        return None
+    name, function = reward.get("name"), reward.get("function")
+    return function_name(function) if name is None and isinstance(function, str) else name
+
+
 def _reward_problems(data: dict) -> list[str]:
     rewards = data.get("rewards") if isinstance(data.get("rewards"), list) else []
     builtins, names, problems = _builtin_rewards(), [], []
     for i, reward in enumerate(rewards):
-        name = reward.get("name") if isinstance(reward, dict) else None
+        name = _reward_name(reward)
+        if name is None and isinstance(reward, dict) and reward.get("function") is None:
+            choices = f"a built-in: {', '.join(builtins)}" if builtins else "a built-in reward"
+            problems.append(f"rewards[{i}]: give name ({choices}) or function: package.module:callable")
         if not isinstance(name, str):
             continue
         if name in names:
