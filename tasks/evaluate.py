@@ -16,7 +16,9 @@ from trainers.spec import JobSpec
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=5)
-@resumable("evaluate")
+@resumable(
+    "evaluate", outputs=("report.md",), reads=("ingest", "sft", "merge"), digest=("evaluation.json", "report.md")
+)
 def evaluate_task(
     job: JobDir, spec: JobSpec, sft: dict | None, training: dict, wall_seconds: float = 0.0
 ) -> dict | None:

@@ -13,7 +13,7 @@ from trainers.spec import JobSpec
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
-@resumable("ingest")
+@resumable("ingest", outputs=("dataset/dataset_dict.json",))
 def ingest_task(job: JobDir, spec: JobSpec):
     """Ingests `spec.dataset` into `job.dataset` and dry-runs the rewards on it; returns what was ingested.
 

@@ -10,7 +10,7 @@ from trainers.spec import JobSpec
 
 
 @task(name="merge", retries=1, retry_delay_seconds=5)
-@resumable("merge")
+@resumable("merge", outputs=("model.json", "merged/config.json"), reads=("train",))
 def merge_task(job: JobDir, spec: JobSpec) -> dict:
     """Merges `adapter/` into `merged/` for LoRA jobs (a full fine-tune is already in `merged/`)."""
     is_adapter = (job.adapter / "adapter_config.json").exists()

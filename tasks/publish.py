@@ -11,8 +11,12 @@ commit and returns the current head. `publish` compares that head with the one i
 result says whether anything changed. The same check makes retries safe: a retry after a lost response commits
 nothing twice.
 
-The token comes from the `token` argument, else `HF_TOKEN`, else the Prefect Secret block `hf-token`. It is only
-ever handed to `HfApi`: never a task parameter, never written to a file, a log line or an event.
+The token comes from the `token` argument, else wherever huggingface_hub finds one (`get_token`: `HF_TOKEN`, then
+the token file `hf auth login` stores under `HF_HOME`), else the Prefect Secret block `hf-token`. It is only ever
+handed to `HfApi`: never a task parameter, never written to a file, a log line or an event.
+
+Transient failures (connection errors, 5xx, 429) are retried by one layer, `publish` itself, for both ways in: the
+CLI's `grpoflow publish` (no Prefect) and the pipeline's `publish_task` (which therefore declares no retries).
 
     grpoflow publish JOB_ID --repo-id my-org/my-model [--artifact merged|adapter]
 """
@@ -28,12 +32,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import HfApi, ModelCardData
+from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from prefect import get_run_logger, task
 
 from tasks.events import emit
 from trainers.jobdir import JobDir, write_json_atomic
+from trainers.markdown import cell, number, table
 from trainers.metrics import read_metrics
 from trainers.spec import REPO_ID_PATTERN, JobSpec, PublishSpec, load_spec, resolved_dict
 from trainers.tiny import is_builtin
@@ -41,7 +46,10 @@ from trainers.tiny import is_builtin
 logger = logging.getLogger(__name__)
 
 TOKEN_SECRET_BLOCK = "hf-token"
-NO_TOKEN = f"no Hugging Face token: set HF_TOKEN or create a Prefect Secret block '{TOKEN_SECRET_BLOCK}'"
+NO_TOKEN = (
+    f"no Hugging Face token: set HF_TOKEN, log in with `hf auth login`, or create a Prefect Secret block "
+    f"'{TOKEN_SECRET_BLOCK}'"
+)
 CARD_TAGS = ["grpo", "trl", "grpoflow"]
 LIBRARY_NAMES = {"merged": "transformers", "adapter": "peft"}
 # The model card's loading snippet for each artifact.
@@ -52,13 +60,49 @@ USAGE = {
     ),
 }
 CARD_METRICS = ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "kl")
-ATTEMPTS = 3
-BACKOFF_S = 1.0
+# The card's body, rendered by `ModelCard.from_template` (Jinja2); `card_data` is the YAML front matter it renders
+# from the `ModelCardData`. The tables come from `trainers.markdown`, like the report's.
+CARD_TEMPLATE = """---
+{{ card_data }}
+---
+
+# {{ title }}
+
+A GRPO fine-tuned {{ what }} of `{{ base }}`, trained with [TRL](https://github.com/huggingface/trl) by grpoflow \
+(job `{{ job_id }}`).
+
+- **Dataset:** `{{ dataset }}`
+- **Rewards:** {{ rewards }}
+- **SFT warm-up:** {{ sft }}
+{% if usage %}
+## Usage
+
+```python
+{{ usage }}
+```
+{% endif %}
+## Hyperparameters
+
+{{ hyperparameters }}
+
+## Training metrics
+
+{{ metrics }}
+{% if evaluation %}
+## Held-out evaluation
+
+{{ evaluation }}
+
+before: the model GRPO started from; after: the GRPO result; both on prompts held out of training.
+{% endif %}"""
+# Waits between the attempts of one publish: len + 1 attempts in all. Long enough for a Hub blip (12 s), short
+# enough for someone waiting at `grpoflow publish`.
+RETRY_DELAYS_S = (2.0, 10.0)
 
 
 class PublishError(RuntimeError):
     """Publishing failed. `user_error` is True when the user must change something (token, repo id, artifact): the
-    CLI exits with code 2 and the Prefect task does not retry."""
+    CLI exits with code 2, and nothing was retried."""
 
     def __init__(self, message: str, *, user_error: bool = False):
         super().__init__(message)
@@ -71,19 +115,6 @@ def is_user_error(exc: BaseException) -> bool:
 
 
 # --- the model card ------------------------------------------------------------------------------------------------
-
-
-def _num(value) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _card_base_model(base_model: str) -> str | None:
@@ -100,39 +131,22 @@ def _card_datasets(uri: str) -> list[str] | None:
     return [f"{parts[0]}/{parts[1].split('@')[0]}"] if len(parts) >= 2 else None
 
 
-def _card_intro(job: JobDir, spec: JobSpec, artifact: str, repo_id: str | None) -> str:
-    what = "LoRA adapter (PEFT)" if artifact == "adapter" else "model (merged weights)"
-    rewards = ", ".join(f"`{r.name}` (weight {r.weight:g})" for r in spec.rewards)
-    lines = [
-        f"# {repo_id or spec.name}",
-        f"A GRPO fine-tuned {what} of `{spec.base_model}`, trained with [TRL](https://github.com/huggingface/trl) "
-        f"by grpoflow (job `{job.job_id}`).",
-        f"- **Dataset:** `{spec.dataset.uri}`\n- **Rewards:** {rewards}\n"
-        f"- **SFT warm-up:** {f'{spec.sft.max_steps} steps' if spec.sft.enabled else 'none'}",
-    ]
-    if repo_id:
-        usage = USAGE[artifact].format(repo_id=repo_id)
-        lines.append(f"## Usage\n\n```python\n{usage}\n```")
-    return "\n\n".join(lines)
-
-
 def _card_hyperparameters(spec: JobSpec) -> str:
-    rows = [[name, "null" if v is None else _num(v)] for name, v in resolved_dict(spec)["hyperparameters"].items()]
-    return "## Hyperparameters\n\n" + _table(["name", "value"], rows)
+    rows = [[name, cell(v)] for name, v in resolved_dict(spec)["hyperparameters"].items()]
+    return table(["name", "value"], rows)
 
 
 def _card_metrics(job: JobDir) -> str:
     records = [r for r in read_metrics(job.metrics) if isinstance(r.get("values"), dict)]
     if not records:
-        return "## Training metrics\n\nNo training steps were logged."
+        return "No training steps were logged."
     final = records[-1]
     rewarded = [r for r in records if isinstance(r["values"].get("reward"), int | float)]
     # "Best" is the step with the highest mean reward; the other metrics are shown as they were at that step.
     best = max(rewarded, key=lambda r: r["values"]["reward"]) if rewarded else final
     keys = [k for k in CARD_METRICS if any(k in r["values"] for r in records)]
-    rows = [[f"`{k}`", _num(final["values"].get(k)), _num(best["values"].get(k))] for k in keys]
-    header = ["metric", f"final (step {final['step']})", f"best reward (step {best['step']})"]
-    return "## Training metrics\n\n" + _table(header, rows)
+    rows = [[f"`{k}`", number(final["values"].get(k)), number(best["values"].get(k))] for k in keys]
+    return table(["metric", f"final (step {final['step']})", f"best reward (step {best['step']})"], rows)
 
 
 def _card_evaluation(job: JobDir) -> str | None:
@@ -140,17 +154,12 @@ def _card_evaluation(job: JobDir) -> str | None:
         return None
     evaluation = json.loads(job.evaluation.read_text())
     before, after = evaluation.get("before"), evaluation.get("after")
-    change = _num(after - before) if isinstance(before, int | float) and isinstance(after, int | float) else "—"
-    row = [f"`{evaluation.get('metric')}`", _num(evaluation.get("n")), _num(before), _num(after), change]
-    note = "before: the model GRPO started from; after: the GRPO result; both on prompts held out of training."
-    return (
-        "## Held-out evaluation\n\n"
-        + _table(["metric", "prompts", "before", "after", "change"], [row])
-        + f"\n\n{note}"
-    )
+    change = number(after - before) if isinstance(before, int | float) and isinstance(after, int | float) else "—"
+    row = [f"`{evaluation.get('metric')}`", number(evaluation.get("n")), number(before), number(after), change]
+    return table(["metric", "prompts", "before", "after", "change"], [row])
 
 
-def model_card(job: JobDir, spec: JobSpec, artifact: str, repo_id: str | None = None) -> str:
+def model_card(job: JobDir, spec: JobSpec, artifact: str, repo_id: str | None = None) -> ModelCard:
     """The README.md pushed with the model: Hub metadata (YAML front matter), hyperparameters, metrics, evaluation.
 
     Args:
@@ -160,8 +169,9 @@ def model_card(job: JobDir, spec: JobSpec, artifact: str, repo_id: str | None = 
         repo_id (`str`, *optional*): the target repository, for the title and the usage snippet.
 
     Returns:
-        `str`: the card. `base_model` is omitted for `builtin:` and local models, `datasets` is set only for
-        `hf://datasets/` sources. It holds no timestamp, so an unchanged job gives a byte-identical card.
+        `ModelCard`: the card (`str(card)` is the README). `base_model` is omitted for `builtin:` and local models,
+        `datasets` is set only for `hf://datasets/` sources. It holds no timestamp, so an unchanged job gives a
+        byte-identical card.
     """
     data = ModelCardData(
         base_model=_card_base_model(spec.base_model),
@@ -170,9 +180,21 @@ def model_card(job: JobDir, spec: JobSpec, artifact: str, repo_id: str | None = 
         pipeline_tag="text-generation",
         tags=list(CARD_TAGS),
     )
-    sections = [_card_intro(job, spec, artifact, repo_id), _card_hyperparameters(spec), _card_metrics(job)]
-    sections.append(_card_evaluation(job))
-    return f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(s for s in sections if s) + "\n"
+    return ModelCard.from_template(
+        data,
+        template_str=CARD_TEMPLATE,
+        title=repo_id or spec.name,
+        what="LoRA adapter (PEFT)" if artifact == "adapter" else "model (merged weights)",
+        base=spec.base_model,
+        job_id=job.job_id,
+        dataset=spec.dataset.uri,
+        rewards=", ".join(f"`{r.name}` (weight {r.weight:g})" for r in spec.rewards),
+        sft=f"{spec.sft.max_steps} steps" if spec.sft.enabled else "none",
+        usage=USAGE[artifact].format(repo_id=repo_id) if repo_id else None,
+        hyperparameters=_card_hyperparameters(spec),
+        metrics=_card_metrics(job),
+        evaluation=_card_evaluation(job),
+    )
 
 
 # --- token, checks, staging ----------------------------------------------------------------------------------------
@@ -193,12 +215,13 @@ def _secret_block_token() -> str | None:
 
 
 def resolve_token(token: str | None = None) -> str:
-    """The Hub token: `token`, else `HF_TOKEN`, else the Prefect Secret block `hf-token`.
+    """The Hub token: `token`, else huggingface_hub's (`HF_TOKEN`, then `hf auth login`'s token file under
+    `HF_HOME`), else the Prefect Secret block `hf-token`.
 
     Raises:
         `PublishError`: (a user error) when none is set.
     """
-    token = token or os.environ.get("HF_TOKEN") or _secret_block_token()
+    token = token or get_token() or _secret_block_token()
     if not token:
         raise PublishError(NO_TOKEN, user_error=True)
     return token
@@ -230,7 +253,7 @@ def _artifact_folder(job: JobDir, artifact: str) -> Path:
     return folder
 
 
-def _stage(folder: Path, staging: Path, card: str) -> None:
+def _stage(folder: Path, staging: Path, card: ModelCard) -> None:
     """Lays the artifact out in `staging` as symlinks (no copy of multi-GB weights) plus the generated README.md."""
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
@@ -243,13 +266,13 @@ def _stage(folder: Path, staging: Path, card: str) -> None:
             dest.symlink_to(path.resolve())
         except OSError:  # no symlinks on this filesystem (e.g. Windows without developer mode)
             shutil.copy2(path, dest)
-    (staging / "README.md").write_text(card, encoding="utf-8")
+    card.save(staging / "README.md")
 
 
 # --- the push, with retries ----------------------------------------------------------------------------------------
 
 
-def _push(api: HfApi, target: PublishSpec, folder: Path, card: str, job_id: str, heads: list[str]) -> dict:
+def _push(api: HfApi, target: PublishSpec, folder: Path, card: ModelCard, job_id: str, heads: list[str]) -> dict:
     repo_url = api.create_repo(target.repo_id, private=target.private, exist_ok=True, repo_type="model")
     # Kept from the first attempt, so a retry after a lost commit response still reports the change.
     heads.append(api.repo_info(target.repo_id, repo_type="model").sha)
@@ -289,8 +312,9 @@ def _failure(exc: BaseException, target: PublishSpec, token: str) -> PublishErro
     status, owner = _status(exc), target.repo_id.split("/")[0]
     if status == 401:
         message = (
-            "the Hugging Face token was rejected (401 Unauthorized): check that HF_TOKEN (or the Prefect Secret "
-            f"block '{TOKEN_SECRET_BLOCK}') holds a valid token; create one at https://huggingface.co/settings/tokens"
+            "the Hugging Face token was rejected (401 Unauthorized): check that HF_TOKEN (or the token of "
+            f"`hf auth login`, or the Prefect Secret block '{TOKEN_SECRET_BLOCK}') is valid; create one at "
+            "https://huggingface.co/settings/tokens"
         )
     elif status == 403:
         message = (
@@ -309,20 +333,26 @@ def _failure(exc: BaseException, target: PublishSpec, token: str) -> PublishErro
 
 
 def _with_retries(push, target: PublishSpec, token: str) -> dict:
-    for attempt in range(1, ATTEMPTS + 1):
+    """`push()`, retried after a transient failure with the waits of `RETRY_DELAYS_S`; any failure as `PublishError`.
+
+    The only retry layer of publishing. huggingface_hub retries some requests inside (the preupload call); the rest
+    (create_repo, repo_info, the commit) it leaves to its caller.
+    """
+    attempts = len(RETRY_DELAYS_S) + 1
+    for attempt in range(1, attempts + 1):
         try:
             return push()
         except (HfHubHTTPError, httpx2.TransportError, ConnectionError) as exc:
-            if not _is_transient(exc) or attempt == ATTEMPTS:
+            if not _is_transient(exc) or attempt == attempts:
                 raise _failure(exc, target, token) from None
-            delay = BACKOFF_S * attempt
+            delay = RETRY_DELAYS_S[attempt - 1]
             logger.warning(
                 "publishing to %s: transient failure (%s), retrying in %.1fs (attempt %d of %d)",
                 target.repo_id,
                 _status(exc) or type(exc).__name__,
                 delay,
                 attempt + 1,
-                ATTEMPTS,
+                attempts,
             )
             time.sleep(delay)
     raise AssertionError("unreachable")
@@ -331,13 +361,14 @@ def _with_retries(push, target: PublishSpec, token: str) -> dict:
 def publish(job: JobDir, target: PublishSpec, token: str | None = None, *, spec: JobSpec | None = None) -> dict:
     """Pushes the job's artifact to the Hub repo `target.repo_id` with a generated model card, in one commit.
 
-    Transient failures (connection errors, 5xx, 429) are retried up to 3 attempts with a short backoff; a rejected
+    Transient failures (connection errors, 5xx, 429) are retried, 3 attempts in all (`RETRY_DELAYS_S`); a rejected
     token (401/403) fails at once. Re-publishing an unchanged artifact makes no commit.
 
     Args:
         job (`JobDir`): the job folder; its `merged/` or `adapter/` is uploaded, never modified.
         target (`PublishSpec` or alike): `repo_id`, `artifact` (`"merged"` or `"adapter"`) and `private`.
-        token (`str`, *optional*): the Hub token; default `HF_TOKEN`, then the Prefect Secret block `hf-token`.
+        token (`str`, *optional*): the Hub token; default: `resolve_token`'s (`HF_TOKEN`, the `hf auth login` token
+            file, the Prefect Secret block `hf-token`).
         spec (`JobSpec`, *optional*): the job's spec for the card; default: the job folder's `spec.yaml`.
 
     Returns:
@@ -372,21 +403,13 @@ def publish_and_record(job: JobDir, target: PublishSpec, spec: JobSpec | None = 
     return result
 
 
-def _retry_unless_user_error(task, task_run, state) -> bool:
-    # A missing or rejected token or a bad repo id fails the same way on every try.
-    try:
-        state.result()
-    except Exception as exc:
-        return not is_user_error(exc)
-    return True
-
-
-@task(name="publish", retries=2, retry_delay_seconds=10, retry_condition_fn=_retry_unless_user_error)
+# No Prefect retries: `publish` retries transient failures itself, because `grpoflow publish` runs it without Prefect.
+# Task retries on top would multiply the attempts (3 x 3 for a Hub that stays down) and retry nothing more.
+@task(name="publish", retries=0)
 def publish_task(job: JobDir, spec: JobSpec) -> dict:
     """Publishes the job per its spec's `publish:` block, writes `published.json`, emits `grpoflow.model.published`.
 
-    The token is resolved inside (`HF_TOKEN` or the Prefect Secret block `hf-token`), so it is never a task
-    parameter that Prefect would record.
+    The token is resolved inside (`resolve_token`), so it is never a task parameter that Prefect would record.
     """
     if spec.publish is None:
         raise PublishError(

@@ -11,7 +11,7 @@ from trainers.spec import JobSpec
 
 
 @task(name="sft", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
-@resumable("sft")
+@resumable("sft", outputs=("sft/config.json",), reads=("ingest",))
 def sft_task(job: JobDir, spec: JobSpec) -> dict:
     """Trains the format warm-up into `sft/`; returns its summary (steps, final loss, seconds)."""
     (job.root / "sft_metrics.jsonl").unlink(missing_ok=True)

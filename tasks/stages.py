@@ -3,17 +3,18 @@ inputs, with which result and which outputs.
 
 A resumed job (`grpoflow run SPEC --resume JOB_ID`, or a Prefect retry of the whole flow run) skips every stage
 whose record matches its inputs and whose outputs are still there, so a failed late stage never retrains. A stage's
-inputs are the resolved spec and the outputs of the stages it reads (`UPSTREAM`), by content: replace `sft/` and
+inputs are the resolved spec and the outputs of the stages it reads (`resumable(..., reads=...)`), by content: replace `sft/` and
 GRPO, the merge and the evaluation run again; delete `report.md` and only the evaluation does. The records live in
 the job folder rather than in Prefect's result storage: they travel with the folder to another worker, and deleting
 an output is enough to redo its stage.
 """
 
+import fnmatch
 import functools
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prefect.states import Failed, State
@@ -21,32 +22,6 @@ from prefect.states import Failed, State
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.launch import TrainingSetupError, TrainingStopped
 from trainers.spec import JobSpec, resolved_dict
-
-# What each stage leaves behind; a record whose outputs are gone is stale.
-OUTPUTS = {
-    "ingest": ("dataset/dataset_dict.json",),
-    "sft": ("sft/config.json",),
-    "train": ("training.json",),
-    "merge": ("model.json", "merged/config.json"),
-    "evaluate": ("report.md",),
-}
-# What each stage's output digest covers: what it writes (a path that does not exist counts as absent). merged/ is
-# the training's output in a full fine-tune, the merge's in a LoRA job.
-DIGESTED = {
-    "ingest": ("dataset",),
-    "sft": ("sft",),
-    "train": ("training.json", "adapter", "merged"),
-    "merge": ("model.json", "merged"),
-    "evaluate": ("evaluation.json", "report.md"),
-}
-# The stages whose outputs each stage reads.
-UPSTREAM = {
-    "ingest": (),
-    "sft": ("ingest",),
-    "train": ("ingest", "sft"),
-    "merge": ("train",),
-    "evaluate": ("ingest", "sft", "merge"),
-}
 
 
 def _record_path(job: JobDir, stage: str) -> Path:
@@ -62,16 +37,14 @@ def read_record(job: JobDir, stage: str) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def _files(job: JobDir, stage: str) -> dict[str, list[int]]:
-    """`{relative path: [size, mtime_ns]}` of every file under the stage's digested outputs."""
+def _files(job: JobDir, names: Iterable[str]) -> dict[str, list[int]]:
+    """`{relative path: [size, mtime_ns]}` of every file under the job folder's paths `names`, less the cache files
+    `datasets` writes beside a saved dataset when a later stage maps it (`cache-<fingerprint>.arrow`)."""
     files = {}
-    names = DIGESTED[stage]
-    if stage == "train" and (job.adapter / "adapter_config.json").exists():
-        names = tuple(n for n in names if n != "merged")  # written later, by the merge
     for name in names:
         top = job.root / name
         for path in sorted(top.rglob("*")) if top.is_dir() else [top] if top.is_file() else []:
-            if path.is_file():
+            if path.is_file() and not fnmatch.fnmatch(path.name, "cache-*.arrow"):
                 stat = path.stat()
                 files[path.relative_to(job.root).as_posix()] = [stat.st_size, stat.st_mtime_ns]
     return files
@@ -94,7 +67,7 @@ def output_digest(job: JobDir, stage: str) -> str | None:
     record = read_record(job, stage)
     if record is None:
         return None
-    files = _files(job, stage)
+    files = _files(job, record.get("paths", ()))
     if files == record.get("files") and record.get("digest"):
         return record["digest"]
     return _content_digest(job, files)
@@ -108,37 +81,56 @@ def stage_key(spec: JobSpec, stage: str, upstream: dict[str, str | None]) -> str
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def completed(job: JobDir, stage: str, key: str) -> dict | None:
-    """The record of `stage` (its `result` included) when it already ran with inputs `key` and its outputs exist."""
+def completed(job: JobDir, stage: str, key: str, outputs: Iterable[str]) -> dict | None:
+    """The record of `stage` (its `result` included) when it already ran with inputs `key` and `outputs` exist."""
     record = read_record(job, stage)
     if record is None or record.get("key") != key:
         return None
-    if not all((job.root / out).exists() for out in OUTPUTS[stage]):
+    if not all((job.root / out).exists() for out in outputs):
         return None
     return record
 
 
-def record(job: JobDir, stage: str, key: str, result) -> None:
-    """Records that `stage` completed with inputs `key`, with its result and a digest of its outputs."""
-    files = _files(job, stage)
-    entry = {"stage": stage, "key": key, "result": result, "digest": _content_digest(job, files), "files": files}
-    write_json_atomic(_record_path(job, stage), entry)
+def record(job: JobDir, stage: str, key: str, result, digest: Iterable[str]) -> None:
+    """Records that `stage` completed with inputs `key`: its result, and a digest of the paths `digest` (those that
+    exist)."""
+    paths = [name for name in digest if (job.root / name).exists()]
+    files = _files(job, paths)
+    entry = {"stage": stage, "key": key, "result": result, "paths": paths, "files": files}
+    write_json_atomic(_record_path(job, stage), {**entry, "digest": _content_digest(job, files)})
 
 
-def resumable(stage: str) -> Callable:
-    """Makes a stage task `(job, spec, ...)` skip itself when its record matches, and record itself when it ends."""
+def resumable(
+    stage: str,
+    outputs: tuple[str, ...],
+    reads: tuple[str, ...] = (),
+    digest: tuple[str, ...] | Callable[[JobDir], tuple[str, ...]] = (),
+):
+    """Makes a stage task `(job, spec, ...)` skip itself when its record matches, and record itself when it ends.
+
+    Args:
+        stage (`str`): the stage's name (its record is `stages/<stage>.json`).
+        outputs (`tuple[str, ...]`): files the stage leaves in the job folder; when one is gone, the stage runs again.
+        reads (`tuple[str, ...]`, *optional*): the stages whose outputs it reads; when their outputs change, it runs
+            again.
+        digest (`tuple[str, ...]` or `Callable`, *optional*): the files and folders that make up its output for the
+            stages that read it (or a function of the job folder giving them, asked when the stage ends); defaults to
+            the top-level paths of `outputs`.
+    """
+    if not digest:
+        digest = tuple(dict.fromkeys(out.split("/", 1)[0] for out in outputs))
 
     def wrap(fn):
         @functools.wraps(fn)
         def run_or_skip(job: JobDir, spec: JobSpec, *args, **kwargs):
-            key = stage_key(spec, stage, {up: output_digest(job, up) for up in UPSTREAM[stage]})
-            done = completed(job, stage, key)
+            key = stage_key(spec, stage, {up: output_digest(job, up) for up in reads})
+            done = completed(job, stage, key, outputs)
             if done is not None:
                 logging.getLogger("grpoflow").info("%s: already completed for job %s; skipped", stage, job.job_id)
                 return done["result"]
             result = fn(job, spec, *args, **kwargs)
             if not isinstance(result, State):  # a rejection is no result to keep
-                record(job, stage, key, result)
+                record(job, stage, key, result, digest(job) if callable(digest) else digest)
             return result
 
         return run_or_skip

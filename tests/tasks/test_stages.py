@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tasks.stages import DIGESTED, UPSTREAM, output_digest, read_record, resumable, retry_unless_final, stage_key
+from tasks.stages import output_digest, read_record, resumable, retry_unless_final, stage_key
 from trainers.jobdir import JobDir
 from trainers.spec import load_spec
 
@@ -32,30 +32,38 @@ def spec():
 
 
 def fake_stages(runs: list[str], lora: bool = False) -> dict:
-    """Stand-ins for the five stages, each writing the files `tasks.stages.OUTPUTS` looks for; like the real ones,
-    deterministic: what each writes follows from what it read (`content` plays the part of randomness)."""
+    """Stand-ins for the five stages, declared as the real tasks declare theirs; like the real ones deterministic:
+    what each writes follows from what it read (`content` plays the part of randomness)."""
+    from tasks.train import trained
 
-    def writer(stage, files):
-        @resumable(stage)
+    declared = {}
+
+    def writer(stage, files, reads=(), digest=()):
+        @resumable(stage, outputs=tuple(files), reads=reads, digest=digest)
         def run(job, spec, content="v1"):
             runs.append(stage)
-            read = [p.read_text() for up in UPSTREAM[stage] for name in DIGESTED[up] for p in _files(job.root / name)]
+            read = [
+                p.read_text()
+                for up in reads
+                for name in read_record(job, up)["paths"]
+                for p in _files(job.root / name)
+            ]
             for name in files:
                 path = job.root / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(f"{stage} {content} {hash(tuple(read))}")
             return {"stage": stage}
 
-        return run
+        declared[stage] = run
 
-    return {
-        "ingest": writer("ingest", ["dataset/dataset_dict.json"]),
-        "sft": writer("sft", ["sft/config.json", "sft/model.safetensors"]),
-        # merged/ is GRPO's output in a full fine-tune, the merge's in a LoRA job.
-        "train": writer("train", ["training.json", "adapter/adapter_config.json" if lora else "merged/config.json"]),
-        "merge": writer("merge", ["model.json", "merged/config.json"] if lora else ["model.json"]),
-        "evaluate": writer("evaluate", ["report.md", "evaluation.json"]),
-    }
+    writer("ingest", ["dataset/dataset_dict.json"])
+    writer("sft", ["sft/config.json", "sft/model.safetensors"], reads=("ingest",))
+    # merged/ is GRPO's output in a full fine-tune, the merge's in a LoRA job.
+    trained_files = ["training.json", "adapter/adapter_config.json" if lora else "merged/config.json"]
+    writer("train", trained_files, reads=("ingest", "sft"), digest=trained)
+    writer("merge", ["model.json", "merged/config.json"] if lora else ["model.json"], reads=("train",))
+    writer("evaluate", ["report.md", "evaluation.json"], reads=("ingest", "sft", "merge"))
+    return declared
 
 
 def _files(top):
@@ -123,8 +131,20 @@ def test_digest_follows_content_not_timestamps(job, spec):
     weights = job.root / "sft/model.safetensors"
     weights.write_text(weights.read_text())  # same bytes, new mtime (a copy from S3 to another machine)
     assert output_digest(job, "sft") == before
-    key = stage_key(spec, "train", {up: output_digest(job, up) for up in UPSTREAM["train"]})
+    key = stage_key(spec, "train", {up: output_digest(job, up) for up in ("ingest", "sft")})
     assert read_record(job, "train")["key"] == key
+
+
+def test_datasets_cache_files_are_no_change(job, spec):
+    runs = []
+    stages = fake_stages(runs)
+    run_all(stages, job, spec)
+    runs.clear()
+    # What `datasets` leaves beside a saved split when the SFT or GRPO child maps it.
+    (job.dataset / "train").mkdir(exist_ok=True)
+    (job.dataset / "train" / "cache-4b1f7c2a.arrow").write_bytes(b"mapped rows")
+    run_all(stages, job, spec)
+    assert runs == []
 
 
 def test_a_changed_spec_reruns_everything(job, spec):
@@ -140,7 +160,7 @@ def test_a_changed_spec_reruns_everything(job, spec):
 def test_a_rejection_is_not_recorded(job, spec):
     from tasks.stages import rejected
 
-    @resumable("ingest")
+    @resumable("ingest", outputs=("dataset/dataset_dict.json",))
     def reject(job, spec):
         return rejected("dataset not found: data.jsonl")
 
