@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from trainers.jobdir import JobDir, write_json_atomic
+from trainers.jobdir import JobDir, replace_dir, write_json_atomic
 
 
 def list_files(folder: Path) -> list[str]:
@@ -37,8 +37,7 @@ def merge_adapter(adapter_dir: Path, out_dir: Path, dtype=None) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     merged.save_pretrained(str(staging))
     AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(staging))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
+    replace_dir(staging, out_dir)
 
 
 def write_model_json(job: JobDir) -> dict:

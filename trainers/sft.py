@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from trainers.jobdir import JobDir
+from trainers.jobdir import JobDir, replace_dir
 from trainers.metrics import metrics_file_callback
 from trainers.modeling import (
     SetupError,
@@ -105,8 +105,7 @@ def main(job_root: str) -> int:
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging))
-    shutil.rmtree(job.sft, ignore_errors=True)
-    staging.rename(job.sft)
+    replace_dir(staging, job.sft)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
