@@ -15,8 +15,9 @@ hf_xet pipeline), `list_repo_files` / `list_repo_tree` and `list_repo_commits` c
   history, newest first.
 
 Authentication is `Authorization: Bearer <token>`: `accepted_token` may do everything, `read_only_token` may read
-but gets 403 on writes, anything else gets 401. `fail_next(n)` answers the next n requests with 503. Every request
-is recorded in `requests` (method, path, status) without its headers, so no token is kept.
+but gets 403 on writes, anything else gets 401. `fail_next(n)` answers the next n requests with 503 (a transient
+outage), `fail_always()` every request from then on (a Hub that stays down). Every request is recorded in `requests`
+(method, path, status) without its headers, so no token is kept; `hits` counts them.
 
     with HubServer(accepted_token="hf_x") as hub:
         HfApi(endpoint=hub.url, token="hf_x").create_repo("me/model")
@@ -81,6 +82,7 @@ class HubServer:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, int]] = []
         self._failures: list[int] = []
+        self._failing: int | None = None
         # Reentrant: endpoints run under it and record their response under it too.
         self._lock = threading.RLock()
         self._httpd = _Server(("127.0.0.1", 0), _handler(self))
@@ -112,6 +114,11 @@ class HubServer:
         """Answer the next `n` requests, whatever they are, with `status`."""
         with self._lock:
             self._failures += [status] * n
+
+    def fail_always(self, status: int = 503) -> None:
+        """Answer every request from now on, whatever it is, with `status`."""
+        with self._lock:
+            self._failing = status
 
     def hits(self, method: str, path_pattern: str) -> int:
         """How many recorded requests match `method` and the regex `path_pattern` (searched in the path)."""
@@ -228,7 +235,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         self._request_path, query = unquote(parts.path), parse_qs(parts.query)
         body = self._read_body()
         with self.hub._lock:
-            failure = self.hub._failures.pop(0) if self.hub._failures else None
+            failure = self.hub._failures.pop(0) if self.hub._failures else self.hub._failing
         if failure:
             self._error(failure, "Service temporarily unavailable (test hub)")
         else:

@@ -1,12 +1,14 @@
 """Tests for tasks/publish.py: the real huggingface_hub client against a Hub-compatible server on loopback.
 
 Nothing in huggingface_hub is patched; only its import-time settings are (HF_HUB_OFFLINE, which conftest sets for
-the offline tests, and HF_HUB_DISABLE_XET, to run both of upload_folder's code paths).
+the offline tests, HF_HUB_DISABLE_XET, to run both of upload_folder's code paths, and the token file's path, derived
+from HF_HOME at import, so that no test sees the token of whoever runs the tests).
 """
 
 import hashlib
 import json
 import logging
+import re
 import shutil
 import traceback
 from pathlib import Path
@@ -35,6 +37,21 @@ METRICS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def hf_home(tmp_path, monkeypatch) -> Path:
+    """An empty HF_HOME: `hf auth login` has stored no token, whatever the machine's own ~/.cache/huggingface holds."""
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    monkeypatch.setenv("HF_HOME", str(home))
+    # Read once, at import, from HF_HOME: set what huggingface_hub derived from it.
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    for name in ("HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
 @pytest.fixture(params=["xet-pipeline", "single-commit"])
 def hub(request, monkeypatch):
     """The fake Hub, with HF_ENDPOINT and HF_TOKEN pointing at it; run once per upload_folder code path."""
@@ -44,7 +61,7 @@ def hub(request, monkeypatch):
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         # With hf_xet installed (as in production), upload_folder takes its streamed pipeline; without, create_commit.
         monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", request.param == "single-commit")
-        monkeypatch.setattr(publish_module, "BACKOFF_S", 0.05)
+        monkeypatch.setattr(publish_module, "RETRY_DELAYS_S", (0.05, 0.05))
         yield server
 
 
@@ -200,8 +217,9 @@ def test_model_card_needs_no_metrics_or_evaluation(tmp_path):
 
     card = model_card(job, spec, "merged")
 
-    assert "No training steps were logged." in card
-    assert "Held-out evaluation" not in card
+    assert "No training steps were logged." in card.text
+    assert "Held-out evaluation" not in card.text
+    assert card.data.library_name == "transformers" and "base_model" not in card.data.to_dict()
 
 
 # --- mistakes and failures -----------------------------------------------------------------------------------------
@@ -210,7 +228,7 @@ def test_model_card_needs_no_metrics_or_evaluation(tmp_path):
 @pytest.mark.parametrize(
     ("repo_id", "artifact", "token", "message"),
     [
-        (REPO, "merged", None, NO_TOKEN),  # no HF_TOKEN, no argument, no Prefect Secret block
+        (REPO, "merged", None, re.escape(NO_TOKEN)),  # no HF_TOKEN, no token file, no argument, no Secret block
         ("just-a-name", "merged", TOKEN, "invalid repo id 'just-a-name'"),  # the owner is required
         ("a--b/model", "merged", TOKEN, "invalid repo id 'a--b/model'"),  # the Hub forbids "--"
         ("org/model/extra", "merged", TOKEN, "invalid repo id"),  # a path, not a repo id
@@ -261,25 +279,27 @@ def test_transient_503s_are_retried(hub, job):
 
     result = publish(job, PublishSpec(repo_id=REPO))
 
+    # Each attempt starts with create_repo; the third one, after two 503s, goes through.
     assert [status for _, _, status in hub.requests[:3]] == [503, 503, 200]
+    assert [status for _, _, status in hub.requests].count(503) == 2
     assert hub.hits("POST", r"/api/repos/create") == 3
     assert result["changed"] and len(hub.repos[REPO].commits) == 2
 
 
 def test_persistent_5xx_gives_up_after_three_attempts(hub, job):
-    hub.fail_next(10, status=502)
+    hub.fail_always(status=502)
 
     with pytest.raises(PublishError, match="502") as caught:
         publish(job, PublishSpec(repo_id=REPO))
 
-    # Not the user's fault: the CLI exits 1 and Prefect may retry the task later.
+    # Not the user's fault: the CLI exits 1.
     assert not is_user_error(caught.value)
-    assert hub.hits("POST", r"/api/repos/create") == 3
+    assert hub.requests == [("POST", "/api/repos/create", 502)] * 3
 
 
 def test_unreachable_hub_is_a_transient_failure(job, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(publish_module, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(publish_module, "RETRY_DELAYS_S", (0.01, 0.01))
     # A port nothing listens on: bound, then closed.
     server = HubServer(accepted_token=TOKEN)
     url = server.url
@@ -290,6 +310,35 @@ def test_unreachable_hub_is_a_transient_failure(job, monkeypatch):
         publish(job, PublishSpec(repo_id=REPO), token=TOKEN)
 
     assert not is_user_error(caught.value) and "ConnectError" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "stored", "accepted"),
+    [
+        (None, TOKEN, True),  # no HF_TOKEN: the token `hf auth login` stored under HF_HOME
+        (TOKEN, WRONG, True),  # HF_TOKEN comes first...
+        (WRONG, TOKEN, False),  # ...even a wrong one (401), as for huggingface_hub itself
+    ],
+    ids=["token-file", "env-first", "env-wrong"],
+)
+def test_token_as_huggingface_hub_finds_it(hub, job, hf_home, monkeypatch, caplog, capsys, env, stored, accepted):
+    caplog.set_level(logging.DEBUG)
+    (hf_home / "token").write_text(stored + "\n")  # as `hf auth login` writes it
+    if env is None:
+        monkeypatch.delenv("HF_TOKEN")
+    else:
+        monkeypatch.setenv("HF_TOKEN", env)
+    monkeypatch.setattr(publish_module, "TOKEN_SECRET_BLOCK", "hf-token-absent-in-tests")
+
+    if accepted:
+        result = publish(job, PublishSpec(repo_id=REPO))
+        assert result["changed"] and hub.repos[REPO].head.oid == result["commit"]
+    else:
+        with pytest.raises(PublishError, match="401"):
+            publish(job, PublishSpec(repo_id=REPO))
+
+    out, err = capsys.readouterr()
+    assert_no_token_in(job.root, caplog.text, out, err)
 
 
 def test_token_never_reaches_files_or_logs(hub, job, caplog, capsys):
@@ -340,7 +389,7 @@ def test_publish_task_does_not_retry_a_rejected_token(hub, job, monkeypatch):
     with pytest.raises(PublishError, match="401"):
         publish_task(job, spec)
 
-    # Prefect's retries=2 would have made 3 attempts; the retry condition stops at the first.
+    # One attempt: a rejected token is not retried (and the task has no Prefect retries on top).
     assert hub.hits("POST", r"/api/repos/create") == 1
     assert not (job.root / "published.json").exists() and not job.events.exists()
 
@@ -361,3 +410,31 @@ def test_cli_publish_exit_codes(hub, job, monkeypatch):
     monkeypatch.delenv("HF_TOKEN")
     code, _, err = cli("--output-uri", root, "publish", job_id, "--repo-id", REPO)
     assert code == 2 and "HF_TOKEN" in err and TOKEN not in err
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.parametrize(
+    ("outage", "failed", "published"),
+    [
+        (2, 2, True),  # two 503s, then the Hub is back: the third attempt publishes
+        (None, 3, False),  # the Hub stays down: three attempts in all, not three per Prefect retry
+    ],
+    ids=["transient", "permanent"],
+)
+def test_publish_task_attempts_for_a_503(hub, job, outage, failed, published):
+    spec = load_spec(job.spec, [f"publish.repo_id={REPO}"])[0]
+    hub.fail_always() if outage is None else hub.fail_next(outage)
+
+    try:
+        publish_task(job, spec)
+    except PublishError as exc:
+        assert not published and "503" in str(exc)
+
+    # One retry layer: 3 attempts, each starting with create_repo (a failed one ends there). With Prefect's task
+    # retries on top of publish's own, a Hub that stays down used to get 9.
+    assert [status for _, _, status in hub.requests].count(503) == failed
+    assert hub.hits("POST", r"/api/repos/create") == 3
+    assert (REPO in hub.repos and len(hub.repos[REPO].commits) == 2) is published
+    if not published:
+        assert hub.requests == [("POST", "/api/repos/create", 503)] * 3
