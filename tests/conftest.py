@@ -99,3 +99,28 @@ def make_spec(tmp_path, dataset_file):
         return path
 
     return make
+
+
+@pytest.fixture
+def make_job(tmp_path, make_spec):
+    """A job folder as create-job and ingest leave it (the resolved spec.yaml and dataset/) for `make_spec`'s spec
+    with `changes`; returns (JobDir, JobSpec)."""
+    from trainers.dataset import ingest_dataset
+    from trainers.jobdir import JobDir
+    from trainers.spec import load_spec, to_yaml
+
+    def make(name: str = "j", **changes):
+        spec, _ = load_spec(make_spec(name, **changes))
+        job = JobDir(tmp_path / "runs" / f"{name}-20261130-000000-abcdef")
+        job.root.mkdir(parents=True)
+        job.spec.write_text(to_yaml(spec))
+        ingest_dataset(
+            spec.dataset.uri,
+            job.dataset,
+            prompt_column=spec.dataset.prompt_column,
+            holdout=spec.evaluation.holdout,
+            seed=spec.hyperparameters.seed,
+        )
+        return job, spec
+
+    return make

@@ -1,0 +1,70 @@
+"""metrics.jsonl: the callback that writes one line per step, the reader, and the truncation a resume does."""
+
+import json
+import math
+
+import pytest
+from transformers import TrainerControl, TrainerState
+
+from trainers.metrics import metrics_file_callback, read_metrics, truncate_metrics
+
+
+def log(path, logs: dict, step: int = 1, main_process: bool = True) -> list[dict]:
+    """Hands `logs` to the callback as Trainer does at `step`; returns what metrics.jsonl then holds."""
+    state = TrainerState(global_step=step, is_world_process_zero=main_process)
+    metrics_file_callback(path).on_log(None, state, TrainerControl(), logs=logs)
+    return read_metrics(path)
+
+
+@pytest.mark.parametrize(
+    "logs, expected",
+    [
+        ({"reward": 0.5, "loss": 0.1, "kl": 0}, [{"step": 1, "values": {"reward": 0.5, "loss": 0.1, "kl": 0}}]),
+        # JSON has no NaN or inf: they become null, the key stays visible.
+        ({"reward": math.nan, "entropy": math.inf}, [{"step": 1, "values": {"reward": None, "entropy": None}}]),
+        # Only numbers are metrics (TRL also logs e.g. completion tables as other types).
+        ({"reward": 1.0, "note": "text", "table": [1, 2]}, [{"step": 1, "values": {"reward": 1.0}}]),
+        # Trainer's end-of-training summary is not a step.
+        ({"train_runtime": 3.2, "train_loss": 0.4}, []),
+        ({}, []),  # nothing logged, no line
+    ],
+)
+def test_callback_writes_one_line_per_step(tmp_path, logs, expected):
+    assert log(tmp_path / "metrics.jsonl", logs) == expected
+
+
+def test_callback_appends_in_step_order(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    for step in (1, 2, 3):
+        log(path, {"reward": step / 10}, step=step)
+    assert [(r["step"], r["values"]["reward"]) for r in read_metrics(path)] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
+def test_only_the_main_process_writes(tmp_path):
+    # The other ranks of a several-GPU run log too; one line per step means they write nothing.
+    assert log(tmp_path / "metrics.jsonl", {"reward": 1.0}, main_process=False) == []
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_read_metrics(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert read_metrics(path) == []  # no file yet: no steps
+    lines = [json.dumps({"step": s, "values": {"reward": s}}) for s in (1, 2)]
+    path.write_text("\n".join(lines) + '\n{"step": 3, "val')  # a crash in the middle of writing step 3
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "last_step, kept",
+    [
+        (3, [1, 2, 3]),  # resuming from checkpoint-3 keeps steps up to it
+        (0, []),  # no intact checkpoint: start over
+        (10, [1, 2, 3, 4, 5]),  # a checkpoint past the last line keeps everything
+    ],
+)
+def test_truncate_metrics(tmp_path, last_step, kept):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "values": {"reward": s}}) + "\n" for s in range(1, 6)))
+    truncate_metrics(path, last_step)
+    assert [r["step"] for r in read_metrics(path)] == kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temp file left
