@@ -293,7 +293,8 @@ def cmd_submit(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from tasks.publish import PublishError, is_user_error, publish_and_record
+    from tasks.publish import publish_and_record
+    from trainers.publish import PublishError, is_user_error
     from trainers.spec import PublishSpec
 
     job = find_job(args, args.job_id)
@@ -313,7 +314,7 @@ def cmd_publish(args) -> int:
 
 def cmd_deploy(args) -> int:
     from tasks.events import emit
-    from tasks.register import RegistrationError, register
+    from trainers.registry import RegistrationError, register
     from trainers.spec import load_spec
 
     job = find_job(args, args.job_id)
@@ -333,7 +334,7 @@ def cmd_deploy(args) -> int:
 
 def cmd_serve(args) -> int:
     from flows.serve import serve
-    from tasks.register import RegistrationError, read_deployment
+    from trainers.registry import RegistrationError, read_deployment
 
     root = (output_root(args) or Path("runs")).resolve()
     try:

@@ -3,7 +3,7 @@ inputs, with which result and which outputs.
 
 A resumed job (`grpoflow run SPEC --resume JOB_ID`, or a Prefect retry of the whole flow run) skips every stage
 whose record matches its inputs and whose outputs are still there, so a failed late stage never retrains. A stage's
-inputs are the resolved spec and the outputs of the stages it reads (`resumable(..., reads=...)`), by content: replace `sft/` and
+inputs are the resolved spec and the outputs of the stages it reads (`reads=`), by content: replace `sft/` and
 GRPO, the merge and the evaluation run again; delete `report.md` and only the evaluation does. The records live in
 the job folder rather than in Prefect's result storage: they travel with the folder to another worker, and deleting
 an output is enough to redo its stage.

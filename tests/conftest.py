@@ -21,6 +21,10 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 
 
+# The publishing fixtures (the loopback Hub, an empty HF_HOME, a finished job folder), for tests in any folder.
+pytest_plugins = ["tests.publishing"]
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
