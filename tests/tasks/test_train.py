@@ -1,4 +1,5 @@
-"""Crash safety of the training task: a SIGKILLed training child is retried and resumes from its checkpoint."""
+"""The training task: it runs the GRPO child, announces its progress and result, ends a setup problem without a
+retry; and (slow) a SIGKILLed child is retried and resumes from its checkpoint, a cancelled run stops its child."""
 
 import json
 import os
@@ -10,12 +11,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
-from trainers.grpo import intact_checkpoint, resume_checkpoint
+from tasks.train import train_task
+from trainers.grpo import intact_checkpoint
 from trainers.jobdir import JobDir
+from trainers.launch import TrainingSetupError
 from trainers.metrics import read_metrics
-
-pytestmark = pytest.mark.slow
 
 
 def training_child(job_root: Path) -> psutil.Process | None:
@@ -31,6 +33,65 @@ def last_step(job: JobDir) -> int:
     return records[-1]["step"] if records else 0
 
 
+def events(job: JobDir) -> list[dict]:
+    return read_metrics(job.events)  # the same JSON Lines form
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_train_task_runs_the_child_and_announces_each_step(make_job):
+    from prefect import flow
+
+    job, spec = make_job("fast", hyperparameters={"max_steps": 2}, evaluation={"holdout": 0})
+
+    @flow
+    def train():
+        return train_task(job, spec)
+
+    summary = train()
+    assert summary["global_step"] == 2 and summary["resumed_from"] is None and summary["alerts"] == []
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
+    assert (job.merged / "model.safetensors").exists()
+    names = [e["event"] for e in events(job)]
+    assert names == ["grpoflow.training.progress"] * 2 + ["grpoflow.training.completed"]
+    assert [e["payload"]["step"] for e in events(job)[:2]] == [1, 2]
+    assert "reward" in events(job)[0]["payload"]
+    assert events(job)[-1]["payload"]["global_step"] == 2
+    assert (job.logs / "train.log").exists()  # the child's output
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tasks/train.py (ccbbfb2): @task decorates `trained`, the digest helper, not train_task, so the training "
+    "stage is no Prefect task: no task run, no retries (a SIGKILLed child fails the job)",
+)
+def test_train_task_is_a_retried_prefect_task():
+    from prefect import Task
+
+    from tasks.stages import retry_unless_final
+
+    assert isinstance(train_task, Task) and train_task.name == "train"
+    assert train_task.retries == 2 and train_task.retry_condition_fn is retry_unless_final
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="use_liger can run where CUDA is")
+@pytest.mark.usefixtures("prefect_server")
+def test_a_setup_problem_is_not_retried(make_job):
+    from prefect import flow
+
+    job, spec = make_job("liger", hyperparameters={"use_liger": True})
+
+    @flow
+    def train():
+        with pytest.raises(TrainingSetupError, match="use_liger=true needs a CUDA GPU"):
+            train_task(job, spec)
+
+    train()
+    # The task allows 2 retries; a setup problem takes none: one child started, one line of it in the log.
+    assert (job.logs / "train.log").read_text().count("use_liger=true needs a CUDA GPU") == 1
+    assert not any(e["event"] == "grpoflow.training.completed" for e in events(job))
+
+
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 # Kill points: before the first checkpoint (resumes from scratch), between checkpoints, and near the end.
 @pytest.mark.parametrize("kill_at", [3, 12, 27])
@@ -74,25 +135,7 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, kill_at):
         assert resumed is not None and int(resumed.rsplit("-", 1)[1]) >= 5
 
 
-def test_torn_checkpoint_is_skipped(tmp_path):
-    job = JobDir(tmp_path / "job")
-    for step in (5, 10):
-        folder = job.checkpoints / f"checkpoint-{step}"
-        folder.mkdir(parents=True)
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    # A kill during the save of checkpoint-15: the model is there, trainer_state.json (written last) is truncated.
-    torn = job.checkpoints / "checkpoint-15"
-    torn.mkdir()
-    (torn / "model.safetensors").write_bytes(b"\0" * 64)
-    (torn / "trainer_state.json").write_text('{"global_step": 1')
-    job.metrics.write_text("".join(json.dumps({"step": s, "values": {}}) + "\n" for s in range(1, 16)))
-
-    assert not intact_checkpoint(torn)
-    assert resume_checkpoint(job) == str(job.checkpoints / "checkpoint-10")
-    assert not torn.exists()
-    assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, 11))
-
-
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec):
     """A cancelled flow run gets SIGTERM from its worker (what the Prefect UI's Cancel does); same here."""

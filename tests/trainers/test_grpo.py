@@ -1,5 +1,8 @@
-"""The training child itself: killed with SIGKILL and started again, it resumes bit-exactly from its checkpoint."""
+"""The GRPO training stage (`trainers.grpo`): the spec mapped onto TRL's GRPOConfig, checkpoints and resume, and a
+real run on builtin:tiny that trains, saves merged/ or adapter/, and resumes; the slow test kills the child with
+SIGKILL and checks that it resumes bit-exactly."""
 
+import json
 import shutil
 import signal
 import subprocess
@@ -10,16 +13,175 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from tests.conftest import arithmetic_rows, write_jsonl
+from trainers import grpo
 from trainers.dataset import ingest_dataset
+from trainers.grpo import grpo_config, intact_checkpoint, resume_checkpoint
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
 from trainers.spec import load_spec, to_yaml
+from trainers.tiny import build_tiny
 
-pytestmark = pytest.mark.slow
+# --- the spec mapped onto GRPOConfig -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        # One optimizer step = one prompt's group of rollouts_per_prompt completions, on one process.
+        (
+            {"hyperparameters": {"rollouts_per_prompt": 4}},
+            {"num_generations": 4, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1},
+        ),
+        # The spec's names for TRL's fields.
+        (
+            {"hyperparameters": {"kl_coef": 0.05, "max_response_length": 6, "learning_rate": 1e-3, "max_steps": 3}},
+            {"beta": 0.05, "max_completion_length": 6, "learning_rate": 1e-3, "max_steps": 3},
+        ),
+        # Checkpoints every checkpoint_every steps, the last two kept; seed for sampling and data order alike.
+        (
+            {"checkpoint_every": 2, "hyperparameters": {"seed": 7}},
+            {"save_steps": 2, "save_total_limit": 2, "seed": 7, "data_seed": 7},
+        ),
+        # One weight per reward, in the spec's order.
+        (
+            {"rewards": [{"name": "exact_answer", "weight": 2.0}, {"name": "length_penalty", "weight": 0.5}]},
+            {"reward_weights": [2.0, 0.5]},
+        ),
+        # Every step logged (metrics.jsonl has each), nothing reported elsewhere unless tracking asks.
+        ({}, {"logging_steps": 1, "report_to": [], "gradient_checkpointing": False}),
+    ],
+)
+def test_grpo_config(make_spec, tmp_path, changes, expected):
+    # (gpu_count > 1 splits the group over the processes; GRPOConfig checks that against the world size, so
+    # tests/trainers/test_launch.py shows it on two real processes.)
+    spec, _ = load_spec(make_spec("cfg", **changes))
+    job = JobDir(tmp_path / "job")
+    config = grpo_config(spec, job)
+    assert {k: getattr(config, k) for k in expected} == expected
+    assert config.output_dir == str(job.checkpoints)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------------
+
+
+def checkpoint(job: JobDir, step: int, state: str | None = None) -> Path:
+    folder = job.checkpoints / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    if state is None:
+        state = json.dumps({"global_step": step})
+    if state:
+        (folder / "trainer_state.json").write_text(state)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "state, intact",
+    [
+        (None, True),  # trainer_state.json written last, with the folder's step: a finished save
+        ("", False),  # killed before trainer_state.json was written
+        ('{"global_step": 1', False),  # killed while writing it
+        (json.dumps({"global_step": 4}), False),  # a step that is not the folder's (a stale file)
+        (json.dumps({"best_metric": None}), False),  # no step at all
+    ],
+)
+def test_intact_checkpoint(tmp_path, state, intact):
+    assert intact_checkpoint(checkpoint(JobDir(tmp_path), 5, state)) is intact
+
+
+def test_no_checkpoints_means_a_fresh_start(tmp_path):
+    assert resume_checkpoint(JobDir(tmp_path / "job")) is None
+
+
+def test_torn_checkpoint_is_skipped(tmp_path):
+    job = JobDir(tmp_path / "job")
+    for step in (5, 10):
+        checkpoint(job, step)
+    # A kill during the save of checkpoint-15: the model is there, trainer_state.json (written last) is truncated.
+    torn = checkpoint(job, 15, '{"global_step": 1')
+    (torn / "model.safetensors").write_bytes(b"\0" * 64)
+    job.metrics.write_text("".join(json.dumps({"step": s, "values": {}}) + "\n" for s in range(1, 16)))
+
+    assert resume_checkpoint(job) == str(job.checkpoints / "checkpoint-10")
+    assert not torn.exists()
+    assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, 11))  # steps 11-15 will be logged again
+
+
+def test_only_torn_checkpoints_start_over(tmp_path):
+    job = JobDir(tmp_path / "job")
+    checkpoint(job, 5, "")
+    job.metrics.write_text(json.dumps({"step": 1, "values": {}}) + "\n")
+    assert resume_checkpoint(job) is None
+    assert read_metrics(job.metrics) == [] and not (job.checkpoints / "checkpoint-5").exists()
+
+
+def test_other_ranks_only_look(tmp_path):
+    job = JobDir(tmp_path / "job")
+    checkpoint(job, 5)
+    torn = checkpoint(job, 10, "")
+    job.metrics.write_text("".join(json.dumps({"step": s, "values": {}}) + "\n" for s in range(1, 11)))
+    assert resume_checkpoint(job, tidy=False) == str(job.checkpoints / "checkpoint-5")
+    assert torn.exists() and len(read_metrics(job.metrics)) == 10  # the main process tidies, once
+
+
+# --- a real run on builtin:tiny ------------------------------------------------------------------------------------
+
+STEP_KEYS = {"reward", "reward_std", "loss", "completions/mean_length", "entropy"}  # DESIGN.md's metrics.jsonl
+
+
+def weights(folder: Path) -> dict:
+    return load_file(folder / "model.safetensors")
+
+
+def test_full_finetune_trains_saves_and_resumes(make_job):
+    job, spec = make_job("full", hyperparameters={"max_steps": 2}, checkpoint_every=1)
+    assert grpo.main(str(job.root)) == 0
+
+    records = read_metrics(job.metrics)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(STEP_KEYS <= r["values"].keys() and "kl" not in r["values"] for r in records)  # kl_coef 0: no kl
+    base, trained = weights(build_tiny()), weights(job.merged)
+    assert any(not torch.equal(base[k], trained[k]) for k in base)  # training changed the parameters
+    assert AutoModelForCausalLM.from_pretrained(job.merged).config.model_type == "qwen2"
+    assert (job.merged / "tokenizer.json").exists()  # saved with its tokenizer
+    result = json.loads(job.training_result.read_text())
+    assert (result["artifact_dir"], result["global_step"], result["resumed_from"]) == ("merged", 2, None)
+    assert result["evaluated_in_training"] and json.loads(job.evaluation.read_text())["n"] == 4
+
+    # A longer run of the same job resumes from the newest checkpoint: each step once.
+    more = spec.model_copy(update={"hyperparameters": spec.hyperparameters.model_copy(update={"max_steps": 3})})
+    job.spec.write_text(to_yaml(more))
+    assert grpo.main(str(job.root)) == 0
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2, 3]
+    result = json.loads(job.training_result.read_text())
+    assert (result["resumed_from"], result["global_step"]) == ("checkpoint-2", 3)
+
+
+def test_lora_with_kl_saves_the_adapter(make_job):
+    job, _ = make_job("lora", hyperparameters={"max_steps": 2, "lora_rank": 4, "kl_coef": 0.1})
+    assert grpo.main(str(job.root)) == 0
+    assert all("kl" in r["values"] for r in read_metrics(job.metrics))  # kl exactly when kl_coef > 0
+    config = json.loads((job.adapter / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["base_model_name_or_path"] == str(build_tiny())
+    assert (job.adapter / "tokenizer.json").exists() and not job.merged.exists()  # the merge stage makes merged/
+    result = json.loads(job.training_result.read_text())
+    assert result["artifact_dir"] == "adapter" and "evaluation" not in result  # evaluated after the merge
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="use_liger can run where CUDA is")
+def test_a_setup_problem_exits_2_before_training(make_job, capsys):
+    job, _ = make_job("liger", hyperparameters={"use_liger": True})
+    assert grpo.cli([str(job.root)]) == 2  # the task reads 2 as "a retry cannot help"
+    assert "grpoflow: use_liger=true needs a CUDA GPU" in capsys.readouterr().err
+    assert not job.metrics.exists() and not job.training_result.exists()
+
+
+# --- crash safety (slow) -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
 def test_killed_and_resumed_matches_uninterrupted(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(40))
     spec, _ = load_spec(
