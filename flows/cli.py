@@ -361,8 +361,8 @@ def _port(text: str) -> int:
 
 
 def _add_model_commands(sub) -> None:
-    """`publish`, `deploy` and `serve`: push a job's model to the Hub (tasks/publish.py), register its merged weights
-    for serving and serve them (tasks/register.py)."""
+    """`publish`, `deploy` and `serve`: push a job's model to the Hub (trainers/publish.py), register its merged weights
+    for serving and serve them (trainers/registry.py)."""
     deploy = sub.add_parser("deploy", help="register a serving deployment from a job's merged weights")
     deploy.add_argument("job_id")
     deploy.add_argument("--name", help="deployment name (default: the spec's deploy.name, else its name)")

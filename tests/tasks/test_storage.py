@@ -162,3 +162,46 @@ def test_cli_reads_jobs_on_s3(bucket, tmp_path, monkeypatch):
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec_dict("runs")))
     code, out, _ = cli("validate", tmp_path / "spec.yaml", "--output-uri", root, "--json")
     assert code == 0 and json.loads(out)["output_uri"] == root
+
+
+def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
+    from flows.cli import UsageError, check_resume
+    from trainers.spec import to_yaml
+
+    root = f"s3://{bucket}/runs"
+    spec, _ = load_spec(spec_dict(root))
+    s3fs.S3FileSystem().pipe(f"{bucket}/runs/s3-job-1/spec.yaml", to_yaml(spec).encode())
+
+    check_resume(spec, "s3-job-1")  # its own spec: fine (this said "unknown job" before)
+    with pytest.raises(UsageError, match=r"unknown job 'no-such-job' under s3://"):
+        check_resume(spec, "no-such-job")
+    changed, _ = load_spec(spec_dict(root), ["hyperparameters.max_steps=7"])
+    with pytest.raises(UsageError, match="differs from job s3-job-1's spec.yaml in: checkpoint_every, hyperparameters"):
+        check_resume(changed, "s3-job-1")
+    with pytest.raises(UsageError, match="--resume: not a job id: '../x'"):
+        check_resume(spec, "../x")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_run_resume_on_s3_from_a_fresh_machine(bucket, tmp_path, monkeypatch, make_spec):
+    monkeypatch.setenv(storage.STAGING_ENV, str(tmp_path / "staging"))
+    root = f"s3://{bucket}/runs"
+    spec = make_spec("s3-resume")
+    code, out, err = cli("run", spec, "--output-uri", root, "--json")
+    assert code == 0, err
+    job_id = json.loads(out)["job_id"]
+    fs = s3fs.S3FileSystem()
+    fs.rm(f"{bucket}/runs/{job_id}/report.md")
+    # Another machine: an empty staging folder, so the job folder comes from S3.
+    monkeypatch.setenv(storage.STAGING_ENV, str(tmp_path / "other-machine"))
+
+    code, out, err = cli("run", spec, "--output-uri", root, "--resume", job_id, "--json")
+
+    assert code == 0, err
+    assert json.loads(out)["output_dir"] == f"{root}/{job_id}"
+    events = [json.loads(line) for line in fs.cat(f"{bucket}/runs/{job_id}/events.jsonl").decode().splitlines()]
+    names = [e["event"] for e in events]
+    assert names.count("grpoflow.training.completed") == 1  # GRPO was not redone on the other machine
+    assert names.count("grpoflow.job.completed") == 2
+    assert fs.exists(f"{bucket}/runs/{job_id}/report.md")
