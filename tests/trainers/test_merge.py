@@ -1,0 +1,83 @@
+"""The merge stage: a LoRA adapter folded into its base with PEFT gives ordinary weights that load and generate like
+the adapter did; model.json describes the artifact."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trainers import merge
+from trainers.jobdir import JobDir
+from trainers.modeling import LORA_TARGETS
+from trainers.tiny import build_tiny
+
+
+@pytest.fixture
+def lora_job(tmp_path) -> JobDir:
+    """A job folder as a LoRA training leaves it: adapter/ (PEFT format, with the tokenizer), no merged/."""
+    job = JobDir(tmp_path / "lora-job")
+    base = AutoModelForCausalLM.from_pretrained(build_tiny())
+    # Random B (PEFT's init_lora_weights=False), as after training: a fresh adapter's B is zero and merges to the base.
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, init_lora_weights=False, task_type="CAUSAL_LM")
+    torch.manual_seed(0)
+    get_peft_model(base, config).save_pretrained(job.adapter)
+    AutoTokenizer.from_pretrained(build_tiny()).save_pretrained(job.adapter)
+    return job
+
+
+def test_merged_weights_carry_the_adapter(lora_job):
+    assert merge.main(str(lora_job.root)) == 0
+
+    base, merged = load_file(build_tiny() / "model.safetensors"), load_file(lora_job.merged / "model.safetensors")
+    assert merged.keys() == base.keys()  # ordinary weights: no lora_A/lora_B, no base_model.model prefix
+    adapted = [k for k in base if k.endswith(".weight") and k.rsplit(".", 2)[-2] in LORA_TARGETS]
+    assert len(adapted) == 3 * len(LORA_TARGETS)  # every projection of the tiny model's 3 layers
+    assert all(not torch.equal(base[k], merged[k]) for k in adapted)  # each one changed by the merge
+    assert all(
+        torch.equal(base[k], merged[k]) for k in base.keys() - set(adapted)
+    )  # the rest (biases too) is the base's
+
+
+def test_merged_model_loads_and_generates_like_the_adapter(lora_job):
+    merge.main(str(lora_job.root))
+    tokenizer = AutoTokenizer.from_pretrained(lora_job.merged)  # saved with its tokenizer
+    merged = AutoModelForCausalLM.from_pretrained(lora_job.merged).eval()
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(build_tiny()), lora_job.adapter).eval()
+    enc = tokenizer("What is 2+3?", return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(merged(**enc).logits, adapter(**enc).logits, atol=1e-4)
+        a = merged.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        b = adapter.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert a.shape[1] > enc["input_ids"].shape[1] and torch.equal(a, b)
+
+
+def test_model_json_of_a_lora_job(lora_job):
+    merge.main(str(lora_job.root))
+    info = json.loads(lora_job.model_json.read_text())
+    assert info["artifact_type"] == "adapter"
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= set(info["files"])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(info["merged_files"])
+    assert "adapter_config.json" not in info["merged_files"]
+
+
+def test_a_second_merge_replaces_merged(lora_job):
+    merge.main(str(lora_job.root))
+    (lora_job.merged / "stale.bin").write_text("from an earlier merge")
+    merge.main(str(lora_job.root))
+    assert not (lora_job.merged / "stale.bin").exists()
+    assert sorted(p.name for p in lora_job.root.iterdir()) == ["adapter", "merged", "model.json"]  # no staging left
+
+
+def test_a_full_finetune_only_gets_model_json(tmp_path):
+    job = JobDir(tmp_path / "full-job")
+    shutil.copytree(build_tiny(), job.merged)
+    before = {p.name: p.stat().st_mtime_ns for p in job.merged.iterdir()}
+    assert merge.main(str(job.root)) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in job.merged.iterdir()} == before  # merged/ left as training saved it
+    info = json.loads(job.model_json.read_text())
+    assert info["artifact_type"] == "full" and info["files"] == info["merged_files"]
+    assert "model.safetensors" in info["files"]
