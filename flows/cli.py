@@ -41,18 +41,34 @@ def output_uri(args) -> str | None:
 
 
 def output_root(args) -> Path | None:
-    """The output root chosen by `--output-uri` or `GRPOFLOW_OUTPUT_URI`; None lets the spec decide. A remote root
-    is read through a local copy of its jobs' top-level files (spec, metrics, events, model.json)."""
+    """The output root chosen by `--output-uri` or `GRPOFLOW_OUTPUT_URI`, as a local folder; None when neither is set.
+    A remote root is read through a local copy of its jobs' top-level files (spec, metrics, events, model.json)."""
+    root = output_uri(args)
+    return local_root(root) if root else None
+
+
+def local_root(root: str) -> Path:
+    """The local folder holding the job folders of output root `root` (for `s3://...`, a copy of their files)."""
     from tasks.storage import is_remote, mirror_job_files
 
-    root = output_uri(args)
-    if root and is_remote(root):
+    if is_remote(root):
         from trainers.uris import unopenable
 
         if reason := unopenable(root):
             raise UsageError(f"cannot read output root {root}: {reason}")
         return mirror_job_files(root)
-    return Path(root) if root else None
+    return Path(root).expanduser().resolve()
+
+
+def search_roots(args) -> list[str]:
+    """Where to look for jobs: `--output-uri` alone when given; else `./runs` and every output root in the job index
+    (`trainers.job_index`: each `grpoflow run` records where its job went)."""
+    from trainers.job_index import known_roots
+
+    explicit = output_uri(args)
+    if explicit:
+        return [explicit]
+    return list(dict.fromkeys([str(Path("runs").resolve()), *known_roots()]))
 
 
 def load(args, extra_overrides: list[str] = ()):
@@ -69,12 +85,23 @@ def load(args, extra_overrides: list[str] = ()):
 
 
 def find_job(args, job_id: str):
+    """The job folder of `job_id` (a local copy for a remote job) and its location (the folder or URL): under
+    `--output-uri` when given, else in `./runs`, else where the job index says `grpoflow run` put it."""
+    from tasks.storage import is_remote, join
+    from trainers.job_index import index_dir, locate
     from trainers.jobdir import JobDir
 
-    job = JobDir((output_root(args) or Path("runs")).resolve() / job_id_arg(job_id))
-    if not job.spec.exists():
-        raise UnknownJob(f"unknown job {job_id!r} under {job.root.parent} (see `grpoflow jobs`)")
-    return job
+    job_id_arg(job_id)
+    explicit, indexed = output_uri(args), locate(job_id)
+    roots = [explicit] if explicit else [str(Path("runs").resolve())]
+    if indexed and not explicit:
+        roots.append(indexed.rstrip("/").rsplit("/", 1)[0])
+    for root in dict.fromkeys(roots):
+        job = JobDir(local_root(root) / job_id)
+        if job.spec.exists():
+            return job, join(root, job_id) if is_remote(root) else str(job.root)
+    index = "" if explicit or indexed else f", nor in the job index {index_dir()}"
+    raise UnknownJob(f"unknown job {job_id!r} under {', '.join(roots)}{index} (see `grpoflow jobs`)")
 
 
 def job_id_arg(job_id: str, option: str = "") -> str:
@@ -176,32 +203,41 @@ def cmd_demo(args) -> int:
 
 
 def cmd_jobs(args) -> int:
+    from tasks.storage import is_remote
     from trainers.jobdir import JobDir
     from trainers.metrics import read_metrics
 
-    root = (output_root(args) or Path("runs")).resolve()
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"output root {root} is not a folder")
-    jobs = sorted(p for p in root.iterdir() if (p / "spec.yaml").exists()) if root.exists() else []
-    rows = []
-    for path in jobs:
-        job = JobDir(path)
-        metrics = read_metrics(job.metrics)
-        rows.append({"job_id": job.job_id, "status": job_status(job), "steps": metrics[-1]["step"] if metrics else 0})
+    explicit = output_uri(args) is not None
+    rows, elsewhere, looked = [], [], []
+    for root in search_roots(args):
+        if is_remote(root) and not explicit:
+            elsewhere.append(root)  # not read unasked: a remote root costs a download per job
+            continue
+        folder = local_root(root)
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"output root {root} is not a folder")
+        looked.append(root)
+        for path in sorted(p for p in folder.iterdir() if (p / "spec.yaml").exists()) if folder.exists() else []:
+            job, metrics = JobDir(path), read_metrics(path / "metrics.jsonl")
+            steps = metrics[-1]["step"] if metrics else 0
+            rows.append({"job_id": job.job_id, "status": job_status(job), "steps": steps, "root": root})
     if args.json:
-        print(json.dumps({"jobs": rows}))
-    elif not rows:
-        print(f"no jobs under {root}")
-    else:
-        for row in rows:
-            print(f"{row['job_id']:<60} {row['status']:<10} {row['steps']:>6} steps")
+        print(json.dumps({"jobs": [{k: v for k, v in r.items() if k != "root" or not explicit} for r in rows]}))
+        return EXIT_OK
+    if not rows:
+        print(f"no jobs under {', '.join(looked)}")
+    for row in rows:
+        where = "" if explicit else f"  {row['root']}"
+        print(f"{row['job_id']:<60} {row['status']:<10} {row['steps']:>6} steps{where}")
+    for root in elsewhere:
+        print(f"(jobs under {root} too: grpoflow jobs --output-uri {root})")
     return EXIT_OK
 
 
 def cmd_metrics(args) -> int:
     from trainers.metrics import read_metrics
 
-    job = find_job(args, args.job_id)
+    job, _ = find_job(args, args.job_id)
     keys = [k for k in (args.keys or "").split(",") if k]
     records = read_metrics(job.metrics)
     if keys:
@@ -223,14 +259,12 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_model(args) -> int:
-    job = find_job(args, args.job_id)
+    from tasks.storage import join
+
+    job, location = find_job(args, args.job_id)  # a remote job's weights stay remote: location is its URL
     if not job.model_json.exists():
         raise UnknownJob(f"job {args.job_id} has no trained model yet (status: {job_status(job)})")
     info = json.loads(job.model_json.read_text())
-    from tasks.storage import is_remote, join
-
-    root = output_uri(args)
-    location = join(root, job.job_id) if root and is_remote(root) else str(job.root)  # the weights stay remote
     info = {"job_id": job.job_id, **info, "adapter_dir": None, "merged_dir": join(location, "merged")}
     if info["artifact_type"] == "adapter":
         info["adapter_dir"] = join(location, "adapter")
@@ -297,7 +331,7 @@ def cmd_publish(args) -> int:
     from trainers.publish import PublishError, is_user_error
     from trainers.spec import PublishSpec
 
-    job = find_job(args, args.job_id)
+    job, _ = find_job(args, args.job_id)
     try:
         target = PublishSpec(repo_id=args.repo_id, artifact=args.artifact, private=not args.public)
     except ValueError as e:  # pydantic names the rule the repo id breaks
@@ -317,7 +351,7 @@ def cmd_deploy(args) -> int:
     from trainers.registry import RegistrationError, register
     from trainers.spec import load_spec
 
-    job = find_job(args, args.job_id)
+    job, _ = find_job(args, args.job_id)
     spec, _ = load_spec(job.spec)
     name = args.name or (spec.deploy.name if spec.deploy else spec.name)
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
@@ -361,8 +395,8 @@ def _port(text: str) -> int:
 
 
 def _add_model_commands(sub) -> None:
-    """`publish`, `deploy` and `serve`: push a job's model to the Hub (trainers/publish.py), register its merged weights
-    for serving and serve them (trainers/registry.py)."""
+    """`publish`, `deploy` and `serve`: push a job's model to the Hub (trainers/publish.py), register its merged
+    weights for serving and serve them (trainers/registry.py)."""
     deploy = sub.add_parser("deploy", help="register a serving deployment from a job's merged weights")
     deploy.add_argument("job_id")
     deploy.add_argument("--name", help="deployment name (default: the spec's deploy.name, else its name)")

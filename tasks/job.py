@@ -16,6 +16,7 @@ from tasks import webhooks
 from tasks.events import emit
 from tasks.stages import rejected
 from tasks.storage import filesystem, is_remote, join, staging_root
+from trainers.job_index import remember
 from trainers.jobdir import JobDir, check_job_id, write_text_atomic
 from trainers.spec import JobSpec, to_yaml
 
@@ -62,6 +63,7 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir:
             fs.get(remote.rstrip("/") + "/", str(job.root) + "/", recursive=True)
     job.root.mkdir(parents=True, exist_ok=True)
     write_text_atomic(job.spec, to_yaml(spec))
+    remember(job.job_id, job_location(job, spec))  # `grpoflow metrics JOB_ID` then finds it from any folder
     emit(
         job,
         "grpoflow.job.started",

@@ -19,6 +19,8 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 # `grpoflow run` going on beside the tests never locks it. Set before anything imports prefect.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+# The tests' jobs are indexed apart from the user's (`trainers.job_index`).
+os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-index-")
 
 
 # The publishing fixtures (the loopback Hub, an empty HF_HOME, a finished job folder), for tests in any folder.

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
+from trainers.job_index import locate
 from trainers.jobdir import JobDir
 from trainers.metrics import read_metrics
 
@@ -18,6 +19,7 @@ def test_resume_skips_completed_stages(make_spec):
     assert code == 0
     job = JobDir(Path(json.loads(out)["output_dir"]))
     trained_at = job.training_result.stat().st_mtime_ns
+    assert locate(job.job_id) == str(job.root)  # `grpoflow metrics JOB_ID` finds it from any folder
 
     # A late stage lost its output (as if the report failed): only that stage runs again.
     job.report.unlink()
