@@ -188,12 +188,17 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         print(f"job {out['job_id']} {out['status']}: {out['output_dir']}")
         evaluation = result.get("evaluation")
         if evaluation:
-            print(
-                f"held-out {evaluation['metric']} on {evaluation['n']} prompts: "
-                f"before GRPO {evaluation['before']:.3f}, after GRPO {evaluation['after']:.3f}"
-            )
+            before, after = (_score(evaluation[side]) for side in ("before", "after"))
+            held_out = f"held-out {evaluation['metric']} on {evaluation['n']} prompts"
+            print(f"{held_out}: before GRPO {before}, after GRPO {after}")
+            if evaluation.get("note"):
+                print(f"note: {evaluation['note']}")
         print(f"report: {out['output_dir'].rstrip('/')}/report.md")  # a path or an s3:// URI
     return EXIT_OK
+
+
+def _score(value) -> str:
+    return "not scored" if value is None else f"{value:.3f}"
 
 
 def cmd_demo(args) -> int:

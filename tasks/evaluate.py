@@ -9,6 +9,7 @@ from tasks.stages import resumable
 from trainers.evaluate import evaluate
 from trainers.health import HealthMonitor
 from trainers.jobdir import JobDir
+from trainers.markdown import number
 from trainers.metrics import read_metrics
 from trainers.modeling import start_model
 from trainers.report import write_report
@@ -42,13 +43,14 @@ def evaluate_task(
         evaluation = evaluate(job, spec, start_model(spec, job))
     if evaluation:
         logger.info(
-            "held-out %s on %d prompts: before %.3f, after %.3f",
+            "held-out %s on %d prompts: before %s, after %s",
             evaluation["metric"],
             evaluation["n"],
-            evaluation["before"],
-            evaluation["after"],
+            *(number(evaluation[side]) for side in ("before", "after")),
         )
-    alerts = HealthMonitor.for_hyperparameters(spec.hyperparameters).check(read_metrics(job.metrics))
+        if evaluation.get("note"):
+            logger.warning("evaluation: %s", evaluation["note"])
+    alerts = HealthMonitor.for_spec(spec).check(read_metrics(job.metrics))
     extra = {
         "wall_time_s": round(wall_seconds, 1),
         "GRPO_training": f"{training['wall_seconds']:.1f} s",

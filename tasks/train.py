@@ -25,7 +25,7 @@ class ProgressWatcher:
     def __init__(self, job: JobDir, spec: JobSpec):
         hp = spec.hyperparameters
         self.job, self.spec, self.last_step = job, spec, 0
-        self.monitor = HealthMonitor.for_hyperparameters(hp)
+        self.monitor = HealthMonitor.for_spec(spec)
         self.every = max(1, hp.max_steps // 20)
         self.alerts = []
         self.logger = get_run_logger()

@@ -71,8 +71,9 @@ def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, to
     return completions
 
 
-def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float:
-    """Mean of the evaluation reward over greedy completions of the held-out prompts (None scores are skipped).
+def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float | None:
+    """Mean of the evaluation reward over greedy completions of the held-out prompts (None scores are skipped);
+    None when the reward scored none of them.
 
     `model` is a folder, or a loaded model with its `tokenizer`.
     """
@@ -84,7 +85,7 @@ def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float:
         tokenizer = load_tokenizer(model)
     values = reward_values(reward, prompts, completions, eval_rows, tokenizer)
     values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else float("nan")
+    return sum(values) / len(values) if values else None
 
 
 def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:
@@ -120,6 +121,13 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict 
         "before": score(before_model, rows, spec),
         "after": score(after_model, rows, spec, tokenizer=after_tokenizer),
     }
+    unscored = [side for side in ("before", "after") if result[side] is None]
+    if unscored:
+        result["note"] = (
+            f"no score {' or '.join(unscored)} GRPO: the reward {spec.evaluation.metric!r} returned None for every "
+            f"one of the {len(rows)} held-out completions; pick another evaluation.metric, or make the reward score "
+            "these completions"
+        )
     result["seconds"] = round(time.monotonic() - started, 3)
     write_json_atomic(job.evaluation, result)
     return result

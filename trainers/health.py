@@ -1,11 +1,15 @@
 """Training health: detectors for GRPO's common failure modes over the metric series of `metrics.jsonl`.
 
-Three alerts (shared/DESIGN.md, "Health alerts"), each with its evidence and what to do about it:
+Four alerts (the three of shared/DESIGN.md's "Health alerts", and one for a run that cannot learn), each with its
+evidence and what to do about it:
 
 - `policy_collapse`: `reward_std` falls to ~0 after the run had signal (every completion of a group now scores the
   same, so GRPO's advantages are all zero), or `entropy` falls steeply (the policy samples near-identical outputs);
 - `length_explosion`: `completions/mean_length` climbs toward `max_response_length` while the reward does not improve;
-- `kl_drift`: `kl` keeps growing (only when `kl_coef` > 0; TRL logs `kl` only then).
+- `kl_drift`: `kl` keeps growing (only when `kl_coef` > 0; TRL logs `kl` only then);
+- `no_learning_signal`: over a window, nearly every group scored all its completions alike (TRL's
+  `frac_reward_zero_std`), or the rewards scored no completion at all (`reward` is NaN: every reward returned None).
+  GRPO's advantages are then 0 and nothing trains, whatever the loss curve looks like.
 
 `HealthMonitor.update` takes one `{"step": n, "values": {...}}` record at a time, so the training loop can alert live;
 `HealthMonitor.check` runs a whole series through `update`, so it gives the same alerts. Each kind fires at most once
@@ -50,6 +54,10 @@ CLIPPED_NEAR_MAX = 0.5
 LENGTH_GROWTH = 1.5
 # ...while the mean reward gained no more than this (rewards are usually scored in [0, 1]): longer, not better.
 REWARD_GAIN_EPS = 0.05
+# No learning signal: over `no_signal_window` steps, this share of groups (at least) had zero reward variance.
+NO_SIGNAL_WINDOW = 20
+NO_SIGNAL_FRACTION = 0.95
+
 # kl is TRL's per-token estimate of KL(policy || reference) in nats. A run held by its KL term usually stays in the
 # hundredths; below this floor growth is the expected drift away from the reference at the start (kl is 0 at step 1).
 KL_FLOOR = 0.1
@@ -80,6 +88,8 @@ class Thresholds:
     kl_blowup_ratio: float = KL_BLOWUP_RATIO
     kl_steady_rise: float = KL_STEADY_RISE
     kl_keep_pace: float = KL_KEEP_PACE
+    no_signal_window: int = NO_SIGNAL_WINDOW
+    no_signal_fraction: float = NO_SIGNAL_FRACTION
 
 
 @dataclass
@@ -87,7 +97,7 @@ class Alert:
     """One detected failure mode.
 
     Args:
-        kind (`str`): `"policy_collapse"`, `"length_explosion"` or `"kl_drift"`.
+        kind (`str`): `"policy_collapse"`, `"length_explosion"`, `"kl_drift"` or `"no_learning_signal"`.
         step (`int`): the training step at which it fired.
         message (`str`): one sentence saying what was seen.
         evidence (`dict`): the numbers behind it: window, before/after values, thresholds.
@@ -153,11 +163,18 @@ class HealthMonitor:
         self._std_peak_before = -math.inf  # best window mean of reward_std that ended before the last window began
         self._reward_best = -math.inf
         self._reward_worst = math.inf
+        self._unscored_streak = 0  # steps in a row whose reward was NaN or null (no completion scored)
 
     @classmethod
-    def for_hyperparameters(cls, hp) -> "HealthMonitor":
-        """The monitor of a job with hyperparameters `hp` (the spec's `hyperparameters`), default thresholds."""
-        return cls(max_response_length=hp.max_response_length, kl_coef=hp.kl_coef)
+    def for_spec(cls, spec) -> "HealthMonitor":
+        """The monitor of job spec `spec`: its hyperparameters and its `health` thresholds."""
+        hp, health = spec.hyperparameters, spec.health
+        return cls(
+            max_response_length=hp.max_response_length,
+            kl_coef=hp.kl_coef,
+            no_signal_window=health.no_signal_window,
+            no_signal_fraction=health.no_signal_fraction,
+        )
 
     # --- feeding -----------------------------------------------------------------------------------------------------
 
@@ -170,9 +187,15 @@ class HealthMonitor:
         Returns:
             `list[Alert]`: the new alerts, usually empty.
         """
-        self._add(record.get("values") or {})
+        values = record.get("values") or {}
+        self._add(values)
+        # metrics.jsonl writes TRL's NaN reward (no completion scored) as null; a record without the key says nothing.
+        reward = values.get("reward", 0.0)
+        scored = isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)
+        self._unscored_streak = 0 if scored else self._unscored_streak + 1
         step = int(record["step"])
         detectors = {
+            "no_learning_signal": self._no_learning_signal,
             "policy_collapse": self._policy_collapse,
             "length_explosion": self._length_explosion,
             "kl_drift": self._kl_drift,
@@ -224,6 +247,45 @@ class HealthMonitor:
     def _first_window(self, key: str) -> float | None:
         values = self._series[key]
         return _mean(values[: self.window]) if len(values) >= self.window else None
+
+    # --- no learning signal ------------------------------------------------------------------------------------------
+
+    def _no_learning_signal(self, step: int) -> Alert | None:
+        t = self.thresholds
+        window, evidence = t.no_signal_window, {"window": t.no_signal_window}
+        if self._unscored_streak >= window:
+            message = (
+                f"no completion was scored over the last {window} steps (every reward returned None, so the "
+                "reward is NaN): GRPO has nothing to learn from."
+            )
+            advice = (
+                "Check which completions the rewards return None for (a column they need, a format they expect): "
+                "run one on a few completions by hand, or see the rewards/<name>/mean metrics."
+            )
+            return Alert("no_learning_signal", step, message, evidence | {"unscored_steps": window}, advice)
+        zero_std = self._series["frac_reward_zero_std"]
+        if len(zero_std) < window:
+            return None
+        share = _mean(zero_std[-window:])
+        if share < t.no_signal_fraction:
+            return None
+        reward = _mean(self._series["reward"][-window:]) if len(self._series["reward"]) >= window else None
+        evidence |= {
+            "frac_reward_zero_std_last": _r(share),
+            "no_signal_fraction": t.no_signal_fraction,
+            "reward_last": _r(reward),
+        }
+        mean = "unknown" if reward is None else f"{reward:.4g}"
+        message = (
+            f"{share:.0%} of the groups over the last {window} steps scored all their completions alike "
+            f"(mean reward {mean}): their advantages are 0, so nothing trains."
+        )
+        advice = (
+            "If every completion is right, the prompts are too easy for this model; if every one is wrong, too hard "
+            "(add an SFT warm-up, or a reward with partial credit). More rollouts_per_prompt or a higher temperature "
+            "also make groups differ."
+        )
+        return Alert("no_learning_signal", step, message, evidence, advice)
 
     # --- policy collapse ---------------------------------------------------------------------------------------------
 
@@ -373,7 +435,12 @@ class HealthMonitor:
         return big_enough and rise >= t.kl_keep_pace * previous_rise
 
 
-_LABELS = {"policy_collapse": "policy collapse", "length_explosion": "length explosion", "kl_drift": "KL drift"}
+_LABELS = {
+    "policy_collapse": "policy collapse",
+    "length_explosion": "length explosion",
+    "kl_drift": "KL drift",
+    "no_learning_signal": "no learning signal",
+}
 
 
 def verdict(alerts: list[Alert]) -> str:

@@ -178,7 +178,8 @@ def _evaluation(evaluation: dict | None) -> str:
     row = [cell(evaluation.get("metric")), number(evaluation.get("n")), _score(before), _score(after)]
     note = "before: the model GRPO started from; after: the GRPO result, both on prompts held out of training."
     rows = table(["metric", "n", "before", "after", "change"], [row + [_change(before, after)]])
-    return f"{title}{rows}\n\n{note}"
+    why = f"\n\n**Not scored:** {evaluation['note']}." if evaluation.get("note") else ""
+    return f"{title}{rows}\n\n{note}{why}"
 
 
 def _metric_keys(records: list[dict]) -> list[str]:

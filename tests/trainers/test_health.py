@@ -98,7 +98,10 @@ def test_policy_collapse(records, expected):
 
 def test_collapse_evidence_and_advice():
     records = COLLAPSE_CASES[1][0]
-    (alert,) = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0).check(records)
+    alerts = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0).check(records)
+    # 19 of 20 steps of zero variance after the collapse are also no learning signal, which fires later (step 49).
+    assert [(a.kind, a.step) for a in alerts] == [("policy_collapse", 40), ("no_learning_signal", 49)]
+    alert = alerts[0]
     assert alert.evidence["reward_std_last"] < 0.01 < 0.05 < alert.evidence["reward_std_peak_before"]
     assert alert.evidence["frac_reward_zero_std_last"] == 1.0
     assert "learning_rate" in alert.advice and "kl_coef" in alert.advice
@@ -266,3 +269,56 @@ def test_verdict(alerts, expected):
 def test_module_example():
     # The module docstring's example runs and gives what it shows.
     assert doctest.testmod(health).failed == 0
+
+
+# --- no learning signal ----------------------------------------------------------------------------------------------
+
+NAN = float("nan")
+NO_SIGNAL_CASES = [
+    # TRUE: every group zero-variance from step 1, reward 0 and loss 0 on every step (nothing trains): fires once the
+    # first window (20 steps) is full
+    (
+        series(
+            30, reward=lambda s: 0.0, reward_std=lambda s: 0.0, frac_reward_zero_std=lambda s: 1.0, loss=lambda s: 0.0
+        ),
+        (20, 20),
+    ),
+    # TRUE: every completion right from step 1 (too easy): no signal either
+    (series(30, reward=lambda s: 1.0, reward_std=lambda s: 0.0, frac_reward_zero_std=lambda s: 1.0), (20, 20)),
+    # TRUE: every reward returned None: TRL logs reward NaN (and frac_reward_zero_std 0, NaN std is not close to 0)
+    (series(30, reward=lambda s: NAN, reward_std=lambda s: NAN, frac_reward_zero_std=lambda s: 0.0), (20, 20)),
+    # TRUE: the same as metrics.jsonl writes it: NaN as null
+    ([{"step": s, "values": {"reward": None, "loss": 0.0}} for s in range(1, 31)], (20, 20)),
+    # FALSE: no `reward` key at all says nothing about scoring
+    (series(30, loss=lambda s: 0.0), None),
+    # FALSE: one group in two has signal (one prompt per step: frac is 0 or 1)
+    (series(60, reward=COIN, frac_reward_zero_std=lambda s: float(s % 2)), None),
+    # FALSE: 18 of 20 zero-variance steps (90% < 95%): a task being learnt, as late in the demo
+    (series(60, reward=lambda s: 0.8, frac_reward_zero_std=lambda s: 0.0 if s % 10 == 0 else 1.0), None),
+    # FALSE: unscored for 19 steps, then scored again: no window of 20 unscored steps
+    (series(60, reward=lambda s: NAN if s % 20 else 0.5, frac_reward_zero_std=lambda s: 0.0), None),
+]
+
+
+@pytest.mark.parametrize(("records", "expected"), NO_SIGNAL_CASES)
+def test_no_learning_signal(records, expected):
+    assert in_range(fired(records, "no_learning_signal"), expected)
+
+
+def test_no_learning_signal_thresholds_from_the_spec():
+    from trainers.spec import load_spec
+
+    spec, _ = load_spec(
+        {
+            "name": "t",
+            "base_model": "builtin:tiny",
+            "dataset": {"uri": "d.jsonl"},
+            "rewards": [{"name": "exact_answer"}],
+            "health": {"no_signal_window": 5, "no_signal_fraction": 0.8},
+        }
+    )
+    records = series(10, reward=lambda s: 0.0, frac_reward_zero_std=lambda s: 0.0 if s == 1 else 1.0)
+    alerts = HealthMonitor.for_spec(spec).check(records)
+    assert [(a.kind, a.step) for a in alerts] == [("no_learning_signal", 5)]  # 4/5 = 80% from step 5
+    assert verdict(alerts) == "no learning signal suspected at step 5"
+    assert alerts[0].evidence["frac_reward_zero_std_last"] == 0.8

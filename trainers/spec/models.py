@@ -197,6 +197,24 @@ class SFTSpec(_Section):
     batch_size: Int = Field(8, ge=1, description="SFT per-device batch size.")
 
 
+class HealthSpec(_Section):
+    """The health monitor's thresholds that a job may tune (see trainers/health.py for the others)."""
+
+    no_signal_window: Int = Field(
+        20,
+        ge=2,
+        description="Steps over which the 'no learning signal' alert is judged: it fires when over this many steps "
+        "nearly every group scored all its completions alike, or the rewards scored none of them.",
+    )
+    no_signal_fraction: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="Share of groups with zero reward variance (TRL's frac_reward_zero_std) over no_signal_window "
+        "steps at which GRPO is called to have no learning signal (its advantages, hence gradients, are 0).",
+    )
+
+
 class EvaluationSpec(_Section):
     """The held-out before/after evaluation."""
 
@@ -263,6 +281,7 @@ class JobSpec(_Section):
         "runs", min_length=1, description="Local folder or s3://bucket/prefix; the job folder goes under it."
     )
     stop_on_alert: bool = Field(False, description="Stop training on a health alert.")
+    health: HealthSpec = Field(HealthSpec(), description="Thresholds of the training health alerts.")
     publish: PublishSpec | None = Field(None, description="Optional: push the model to the Hugging Face Hub.")
     deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
@@ -275,7 +294,7 @@ class JobSpec(_Section):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
         return value
 
-    @field_validator("sft", "evaluation", "hyperparameters", "webhooks", mode="before")
+    @field_validator("sft", "evaluation", "hyperparameters", "health", "webhooks", mode="before")
     @classmethod
     def _empty_section(cls, value: Any, info: ValidationInfo) -> Any:
         # A YAML key with nothing under it (`sft:`) is null; read it as "all defaults".
