@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -167,8 +168,10 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     try:
         from flows.pipeline import grpo_pipeline
         from tasks.stages import REJECTED
+        from trainers.report import waited_since
 
-        with server.connected(temporary):
+        # The report's wall time is the one the user waited: from this command's start.
+        with server.connected(temporary), waited_since(getattr(args, "started", None) or time.time()):
             state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
     finally:
         if temporary is not None:
@@ -490,8 +493,10 @@ def main(argv=None) -> int:
     from flows.server import ServerError
     from trainers.spec import SpecError
 
+    started = time.time()
     try:
         args = build_parser().parse_args(argv)
+        args.started = started
         return args.func(args)
     except SpecError as e:
         print(f"grpoflow: {e}", file=sys.stderr)

@@ -2,6 +2,8 @@
 PNG plots (`trainers.report`)."""
 
 import json
+import os
+import time
 
 from prefect import get_run_logger, task
 
@@ -12,8 +14,30 @@ from trainers.jobdir import JobDir
 from trainers.markdown import number
 from trainers.metrics import read_metrics
 from trainers.modeling import start_model
-from trainers.report import write_report
+from trainers.report import RUN_STARTED_ENV, write_report
 from trainers.spec import JobSpec
+
+
+def times(sft: dict | None, training: dict, evaluation: dict | None, wall_seconds: float) -> list[tuple]:
+    """The report's "Time" rows: each stage's share of what the user waited, from the stages' own summaries (the
+    payloads of their events), and the total since `grpoflow run` started (`GRPOFLOW_RUN_STARTED`, which the CLI
+    sets) or, without it (a deployment's run), since the flow run started."""
+    rows = []
+    cli_started = os.environ.get(RUN_STARTED_ENV)
+    total = time.time() - float(cli_started) if cli_started else wall_seconds
+    if cli_started:
+        rows.append(("grpoflow's start and Prefect's, before the flow ran", total - wall_seconds))
+    if sft:
+        rows.append(("SFT warm-up (its child process)", sft["seconds"]))
+    rows += [
+        ("GRPO: imports and model load", training.get("setup_seconds")),
+        ("GRPO: training (TRL's train_runtime)", training.get("train_runtime")),
+        ("GRPO: its whole child process", training.get("wall_seconds")),
+    ]
+    if evaluation:
+        rows.append(("held-out evaluation, before and after", evaluation.get("seconds")))
+    rows.append(("wall time until this report" + (" (since grpoflow run started)" if cli_started else ""), total))
+    return rows
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=5)
@@ -51,13 +75,7 @@ def evaluate_task(
         if evaluation.get("note"):
             logger.warning("evaluation: %s", evaluation["note"])
     alerts = HealthMonitor.for_spec(spec).check(read_metrics(job.metrics))
-    extra = {
-        "wall_time_s": round(wall_seconds, 1),
-        "GRPO_training": f"{training['wall_seconds']:.1f} s",
-        "resumed_from_checkpoint": training["resumed_from"] or "no",
-    }
-    if sft:
-        extra["SFT_warm_up"] = f"{sft['seconds']:.1f} s"
-    report = write_report(job, spec, evaluation, alerts, extra)
+    extra = {"resumed_from_checkpoint": training["resumed_from"] or "no"}
+    report = write_report(job, spec, evaluation, alerts, extra, times(sft, training, evaluation, wall_seconds))
     logger.info("report: %s", report)
     return evaluation

@@ -9,6 +9,7 @@ state changes (matplotlib's recommended way in servers and workers), so importin
 headless worker is equally safe.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,20 @@ from trainers.jobdir import JobDir, write_text_atomic
 from trainers.markdown import cell, number, table
 from trainers.metrics import read_metrics
 from trainers.spec import JobSpec, resolved_dict
+
+# `grpoflow run` sets this to its start (Unix seconds), so the report's wall time is the one the user waited.
+RUN_STARTED_ENV = "GRPOFLOW_RUN_STARTED"
+
+
+@contextlib.contextmanager
+def waited_since(started: float):
+    """Within the block, reports count their wall time from `started` (Unix seconds): `RUN_STARTED_ENV`."""
+    os.environ[RUN_STARTED_ENV] = str(started)
+    try:
+        yield
+    finally:
+        os.environ.pop(RUN_STARTED_ENV, None)
+
 
 PLOT_KEYS = ("reward", "reward_std", "completions/mean_length", "entropy", "kl")
 # The summary table's rows, in this order, then every per-reward `rewards/<name>/mean`.
@@ -148,6 +163,12 @@ def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> st
     return "## Summary\n\n" + "\n".join(lines)
 
 
+def _times(times: list[tuple[str, float | None]]) -> str:
+    rows = [[what, "—" if seconds is None else f"{seconds:.1f} s"] for what, seconds in times]
+    note = "The same figures as in events.jsonl (`grpoflow.sft.completed`, `grpoflow.training.completed`)."
+    return "## Time\n\n" + table(["what", "took"], rows) + "\n\n" + note
+
+
 def _hyperparameters(spec: JobSpec) -> str:
     resolved = resolved_dict(spec)
     rows = [[name, cell(value)] for name, value in resolved["hyperparameters"].items()]
@@ -227,6 +248,7 @@ def write_report(
     evaluation: dict | None,
     alerts: list[Alert | dict],
     extra: dict | None = None,
+    times: list[tuple[str, float | None]] | None = None,
 ) -> Path:
     """Write the job's `report.md` and its metric plots (`*.png`) into the job folder.
 
@@ -239,6 +261,7 @@ def write_report(
         alerts (`list[Alert | dict]`): the run's health alerts (`Alert`s or their `to_dict()` form, e.g. from events).
         extra (`dict`, *optional*): more summary lines; `wall_time_s` (seconds) shows as "Wall time", any other key
             as its own line.
+        times (`list[tuple[str, float | None]]`, *optional*): the "Time" section's rows, (what, seconds).
 
     Returns:
         `Path`: the path of `report.md`.
@@ -249,6 +272,7 @@ def write_report(
     sections = [
         f"# GRPO job report: {job.job_id}",
         _summary(job, spec, records, extra or {}),
+        *([_times(times)] if times else []),
         _hyperparameters(spec),
         _evaluation(evaluation),
         _metrics(records, plots),

@@ -139,3 +139,18 @@ def test_sft_warmup(make_spec):
     assert names.index("grpoflow.sft.completed") < names.index("grpoflow.training.completed")
     # GRPO started from the SFT weights, not the base model.
     assert json.loads(job.training_result.read_text())["start_model"] == str(job.sft)
+
+    # The report's times are the events' figures, and they add up to no more than the wall time waited.
+    payloads = {r["event"]: r["payload"] for r in read_metrics(job.events)}
+    trained, warmed = payloads["grpoflow.training.completed"], payloads["grpoflow.sft.completed"]
+    report = job.report.read_text()
+    times = dict(
+        line.strip("| ").split(" | ") for line in report.split("## Time\n\n")[1].split("\n\n")[0].splitlines()[2:]
+    )
+    assert times["SFT warm-up (its child process)"] == f"{warmed['seconds']:.1f} s"
+    assert times["GRPO: imports and model load"] == f"{trained['setup_seconds']:.1f} s"
+    assert times["GRPO: training (TRL's train_runtime)"] == f"{trained['train_runtime']:.1f} s"
+    assert times["GRPO: its whole child process"] == f"{trained['wall_seconds']:.1f} s"
+    assert trained["setup_seconds"] + trained["train_runtime"] <= trained["wall_seconds"]
+    waited = float(times["wall time until this report (since grpoflow run started)"].removesuffix(" s"))
+    assert warmed["seconds"] + trained["wall_seconds"] <= waited
