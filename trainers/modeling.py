@@ -141,7 +141,7 @@ def prepare_prompts(dataset, prompt_column: str, system_prompt: str | None):
     return dataset
 
 
-def start_model(spec: JobSpec, job: JobDir) -> str:
+def start_model(spec, job) -> str:
     """The weights GRPO starts from: the SFT warm-up's output when it ran, else the base model."""
     if spec.sft.enabled and (job.sft / "config.json").exists():
         return str(job.sft)

@@ -125,7 +125,7 @@ def _problems(exc: ValidationError, data: dict) -> list[str]:
             problems.append(f"{_dotted(error['loc'])}: {_describe(error)}")
     # The model's own rule pass only runs when every field is valid; otherwise check the raw dict.
     if not rules_ran:
-        problems += rule_problems(data)
+        problems += rule_problems(data, JobSpec)
     return list(dict.fromkeys(problems))
 
 

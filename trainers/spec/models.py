@@ -20,6 +20,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from trainers.spec.rules import function_name, rule_problems
 from trainers.uris import unopenable
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
@@ -157,11 +158,6 @@ class DatasetSpec(_Section):
         description="Longest line a JSON Lines or CSV file may have, in bytes; a longer one rejects the dataset "
         "(found by streaming the file, before any of it is parsed).",
     )
-
-
-def function_name(function: str) -> str:
-    """The callable's name in a 'package.module:callable' reference: what TRL names a reward's metric after."""
-    return function.rpartition(":")[2]
 
 
 class RewardSpec(_Section):
@@ -302,10 +298,7 @@ class JobSpec(_Section):
 
     @model_validator(mode="after")
     def _rules_then_defaults(self) -> "JobSpec":
-        # Imported here: the rules read their defaults from this module's models.
-        from trainers.spec.rules import rule_problems
-
-        problems = rule_problems(self.model_dump(exclude_unset=True))
+        problems = rule_problems(self.model_dump(exclude_unset=True), type(self))
         if problems:
             raise PydanticCustomError(
                 "spec_rules", "{summary}", {"summary": "; ".join(problems), "problems": problems}

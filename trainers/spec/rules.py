@@ -13,8 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from trainers.spec.models import Hyperparameters, JobSpec, function_name
-
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
 
@@ -83,7 +81,7 @@ def _builtin_rewards() -> list[str] | None:
     return list(REWARDS)
 
 
-def rule_problems(data: dict) -> list[str]:
+def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
     """The cross-field violations in a spec dict, even one whose fields are invalid.
 
     It reads the raw dict leniently (an invalid value counts as its default), so a spec gets its field errors and
@@ -91,12 +89,15 @@ def rule_problems(data: dict) -> list[str]:
 
     Args:
         data (`dict`): the spec as a (possibly invalid) mapping.
+        spec_model (`type[BaseModel]`): `JobSpec`, whose fields give every default (passed in, so that the models
+            can run these rules without the two modules importing each other).
 
     Returns:
         `list[str]`: "dotted.location: message" lines; empty when the rules hold.
     """
+    Hyperparameters = spec_model.model_fields["hyperparameters"].annotation  # noqa: N806 (a model class)
     hp = data.get("hyperparameters") if isinstance(data.get("hyperparameters"), dict) else {}
-    gpus = _lax(data, JobSpec, "gpu_count")
+    gpus = _lax(data, spec_model, "gpu_count")
     has_rank = hp.get("lora_rank") is not None
     unsloth, liger = _lax(hp, Hyperparameters, "use_unsloth"), _lax(hp, Hyperparameters, "use_liger")
     problems = []
@@ -138,6 +139,11 @@ def _liger_problems(base_model: Any, gpus: int, unsloth: bool) -> list[str]:
             "(Liger's kernels give wrong log-probs); set use_liger: false"
         )
     return problems
+
+
+def function_name(function: str) -> str:
+    """The callable's name in a 'package.module:callable' reference: what TRL names a reward's metric after."""
+    return function.rpartition(":")[2]
 
 
 def _reward_name(reward: Any) -> Any:
