@@ -1,13 +1,10 @@
-"""Deployment registration (`grpoflow deploy`) and the OpenAI-compatible server (`grpoflow serve`)."""
+"""Deployment registration (`grpoflow deploy`); the server it registers for is tested in tests/flows/test_serve.py."""
 
 import json
 import shutil
-import threading
 
-import httpx
 import pytest
 
-from flows.serve import make_server
 from tests.conftest import arithmetic_rows, cli, write_jsonl
 from trainers.dataset import ingest_dataset
 from trainers.jobdir import JobDir
@@ -64,34 +61,3 @@ def test_deploy_mistakes(finished_job):
     assert code == 1 and "merged" in err
     code, _, err = cli("--output-uri", root, "serve", "nothing-here")
     assert code == 1 and "unknown deployment" in err
-
-
-@pytest.fixture
-def server():
-    srv = make_server(str(build_tiny()), "tiny", port=0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_port}/v1"
-    srv.shutdown()
-    srv.server_close()
-
-
-def test_openai_compatible_endpoints(server):
-    with httpx.Client(base_url=server, timeout=60) as client:
-        assert client.get("/models").json()["data"][0]["id"] == "tiny"
-
-        completion = client.post("/completions", json={"model": "tiny", "prompt": "What is 2+3?", "max_tokens": 5})
-        assert completion.status_code == 200
-        body = completion.json()
-        assert body["object"] == "text_completion" and isinstance(body["choices"][0]["text"], str)
-        assert 1 <= body["usage"]["completion_tokens"] <= 5
-
-        chat = client.post(
-            "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        )
-        message = chat.json()["choices"][0]["message"]
-        assert chat.status_code == 200 and message["role"] == "assistant" and isinstance(message["content"], str)
-
-        bad = client.post("/chat/completions", json={"messages": "hi"})
-        assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"]
-        assert client.get("/nope").status_code == 404
