@@ -109,7 +109,7 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, kill_at):
         [sys.executable, "-m", "flows.cli", "run", str(spec), "--json"], stdout=subprocess.PIPE, env=env, text=True
     )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 900  # reached in ~30 s; far more only on a machine that is very busy
         job = None
         while time.monotonic() < deadline and (job is None or last_step(job) < kill_at):
             jobs = list((tmp_path / "runs").glob("*/metrics.jsonl"))
@@ -150,7 +150,7 @@ def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec):
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(spec)], env=env, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 900  # reached in ~30 s; far more only on a machine that is very busy
         job = None
         while time.monotonic() < deadline and (job is None or last_step(job) < 8):
             jobs = list((tmp_path / "runs").glob("*/metrics.jsonl"))
