@@ -72,12 +72,12 @@ class ProgressWatcher:
         return stop
 
 
-@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
 def trained(job: JobDir) -> tuple[str, ...]:
     """What GRPO produced: a LoRA job's adapter (its merged/ is the merge's), else the full weights in merged/."""
     return ("training.json", "adapter" if (job.adapter / "adapter_config.json").exists() else "merged")
 
 
+@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
 @resumable("train", outputs=("training.json",), reads=("ingest", "sft"), digest=trained)
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""

@@ -59,11 +59,6 @@ def test_train_task_runs_the_child_and_announces_each_step(make_job):
     assert (job.logs / "train.log").exists()  # the child's output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tasks/train.py (ccbbfb2): @task decorates `trained`, the digest helper, not train_task, so the training "
-    "stage is no Prefect task: no task run, no retries (a SIGKILLed child fails the job)",
-)
 def test_train_task_is_a_retried_prefect_task():
     from prefect import Task
 
