@@ -11,7 +11,7 @@ import yaml
 
 from trainers.dataset import ingest_dataset
 from trainers.jobdir import JobDir
-from trainers.launch import check_exit, child_command, start_child, stop_child
+from trainers.launch import TrainingSetupError, check_exit, child_command, start_child, stop_child
 from trainers.metrics import read_metrics
 from trainers.spec import load_spec, to_yaml
 
@@ -62,3 +62,80 @@ def test_grpo_on_two_processes(make_spec, tmp_path):
     assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]  # logged once, by the main process
     assert (job.merged / "model.safetensors").exists()
     assert yaml.safe_load(job.spec.read_text())["gpu_count"] == 2
+
+
+# --- run_child: a child's exit code becomes the stage's outcome ------------------------------------------------------
+
+FAKE_CHILD = """
+import sys, time
+from pathlib import Path
+job = Path(sys.argv[1])
+print("fake child started", flush=True)
+behaviour = (job / "behaviour").read_text()
+if behaviour == "setup":
+    print("grpoflow: hyperparameters.use_liger: needs a CUDA GPU", file=sys.stderr)
+    sys.exit(2)
+if behaviour == "crash":
+    raise RuntimeError("out of memory")
+if behaviour == "slow":
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def fake_child(tmp_path, monkeypatch):
+    """`python -m fake_child JOB_DIR`: a stand-in trainer whose behaviour the job folder's `behaviour` file says."""
+    from trainers import launch
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "fake_child.py").write_text(FAKE_CHILD)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mods"))
+    monkeypatch.setattr(launch, "POLL_SECONDS", 0.05)
+    job = JobDir(tmp_path / "job")
+    job.root.mkdir()
+
+    def run(behaviour, poll=None):
+        (job.root / "behaviour").write_text(behaviour)
+        return launch.run_child("fake_child", job, 1, "fake.log", poll=poll)
+
+    return job, run
+
+
+def test_run_child_ok(fake_child):
+    job, run = fake_child
+    assert run("ok") >= 0
+    assert (job.logs / "fake.log").read_text() == "fake child started\n"
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "error", "message"),
+    [
+        # exit 2: a setup problem, its last log line as the message (not retried: see tasks.stages)
+        ("setup", TrainingSetupError, "grpoflow: hyperparameters.use_liger: needs a CUDA GPU"),
+        # any other failure: a RuntimeError with the exit code and the end of the log (retried)
+        ("crash", RuntimeError, "fake_child child exited with code 1"),
+    ],
+)
+def test_run_child_failures(fake_child, behaviour, error, message):
+    job, run = fake_child
+    with pytest.raises(RuntimeError) as caught:
+        run(behaviour)
+    assert type(caught.value) is error
+    assert message in str(caught.value)
+    if behaviour == "crash":
+        assert "RuntimeError: out of memory" in str(caught.value)  # the log's tail comes with it
+
+
+def test_run_child_stopped_by_poll(fake_child):
+    from trainers.launch import TrainingStopped
+
+    job, run = fake_child
+    polls = []
+
+    def poll():
+        polls.append(1)
+        return "stopped by the health monitor: collapse" if len(polls) >= 3 else None
+
+    with pytest.raises(TrainingStopped, match="collapse"):
+        run("slow", poll=poll)
+    assert len(polls) == 3  # stopped at the poll that asked, not after the child's 60 s
