@@ -116,10 +116,10 @@ def job_id_arg(job_id: str, option: str = "") -> str:
 
 
 def job_status(job) -> str:
-    from trainers.metrics import read_metrics
+    from trainers.metrics import read_events
 
     status = "unknown"
-    for record in read_metrics(job.events):  # same JSONL reader: one record per line
+    for record in read_events(job.events):
         event = record.get("event", "")
         if event in ("grpoflow.job.started", "grpoflow.job.completed", "grpoflow.job.failed"):
             status = {"started": "running", "completed": "completed", "failed": "failed"}[event.rsplit(".", 1)[1]]

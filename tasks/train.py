@@ -15,7 +15,7 @@ from tasks.stages import resumable, retry_unless_final
 from trainers.health import HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.launch import run_child
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events, read_metrics
 from trainers.spec import JobSpec
 
 
@@ -34,7 +34,7 @@ class ProgressWatcher:
         self.announced_until = max(
             (
                 (r.get("payload") or {}).get("step", 0)
-                for r in read_metrics(job.events)
+                for r in read_events(job.events)
                 if r.get("event") in ("grpoflow.training.progress", "grpoflow.training.alert")
             ),
             default=0,

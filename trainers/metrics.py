@@ -8,24 +8,75 @@ Reading needs nothing heavy; the callback (`metrics_file_callback`) imports tran
 """
 
 import json
+import logging
 import math
 from pathlib import Path
+
+logger = logging.getLogger("grpoflow")
 
 # Trainer's end-of-training summary record; it is not a step.
 _SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """Reads `metrics.jsonl` and returns its records; a torn last line (a crash mid-write) is ignored."""
-    if not Path(path).exists():
+def read_jsonl(path: Path, valid=None) -> list[dict]:
+    """The records of a JSON Lines file, skipping each line that is not one (`valid(record)` says what is).
+
+    Each skipped line is logged once, naming the file and the line; an unparsable last line without its newline is
+    reported as torn (a write cut short, e.g. by a crash), since the writer appends whole lines.
+
+    Args:
+        path (`Path`): the file; a missing file has no records.
+        valid (`Callable[[object], bool]`, *optional*): whether a parsed line is a record; default: any JSON object.
+    """
+    path = Path(path)
+    if not path.exists():
         return []
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
     records = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
             continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            torn = lineno == len(lines) and not text.endswith("\n")
+            _skipped(path, lineno, "the last line is torn (a write cut short)" if torn else "not JSON")
+            continue
+        if not (valid or _is_object)(record):
+            _skipped(path, lineno, f"not a record: {line[:60]}")
+            continue
+        records.append(record)
     return records
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The step records of `metrics.jsonl` (`{"step": n, "values": {...}}`), in file order; see `read_jsonl`."""
+    return read_jsonl(path, _is_step)
+
+
+def read_events(path: Path) -> list[dict]:
+    """The records of `events.jsonl` (`{"event": name, "payload": {...}, ...}`), in file order; see `read_jsonl`."""
+    return read_jsonl(path, lambda r: _is_object(r) and isinstance(r.get("event"), str))
+
+
+def _is_object(record) -> bool:
+    return isinstance(record, dict)
+
+
+def _is_step(record) -> bool:
+    step = record.get("step") if isinstance(record, dict) else None
+    return isinstance(step, int) and not isinstance(step, bool) and isinstance(record.get("values"), dict)
+
+
+_warned: set[tuple[str, int, str]] = set()
+
+
+def _skipped(path: Path, lineno: int, why: str) -> None:
+    # Once per line: the training task re-reads metrics.jsonl every half second.
+    if (str(path), lineno, why) not in _warned:
+        _warned.add((str(path), lineno, why))
+        logger.warning("%s, line %d: skipped, %s", path, lineno, why)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:

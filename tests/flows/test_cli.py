@@ -131,6 +131,26 @@ def test_jobs_metrics_model(finished_job):
     assert info["artifact_type"] == "adapter" and info["merged_files"] == ["config.json"]
 
 
+def test_jobs_lists_every_job_past_malformed_lines(finished_job, caplog):
+    import logging
+    import shutil
+
+    root = finished_job.parent
+    broken = root / "demo-20261130-000001-bbbbbb"
+    shutil.copytree(finished_job, broken)
+    with (broken / "metrics.jsonl").open("a") as f:
+        f.write("[1,2,3]\nnull\n" + json.dumps({"step": 4, "values": {}}) + '\n{"step": 5, "val')  # torn at the end
+    with (broken / "events.jsonl").open("a") as f:
+        f.write('{"step": 5}\n')
+    with caplog.at_level(logging.WARNING, logger="grpoflow"):
+        code, out, _ = cli("--output-uri", root, "jobs", "--json")
+    assert code == 0
+    assert [(j["job_id"], j["steps"]) for j in json.loads(out)["jobs"]] == [(finished_job.name, 3), (broken.name, 4)]
+    assert f"{broken / 'metrics.jsonl'}, line 4: skipped, not a record" in caplog.text
+    assert f"{broken / 'metrics.jsonl'}, line 7: skipped, the last line is torn" in caplog.text
+    assert f"{broken / 'events.jsonl'}, line 3: skipped, not a record" in caplog.text
+
+
 def test_unknown_job_exits_1(finished_job):
     root = str(finished_job.parent)
     for command in ("metrics", "model"):

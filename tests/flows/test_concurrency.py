@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def test_two_runs_at_once(make_spec, tmp_path):
     for result in results:
         job = JobDir(Path(result["output_dir"]))
         assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2, 3]
-        events = read_metrics(job.events)
+        events = read_events(job.events)
         assert {e["resource"]["grpoflow.job_id"] for e in events} == {job.job_id}  # no event of the other job
         assert events[-1]["event"] == "grpoflow.job.completed"
     leftovers = [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith(".")]

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from flows.cli import main
 from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events, read_metrics
 from trainers.tiny import build_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
@@ -31,7 +31,7 @@ def run(spec_path, *extra) -> tuple[int, dict | None]:
 
 
 def events(job: JobDir) -> list[str]:
-    return [r["event"] for r in read_metrics(job.events)]
+    return [r["event"] for r in read_events(job.events)]
 
 
 def assert_generates(path):
@@ -141,7 +141,7 @@ def test_sft_warmup(make_spec):
     assert json.loads(job.training_result.read_text())["start_model"] == str(job.sft)
 
     # The report's times are the events' figures, and they add up to no more than the wall time waited.
-    payloads = {r["event"]: r["payload"] for r in read_metrics(job.events)}
+    payloads = {r["event"]: r["payload"] for r in read_events(job.events)}
     trained, warmed = payloads["grpoflow.training.completed"], payloads["grpoflow.sft.completed"]
     report = job.report.read_text()
     times = dict(

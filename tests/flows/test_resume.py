@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import cli
 from trainers.job_index import locate
 from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -26,7 +26,7 @@ def test_resume_skips_completed_stages(make_spec):
     code, out, _ = cli("run", spec, "--json", "--resume", job.job_id)
     assert code == 0 and json.loads(out)["job_id"] == job.job_id
 
-    names = [r["event"] for r in read_metrics(job.events)]
+    names = [r["event"] for r in read_events(job.events)]
     assert names.count("grpoflow.job.started") == 2 and names.count("grpoflow.job.completed") == 2
     assert names.count("grpoflow.training.completed") == 1  # GRPO did not run again
     assert names.count("grpoflow.sft.completed") == 1
@@ -62,7 +62,7 @@ def test_resume_after_sft_replaced_retrains_on_it(make_spec):
     code, out, _ = cli("run", spec, "--json", "--resume", job.job_id)
     assert code == 0
 
-    names = [r["event"] for r in read_metrics(job.events)]
+    names = [r["event"] for r in read_events(job.events)]
     assert names.count("grpoflow.sft.completed") == 1  # the SFT's own record still holds: it is not redone
     assert names.count("grpoflow.training.completed") == 2  # GRPO trained again, on the new sft/
     for path, stamp in stamps.items():

@@ -19,7 +19,7 @@ from standardwebhooks import Webhook
 from tasks import webhooks
 from tests.conftest import cli
 from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 SECRET = "whsec_" + "c2VjcmV0LWZvci10aGUtcGlwZWxpbmUtdGVzdA=="
@@ -114,7 +114,7 @@ def test_signed_delivery_and_no_stage_waits_for_a_bad_endpoint(make_spec, monkey
     assert webhooks.flush(60)  # what the closed endpoints still had queued: nothing runs into the next test
 
     # Every event of the job reached the healthy endpoint, in order, each with a valid signature.
-    records = read_metrics(job.events)
+    records = read_events(job.events)
     received = [json.loads(body)["type"] for _, body in good.requests]
     assert received == [r["event"].removeprefix("grpoflow.") for r in records] and received[-1] == "job.completed"
     assert all(Webhook(SECRET).verify(body, headers) for headers, body in good.requests)

@@ -8,7 +8,7 @@ import pytest
 
 from flows.cli import EXAMPLES, main
 from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -32,7 +32,7 @@ def test_collapse_alert_stops_the_run(tmp_path):
     assert code == 1, err.getvalue()[-2000:]  # stopped by the monitor: a failed run, not a rejected one
 
     job = JobDir(next((tmp_path / "runs").iterdir()))
-    events = read_metrics(job.events)
+    events = read_events(job.events)
     alerts = [e["payload"] for e in events if e["event"] == "grpoflow.training.alert"]
     assert "policy_collapse" in {a["kind"] for a in alerts}
     collapse = next(a for a in alerts if a["kind"] == "policy_collapse")

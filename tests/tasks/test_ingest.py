@@ -10,7 +10,7 @@ from tasks.stages import REJECTED
 from tests.conftest import write_jsonl
 from trainers.dataset import load_ingested
 from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events
 from trainers.spec import load_spec, to_yaml
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -44,7 +44,7 @@ def test_a_good_dataset_is_saved_and_announced(tmp_path, make_spec):
     saved = load_ingested(job.dataset)
     assert (saved["train"].num_rows, saved["eval"].num_rows) == (20, 4)
     assert {"prompt", "answer"} <= set(saved["train"].column_names)
-    [event] = read_metrics(job.events)
+    [event] = read_events(job.events)
     assert event["event"] == "grpoflow.dataset.ingested" and event["payload"] == info
 
 
@@ -91,4 +91,4 @@ def test_a_completed_ingest_is_skipped(tmp_path, make_spec):
     saved = {p: p.stat().st_mtime_ns for p in job.dataset.rglob("*")}
     assert ingest(job, spec).result() == first
     assert {p: p.stat().st_mtime_ns for p in job.dataset.rglob("*")} == saved  # not written again
-    assert len(read_metrics(job.events)) == 1  # nor announced again
+    assert len(read_events(job.events)) == 1  # nor announced again

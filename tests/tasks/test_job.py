@@ -14,7 +14,7 @@ from prefect.exceptions import TerminationSignal
 
 from tasks.job import JobEnding, create_job_task, job_dir, new_job_id
 from tasks.stages import REJECTED
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events
 from trainers.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -65,14 +65,14 @@ def test_create_job_writes_the_resolved_spec_and_announces_it(spec):
     assert job.root.is_dir() and job.job_id == "job-20261130-064628-4013d1"
     resolved = yaml.safe_load(job.spec.read_text())
     assert resolved["hyperparameters"]["max_steps"] == 3 and resolved["hyperparameters"]["kl_coef"] == 0.0  # defaults
-    [started] = read_metrics(job.events)
+    [started] = read_events(job.events)
     assert started["event"] == "grpoflow.job.started"
     assert started["payload"] == {"name": "job", "base_model": "builtin:tiny", "output_dir": str(job.root)}
 
 
 def ended(job) -> dict:
     [last] = [
-        r for r in read_metrics(job.events) if r["event"].startswith("grpoflow.job.") and "started" not in r["event"]
+        r for r in read_events(job.events) if r["event"].startswith("grpoflow.job.") and "started" not in r["event"]
     ]
     return last
 
@@ -132,6 +132,6 @@ def test_completed_announces_the_result_once(spec):
     result = {"job_id": job.job_id, "status": "completed"}
     with JobEnding(job, spec, resumed=False) as end:
         assert end.completed(result) == result
-    events = [r["event"] for r in read_metrics(job.events)]
+    events = [r["event"] for r in read_events(job.events)]
     assert events == ["grpoflow.job.started", "grpoflow.job.completed"]  # and no job.failed after it
-    assert read_metrics(job.events)[-1]["payload"] == result
+    assert read_events(job.events)[-1]["payload"] == result

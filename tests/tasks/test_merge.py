@@ -10,7 +10,7 @@ from prefect import flow
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.merge import merge_task
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events
 from trainers.modeling import LORA_TARGETS
 from trainers.tiny import build_tiny
 
@@ -38,12 +38,12 @@ def test_a_lora_job_is_merged_and_announced(make_job):
     base = AutoModelForCausalLM.from_pretrained(build_tiny())
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(merged.state_dict()[q], base.state_dict()[q])
-    [event] = read_metrics(job.events)
+    [event] = read_events(job.events)
     assert event["event"] == "grpoflow.adapter.merged"
     assert event["payload"] == {"artifact_type": "adapter", "merged_files": info["merged_files"]}
 
     assert merge(job, spec) == info  # a resumed job does not merge again
-    assert len(read_metrics(job.events)) == 1
+    assert len(read_events(job.events)) == 1
 
 
 def test_a_full_finetune_is_described_not_announced(make_job):

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from tasks.sft import sft_task
 from trainers.launch import TrainingSetupError
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -19,7 +19,7 @@ def test_the_warm_up_writes_sft_and_announces_it(make_job):
     job, spec = make_job("sft", sft=WARM_UP)
     summary = flow(lambda: sft_task(job, spec))()
     assert AutoModelForCausalLM.from_pretrained(job.sft).config.model_type == "qwen2"
-    [event] = read_metrics(job.events)
+    [event] = read_events(job.events)
     assert event["event"] == "grpoflow.sft.completed" and event["payload"] == summary
     assert summary["steps"] == 2 and summary["model_dir"] == "sft" and isinstance(summary["final_loss"], float)
 

@@ -17,7 +17,7 @@ from tasks.train import train_task
 from trainers.grpo import intact_checkpoint
 from trainers.jobdir import JobDir
 from trainers.launch import TrainingSetupError
-from trainers.metrics import read_metrics
+from trainers.metrics import read_events, read_metrics
 
 
 def training_child(job_root: Path) -> psutil.Process | None:
@@ -34,7 +34,7 @@ def last_step(job: JobDir) -> int:
 
 
 def events(job: JobDir) -> list[dict]:
-    return read_metrics(job.events)  # the same JSON Lines form
+    return read_events(job.events)  # the same JSON Lines form
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -123,7 +123,7 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, kill_at):
     assert steps == list(range(1, 31))  # every step exactly once, none lost, none repeated
     # The retried task announces only the steps the first attempt had not: one progress event per step (30 steps:
     # every step has one), in order, none twice.
-    progress = [r["payload"]["step"] for r in read_metrics(job.events) if r["event"] == "grpoflow.training.progress"]
+    progress = [r["payload"]["step"] for r in read_events(job.events) if r["event"] == "grpoflow.training.progress"]
     assert progress == list(range(1, 31))
     resumed = json.loads(job.training_result.read_text())["resumed_from"]
     if kill_at >= 10:  # checkpoint-5 at least was complete when the child died: the retry started from it
@@ -161,5 +161,5 @@ def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec):
     child.wait(timeout=30)  # the training child is gone with its task, not orphaned
     assert not child.is_running()
     assert intact_checkpoint(job.checkpoints / "checkpoint-5")
-    failed = [r for r in read_metrics(job.events) if r["event"] == "grpoflow.job.failed"]
+    failed = [r for r in read_events(job.events) if r["event"] == "grpoflow.job.failed"]
     assert failed and failed[-1]["payload"]["reason"] == "cancelled"

@@ -1,6 +1,7 @@
 """metrics.jsonl: the callback that writes one line per step, the reader, and the truncation a resume does."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -68,3 +69,44 @@ def test_truncate_metrics(tmp_path, last_step, kept):
     truncate_metrics(path, last_step)
     assert [r["step"] for r in read_metrics(path)] == kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temp file left
+
+
+# --- robust reading: a malformed line costs that line, with a warning naming it -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("[1, 2, 3]", "not a record"),  # JSON, but not a step record
+        ("null", "not a record"),
+        ('{"step": 5}', "not a record"),  # no values
+        ('{"step": true, "values": {}}', "not a record"),  # a bool is no step number
+        ("{not json", "not JSON"),
+    ],
+)
+def test_malformed_lines_are_skipped_with_a_warning(tmp_path, caplog, line, why):
+    path = tmp_path / "metrics.jsonl"
+    good = [json.dumps({"step": s, "values": {"reward": 0.5}}) for s in (1, 2)]
+    path.write_text("\n".join([good[0], line, good[1]]) + "\n")
+    with caplog.at_level(logging.WARNING, logger="grpoflow"):
+        assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert f"{path}, line 2: skipped, {why}" in caplog.text
+
+
+def test_a_torn_last_line_is_reported_as_torn(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "values": {}}) + '\n{"step": 2, "val')
+    with caplog.at_level(logging.WARNING, logger="grpoflow"):
+        assert [r["step"] for r in read_metrics(path)] == [1]
+        read_metrics(path)  # a second read (the watcher polls) does not warn again
+    assert caplog.text.count("line 2: skipped, the last line is torn") == 1
+
+
+def test_events_reader_keeps_event_records_only(tmp_path):
+    from trainers.metrics import read_events
+
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        '{"event": "grpoflow.job.started"}\n[1]\n{"step": 1, "values": {}}\n{"event": "grpoflow.job.completed"}\n'
+    )
+    assert [r["event"] for r in read_events(path)] == ["grpoflow.job.started", "grpoflow.job.completed"]
