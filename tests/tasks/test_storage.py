@@ -176,7 +176,7 @@ def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
     with pytest.raises(UsageError, match=r"unknown job 'no-such-job' under s3://"):
         check_resume(spec, "no-such-job")
     changed, _ = load_spec(spec_dict(root), ["hyperparameters.max_steps=7"])
-    with pytest.raises(UsageError, match="differs from job s3-job-1's spec.yaml in: checkpoint_every, hyperparameters"):
+    with pytest.raises(UsageError, match="spec.yaml in: checkpoint_every, hyperparameters"):
         check_resume(changed, "s3-job-1")
     with pytest.raises(UsageError, match="--resume: not a job id: '../x'"):
         check_resume(spec, "../x")
