@@ -677,3 +677,25 @@ def test_readme_hyperparameter_table_is_generated_from_the_model(capsys):
     rows = table.splitlines()[2:]
     assert [row.split(" | ")[0].lstrip("| ") for row in rows] == list(fields)
     assert all(field.description in row for field, row in zip(fields.values(), rows, strict=True))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "hyperparameters.max_steps=true",  # lax pydantic would read 1: a one-step run
+        "hyperparameters.learning_rate=false",  # 0.0, rejected as <= 0 only by luck
+        "hyperparameters.lora_rank=true",  # LoRA rank 1
+        "evaluation.holdout=true",  # one prompt held out
+        "rewards.0.weight=true",
+    ],
+)
+def test_booleans_are_not_numbers(override):
+    with pytest.raises(SpecError) as caught:
+        load_spec(BASE, [override])
+    field = override.split("=")[0].replace("rewards.0", "rewards[0]")
+    assert caught.value.problems == [f"{field}: must be a number, not true or false (got {override.endswith('true')})"]
+
+
+def test_booleans_stay_booleans():
+    spec, _ = load_spec(BASE, ["sft.enabled=true", "hyperparameters.use_liger=false"])
+    assert spec.sft.enabled is True and spec.hyperparameters.use_liger is False

@@ -6,7 +6,7 @@ README's hyperparameter table is generated from it (`python -m trainers.spec`). 
 """
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -37,6 +37,27 @@ MAX_SEED = 2**32 - 1  # numpy's range, which transformers.set_seed enforces only
 class _Section(BaseModel):
     # inf and NaN are YAML floats (.inf, .nan) that no field means; rejecting them here covers every float field.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1: `--set hyperparameters.max_steps=true` would train one step.
+        if isinstance(value, bool) and not _accepts_bool(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_not_number", "must be a number, not true or false")
+        return value
+
+
+def _accepts_bool(annotation: Any) -> bool:
+    """Whether a field of type `annotation` means true/false (a bool in it), or takes no numbers at all."""
+    kinds = set(_leaf_types(annotation))
+    return bool in kinds or not kinds & {int, float}
+
+
+def _leaf_types(annotation: Any) -> list:
+    args = get_args(annotation)
+    if not args:
+        return [annotation]
+    return [leaf for arg in args for leaf in _leaf_types(arg)]
 
 
 def _matching(pattern: str, hint: str) -> Any:
