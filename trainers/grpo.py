@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainers.architecture import adapter_summary
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.metrics import metrics_file_callback, truncate_metrics
 from trainers.modeling import (
@@ -135,7 +136,7 @@ def main(job_root: str) -> int:
         peft, quantization = None, None
     else:
         model, tokenizer = model_path, load_tokenizer(model_path)
-        peft, quantization = lora_config(hp), quantization_config(hp)
+        peft, quantization = lora_config(hp, model_path), quantization_config(hp)
     tokenizer.padding_side = "left"
     trainer = grpo_trainer_class(hp.skip_zero_variance_groups)(
         model=model,
@@ -149,10 +150,12 @@ def main(job_root: str) -> int:
     )
 
     model = trainer.model
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    adapters = adapter_summary(model)
+    trainable, total = adapters["trainable_parameters"], adapters["total_parameters"]
     quantized = getattr(model, "is_loaded_in_4bit", False)
     print(f"grpoflow: start model {model_path}; loaded in 4-bit: {quantized}; trainable {trainable:,}/{total:,}")
+    if adapters["lora_target_modules"]:
+        print(f"grpoflow: LoRA adapters on {', '.join(adapters['lora_target_modules'])}")
 
     # --- train (resuming from the newest checkpoint when a previous attempt left one)
     checkpoint = resume_checkpoint(job, tidy=trainer.is_world_process_zero())
@@ -169,6 +172,7 @@ def main(job_root: str) -> int:
         "global_step": trainer.state.global_step,
         "train_seconds": train_seconds,
         "train_runtime": result.metrics.get("train_runtime"),
+        **adapters,
     }
 
     # --- held-out evaluation, here when the trained model in memory is exactly what merged/ holds

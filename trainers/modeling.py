@@ -7,7 +7,8 @@ from trainers.jobdir import JobDir
 from trainers.spec import JobSpec
 from trainers.tiny import resolve_model_path
 
-# Attention and MLP projections of Llama/Qwen-style models (DESIGN.md: q/k/v/o and gate/up/down).
+# The attention and MLP projections of Llama/Qwen-style models (builtin:tiny's), which is what
+# `trainers.architecture.default_lora_targets` finds for them; a job's targets come from its own architecture.
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -36,8 +37,24 @@ def torch_dtype():
     return torch.bfloat16 if use_bf16() else torch.float32
 
 
-def lora_config(hp):
-    """A PEFT `LoraConfig` for the spec's hyperparameters, or None for a full fine-tune."""
+def lora_targets(hp, model_path: str) -> list[str] | str:
+    """The modules LoRA adapts in `model_path` (`lora_target_modules`, default: every attention and MLP projection).
+
+    Raises:
+        `SetupError`: a requested name is not in the model; the message names the modules it has.
+    """
+    from trainers.architecture import lora_target_problem, resolve_lora_targets
+
+    targets = resolve_lora_targets(model_path, hp.lora_target_modules)
+    # In the training child the config may be fetched (a hub id on a worker): the model itself is loaded next.
+    if problem := lora_target_problem(model_path, hp.lora_target_modules, local_only=False):
+        raise SetupError(problem)
+    return targets
+
+
+def lora_config(hp, model_path: str):
+    """A PEFT `LoraConfig` for the spec's hyperparameters on the model at `model_path`, or None for a full
+    fine-tune. Raises `SetupError` when `lora_target_modules` names a module the model lacks."""
     if hp.lora_rank is None:
         return None
     from peft import LoraConfig
@@ -45,7 +62,7 @@ def lora_config(hp):
     return LoraConfig(
         r=hp.lora_rank,
         lora_alpha=hp.lora_alpha or hp.lora_rank,
-        target_modules=LORA_TARGETS,
+        target_modules=lora_targets(hp, model_path),
         lora_dropout=0.0,
         task_type="CAUSAL_LM",
     )
@@ -99,7 +116,7 @@ def load_unsloth(model_path: str, hp):
             model,
             r=hp.lora_rank,
             lora_alpha=hp.lora_alpha or hp.lora_rank,
-            target_modules=LORA_TARGETS,
+            target_modules=lora_targets(hp, model_path),
             lora_dropout=0.0,
             random_state=hp.seed,
         )

@@ -138,6 +138,17 @@ def _artifact(job: JobDir, spec: JobSpec) -> str:
     return "`full` (a full fine-tune, weights in `merged/`)"
 
 
+def _trained_parameters(job: JobDir) -> list[str]:
+    # training.json's count, from the model the trainer held (PeftModel for LoRA jobs).
+    trained = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
+    if not isinstance(trained.get("trainable_parameters"), int) or not trained.get("total_parameters"):
+        return []
+    count = f"{trained['trainable_parameters']:,} of {trained['total_parameters']:,}"
+    modules = trained.get("lora_target_modules")
+    where = f", LoRA adapters on {', '.join(f'`{m}`' for m in modules)}" if modules else ""
+    return [f"- **Trained parameters:** {count}{where}"]
+
+
 def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> str:
     hp = spec.hyperparameters
     start = "the base model"
@@ -154,6 +165,7 @@ def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> st
         f"- **Rewards:** {rewards}",
         f"- **Steps run:** {steps}",
         f"- **Artifact:** {_artifact(job, spec)}",
+        *_trained_parameters(job),
     ]
     for key, value in extra.items():
         if key == "wall_time_s" and isinstance(value, int | float):

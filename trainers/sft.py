@@ -88,7 +88,7 @@ def main(job_root: str) -> int:
         args=sft_config(spec, work),
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(spec.hyperparameters),
+        peft_config=lora_config(spec.hyperparameters, model_path),
         callbacks=[metrics_file_callback(job.root / "sft_metrics.jsonl")],
     )
 

@@ -42,26 +42,44 @@ def spec_with(**hyperparameters):
 
 def test_full_finetune_has_no_lora_or_quantization():
     hp = spec_with().hyperparameters
-    assert lora_config(hp) is None and quantization_config(hp) is None
+    assert lora_config(hp, str(build_tiny())) is None and quantization_config(hp) is None
 
 
 @pytest.mark.parametrize(
-    "hyperparameters, r, alpha",
+    "hyperparameters, r, alpha, targets",
     [
-        ({"lora_rank": 8}, 8, 8),  # lora_alpha defaults to lora_rank
-        ({"lora_rank": 8, "lora_alpha": 32}, 8, 32),  # or as given
+        ({"lora_rank": 8}, 8, 8, LORA_TARGETS),  # lora_alpha defaults to lora_rank; the architecture's projections
+        ({"lora_rank": 8, "lora_alpha": 32}, 8, 32, LORA_TARGETS),  # or as given
+        ({"lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]}, 8, 8, ["q_proj", "v_proj"]),  # as listed
+        ({"lora_rank": 8, "lora_target_modules": ["self_attn.o_proj"]}, 8, 8, ["self_attn.o_proj"]),  # a dotted tail
+        ({"lora_rank": 8, "lora_target_modules": "all-linear"}, 8, 8, "all-linear"),  # PEFT expands it
     ],
 )
-def test_lora_config(hyperparameters, r, alpha):
-    config = lora_config(spec_with(**hyperparameters).hyperparameters)
+def test_lora_config(hyperparameters, r, alpha, targets):
+    config = lora_config(spec_with(**hyperparameters).hyperparameters, str(build_tiny()))
     assert (config.r, config.lora_alpha, config.lora_dropout, config.task_type) == (r, alpha, 0.0, "CAUSAL_LM")
-    assert set(config.target_modules) == set(LORA_TARGETS)
+    assert config.target_modules == (set(targets) if isinstance(targets, list) else targets)
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        # A name from another architecture (GPT-2's), with the names this one has.
+        (["c_attn"], "'c_attn' not in this model (qwen2); its linear modules are " + ", ".join(sorted(LORA_TARGETS))),
+        (["q_proj", "qkv_proj", "fc1"], "'qkv_proj', 'fc1' not in this model (qwen2)"),  # every missing name, once
+        (["input_layernorm"], "'input_layernorm' not in this model"),  # a module, but not a linear one
+    ],
+)
+def test_a_missing_lora_target_is_a_setup_error(names, message):
+    with pytest.raises(SetupError) as caught:
+        lora_config(spec_with(lora_rank=4, lora_target_modules=names).hyperparameters, str(build_tiny()))
+    assert str(caught.value).startswith("hyperparameters.lora_target_modules: ") and message in str(caught.value)
 
 
 def test_lora_adapts_every_attention_and_mlp_projection():
     model = AutoModelForCausalLM.from_pretrained(build_tiny())
     layers = model.config.num_hidden_layers
-    peft_model = get_peft_model(model, lora_config(spec_with(lora_rank=4).hyperparameters))
+    peft_model = get_peft_model(model, lora_config(spec_with(lora_rank=4).hyperparameters, str(build_tiny())))
     adapted = {name.split(".lora_A")[0] for name, _ in peft_model.named_parameters() if ".lora_A" in name}
     assert len(adapted) == layers * len(LORA_TARGETS)  # q/k/v/o and gate/up/down in every layer
     assert {name.rsplit(".", 1)[-1] for name in adapted} == set(LORA_TARGETS)

@@ -93,6 +93,8 @@ CASES = [
     pytest.param({}, {f"{HP}.system_prompt": None}, id="default-system_prompt"),
     pytest.param({}, {f"{HP}.lora_rank": None}, id="default-lora_rank"),
     pytest.param({}, {f"{HP}.lora_alpha": None}, id="default-lora_alpha"),
+    # null: every attention and MLP projection of the architecture (trainers/architecture.py), found at run time.
+    pytest.param({}, {f"{HP}.lora_target_modules": None}, id="default-lora_target_modules"),
     pytest.param({}, {f"{HP}.load_in_4bit": False}, id="default-load_in_4bit"),
     pytest.param({}, {f"{HP}.use_unsloth": False}, id="default-use_unsloth"),
     pytest.param({}, {f"{HP}.use_liger": False}, id="default-use_liger"),
@@ -174,6 +176,37 @@ CASES = [
     pytest.param({f"{HP}.lora_rank": 8, f"{HP}.lora_alpha": 32}, {f"{HP}.lora_alpha": 32}, id="lora_alpha-explicit"),
     pytest.param({f"{HP}.lora_rank": 0}, f"{HP}.lora_rank: must be >= 1 (got 0)", id="lora_rank-zero"),
     pytest.param({f"{HP}.lora_alpha": 16}, f"{HP}.lora_alpha: requires lora_rank", id="lora_alpha-without-rank"),
+    # --- lora_target_modules: null, a non-empty list of names, or "all-linear"; needs lora_rank ---
+    pytest.param(
+        {f"{HP}.lora_rank": 8, f"{HP}.lora_target_modules": ["c_attn", "c_proj"]},
+        {f"{HP}.lora_target_modules": ["c_attn", "c_proj"]},
+        id="lora_target_modules-list",
+    ),
+    pytest.param(
+        {f"{HP}.lora_rank": 8, f"{HP}.lora_target_modules": "all-linear"},
+        {f"{HP}.lora_target_modules": "all-linear"},
+        id="lora_target_modules-all-linear",
+    ),
+    pytest.param(
+        {f"{HP}.lora_target_modules": ["q_proj"]},
+        f"{HP}.lora_target_modules: requires lora_rank",
+        id="lora_target_modules-without-rank",
+    ),
+    pytest.param(
+        {f"{HP}.lora_rank": 8, f"{HP}.lora_target_modules": []},
+        f"{HP}.lora_target_modules: must name at least one module",
+        id="lora_target_modules-empty",
+    ),
+    pytest.param(
+        {f"{HP}.lora_rank": 8, f"{HP}.lora_target_modules": "q_proj"},  # one name is still a list: [q_proj]
+        f'{HP}.lora_target_modules: must be a list of module names, "all-linear", or null',
+        id="lora_target_modules-bare-name",
+    ),
+    pytest.param(
+        {f"{HP}.lora_rank": 8, f"{HP}.lora_target_modules": ["q_proj", ""]},
+        f"{HP}.lora_target_modules: each module name must be a non-empty string",
+        id="lora_target_modules-empty-name",
+    ),
     pytest.param(
         {f"{HP}.lora_rank": 8, f"{HP}.lora_alpha": 0}, f"{HP}.lora_alpha: must be >= 1 (got 0)", id="alpha-0"
     ),

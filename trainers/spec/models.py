@@ -136,9 +136,18 @@ class Hyperparameters(_Section):
     lora_rank: Int | None = Field(
         None,
         ge=1,
-        description="LoRA rank, for LoRA on the q/k/v/o and gate/up/down projections; null means a full fine-tune.",
+        description="LoRA rank, for LoRA on every attention and MLP projection of the model's architecture (or "
+        "lora_target_modules); null means a full fine-tune.",
     )
     lora_alpha: Int | None = Field(None, ge=1, description="LoRA alpha; null means lora_rank. Requires lora_rank.")
+    lora_target_modules: list[str] | Literal["all-linear"] | None = Field(
+        None,
+        description="The modules that get LoRA adapters: null means every attention and MLP projection, whatever the "
+        "architecture names them (q_proj... for Llama, c_attn/c_fc/c_proj for GPT-2: every linear layer but the "
+        "output head); or a list of module names (a name matches each module whose name ends with it); or "
+        "\"all-linear\" (the same set, as PEFT expands it). A name the model lacks is rejected, naming those it has. "
+        "Requires lora_rank.",
+    )
     load_in_4bit: bool = Field(
         False, description="QLoRA: an NF4 base (bitsandbytes) plus LoRA adapters; requires lora_rank, single GPU only."
     )
@@ -157,6 +166,20 @@ class Hyperparameters(_Section):
             "unchanged on a skipped step, where plain TRL still moves them by momentum; the LR schedule advances."
         ),
     )
+
+    @field_validator("lora_target_modules", mode="before")
+    @classmethod
+    def _module_names(cls, value: Any) -> Any:
+        # One message per shape, instead of one per member of the union.
+        if value is None or value == "all-linear":
+            return value
+        if not isinstance(value, list):
+            raise ValueError("must be a list of module names, \"all-linear\", or null for every projection")
+        if not value:
+            raise ValueError("must name at least one module (or be null for every attention and MLP projection)")
+        if not all(isinstance(name, str) and name.strip() for name in value):
+            raise ValueError("each module name must be a non-empty string")
+        return value
 
     @field_validator("global_batch_size", mode="before")
     @classmethod

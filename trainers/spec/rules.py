@@ -108,6 +108,8 @@ def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
             problems.append(f"hyperparameters.load_in_4bit: QLoRA runs on a single GPU only (got gpu_count={gpus})")
     if hp.get("lora_alpha") is not None and not has_rank:
         problems.append("hyperparameters.lora_alpha: requires lora_rank (alpha scales LoRA adapters)")
+    if hp.get("lora_target_modules") is not None and not has_rank:
+        problems.append("hyperparameters.lora_target_modules: requires lora_rank (it picks where LoRA adapters go)")
     if unsloth and gpus > 1:
         problems.append(f"hyperparameters.use_unsloth: single GPU only (got gpu_count={gpus})")
     if "max_prompt_length" in hp and not unsloth:

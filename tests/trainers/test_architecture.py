@@ -1,0 +1,273 @@
+"""LoRA on any causal LM (`trainers.architecture`): a matrix of architectures, each a tiny random model built offline
+from its transformers config (tests/architectures.py), with its family's kind of tokenizer.
+
+Fast: the default targets are every attention and MLP projection (a hand-written list per architecture), a missing
+name is rejected naming the modules the model has, and a real PEFT wrap puts adapters on exactly those modules.
+Slow: a 2-step LoRA GRPO run of every architecture through the real training child, then the merge: every adapted
+projection's merged weight moved, and merged/ loads and generates; a full fine-tune of a representative subset.
+QLoRA (bitsandbytes' NF4 runs on CPU too) on one architecture per tokenizer kind.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from peft import get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.pytorch_utils import Conv1D
+
+from tests.architectures import ARCHITECTURES, tiny_model
+from tests.conftest import arithmetic_rows, write_jsonl
+from trainers import grpo
+from trainers.architecture import adapter_summary, default_lora_targets, lora_target_problem, resolve_lora_targets
+from trainers.dataset import ingest_dataset
+from trainers.jobdir import JobDir
+from trainers.merge import merge_adapter
+from trainers.metrics import read_metrics
+from trainers.modeling import lora_config
+from trainers.spec import load_spec, to_yaml
+
+REPO = Path(__file__).parents[2]
+LLAMA = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+NEOX = ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]
+
+# (architecture, its default LoRA targets): every attention and MLP projection, by the names its code gives them.
+EXPECTED = [
+    pytest.param("gpt2", ["c_attn", "c_fc", "c_proj"], id="gpt2"),  # Conv1D: fused qkv c_attn, c_proj in both blocks
+    pytest.param("gpt_neox", NEOX, id="gpt_neox"),  # Pythia: fused query_key_value, dense out, 4h MLP
+    pytest.param("falcon", NEOX, id="falcon"),  # the same names as GPT-NeoX
+    pytest.param("phi", ["dense", "fc1", "fc2", "k_proj", "q_proj", "v_proj"], id="phi"),  # dense out, fc1/fc2 MLP
+    pytest.param("phi3", ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"], id="phi3"),  # fused qkv and gate_up
+    pytest.param("opt", ["fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"], id="opt"),  # out_proj, fc1/fc2
+    pytest.param("llama", LLAMA, id="llama"),  # q/k/v/o and gate/up/down
+    pytest.param("mistral", LLAMA, id="mistral"),  # Llama's names
+    pytest.param("gemma", LLAMA, id="gemma"),  # Llama's names (tied head, scaled embeddings)
+    pytest.param("gemma2", LLAMA, id="gemma2"),  # Llama's names (soft-capped logits, sliding window)
+    pytest.param("qwen2", LLAMA, id="qwen2"),  # Llama's names (builtin:tiny's family)
+    pytest.param("qwen3", LLAMA, id="qwen3"),  # Llama's names; q_norm/k_norm are norms, not projections
+    pytest.param("granite", LLAMA, id="granite"),  # Llama's names (scaled residuals and logits)
+    pytest.param("stablelm", LLAMA, id="stablelm"),  # Llama's names (partial rotary, LayerNorm)
+    pytest.param("olmo2", LLAMA, id="olmo2"),  # Llama's names (post-norms, q/k norms)
+    pytest.param("starcoder2", ["c_fc", "c_proj", "k_proj", "o_proj", "q_proj", "v_proj"], id="starcoder2"),  # GPT MLP
+    pytest.param("bloom", NEOX, id="bloom"),  # GPT-NeoX's names (ALiBi, no rotary)
+]
+ALL = [p.values[0] for p in EXPECTED]
+assert sorted(ALL) == sorted(ARCHITECTURES), "every architecture of tests/architectures.py has a row"
+
+
+def linear_leaves(model) -> set[str]:
+    """Every Linear/Conv1D module but the output head, found independently of PEFT's rule."""
+    head = model.get_output_embeddings()
+    return {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear | Conv1D) and m is not head}
+
+
+def spec_for(name: str, **hyperparameters):
+    spec, _ = load_spec(
+        {
+            "name": "arch",
+            "base_model": str(tiny_model(name)),
+            "dataset": {"uri": "d.jsonl"},
+            "rewards": [{"name": "exact_answer"}],
+            "hyperparameters": hyperparameters,
+        }
+    )
+    return spec
+
+
+# --- fast: the targets, the message, one real PEFT wrap per architecture -------------------------------------------
+
+
+@pytest.mark.parametrize("name, expected", EXPECTED)
+def test_default_targets_are_every_attention_and_mlp_projection(name, expected):
+    path = str(tiny_model(name))
+    assert default_lora_targets(path) == expected
+    assert resolve_lora_targets(path, None) == expected  # null in the spec: the default
+    assert resolve_lora_targets(path, "all-linear") == "all-linear"  # PEFT expands it to the same modules
+    assert resolve_lora_targets(path, [expected[0]]) == [expected[0]]  # a list is taken as given
+
+
+@pytest.mark.parametrize("name, expected", EXPECTED)
+def test_a_missing_name_is_rejected_naming_the_modules_there(name, expected):
+    path = str(tiny_model(name))
+    missing = "c_attn" if "q_proj" in expected else "q_proj"
+    model_type = AutoConfig.from_pretrained(path).model_type
+    assert lora_target_problem(path, [expected[-1], missing]) == (
+        f"hyperparameters.lora_target_modules: {missing!r} not in this model ({model_type}); "
+        f"its linear modules are {', '.join(expected)}"
+    )
+    assert lora_target_problem(path, expected) is None  # every name there
+    assert lora_target_problem(path, None) is None and lora_target_problem(path, "all-linear") is None
+
+
+@pytest.mark.parametrize("name, expected", EXPECTED)
+def test_peft_adapts_exactly_those_modules(name, expected):
+    path = tiny_model(name)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    projections = linear_leaves(model)
+    peft_model = get_peft_model(model, lora_config(spec_for(name, lora_rank=4).hyperparameters, str(path)))
+
+    adapted = {n for n, m in peft_model.base_model.model.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert adapted == projections  # every attention and MLP projection of every layer, and nothing else
+    assert len(adapted) % model.config.num_hidden_layers == 0
+    summary = adapter_summary(peft_model)
+    lora = sum(p.numel() for n, p in peft_model.named_parameters() if "lora_" in n)
+    assert summary["lora_target_modules"] == expected
+    assert summary["trainable_parameters"] == lora and 0 < lora < summary["total_parameters"]
+
+
+def test_names_match_like_peft():
+    path = str(tiny_model("llama"))
+    assert lora_target_problem(path, ["self_attn.q_proj", "mlp.down_proj"]) is None  # a dotted tail of the name
+    assert lora_target_problem(path, ["lm_head"]) is None  # the head is linear too, if asked for by name
+    assert "'attn.q_proj' not in this model" in lora_target_problem(path, ["attn.q_proj"])  # tails end at a dot
+    assert "'input_layernorm' not in this model" in lora_target_problem(path, ["input_layernorm"])  # not linear
+
+
+def test_full_finetune_summary_counts_every_parameter():
+    model = AutoModelForCausalLM.from_pretrained(tiny_model("gpt2"))
+    total = sum(p.numel() for p in model.parameters())
+    summary = adapter_summary(model)
+    assert summary == {"lora_target_modules": None, "trainable_parameters": total, "total_parameters": total}
+
+
+def test_a_7b_config_is_read_without_weights(tmp_path):
+    # Built on the meta device: a real build would allocate 27 GB and take minutes (measured: ~0.1-0.3 s here).
+    config = AutoConfig.for_model(
+        "llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32
+    )
+    config.save_pretrained(tmp_path)
+    assert default_lora_targets(str(tmp_path)) == LLAMA
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_a_config_that_cannot_be_read_offline_is_left_to_the_run(tmp_path):
+    # The preflight's model checks report a missing model; the LoRA check does not guess.
+    assert lora_target_problem("no-such-org/no-such-model", ["q_proj"]) is None
+    assert lora_target_problem(str(tmp_path / "missing"), ["q_proj"]) is None
+
+
+def test_a_missing_target_fails_the_training_child_as_a_setup_problem(make_job, capsys):
+    job, _ = make_job("wrong", hyperparameters={"lora_rank": 4, "lora_target_modules": ["c_attn"]})
+    assert grpo.cli([str(job.root)]) == 2  # exit code 2: the task does not retry
+    assert (
+        "grpoflow: hyperparameters.lora_target_modules: 'c_attn' not in this model (qwen2); its linear modules are "
+        + ", ".join(LLAMA)
+    ) in capsys.readouterr().err
+    assert not job.metrics.exists() and not job.training_result.exists()
+
+
+# --- slow: real 2-step GRPO runs through the training child, then the merge -----------------------------------------
+
+# Each training child spends ~10 s importing torch, transformers and TRL on a CPU, so the slow part trains LoRA on
+# the issue's twelve architectures (the other families get the fast PEFT wrap above) and the full fine-tune and
+# QLoRA on a subset: Conv1D (GPT-2), fused qkv + gate_up (Phi-3), Llama-style with a SentencePiece tokenizer.
+SLOW_LORA = ["gpt2", "gpt_neox", "falcon", "phi", "phi3", "opt", "llama", "mistral", "gemma", "gemma2", "qwen2"]
+SLOW_LORA += ["qwen3"]
+FULL_SUBSET = ["gpt2", "phi3", "gemma2"]
+QLORA_SUBSET = ["gpt2", "llama"]  # bitsandbytes' NF4 runs on CPU: a Conv1D model and a Linear one
+
+
+def grpo_job(tmp_path: Path, name: str, **hyperparameters) -> JobDir:
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(8))
+    spec, _ = load_spec(
+        {
+            "name": "arch",
+            "base_model": str(tiny_model(name)),
+            "dataset": {"uri": str(data)},
+            # Distinct rewards in every group: non-zero advantages, so each step moves the weights.
+            "rewards": [{"function": "tests.architectures:rank_reward"}],
+            "hyperparameters": {
+                "max_steps": 2,
+                "rollouts_per_prompt": 2,
+                "max_response_length": 4,
+                "learning_rate": 1e-2,
+                **hyperparameters,
+            },
+            "checkpoint_every": 2,
+            "evaluation": {"holdout": 0},
+        }
+    )
+    job = JobDir(tmp_path / name)
+    job.root.mkdir()
+    job.spec.write_text(to_yaml(spec))
+    ingest_dataset(spec.dataset.uri, job.dataset)
+    return job
+
+
+def train_child(job: JobDir) -> tuple[dict, str]:
+    """Runs `python -m trainers.grpo JOB` as the training task does; returns training.json and the child's log."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainers.grpo", str(job.root)], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"{job.root.name}: training child {time.monotonic() - started:.1f} s")
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
+    return json.loads(job.training_result.read_text()), proc.stdout
+
+
+def generates(folder: Path) -> None:
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    prompt = tokenizer("What is 1+2?", return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert out.shape[1] == prompt.input_ids.shape[1] + 3
+
+
+def adapted_weights(adapter: Path) -> set[str]:
+    """The base model's weight names of the modules the saved adapter adapts."""
+    keys = load_file(adapter / "adapter_model.safetensors")
+    modules = {k.removeprefix("base_model.model.").split(".lora_A")[0] for k in keys if ".lora_A" in k}
+    return {f"{module}.weight" for module in modules}
+
+
+def check_lora_run(tmp_path: Path, name: str, expected: list[str], **hyperparameters) -> str:
+    job = grpo_job(tmp_path, name, lora_rank=4, **hyperparameters)
+    result, log = train_child(job)
+    assert result["lora_target_modules"] == expected  # what the report shows
+    assert f"grpoflow: LoRA adapters on {', '.join(expected)}" in log
+    assert 0 < result["trainable_parameters"] < result["total_parameters"]
+
+    merge_adapter(job.adapter, job.merged, dtype=torch.float32)
+    base, merged = load_file(tiny_model(name) / "model.safetensors"), load_file(job.merged / "model.safetensors")
+    weights = adapted_weights(job.adapter)
+    assert {w.rsplit(".", 2)[-2] for w in weights} == set(expected)
+    assert len(weights) == len(linear_leaves(AutoModelForCausalLM.from_pretrained(tiny_model(name))))
+    unchanged = sorted(w for w in weights if torch.equal(base[w], merged[w]))
+    assert unchanged == []  # every adapted projection moved
+    generates(job.merged)
+    return log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, expected", [p for p in EXPECTED if p.values[0] in SLOW_LORA])
+def test_lora_grpo_trains_every_projection_and_merges(tmp_path, name, expected):
+    check_lora_run(tmp_path, name, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FULL_SUBSET)
+def test_full_finetune_trains_and_loads(tmp_path, name):
+    job = grpo_job(tmp_path, name)
+    result, _ = train_child(job)
+    assert result["lora_target_modules"] is None and result["trainable_parameters"] == result["total_parameters"]
+    base, trained = load_file(tiny_model(name) / "model.safetensors"), load_file(job.merged / "model.safetensors")
+    projections = {f"{m}.weight" for m in linear_leaves(AutoModelForCausalLM.from_pretrained(tiny_model(name)))}
+    assert sorted(w for w in projections if torch.equal(base[w], trained[w])) == []
+    generates(job.merged)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", QLORA_SUBSET)
+def test_qlora_grpo_trains_and_merges(tmp_path, name):
+    pytest.importorskip("bitsandbytes")
+    expected = next(p.values[1] for p in EXPECTED if p.values[0] == name)
+    log = check_lora_run(tmp_path, name, expected, load_in_4bit=True)
+    assert "loaded in 4-bit: True" in log  # NF4 on CPU: bitsandbytes' CPU backend
