@@ -157,10 +157,48 @@ def check_resume(spec, job_id: str) -> None:
         )
 
 
+def print_result(args, result: dict) -> dict:
+    """Prints a finished run's result (`--json`: the job id, folder and status) and returns that much of it."""
+    out = {k: result[k] for k in ("job_id", "output_dir", "status")}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"job {out['job_id']} {out['status']}: {out['output_dir']}")
+        evaluation = result.get("evaluation")
+        if evaluation:
+            before, after = (_score(evaluation[side]) for side in ("before", "after"))
+            held_out = f"held-out {evaluation['metric']} on {evaluation['n']} prompts"
+            print(f"{held_out}: before GRPO {before}, after GRPO {after}")
+            if evaluation.get("note"):
+                print(f"note: {evaluation['note']}")
+        print(f"report: {out['output_dir'].rstrip('/')}/report.md")  # a path or an s3:// URI
+    return out
+
+
+def resumed_job_done(spec, job_id: str) -> dict | None:
+    """The result of a completed job that a resume would not change (every stage's record up to date), else None."""
+    from tasks.storage import is_remote
+
+    if is_remote(spec.output_uri):  # its folder is not here to check: the flow run finds every stage done
+        return None
+    from flows.pipeline import completed_before
+    from trainers.jobdir import JobDir
+
+    job = JobDir(Path(spec.output_uri).expanduser().resolve() / job_id)
+    if not completed_before(job, spec):
+        return None
+    evaluation = json.loads(job.evaluation.read_text()) if job.evaluation.exists() else None
+    print(f"job {job_id} is already completed and up to date: nothing to resume", file=sys.stderr)
+    return {"job_id": job_id, "output_dir": str(job.root), "status": "completed", "evaluation": evaluation}
+
+
 def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     spec = load(args, extra_overrides)
     if getattr(args, "resume", None):
         check_resume(spec, args.resume)
+        if done := resumed_job_done(spec, args.resume):
+            print_result(args, done)
+            return EXIT_OK
     from flows import server
 
     # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.
@@ -183,20 +221,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         error = state.result(raise_on_failure=False)
         print(f"grpoflow: run failed: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_FAILED
-    result = state.result()
-    out = {k: result[k] for k in ("job_id", "output_dir", "status")}
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(f"job {out['job_id']} {out['status']}: {out['output_dir']}")
-        evaluation = result.get("evaluation")
-        if evaluation:
-            before, after = (_score(evaluation[side]) for side in ("before", "after"))
-            held_out = f"held-out {evaluation['metric']} on {evaluation['n']} prompts"
-            print(f"{held_out}: before GRPO {before}, after GRPO {after}")
-            if evaluation.get("note"):
-                print(f"note: {evaluation['note']}")
-        print(f"report: {out['output_dir'].rstrip('/')}/report.md")  # a path or an s3:// URI
+    print_result(args, state.result())
     return EXIT_OK
 
 

@@ -18,8 +18,10 @@ from tasks.merge import merge_task
 from tasks.publish import publish_task
 from tasks.register import register_task
 from tasks.sft import sft_task
-from tasks.stages import REJECTED
+from tasks.stages import REJECTED, stage_done
 from tasks.train import train_task
+from trainers.jobdir import JobDir
+from trainers.metrics import read_events
 from trainers.spec import JobSpec
 
 
@@ -67,3 +69,15 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         result = {"job_id": job.job_id, "output_dir": job_location(job, spec), "status": "completed"}
         end.completed({**result, "evaluation": evaluation, "artifact_type": model["artifact_type"]})
     return {**result, "evaluation": evaluation, "dataset": dataset}
+
+
+def completed_before(job: JobDir, spec: JobSpec) -> bool:
+    """Whether `job` completed and a resume would redo none of its stages (`grpoflow run --resume` then says so and
+    starts no flow run, so nothing is announced twice)."""
+    ends = [
+        r["event"] for r in read_events(job.events) if r["event"] in ("grpoflow.job.completed", "grpoflow.job.failed")
+    ]
+    if not ends or ends[-1] != "grpoflow.job.completed":
+        return False
+    stages = ["ingest", *(["sft"] if spec.sft.enabled else []), "train", "merge", "evaluate"]
+    return all(stage_done(stage, job, spec) for stage in stages)

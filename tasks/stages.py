@@ -120,6 +120,9 @@ def resumable(
     if not digest:
         digest = tuple(dict.fromkeys(out.split("/", 1)[0] for out in outputs))
 
+    def done(job: JobDir, spec: JobSpec) -> dict | None:
+        return completed(job, stage, stage_key(spec, stage, {up: output_digest(job, up) for up in reads}), outputs)
+
     def wrap(fn):
         @functools.wraps(fn)
         def run_or_skip(job: JobDir, spec: JobSpec, *args, **kwargs):
@@ -135,7 +138,19 @@ def resumable(
 
         return run_or_skip
 
+    _declared[stage] = done
+
     return wrap
+
+
+# Each `@resumable` stage's check, by stage name (filled as the task modules are imported).
+_declared: dict[str, Callable[[JobDir, JobSpec], dict | None]] = {}
+
+
+def stage_done(stage: str, job: JobDir, spec: JobSpec) -> bool:
+    """Whether the resumable stage `stage` would be skipped for `job` now: its record matches its inputs and its
+    outputs exist (the stage's task module must be imported)."""
+    return _declared[stage](job, spec) is not None
 
 
 # --- how a stage ends ---------------------------------------------------------------------------------------------

@@ -33,6 +33,13 @@ def test_resume_skips_completed_stages(make_spec):
     assert job.training_result.stat().st_mtime_ns == trained_at
     assert job.report.exists()
 
+    # Nothing left to redo: the resume says so, runs nothing and announces nothing again.
+    events_before = job.events.read_text()
+    code, out, err = cli("run", spec, "--json", "--resume", job.job_id)
+    assert code == 0 and json.loads(out) == {"job_id": job.job_id, "output_dir": str(job.root), "status": "completed"}
+    assert "already completed and up to date: nothing to resume" in err
+    assert job.events.read_text() == events_before
+
 
 def test_resume_rejects_a_changed_spec(make_spec):
     spec = make_spec("resume2")
