@@ -3,8 +3,6 @@ prompt formatting, and the checks for the optional accelerators (Unsloth, Liger)
 
 import importlib.util
 
-from trainers.jobdir import JobDir
-from trainers.spec import JobSpec
 from trainers.tiny import resolve_model_path
 
 # The attention and MLP projections of Llama/Qwen-style models (builtin:tiny's), which is what
