@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, pinned: an unpinned torch (asked for by trl/peft) would pull a multi-GB CUDA build.
 	$(PIP) install --quiet -c constraints.txt torch==$(TORCH_VERSION)
 	# Every other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it).
-	$(PIP) install --quiet -c constraints.txt -e ".[dev,qlora]"
+	$(PIP) install --quiet -c constraints.txt -e ".[dev,qlora,math]"
 	touch $(STAMP)
 
 install: $(STAMP)

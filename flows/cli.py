@@ -7,7 +7,8 @@
     grpoflow metrics JOB_ID --keys reward,reward_std --json
     grpoflow model JOB_ID --json
 
-Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument.
+Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument, or a run
+whose training could not start (a setup problem, not retried).
 """
 
 import argparse
@@ -129,10 +130,29 @@ def job_status(job) -> str:
 # --- commands
 
 
+def preflight(args, spec) -> None:
+    """Runs the preflight checks (trainers/preflight.py: the model, its tokenizer, the dataset, the rewards' dry run;
+    offline, no weights loaded) and raises `SpecError` (exit 2) listing every problem. `--no-preflight` skips them,
+    for a spec whose paths and Hub cache are a worker's, not this machine's."""
+    if getattr(args, "no_preflight", False):
+        return
+    from tasks.storage import storage_options
+    from trainers.preflight import preflight as check
+    from trainers.spec import SpecError
+
+    warnings = []
+    problems = check(spec, warnings, storage_options(spec.dataset.uri))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if problems:
+        raise SpecError(problems)
+
+
 def cmd_validate(args) -> int:
     from trainers.spec import resolved_dict, to_yaml
 
     spec = load(args)
+    preflight(args, spec)
     print(json.dumps(resolved_dict(spec), indent=2) if args.json else to_yaml(spec), end="\n" if args.json else "")
     return EXIT_OK
 
@@ -199,6 +219,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         if done := resumed_job_done(spec, args.resume):
             print_result(args, done)
             return EXIT_OK
+    preflight(args, spec)  # before the server starts: a job that cannot run never becomes a flow run
     from flows import server
 
     # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.
@@ -218,7 +239,12 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
         return EXIT_REJECTED
     if not state.is_completed():
+        from trainers.launch import TrainingSetupError
+
         error = state.result(raise_on_failure=False)
+        if isinstance(error, TrainingSetupError):  # the child's SetupError: a fix of the spec or machine, not a retry
+            print(f"grpoflow: cannot train: {str(error).removeprefix('grpoflow: ')}", file=sys.stderr)
+            return EXIT_REJECTED
         print(f"grpoflow: run failed: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_FAILED
     print_result(args, state.result())
@@ -335,10 +361,20 @@ def cmd_deployments_apply(args) -> int:
 def cmd_submit(args) -> int:
     import asyncio
 
-    from flows.deployments import DeploymentError, ServerNotSet, deployment_name, flow_run_url, submit, wait_for
+    from flows.deployments import (
+        DeploymentError,
+        ServerNotSet,
+        api_url,
+        deployment_name,
+        flow_run_url,
+        submit,
+        wait_for,
+    )
 
     spec = load(args)  # a rejected spec stops here: nothing is sent
     try:
+        api_url()  # no server to send to is said first, before the preflight reads the model and the dataset
+        preflight(args, spec)
         flow_run = asyncio.run(submit(spec, args.deployment))
         url = flow_run_url(flow_run)
         if not args.json:
@@ -471,6 +507,11 @@ def _add_server_commands(sub) -> None:
     submit.add_argument("--deployment", default="retrain", help="a deployment of grpo-pipeline (default: retrain)")
     submit.add_argument("--wait", action="store_true", help="wait for the run to end; exit 1 unless it completed")
     submit.add_argument("--json", action="store_true", help="print JSON")
+    submit.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
+    )
     submit.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     submit.set_defaults(func=cmd_submit)
 
@@ -487,7 +528,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON")
         return p
 
-    spec_command("validate", "check a spec and print it with every default filled").set_defaults(func=cmd_validate)
+    validate = spec_command("validate", "check a spec and print it with every default filled")
+    validate.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
+    )
+    validate.set_defaults(func=cmd_validate)
     run = spec_command("run", "run the whole pipeline")
     run.add_argument("--resume", metavar="JOB_ID", help="continue an existing job folder")
     run.set_defaults(func=cmd_run)

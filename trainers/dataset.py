@@ -662,6 +662,50 @@ def ingest_dataset(
     )
 
 
+def check_dataset(
+    uri: str,
+    *,
+    prompt_column: str = "prompt",
+    required_columns: dict[str, str] | None = None,
+    holdout: float = 0.0,
+    seed: int = 42,
+    split: str | None = None,
+    storage_options: dict | None = None,
+    max_row_bytes: int = 1_000_000,
+    sample_rows: int = 4,
+) -> tuple[str, datasets.Dataset]:
+    """Loads and checks a prompt dataset exactly as `ingest_dataset` does, but saves nothing (the preflight check).
+
+    Takes `ingest_dataset`'s arguments (less `dest`) and raises the same `DatasetError`. The loader's files go to a
+    temporary folder that is removed before it returns.
+
+    Args:
+        sample_rows (`int`, *optional*, defaults to `4`): how many of the training rows to return.
+
+    Returns:
+        `tuple[str, datasets.Dataset]`: the prompt format (`"text"` or `"chat"`) and the first `sample_rows` rows of
+        the `train` split the ingest would save (the rows its reward dry run sees), held in memory.
+    """
+    src = _resolve(uri, split)
+    _check_holdout(holdout, uri)
+    if src.builder != "hub":
+        _check_file(src, storage_options)
+    if src.builder in ("json", "csv"):
+        try:
+            _check_lines(src, max_row_bytes, storage_options)
+        except (EOFError, OSError, zlib.error, lzma.LZMAError):
+            pass  # as in ingest_dataset: the loader's diagnosis names the problem
+    with tempfile.TemporaryDirectory(prefix="grpoflow-check-", ignore_cleanup_errors=True) as cache:
+        ds = _load(src, cache, storage_options)
+        _check_loaded(src, ds, storage_options)
+        prompt_format = _check_columns(uri, ds.data.table, prompt_column, required_columns)
+        train = _split(ds, holdout, seed, uri)["train"]
+        # Copied out of the loader's memory-mapped files, which go away with the temporary folder.
+        rows = train.select(range(min(sample_rows, len(train)))).to_list()
+        sample = datasets.Dataset.from_list(rows, train.features)
+    return prompt_format, sample
+
+
 def load_ingested(dest: Path) -> datasets.DatasetDict:
     """Loads what `ingest_dataset` saved.
 

@@ -20,13 +20,15 @@ from trainers.architecture import adapter_summary
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.metrics import metrics_file_callback, truncate_metrics
 from trainers.modeling import (
-    SetupError,
     check_accelerators,
+    check_chat_template,
+    check_model,
     load_tokenizer,
     load_unsloth,
     lora_config,
     prepare_prompts,
     quantization_config,
+    setup_problem,
     start_model,
     torch_dtype,
     use_bf16,
@@ -130,6 +132,7 @@ def main(job_root: str) -> int:
     from trainers.zero_variance import grpo_trainer_class
 
     model_path = start_model(spec, job)
+    check_model(model_path)
     if hp.use_unsloth:
         # Unsloth builds (and LoRA-wraps) the model itself; TRL gets the finished model object.
         model, tokenizer = load_unsloth(model_path, hp)
@@ -137,6 +140,7 @@ def main(job_root: str) -> int:
     else:
         model, tokenizer = model_path, load_tokenizer(model_path)
         peft, quantization = lora_config(hp, model_path), quantization_config(hp)
+    check_chat_template(tokenizer, dataset, hp.system_prompt, model_path)
     tokenizer.padding_side = "left"
     trainer = grpo_trainer_class(hp.skip_zero_variance_groups)(
         model=model,
@@ -197,11 +201,14 @@ def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job_dir", help="the job folder (holds spec.yaml and dataset/)")
     args = parser.parse_args(argv)
+    print(f"grpoflow: trainers.grpo started on {args.job_dir}", flush=True)  # one line per child start
     try:
         return main(args.job_dir)
-    except SetupError as e:
+    except Exception as e:
+        if (problem := setup_problem(e)) is None:
+            raise
         # Exit code 2 tells the calling task that a retry cannot help.
-        print(f"grpoflow: {e}", file=sys.stderr)
+        print(f"grpoflow: {problem}", file=sys.stderr)
         return 2
 
 

@@ -2,6 +2,8 @@
 prompt formatting, and the checks for the optional accelerators (Unsloth, Liger)."""
 
 import importlib.util
+import os
+from pathlib import Path
 
 from trainers.tiny import resolve_model_path
 
@@ -12,6 +14,124 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 class SetupError(RuntimeError):
     """The job cannot run on this machine as specified (missing library, no CUDA); retrying will not help."""
+
+# --- where the model is, found without loading it (the preflight and the training children share these)
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face Hub must not be contacted (`HF_HUB_OFFLINE`, as huggingface_hub reads it)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def is_local_model(model_id: str) -> bool:
+    """True for a local path: one that exists, or that no Hub repo id could be (`/x`, `./x`, `~/x`, `a/b/c`)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if os.path.exists(os.path.expanduser(model_id)) or model_id.startswith(("/", ".", "~")):
+        return True
+    try:
+        validate_repo_id(model_id)
+    except HFValidationError:
+        return True
+    return False
+
+
+def cached_hub_file(repo_id: str, filename: str) -> Path | None:
+    """The file of a Hub repo in the local Hugging Face cache, or None when it is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename)
+    return Path(found) if isinstance(found, str) else None
+
+
+def model_problem(model_id: str, field: str = "base_model") -> str | None:
+    """Why the model `model_id` (a local folder or a Hub id) cannot be loaded here, found without loading it: a
+    missing folder, a folder without config.json, or, offline, a Hub id whose config or weights are not in the local
+    cache. None when it can be loaded (online, a Hub id not in the cache is downloaded)."""
+    if is_local_model(model_id):
+        path = Path(model_id).expanduser()
+        if not path.exists():
+            return f"{field}: {model_id} does not exist (a local model folder; a Hub model id is owner/name)"
+        if not (path / "config.json").is_file():
+            what = "is a file" if path.is_file() else "has no config.json"
+            return f"{field}: {model_id} {what}: give a model folder saved with save_pretrained (it holds config.json)"
+        return None
+    if not hub_offline():
+        return None
+    if cached_hub_file(model_id, "config.json") is None:
+        return (
+            f"{field}: {model_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download it "
+            f"first (hf download {model_id}), unset HF_HUB_OFFLINE, or give a local model folder"
+        )
+    if not any(cached_hub_file(model_id, name) for name in WEIGHT_FILES):
+        return f"{field}: {model_id!r} has its config but no weights in the local Hugging Face cache (HF_HUB_OFFLINE)"
+    return None
+
+
+def check_model(model_id: str) -> None:
+    """Raises `SetupError` when the model cannot be loaded here (see `model_problem`), before a training child spends
+    its imports and the trainer's setup on finding out."""
+    if problem := model_problem(model_id):
+        raise SetupError(problem)
+
+
+def final_hub_error(error: BaseException) -> bool:
+    """Whether a failed load from the Hub will fail again: no such repo, revision or file, a gated repo, an invalid
+    id, or a cache miss while offline (a connection error online is transient)."""
+    from huggingface_hub import errors
+
+    final = (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.RemoteEntryNotFoundError)
+    while error is not None:
+        if isinstance(error, errors.LocalEntryNotFoundError):  # an EntryNotFoundError too, but local
+            return hub_offline()
+        if isinstance(error, (*final, errors.HFValidationError)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def setup_problem(error: BaseException) -> str | None:
+    """The message of a training child's failure that a retry cannot cure (its exit code 2): a `SetupError`, or a
+    model load from the Hub that will fail again (see `final_hub_error`); None for a crash or a transient error."""
+    if isinstance(error, SetupError):
+        return str(error)
+    if isinstance(error, OSError) and final_hub_error(error):
+        return f"base_model: {error}"
+    return None
+
+
+def chat_template_problem(model_id: str, chat_prompts: bool, system_prompt: str | None) -> str | None:
+    """The problem of a tokenizer without a chat template, for these prompts; None when they need none."""
+    fix = "use a model whose tokenizer has one (a chat or instruct model), or add one to its tokenizer_config.json"
+    if system_prompt is not None:
+        return (
+            f"hyperparameters.system_prompt: set, so each prompt is rendered as a system + user chat, but the "
+            f"tokenizer of {model_id} has no chat template; remove system_prompt (with string prompts), or {fix}"
+        )
+    if chat_prompts:
+        return (
+            f"dataset.prompt_column: the prompts are chats (lists of messages), but the tokenizer of {model_id} has "
+            f"no chat template to render them; give string prompts, or {fix}"
+        )
+    return None
+
+
+def check_chat_template(tokenizer, dataset, system_prompt: str | None, model_id: str) -> None:
+    """Raises `SetupError` when TRL would render `dataset`'s prompts (as prepared) through a chat template that
+    `tokenizer` lacks: transformers' own error comes only after the model has loaded."""
+    chat_prompts = len(dataset) > 0 and isinstance(dataset[0]["prompt"], list)
+    if chat_prompts and tokenizer.chat_template is None:
+        raise SetupError(chat_template_problem(model_id, chat_prompts, system_prompt))
 
 
 def use_bf16() -> bool:
@@ -71,7 +191,7 @@ def quantization_config(hp):
     if not hp.load_in_4bit:
         return None
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise SetupError("load_in_4bit needs bitsandbytes: pip install 'grpoflow[qlora]'")
+        raise SetupError("hyperparameters.load_in_4bit: needs bitsandbytes: pip install 'grpoflow[qlora]'")
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(
@@ -124,7 +244,13 @@ def load_unsloth(model_path: str, hp):
 def load_tokenizer(model_path: str):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
+    model_path = resolve_model_path(model_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    except OSError as e:
+        if not final_hub_error(e):
+            raise
+        raise SetupError(f"base_model: cannot load {model_path}: {e}") from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -416,7 +416,8 @@ def dry_run_rewards(
         for row, row_number in zip(sample, indices, strict=True):
             problem = _check_reward_on_row(reward, row, prompt_column, timeout_s)
             if problem is not None:
-                problems.append(f"reward {name!r} {problem} on dataset row {row_number}")
+                explained = _explain(reward, row, prompt_column, timeout_s, problem)
+                problems.append(f"reward {name!r} {problem} on dataset row {row_number}{explained}")
                 break  # one problem per reward is enough to act on; a hung reward would also cost timeout_s per row
     if len(problems) == 1:
         raise RewardError(problems[0], problems)
@@ -465,6 +466,33 @@ def _dummy_call(row: dict, prompt_column: str) -> tuple[list, Callable[[Callable
     columns = trl_columns({k: [v] * len(texts) for k, v in row.items()}, prompt_column)
     ids = [[0] * len(t) for t in texts]
     return completions, lambda reward: call_reward(reward, [prompt] * len(texts), completions, ids, columns)
+
+
+def _explain(reward: Callable, row: dict, prompt_column: str, timeout_s: float, problem: str) -> str:
+    """What a failing reward was given and, when it works on the other shape of completions, what to change.
+
+    TRL gives a reward chat completions (`[{"role": "assistant", "content": ...}]`) exactly when the prompts are
+    chats, and strings otherwise; a reward written for the other shape (TRL's own `think_format_reward` reads
+    `completion[0]["content"]`) fails with an IndexError or TypeError that says nothing of that. So it is called
+    once more on the same row with the other shape: if it works there, the message says so.
+    """
+    if problem.startswith("did not return"):
+        return ""  # a hung reward is not called again
+    chat = isinstance(row[prompt_column], list)
+    columns = ", ".join(trl_columns(row, prompt_column)) or "none"
+    given = f" (given {'chat completions (lists of messages)' if chat else 'string completions'}; columns: {columns})"
+    if "math_verify" in problem or "math-verify" in problem:
+        return f"{given}; TRL's math rewards need math-verify: pip install 'grpoflow[math]'"
+    prompt = row[prompt_column]
+    other = "\n".join(str(m.get("content", "")) for m in prompt) if chat else [{"role": "user", "content": prompt}]
+    if _check_reward_on_row(reward, {**row, prompt_column: other}, prompt_column, timeout_s) is not None:
+        return given
+    if chat:
+        return f"{given}; this reward expects string completions: give string prompts, without a system_prompt"
+    return (
+        f"{given}; this reward expects chat completions (lists of messages): give chat prompts (a list of "
+        "{role, content}) or set hyperparameters.system_prompt"
+    )
 
 
 def _check_reward_on_row(reward: Callable, row: dict, prompt_column: str, timeout_s: float) -> str | None:

@@ -17,10 +17,12 @@ from pathlib import Path
 from trainers.jobdir import JobDir, replace_dir
 from trainers.metrics import metrics_file_callback
 from trainers.modeling import (
-    SetupError,
+    check_chat_template,
+    check_model,
     load_tokenizer,
     lora_config,
     prepare_prompts,
+    setup_problem,
     torch_dtype,
     use_bf16,
     use_cpu,
@@ -81,7 +83,9 @@ def main(job_root: str) -> int:
     from trl import SFTTrainer
 
     model_path = resolve_model_path(spec.base_model)
+    check_model(model_path)
     tokenizer = load_tokenizer(model_path)
+    check_chat_template(tokenizer, dataset, spec.hyperparameters.system_prompt, spec.base_model)
     work = job.root / ".sft-work"
     trainer = SFTTrainer(
         model=model_path,
@@ -114,10 +118,13 @@ def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job_dir", help="the job folder (holds spec.yaml and dataset/)")
     args = parser.parse_args(argv)
+    print(f"grpoflow: trainers.sft started on {args.job_dir}", flush=True)  # one line per child start
     try:
         return main(args.job_dir)
-    except SetupError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
+    except Exception as e:
+        if (problem := setup_problem(e)) is None:
+            raise
+        print(f"grpoflow: {problem}", file=sys.stderr)  # exit code 2: a retry cannot help
         return 2
 
 

@@ -2,15 +2,18 @@
 no job folder behind.
 
 Each case runs `flows.cli.main` in-process with stdout and stderr redirected (not capsys: Prefect's log handler keeps
-the first stderr it sees). Cases rejected inside the flow (datasets, rewards, dataset URIs) use the session's Prefect
-server; the rest are rejected before Prefect starts. No case trains: the SFT and GRPO tasks are replaced by a guard
-that fails the run, so an input that wrongly got through shows up as exit 1 with "reached training".
+the first stderr it sees). Cases marked `flow` (`grpoflow run` on a bad dataset, reward or dataset URI) get the
+session's Prefect server, though `run`'s preflight (trainers/preflight.py) now rejects them before Prefect starts, as
+it rejects everything else. No case trains: the SFT and GRPO tasks are replaced by a guard that fails the run, so an
+input that wrongly got through shows up as exit 1 with "reached training". Each case's time until the user was told
+is recorded as the `seconds_until_told` property (see `--junitxml`), never asserted.
 """
 
 import contextlib
 import io
 import os
 import shutil
+import time
 import traceback
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from flows.cli import main
 
 HERE = Path(__file__).parent
 CASES = yaml.safe_load((HERE / "cases.yaml").read_text())
-CATEGORIES = ("spec", "dataset", "reward", "uri", "cli")
+CATEGORIES = ("spec", "model", "dataset", "reward", "uri", "cli")
 FIELDS = {
     "id",
     "why",
@@ -106,6 +109,25 @@ def file_as_root(case: Path) -> dict:
     return {}
 
 
+def tiny_model_copy(case: Path, leave_out: tuple[str, ...]) -> Path:
+    """builtin:tiny's folder copied to {case}/model, less the files in `leave_out`."""
+    from trainers.tiny import build_tiny
+
+    shutil.copytree(build_tiny(), case / "model", ignore=lambda folder, names: [n for n in names if n in leave_out])
+    return case / "model"
+
+
+def model_without_config(case: Path) -> dict:
+    tiny_model_copy(case, ("config.json",))  # weights and tokenizer, but no config.json: no model folder
+    return {}
+
+
+def model_without_chat_template(case: Path) -> dict:
+    model = tiny_model_copy(case, ("chat_template.jinja",))  # a base model's tokenizer: no chat template
+    assert "chat_template" not in (model / "tokenizer_config.json").read_text()
+    return {}
+
+
 MAKERS = {
     maker.__name__: maker
     for maker in (
@@ -120,6 +142,8 @@ MAKERS = {
         directory_dataset,
         spec_beside_root,
         file_as_root,
+        model_without_config,
+        model_without_chat_template,
     )
 }
 
@@ -200,7 +224,10 @@ def test_bad_input_is_rejected(case, tmp_path, monkeypatch, request):
     before = set(folder.rglob("*"))
 
     output = [] if case.get("spec_output") else ["--output-uri", str(values["root"])]
+    started = time.monotonic()
     code, out, err = cli([*output, *(fill(arg, values) for arg in case["argv"])])
+    # How long until the user was told, in the JUnit XML (--junitxml); recorded, never asserted.
+    request.node.user_properties.append(("seconds_until_told", round(time.monotonic() - started, 2)))
 
     assert code == 2, f"{case['why']}\nexit code {code}; stderr:\n{err}"
     for fragment in case["expect"]:

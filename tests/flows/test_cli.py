@@ -96,6 +96,67 @@ def test_run_rejects_a_reward_that_raises(tmp_path, make_spec, monkeypatch):
     assert not any((tmp_path / "runs").glob("*/spec.yaml"))
 
 
+# --- the preflight: a job that cannot run is rejected before Prefect starts
+
+
+def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypatch):
+    import flows.server
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("the Prefect server started for a job the preflight should have rejected")
+
+    monkeypatch.setattr(flows.server, "start_if_needed", no_server)
+    spec = make_spec(base_model=str(tmp_path / "no-such-model"))
+    for command in ("validate", "run"):
+        code, out, err = cli(command, spec, "--json")
+        assert code == 2 and out == "", err
+        assert f"base_model: {tmp_path / 'no-such-model'} does not exist" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+    # The escape, for a spec whose paths are a worker's: the spec's own checks only.
+    code, out, _ = cli("validate", spec, "--json", "--no-preflight")
+    assert code == 0 and json.loads(out)["base_model"] == str(tmp_path / "no-such-model")
+
+
+# --- run: a setup problem in the training child ends the run at once (exit 2); a crash is retried
+
+
+def child_starts(tmp_path, module: str = "trainers.grpo", log: str = "train.log") -> int:
+    """How many times the training child started: its first line, once per start, in the job's logs/."""
+    logs = (tmp_path / "runs").glob(f"*/logs/{log}")
+    return sum(path.read_text().count(f"grpoflow: {module} started on") for path in logs)
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_run_a_setup_problem_starts_the_child_once_and_exits_2(tmp_path, make_spec, monkeypatch):
+    import flows.cli
+
+    # What the preflight cannot see from where it ran (a worker's machine): the child's own check meets it.
+    monkeypatch.setattr(flows.cli, "preflight", lambda args, spec: None)
+    code, _, err = cli("run", make_spec(base_model=str(tmp_path / "no-such-model")))
+    assert code == 2, err
+    assert f"grpoflow: cannot train: base_model: {tmp_path / 'no-such-model'} does not exist" in err
+    assert child_starts(tmp_path) == 1  # not retried: it would fail the same way
+
+
+CRASHING_REWARD = """
+def crash_reward(completions, trainer_state=None, **kwargs):
+    if trainer_state is not None:  # in training, never in the dry run
+        raise RuntimeError("the reward's server went away")
+    return [0.0] * len(completions)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_run_a_crash_is_retried_and_exits_1(tmp_path, make_spec, monkeypatch):
+    (tmp_path / "crashing_rewards.py").write_text(CRASHING_REWARD)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run", make_spec(rewards=[{"function": "crashing_rewards:crash_reward"}]))
+    assert code == 1, err
+    assert "the reward's server went away" in (next((tmp_path / "runs").glob("*/logs/train.log"))).read_text()
+    assert child_starts(tmp_path) == 3  # the first start and the train task's 2 retries
+
+
 # --- reading jobs back
 
 

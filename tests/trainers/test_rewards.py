@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import importlib.util
 import math
 import threading
 from pathlib import Path
@@ -388,7 +389,7 @@ def test_dry_run_catches(reward, message):
 
 
 def test_dry_run_row_defaults_to_position():
-    with pytest.raises(RewardError, match="on dataset row 3$"):
+    with pytest.raises(RewardError, match="on dataset row 3 "):
         dry_run_rewards([("r", raising_reward)], ROWS, "prompt")
 
 
@@ -461,6 +462,73 @@ def test_dry_run_catches_a_missing_column():
     # exact_answer needs an `answer` column; a dataset without one fails before training, naming the reward.
     with pytest.raises(RewardError, match="^reward 'exact_answer' raised TypeError: .*'answer'"):
         dry_run_rewards([("exact_answer", build_reward("exact_answer"))], [{"prompt": "hi"}], "prompt")
+
+
+# --- what a failing reward was given, and what to change (a rule table: reward, prompts -> the message's end)
+
+
+def chat_rows(rows):
+    return [{**row, "prompt": [{"role": "user", "content": row["prompt"]}]} for row in rows]
+
+
+@pytest.mark.parametrize(
+    "reward, rows, expected",
+    [
+        # TRL's think_format_reward reads completion[0]["content"]: on strings, a bare IndexError.
+        (
+            "trl.rewards:think_format_reward",
+            ROWS,
+            "reward 'r' raised IndexError: string index out of range on dataset row 0 (given string completions; "
+            "columns: answer, level); this reward expects chat completions (lists of messages): give chat prompts "
+            "(a list of {role, content}) or set hyperparameters.system_prompt",
+        ),
+        # A reward written for strings, given chats.
+        (
+            "tests.bad_inputs.rewards.strings_only:upper_reward",
+            chat_rows(ROWS),
+            "(given chat completions (lists of messages); columns: answer, level); this reward expects string "
+            "completions: give string prompts, without a system_prompt",
+        ),
+        # Broken on either shape: what it was given, and no advice that would not help.
+        (
+            "tests.trainers.test_rewards:raising_reward",
+            ROWS[3:],
+            "reward 'r' raised ValueError: bad answer format on dataset row 0 (given string completions; columns: "
+            "answer, level)",
+        ),
+    ],
+)
+def test_dry_run_says_what_the_reward_was_given(in_repo, reward, rows, expected):
+    with pytest.raises(RewardError) as caught:
+        dry_run_rewards([("r", build_reward("r", function=reward))], rows, "prompt")
+    assert str(caught.value).endswith(expected), str(caught.value)
+
+
+def test_think_format_reward_passes_on_chat_prompts(in_repo):
+    assert (
+        dry_run_rewards(
+            [("think", build_reward("think", function="trl.rewards:think_format_reward"))], chat_rows(ROWS), "prompt"
+        )
+        is None
+    )
+
+
+needs_math_verify = pytest.mark.skipif(
+    importlib.util.find_spec("math_verify") is None, reason="math-verify not installed: pip install 'grpoflow[math]'"
+)
+
+
+@needs_math_verify
+def test_trl_accuracy_reward_with_the_math_extra(in_repo):
+    # TRL's accuracy_reward reads a `solution` column and chat completions; the `math` extra installs math-verify.
+    reward = build_reward("accuracy", function="trl.rewards:accuracy_reward")
+    rows = [{"prompt": [{"role": "user", "content": "What is 1/3 + 1/3?"}], "solution": r"$\frac{2}{3}$"}] * 4
+    assert dry_run_rewards([("accuracy", reward)], rows, "prompt") is None
+    completions = [
+        [{"role": "assistant", "content": r"So the sum is $\boxed{\frac{2}{3}}$"}],
+        [{"role": "assistant", "content": r"So the sum is $\boxed{\frac{1}{2}}$"}],
+    ]
+    assert reward(completions, solution=[r"$\frac{2}{3}$"] * 2) == [1.0, 0.0]
 
 
 # --- doctests --------------------------------------------------------------------------------------------------------

@@ -1,0 +1,291 @@
+"""trainers/preflight.py: every offline check before a job starts, each problem one line naming its field, all at once;
+and the training children's side of the same mistakes (trainers/modeling.py's setup problems, exit code 2)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+
+from trainers.dataset import DatasetError, check_dataset
+from trainers.modeling import (
+    SetupError,
+    check_chat_template,
+    check_model,
+    load_tokenizer,
+    model_problem,
+    setup_problem,
+)
+from trainers.preflight import CHECKS, preflight
+from trainers.spec import load_spec
+from trainers.tiny import build_tiny
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture
+def data(tmp_path):
+    """A text-prompt and a chat-prompt dataset."""
+    chats = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in ROWS]
+    return {"text": write_jsonl(tmp_path / "text.jsonl", ROWS), "chat": write_jsonl(tmp_path / "chat.jsonl", chats)}
+
+
+def tiny_copy(tmp_path: Path, leave_out: tuple[str, ...] = ()) -> Path:
+    """builtin:tiny's folder, less `leave_out` (chat_template.jinja: a base model's tokenizer)."""
+    dest = tmp_path / f"model-{len(list(tmp_path.glob('model-*')))}"
+    shutil.copytree(build_tiny(), dest, ignore=lambda folder, names: [n for n in names if n in leave_out])
+    return dest
+
+
+def spec_for(data, **changes):
+    spec = {
+        "name": "preflight",
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": str(data["text"])},
+        "rewards": [{"name": "exact_answer"}],
+        "hyperparameters": {"max_steps": 1, "rollouts_per_prompt": 2},
+        "evaluation": {"holdout": 0},
+    }
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            spec[key] = {**spec.get(key, {}), **value}
+        else:
+            spec[key] = value
+    return load_spec(spec)[0]
+
+
+def fake_hub_cache(root: Path, repo_id: str, files: dict[str, str]) -> None:
+    """A Hugging Face cache holding `files` of `repo_id` (the layout `try_to_load_from_cache` reads)."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def online(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+
+
+# --- the shape
+
+
+def test_the_demo_spec_passes(monkeypatch):
+    monkeypatch.chdir(REPO)  # its dataset path is relative to the repo
+    spec, _ = load_spec(REPO / "examples" / "arithmetic.yaml")
+    assert preflight(spec) == []
+
+
+def test_the_checks_are_a_list_a_new_one_is_one_more_entry():
+    names = [check.__name__ for check in CHECKS]
+    assert names[0] == "check_model" and "check_dataset" in names and names[-1] == "check_rewards_dry_run"
+
+
+def test_every_problem_at_once_each_naming_its_field(tmp_path, data):
+    spec = spec_for(
+        data,
+        base_model=str(tmp_path / "no-such-model"),
+        dataset={"uri": str(tmp_path / "missing.jsonl")},
+        rewards=[{"name": "exact_answer"}, {"name": "mine", "function": "tests.bad_inputs.rewards.nope:nope_reward"}],
+    )
+    problems = preflight(spec)
+    assert [p.split(":")[0] for p in problems] == ["base_model", "rewards[1]", "dataset"], problems
+    assert f"{tmp_path / 'no-such-model'} does not exist" in problems[0]
+    assert "dataset not found" in problems[2]
+
+
+def test_it_loads_no_weights_and_no_torch():
+    # No torch, no weights: what it reads is config.json, the tokenizer's config, the dataset and the rewards.
+    code = (
+        "import sys; from trainers.spec import load_spec; from trainers.preflight import preflight; "
+        "assert preflight(load_spec('examples/arithmetic.yaml')[0]) == []; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# --- the model (a rule table: base_model as given -> the problem, or none)
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda tmp: "builtin:tiny", None),  # the shipped model
+        (lambda tmp: str(tiny_copy(tmp)), None),  # a folder saved with save_pretrained
+        (lambda tmp: str(tmp / "nope"), "does not exist"),  # the run failed with "Repo id must be in the form..."
+        (lambda tmp: str(tiny_copy(tmp, ("config.json",))), "has no config.json"),  # weights, no config
+        (lambda tmp: str(tiny_copy(tmp) / "config.json"), "is a file"),  # the config file, not its folder
+        (lambda tmp: "grpoflow-tests/not-cached", "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"),
+        (lambda tmp: "builtin:huge", "unknown built-in model 'builtin:huge'"),  # only builtin:tiny is shipped
+    ],
+)
+def test_model(tmp_path, data, offline, make, expected):
+    problems = preflight(spec_for(data, base_model=make(tmp_path)))
+    if expected is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith("base_model: ") and expected in problems[0], problems
+
+
+def test_a_hub_id_not_cached_online_is_a_warning(data, online):
+    warnings = []
+    assert preflight(spec_for(data, base_model="grpoflow-tests/not-cached"), warnings) == []
+    assert warnings == [
+        "base_model: 'grpoflow-tests/not-cached' is not in the local Hugging Face cache; it will be downloaded"
+    ]
+
+
+def test_a_cached_hub_model_is_read_from_the_cache(tmp_path, data, offline, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    files = {"config.json": json.dumps({"model_type": "gpt_neox"}), "tokenizer_config.json": "{}"}
+    fake_hub_cache(tmp_path / "hub", "org/small", {**files, "model.safetensors": ""})
+    fake_hub_cache(tmp_path / "hub", "org/config-only", files)
+    assert preflight(spec_for(data, base_model="org/small")) == []
+    # The architecture's rules read the family from the cached config.json, not from the name "org/small".
+    liger = preflight(spec_for(data, base_model="org/small", hyperparameters={"use_liger": True}))
+    assert liger == [
+        "hyperparameters.use_liger: not supported for gpt_neox models (config.json's model_type) such as 'org/small' "
+        "(Liger's kernels give wrong log-probs); set use_liger: false"
+    ]
+    # Its tokenizer has no chat template, which chat prompts need.
+    chats = preflight(spec_for(data, base_model="org/small", dataset={"uri": str(data["chat"])}))
+    assert len(chats) == 1 and chats[0].startswith("dataset.prompt_column: the prompts are chats")
+    assert preflight(spec_for(data, base_model="org/config-only")) == [
+        "base_model: 'org/config-only' has its config but no weights in the local Hugging Face cache (HF_HUB_OFFLINE)"
+    ]
+
+
+# --- the chat template (prompts, system_prompt, tokenizer -> the problem's field, or none)
+
+
+@pytest.mark.parametrize(
+    "prompts, system_prompt, template, field",
+    [
+        ("text", None, False, None),  # string prompts need no template
+        ("chat", None, True, None),  # chats through the tokenizer's template
+        ("chat", None, False, "dataset.prompt_column"),  # the run failed after 49 s: "Cannot use chat template..."
+        ("text", "Be brief.", False, "hyperparameters.system_prompt"),  # the system prompt makes chats
+        ("text", "Be brief.", True, None),
+        ("chat", "Be brief.", False, "hyperparameters.system_prompt"),  # named once, by its system prompt
+    ],
+)
+def test_chat_template(tmp_path, data, prompts, system_prompt, template, field):
+    model = tiny_copy(tmp_path, () if template else ("chat_template.jinja",))
+    hp = {"system_prompt": system_prompt} if system_prompt else {}
+    problems = preflight(
+        spec_for(data, base_model=str(model), dataset={"uri": str(data[prompts])}, hyperparameters=hp)
+    )
+    if field is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith(f"{field}: ") and "has no chat template" in problems[0]
+
+
+def test_a_template_in_tokenizer_config_counts(tmp_path, data):
+    model = tiny_copy(tmp_path, ("chat_template.jinja",))
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ messages }}"}))
+    assert preflight(spec_for(data, base_model=str(model), dataset={"uri": str(data["chat"])})) == []
+
+
+# --- the dataset and the rewards
+
+
+def test_dataset_problems_are_the_ingests(data, tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "x"}])
+    problems = preflight(spec_for(data, dataset={"uri": str(bad)}))
+    assert len(problems) == 1 and problems[0].startswith("dataset: dataset ") and "'answer'" in problems[0]
+    assert "prompt column 'prompt' not found" in problems[0]
+
+
+def test_check_dataset_saves_nothing_and_returns_the_ingests_rows(data, tmp_path):
+    before = set(tmp_path.rglob("*"))
+    prompt_format, sample = check_dataset(str(data["chat"]), holdout=2, seed=42)
+    assert prompt_format == "chat" and len(sample) == 4 and set(sample.column_names) == {"prompt", "answer"}
+    assert set(tmp_path.rglob("*")) == before
+    with pytest.raises(DatasetError, match="leaves no training rows"):
+        check_dataset(str(data["text"]), holdout=6)
+
+
+def test_rewards_dry_run_names_the_reward_field(data):
+    spec = spec_for(
+        data,
+        rewards=[
+            {"name": "exact_answer"},
+            {"name": "mine", "function": "tests.bad_inputs.rewards.raises:raises_reward"},
+        ],
+    )
+    problems = preflight(spec)
+    assert len(problems) == 1 and problems[0].startswith("rewards[1]: reward 'mine' raised KeyError: 'solution'")
+
+
+# --- the training children: the same mistakes met there are setup problems (exit code 2), not crashes
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda tmp: str(tmp / "nope"), "does not exist"),
+        (lambda tmp: str(tiny_copy(tmp, ("config.json",))), "has no config.json"),
+        (lambda tmp: "grpoflow-tests/not-cached", "is not in the local Hugging Face cache"),
+    ],
+)
+def test_the_child_checks_the_model_before_loading_it(tmp_path, offline, make, expected):
+    with pytest.raises(SetupError, match=expected) as caught:
+        check_model(make(tmp_path))
+    assert str(caught.value).startswith("base_model: ")
+
+
+def test_load_tokenizer_offline_hub_miss_is_a_setup_error(offline):
+    # transformers' OSError ("couldn't connect ... couldn't find them in the cached files") will not go away offline.
+    with pytest.raises(SetupError, match="^base_model: cannot load grpoflow-tests/not-cached: "):
+        load_tokenizer("grpoflow-tests/not-cached")
+
+
+def test_setup_problem_tells_final_from_transient(online, monkeypatch):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    assert (
+        setup_problem(SetupError("hyperparameters.use_liger: needs CUDA")) == "hyperparameters.use_liger: needs CUDA"
+    )
+    assert setup_problem(RuntimeError("a crash")) is None
+    assert setup_problem(OSError("disk full")) is None
+    try:  # transformers turns a cache miss into an OSError from the hub's error
+        raise OSError("cannot find the files") from LocalEntryNotFoundError("not in the cache")
+    except OSError as e:
+        miss = e
+    assert setup_problem(miss) is None  # online: a connection that may come back
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert setup_problem(miss) == "base_model: cannot find the files"  # offline: it will miss again
+
+
+def test_check_chat_template_in_the_child(tmp_path, data):
+    import datasets
+
+    model = tiny_copy(tmp_path, ("chat_template.jinja",))
+    tokenizer = load_tokenizer(str(model))
+    chats = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}])
+    check_chat_template(tokenizer, datasets.Dataset.from_list([{"prompt": "hi"}]), None, str(model))  # no error
+    with pytest.raises(SetupError, match=r"^dataset.prompt_column: the prompts are chats"):
+        check_chat_template(tokenizer, chats, None, str(model))
+    assert model_problem(str(model)) is None

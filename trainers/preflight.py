@@ -1,0 +1,228 @@
+"""Preflight: every offline check of a job that a GPU hour should not be spent to discover, before anything runs.
+
+`grpoflow validate` runs it after the spec loads, and `grpoflow run` and `grpoflow submit` before anything starts or
+is sent. It loads no weights and needs no torch (a reward module may import it): the model folder or Hub cache holds
+config.json, the architecture's rules read from that config, the tokenizer has a chat template when the prompts need
+one, the dataset opens and has its columns (checked as the ingest checks it, nothing saved), and the rewards import
+and pass the dry run on a few rows. By hand:
+
+    python -m trainers.preflight examples/arithmetic.yaml
+
+Each check is a function of a `Preflight` (the spec and what the earlier checks found) returning problems, one line
+each, naming the spec field ("base_model: ..."); `CHECKS` runs them all, in order, so every problem is reported at
+once. A new check is one function and one line in `CHECKS`.
+"""
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainers.modeling import cached_hub_file, chat_template_problem, is_local_model, model_problem
+from trainers.spec import LIGER_UNSUPPORTED, JobSpec, model_family
+from trainers.tiny import is_builtin, resolve_model_path
+
+
+@dataclass
+class Preflight:
+    """A job under check: its spec, the warnings so far, and what the earlier checks found for the later ones."""
+
+    spec: JobSpec
+    warnings: list[str] = field(default_factory=list)
+    # The folder holding the model's config.json and tokenizer files: a local folder or its Hub cache snapshot.
+    model_dir: Path | None = None
+    config: dict | None = None
+    storage_options: dict = field(default_factory=dict)  # fsspec options for a remote dataset
+    rewards: list[tuple[int, Callable]] = field(default_factory=list)  # (index in spec.rewards, reward) that built
+    prompt_format: str | None = None  # "text" or "chat", once the dataset opened
+    sample: Any = None  # a few training rows (a `datasets.Dataset`), once the dataset opened
+
+
+# --- the model -------------------------------------------------------------------------------------------------------
+
+
+def check_model(p: Preflight) -> list[str]:
+    """A local folder exists and holds config.json; a Hub id is in the local cache when offline, else a warning."""
+    base = p.spec.base_model
+    if is_builtin(base):
+        try:
+            if base != "builtin:tiny":  # builtin:tiny is fine: built offline on first use, which takes seconds
+                resolve_model_path(base)
+        except ValueError as e:
+            return [f"base_model: {e}"]
+        return []
+    if problem := model_problem(base):
+        return [problem]
+    if is_local_model(base):
+        p.model_dir = Path(base).expanduser()
+    elif (config := cached_hub_file(base, "config.json")) is not None:
+        p.model_dir = config.parent
+    else:
+        p.warnings.append(f"base_model: {base!r} is not in the local Hugging Face cache; it will be downloaded")
+        return []
+    try:
+        p.config = json.loads((p.model_dir / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return [f"base_model: cannot read {p.model_dir / 'config.json'}: {e}"]
+    if not isinstance(p.config, dict):
+        p.config = None
+        return [f"base_model: {p.model_dir / 'config.json'} is not a JSON object"]
+    return []
+
+
+def check_architecture(p: Preflight) -> list[str]:
+    """The rules that depend on the model family, read from config.json's model_type (the spec's rules can only guess
+    it from a Hub id's name)."""
+    hp, family = p.spec.hyperparameters, (p.config or {}).get("model_type")
+    if not isinstance(family, str) or not hp.use_liger:
+        return []
+    guessed = model_family(p.spec.base_model)
+    if family.lower().startswith(LIGER_UNSUPPORTED) and not (guessed or "").startswith(LIGER_UNSUPPORTED):
+        return [
+            f"hyperparameters.use_liger: not supported for {family} models (config.json's model_type) such as "
+            f"{p.spec.base_model!r} (Liger's kernels give wrong log-probs); set use_liger: false"
+        ]
+    return []
+
+
+def has_chat_template(model_dir: Path) -> bool | None:
+    """Whether the tokenizer saved in `model_dir` has a chat template (in tokenizer_config.json, or the
+    chat_template.jinja / chat_template.json files transformers writes); None when there is no tokenizer config."""
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(config, dict) and config.get("chat_template"):
+        return True
+    return any((model_dir / name).is_file() for name in ("chat_template.jinja", "chat_template.json"))
+
+
+def check_chat_template(p: Preflight) -> list[str]:
+    """The tokenizer has a chat template when the prompts are chats or hyperparameters.system_prompt makes them so."""
+    system_prompt = p.spec.hyperparameters.system_prompt
+    needs_one = p.prompt_format == "chat" or system_prompt is not None
+    # builtin:tiny has a template; a Hub model not in the cache cannot be looked at (it is downloaded on the worker).
+    if not needs_one or p.model_dir is None or has_chat_template(p.model_dir) is not False:
+        return []
+    return [chat_template_problem(p.spec.base_model, p.prompt_format == "chat", system_prompt)]
+
+
+# --- the rewards and the dataset -------------------------------------------------------------------------------------
+
+
+def _reward_field(p: Preflight, message: str) -> str:
+    """`message` prefixed with the spec field of the reward it names (`rewards[i]`)."""
+    for i, reward in enumerate(p.spec.rewards):
+        if message.startswith(f"reward {reward.name!r}"):
+            return f"rewards[{i}]: {message}"
+    return f"rewards: {message}"
+
+
+def check_rewards_build(p: Preflight) -> list[str]:
+    """Each reward imports (a custom function) or exists (a built-in) and takes its kwargs."""
+    from trainers.rewards import RewardError, build_reward
+
+    problems = []
+    for i, reward in enumerate(p.spec.rewards):
+        try:
+            p.rewards.append((i, build_reward(reward.name, reward.function, reward.kwargs)))
+        except RewardError as e:
+            problems.append(f"rewards[{i}]: {e}")
+    return problems
+
+
+def _built_spec(p: Preflight) -> JobSpec:
+    """The spec with only the rewards that built, for the helpers that pair `spec.rewards` with built rewards."""
+    return p.spec.model_copy(update={"rewards": [p.spec.rewards[i] for i, _ in p.rewards]})
+
+
+def check_dataset(p: Preflight) -> list[str]:
+    """The dataset opens and has the prompt column and every column the rewards and the SFT warm-up read."""
+    from trainers.dataset import DatasetError
+    from trainers.dataset import check_dataset as load_and_check
+    from trainers.rewards import required_columns
+
+    spec = p.spec
+    try:
+        p.prompt_format, p.sample = load_and_check(
+            spec.dataset.uri,
+            prompt_column=spec.dataset.prompt_column,
+            required_columns=required_columns(_built_spec(p), [fn for _, fn in p.rewards]),
+            holdout=spec.evaluation.holdout,
+            seed=spec.hyperparameters.seed,
+            split=spec.dataset.split,
+            storage_options=p.storage_options,
+            max_row_bytes=spec.dataset.max_row_bytes,
+        )
+    except DatasetError as e:
+        return [f"dataset: {e}"]
+    return []
+
+
+def check_rewards_dry_run(p: Preflight) -> list[str]:
+    """The rewards that built pass the dry run on a few of the dataset's rows, shaped as TRL will pass them."""
+    from trainers.rewards import RewardError, dry_run_job_rewards
+
+    if p.sample is None or not p.rewards:
+        return []
+    try:
+        dry_run_job_rewards(_built_spec(p), [fn for _, fn in p.rewards], p.sample)
+    except RewardError as e:
+        return [_reward_field(p, problem) for problem in e.problems]
+    return []
+
+
+# In order: a check may use what the ones before it found (the model's folder, the built rewards, the dataset rows).
+CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
+    check_model,
+    check_architecture,
+    check_rewards_build,
+    check_dataset,
+    check_chat_template,
+    check_rewards_dry_run,
+)
+
+
+def preflight(spec: JobSpec, warnings: list[str] | None = None, storage_options: dict | None = None) -> list[str]:
+    """Runs every preflight check on a validated spec and returns all the problems found (empty: the job can start).
+
+    Args:
+        spec (`JobSpec`): the job spec, as `load_spec` returned it.
+        warnings (`list[str]` or `None`, *optional*): where to append what is worth saying but no problem (a Hub
+            model that will be downloaded).
+        storage_options (`dict` or `None`, *optional*): fsspec options for a remote dataset (`s3://...`), as the
+            ingest gets them.
+
+    Returns:
+        `list[str]`: one line per problem, each starting with the spec field it is about ("base_model: ...").
+    """
+    import datasets
+
+    datasets.disable_progress_bars()  # a progress bar per check would drown the problems
+    state = Preflight(spec, storage_options=storage_options or {})
+    problems = [problem for check in CHECKS for problem in check(state)]
+    if warnings is not None:
+        warnings.extend(state.warnings)
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    from trainers.spec import SpecError, load_spec
+
+    try:
+        spec, warnings = load_spec(argv[0], argv[1:])
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    problems = preflight(spec, warnings)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 2 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
