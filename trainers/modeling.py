@@ -15,6 +15,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class SetupError(RuntimeError):
     """The job cannot run on this machine as specified (missing library, no CUDA); retrying will not help."""
 
+
 # --- where the model is, found without loading it (the preflight and the training children share these)
 
 WEIGHT_FILES = (
