@@ -11,6 +11,10 @@ when PREFECT_API_URL is unset) and a Prefect server started once beforehand (PRE
 server's start is reported apart. The ephemeral runs share one PREFECT_HOME whose database a first, separately
 reported run created, as a user's runs after their first do. A full fine-tune's held-out evaluation runs inside the
 GRPO child (it holds the trained model); its seconds, from the event, count as overhead, not as training.
+
+The job is 4 steps of SFT and 4 of GRPO on the shipped example; the targets are 5 s of overhead with a running server
+and 8 s with the ephemeral one (whose boot, ~8 s on a quiet machine, overlaps the pipeline's imports). `--quick` runs
+the ephemeral side once (no server of its own).
 """
 
 import json
@@ -27,7 +31,9 @@ from pathlib import Path
 
 from benchmarks.common import REPO_ROOT, alternate, bench_env, finish, markdown_table, median, parser, run_child
 
-TARGET_OVERHEAD_S = 10.0
+# The CLI overhead of `grpoflow run` for a 4-step job: what a user waits beyond the training children.
+STEPS = 4
+TARGET_OVERHEAD_S = {"running Prefect server": 5.0, "ephemeral Prefect": 8.0}
 SPEC = REPO_ROOT / "examples" / "arithmetic.yaml"
 # Each stage ends at an event (in pipeline order) and starts at the previous one the job emitted; the run starts at
 # the process start and ends at its exit. A full fine-tune emits no adapter.merged: its merge falls in the next stage.
@@ -124,7 +130,7 @@ def breakdown(events: list[dict], started: datetime, wall_s: float) -> dict:
 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
-    steps, repeats = (2, 1) if args.quick else (20, 2)
+    steps, repeats = STEPS, 1 if args.quick else 2
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         root = Path(tmp)
         # A first run creates the Prefect database in its PREFECT_HOME (once per machine for a user): measured
@@ -154,11 +160,12 @@ def main(argv=None) -> dict:
             label: median(r["stages_s"].get(label) for r in side)
             for label in [*STAGES.values(), "held-out evaluation (inside the GRPO child)"]
         }
-        sides[name]["target_met"] = sides[name]["overhead_s"] <= TARGET_OVERHEAD_S
+        sides[name]["target_overhead_s"] = TARGET_OVERHEAD_S[name]
+        sides[name]["target_met"] = sides[name]["overhead_s"] <= TARGET_OVERHEAD_S[name]
     rows = []
     for name, s in sides.items():
         rows.append(
-            [name, s["wall_s"], s["sft_child_s"], s["train_child_s"], s["overhead_s"], f"<= {TARGET_OVERHEAD_S}"]
+            [name, s["wall_s"], s["sft_child_s"], s["train_child_s"], s["overhead_s"], f"<= {TARGET_OVERHEAD_S[name]}"]
         )
     table = markdown_table(
         ["Prefect", "grpoflow run wall s", "SFT child s", "GRPO child s", "overhead s", "target"], rows

@@ -247,7 +247,9 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
             return EXIT_REJECTED
         print(f"grpoflow: run failed: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_FAILED
-    print_result(args, state.result())
+    result = state.result()
+    out = print_result(args, result)
+    _say_if_not_promoted(spec, out["job_id"], sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 
@@ -258,6 +260,16 @@ def _score(value) -> str:
 def cmd_demo(args) -> int:
     args.spec = str(DEMO_SPEC)
     # The shipped dataset is found wherever grpoflow runs from.
+def _say_if_not_promoted(spec, job_id: str, stream) -> None:
+    """One line when the promotion gate (evaluation.gate) kept the model from publish and deploy: the run completed."""
+    from tasks.job import job_dir
+
+    gate = job_dir(spec.output_uri, job_id).root / "gate.json"
+    decision = json.loads(gate.read_text()) if gate.exists() else {"promote": True}
+    if not decision["promote"]:
+        print(f"model not promoted (not published, not deployed): {decision['reason']}", file=stream)
+
+
     return cmd_run(args, [f"dataset.uri={EXAMPLES / 'data' / 'arithmetic.jsonl'}"])
 
 
@@ -424,14 +436,68 @@ def cmd_deploy(args) -> int:
     spec, _ = load_spec(job.spec)
     name = args.name or (spec.deploy.name if spec.deploy else spec.name)
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+    from tasks.register import registered_payload
         raise UsageError(f"--name {name!r}: use lowercase letters, digits, '-', '_' or '.', at most 63 characters")
     try:
         record = register(job, name)
+    if args.rollback:
+        if args.job_id:
+            raise UsageError("deploy: give a JOB_ID to register or --rollback NAME, not both")
+        return cmd_rollback(args)
+    if not args.job_id:
+        raise UsageError("deploy: give the JOB_ID to register (or --rollback NAME)")
     except RegistrationError as e:
         print(f"grpoflow: {e}", file=sys.stderr)
         return EXIT_FAILED
-    emit(job, "grpoflow.deployment.registered", {k: record[k] for k in ("name", "artifact_path", "status")})
-    print(json.dumps(record) if args.json else f"deployment {name} {record['status']}: {record['artifact_path']}")
+    emit(job, "grpoflow.deployment.registered", registered_payload(record))
+    where = f"{record['artifact_path']} (version {record['version']})"
+    print(json.dumps(record) if args.json else f"deployment {name} {record['status']}: {where}")
+    return EXIT_OK
+
+
+def registry_root(args) -> Path:
+    """The output root holding `deployments/`: `--output-uri`, else ./runs (as `grpoflow serve` reads it)."""
+    return (output_root(args) or Path("runs")).resolve()
+
+
+def _version_line(version: dict, current: int | None) -> str:
+    score = "not scored" if version.get("score") is None else f"{version.get('metric')} {version['score']:.3f}"
+    mark = "*" if version["version"] == current else " "
+    return f"{mark} v{version['version']:<3} {version['job_id']:<50} {score:<24} {version['status']:<11} " + (
+        version.get("registered") or ""
+    )
+
+
+def cmd_rollback(args) -> int:
+    from trainers.registry import RegistrationError, rollback
+
+    try:
+        restored, replaced = rollback(registry_root(args), args.rollback)
+    except RegistrationError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps({"name": args.rollback, "current": restored, "replaced": replaced}))
+    else:
+        print(f"deployment {args.rollback} rolled back to version {restored['version']} (job {restored['job_id']}),")
+        print(f"replacing version {replaced['version']} (job {replaced['job_id']})")
+    return EXIT_OK
+
+
+def cmd_deployments_list(args) -> int:
+    from trainers.registry import list_deployments
+
+    root = registry_root(args)
+    records = list_deployments(root)
+    if args.json:
+        print(json.dumps({"deployments": records}))
+        return EXIT_OK
+    if not records:
+        print(f"no deployments under {root / 'deployments'}")
+    for record in records:
+        print(f"{record['name']}  (current: {'v' + str(record['current']) if record['current'] else 'none'})")
+        for version in record["versions"]:
+            print("  " + _version_line(version, record["current"]))
     return EXIT_OK
 
 
@@ -467,7 +533,8 @@ def _add_model_commands(sub) -> None:
     """`publish`, `deploy` and `serve`: push a job's model to the Hub (trainers/publish.py), register its merged
     weights for serving and serve them (trainers/registry.py)."""
     deploy = sub.add_parser("deploy", help="register a serving deployment from a job's merged weights")
-    deploy.add_argument("job_id")
+    deploy.add_argument("job_id", nargs="?")
+    deploy.add_argument("--rollback", metavar="NAME", help="make deployment NAME's previous version current again")
     deploy.add_argument("--name", help="deployment name (default: the spec's deploy.name, else its name)")
     deploy.add_argument("--json", action="store_true")
     deploy.set_defaults(func=cmd_deploy)
@@ -497,7 +564,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_server_commands(sub) -> None:
     """`deployments apply` and `submit`: grpoflow on a Prefect server (flows/deployments.py)."""
-    deployments = sub.add_parser("deployments", help="deploy grpoflow to the Prefect server at PREFECT_API_URL")
+    deployments = sub.add_parser(
+        "deployments", help="deploy grpoflow to the Prefect server at PREFECT_API_URL, or list serving deployments"
+    )
     actions = deployments.add_subparsers(dest="action", required=True, parser_class=_Parser)
     apply = actions.add_parser("apply", help="create the work pools when missing and deploy deployments/prefect.yaml")
     apply.set_defaults(func=cmd_deployments_apply)
@@ -508,6 +577,10 @@ def _add_server_commands(sub) -> None:
     submit.add_argument("--wait", action="store_true", help="wait for the run to end; exit 1 unless it completed")
     submit.add_argument("--json", action="store_true", help="print JSON")
     submit.add_argument(
+    listing = actions.add_parser("list", help="every registered serving deployment with its versions (* current)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    listing.set_defaults(func=cmd_deployments_list)
         "--no-preflight",
         action="store_true",
         help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",

@@ -14,6 +14,7 @@ from prefect.runtime import flow_run
 from tasks.evaluate import evaluate_task
 from tasks.ingest import ingest_task
 from tasks.job import JobEnding, create_job_task, job_location, new_job_id
+from tasks.gate import gate_task
 from tasks.merge import merge_task
 from tasks.publish import publish_task
 from tasks.register import register_task
@@ -58,11 +59,11 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         evaluation = evaluate_task(job, spec, sft, training, wall_seconds=time.monotonic() - started)
 
         # --- publish to the Hugging Face Hub
-        if spec.publish:
+        if spec.publish and promoted:
             publish_task(job, spec)
 
         # --- register the serving deployment (served from merged/, LoRA or not)
-        if spec.deploy:
+        if spec.deploy and promoted:
             register_task(job, spec)
 
         # --- upload the job folder (remote output_uri) and announce the result
@@ -70,6 +71,9 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         end.completed({**result, "evaluation": evaluation, "artifact_type": model["artifact_type"]})
     return {**result, "evaluation": evaluation, "dataset": dataset}
 
+
+        # --- promotion gate (evaluation.gate): a model that fails it is neither published nor deployed
+        promoted = gate_task(job, spec, evaluation)["promote"]
 
 def completed_before(job: JobDir, spec: JobSpec) -> bool:
     """Whether `job` completed and a resume would redo none of its stages (`grpoflow run --resume` then says so and

@@ -3,20 +3,30 @@
 It lists a local folder or `s3://bucket/prefix` (recursively, through fsspec; see `tasks.storage` for credentials)
 and emits, for each dataset file (`.jsonl`, `.json`, `.csv`, `.parquet`, compressed text too) it has not emitted
 before, an event with resource `grpoflow.dataset.<uri>` and payload `{"uri", "size", "etag", "mtime", "version",
-"spec"}`; the `grpo-pipeline/on-new-data` deployment's trigger starts a run on it. Deployed as `watch-new-data/watch`
-on an interval schedule; by hand:
+"spec"}`; the `grpo-pipeline/on-new-data` deployment's trigger starts a run on it. By hand, one look:
 
     python -m flows.watch data/incoming --spec deployments/default-spec.yaml
 
+How it runs, deployed (`watch-new-data/watch`): one flow run an hour, which keeps looking every `poll_seconds` (30)
+for `watch_minutes` (55): a file is announced within about half a minute of settling, and the runs list holds 24
+watcher runs a day (not 720, as a 2-minute schedule made), each with a state message that sums up its looks. The
+deployment's `concurrency_limit: 1` keeps a late run from overlapping the next; the 5 minutes between a run's end
+and the next start cost at most that much latency. `watch_minutes=0` makes a run one look (the CLI's default).
+
 Guarantees:
+- Complete files are announced by the look that sees them: a file whose size and version (ETag on object stores,
+  mtime on local disks) have not changed for `settle_seconds` is complete. A file seen for the first time has
+  settled when its modification time (LastModified on S3) is that long ago; one seen before, when the earlier look
+  found the same size and version that long ago.
 - Half-written files are never announced: names starting with `.` or `_` (anywhere in the path) or ending with
-  `.tmp`, `.part` or `.partial` are skipped, and a file is announced only once two consecutive looks (two runs)
-  found the same size and version (ETag on object stores, mtime on local disks).
-- A version is announced once: what was emitted, and the pending first looks, are kept in a JSON state file per
-  watched URI (`GRPOFLOW_WATCH_STATE_DIR`, default `~/.grpoflow/watch-state`), replaced atomically after each event
-  and locked for the whole pass. It lives beside the worker, so restarts of the server or the worker keep it. Each
-  event's id is derived from the file's version, so even a crash between an emit and the state write cannot start a
-  second run: the Prefect server drops an event whose id it has seen.
+  `.tmp`, `.part` or `.partial` are skipped, and a file still changing (a newer mtime, another size) waits until it
+  settles. A writer that pauses longer than `settle_seconds` mid-file should write under a temporary name and rename.
+- A version is announced once: what was emitted, and the files waiting to settle, are kept in a JSON state file per
+  watched URI under `state_dir` (the deployment names `.grpoflow/watch-state`, in the project folder; by hand,
+  `GRPOFLOW_WATCH_STATE_DIR`, else `~/.grpoflow/watch-state`), replaced atomically after each event and locked for
+  each look, so restarts of the server or the worker keep it. Each event's id is derived from the file's version,
+  so even a crash between an emit and the state write cannot start a second run: the Prefect server drops an event
+  whose id it has seen.
 """
 
 import argparse
@@ -26,13 +36,14 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.events import emit_event
 from prefect.states import Completed
 
@@ -62,6 +73,14 @@ class FileVersion:
 
     def look(self) -> dict:
         return {"version": self.version, "size": self.size}
+
+    @property
+    def modified(self) -> float | None:
+        """The modification time (LastModified on S3) in seconds since the epoch, when the listing gave one."""
+        try:
+            return datetime.fromisoformat(self.mtime).timestamp() if self.mtime else None
+        except ValueError:
+            return None
 
 
 # --- listing ---------------------------------------------------------------------------------------------------------
@@ -126,7 +145,8 @@ def state_path(uri: str, directory: str | None = None) -> Path:
 
 @dataclass
 class WatchState:
-    """What one watched URI has announced (`emitted`: file uri -> versions) and first looks awaiting a second."""
+    """What one watched URI has announced (`emitted`: file uri -> versions) and the files waiting to settle
+    (`pending`: file uri -> the size, version, and since when a look found them so)."""
 
     path: Path
     uri: str
@@ -168,22 +188,34 @@ def emit_landed(file: FileVersion, spec: str | None) -> dict:
     return payload
 
 
-def look(state: WatchState, spec: str | None = None) -> list[dict]:
-    """Lists `state.uri` once: emits for files seen unchanged since the previous look, remembers the others.
+def settled_since(file: FileVersion, earlier: dict | None, now: float) -> float:
+    """Since when `file` is known unchanged: the earlier look's time when that look saw the same size and version,
+    else its modification time (never later than `now`: a clock ahead of ours, or a coarse one, counts from now)."""
+    if earlier and {k: earlier.get(k) for k in ("version", "size")} == file.look() and "since" in earlier:
+        return earlier["since"]
+    return min(file.modified if file.modified is not None else now, now)
+
+
+def look(state: WatchState, spec: str | None = None, settle_seconds: float = 5.0, now: float | None = None) -> list:
+    """Lists `state.uri` once: emits for every new file version unchanged for `settle_seconds`, keeps the others.
 
     Args:
         state (`WatchState`): the watched URI's state, saved after every event and at the end.
         spec (`str`, *optional*): path or URI of a spec file, passed on in each event's payload.
+        settle_seconds (`float`, *optional*, defaults to 5): how long size and version must stay the same.
+        now (`float`, *optional*): the time of the look, seconds since the epoch (default: the clock's).
 
     Returns:
         `list[dict]`: the payloads of the events emitted.
     """
+    now = time.time() if now is None else now
     landed, pending = [], {}
     for file in list_files(state.uri):
         if file.version in state.emitted.get(file.uri, []):
             continue
-        if state.pending.get(file.uri) != file.look():
-            pending[file.uri] = file.look()  # first look, or still changing: wait for the next look
+        since = settled_since(file, state.pending.get(file.uri), now)
+        if now - since < settle_seconds:
+            pending[file.uri] = {**file.look(), "since": since}  # still changing, or changed too recently
             continue
         landed.append(emit_landed(file, spec))
         state.emitted.setdefault(file.uri, []).append(file.version)
@@ -193,45 +225,90 @@ def look(state: WatchState, spec: str | None = None) -> list[dict]:
     return landed
 
 
-@task(name="look-for-new-data", retries=2, retry_delay_seconds=10)
-def look_task(uri: str, spec: str | None, directory: str | None) -> dict:
+def look_once(uri: str, spec: str | None, directory: str | None, settle_seconds: float) -> dict:
+    """One look under the state's lock: the payloads emitted, the files waiting to settle, the state file."""
     with WatchState.locked(uri, directory) as state:
-        landed = look(state, spec)
+        landed = look(state, spec, settle_seconds)
         return {"landed": landed, "pending": sorted(state.pending), "state_file": str(state.path)}
 
 
 @flow(name="watch-new-data")
-def watch_new_data(uri: str, spec: str | None = None, state_dir: str | None = None) -> list[dict]:
-    """Emits `grpoflow.dataset.landed` for each new dataset file version under `uri`; returns their payloads.
+def watch_new_data(
+    uri: str,
+    spec: str | None = None,
+    state_dir: str | None = None,
+    settle_seconds: float = 5.0,
+    watch_minutes: float = 55.0,
+    poll_seconds: float = 30.0,
+) -> list[dict]:
+    """Emits `grpoflow.dataset.landed` for each new, settled dataset file version under `uri`, looking every
+    `poll_seconds` for `watch_minutes`; returns the payloads.
 
     Args:
         uri (`str`): a local folder (relative to the worker's working directory) or `s3://bucket/prefix`.
         spec (`str`, *optional*): path or URI of a spec file, passed on in each event (the triggered run uses it
             instead of its default spec).
-        state_dir (`str`, *optional*): where the state file lives; default `GRPOFLOW_WATCH_STATE_DIR`, else
-            `~/.grpoflow/watch-state`.
+        state_dir (`str`, *optional*): where the state file lives (relative: to the working directory); default
+            `GRPOFLOW_WATCH_STATE_DIR`, else `~/.grpoflow/watch-state`.
+        settle_seconds (`float`, *optional*, defaults to 5): a file is complete once its size and version (its
+            modification time, or ETag) have not changed for this long.
+        watch_minutes (`float`, *optional*, defaults to 55): how long this run keeps looking (0: one look); with the
+            hourly schedule, one run an hour.
+        poll_seconds (`float`, *optional*, defaults to 30): time between two looks of one run.
     """
     logger = get_run_logger()
     if not is_remote(uri):
         uri = str(Path(uri).expanduser().resolve())
-    result = look_task(uri, spec, state_dir)
-    for payload in result["landed"]:
-        logger.info("landed: %s (%d bytes, %s)", payload["uri"], payload["size"], payload["version"])
+    directory = str(Path(state_dir).expanduser().resolve()) if state_dir else None
+    deadline, landed, looks, result, error = time.monotonic() + watch_minutes * 60, [], 0, None, None
+    while True:
+        looks += 1
+        try:
+            result = look_once(uri, spec, directory, settle_seconds)
+        except Exception as e:  # a storage hiccup: the next look tries again
+            error = e
+            logger.warning("look %d at %s failed: %s: %s", looks, uri, type(e).__name__, e)
+        else:
+            for payload in result["landed"]:
+                logger.info("landed: %s (%d bytes, %s)", payload["uri"], payload["size"], payload["version"])
+            landed += result["landed"]
+        if time.monotonic() + poll_seconds > deadline:
+            break
+        time.sleep(poll_seconds)
+    if result is None:
+        raise error
     logger.info("state of %s: %s", uri, result["state_file"])
-    # The summary is the run's state message, so the runs list in the UI shows what each look found.
-    summary = f"{len(result['landed'])} new dataset file(s) under {uri}"
-    if result["pending"]:
-        summary += f"; {len(result['pending'])} waiting for a second look: {', '.join(result['pending'])}"
-    return Completed(message=summary, data=result["landed"])
+    return Completed(message=summary(uri, landed, result["pending"], looks), data=landed)
+
+
+def summary(uri: str, landed: list[dict], pending: list[str], looks: int) -> str:
+    """The run's state message, so the runs list in the UI shows what the run found."""
+    text = f"{len(landed)} new dataset file(s) under {uri}"
+    if looks > 1:
+        text += f" in {looks} looks"
+    if pending:
+        text += f"; {len(pending)} waiting to settle: {', '.join(pending)}"
+    return text
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="One look at a folder or s3://bucket/prefix for new datasets.")
+    parser = argparse.ArgumentParser(description="Look at a folder or s3://bucket/prefix for new datasets.")
     parser.add_argument("uri")
     parser.add_argument("--spec", help="spec file passed on in each event")
     parser.add_argument("--state-dir", help=f"state folder (default ${STATE_DIR_ENV} or ~/.grpoflow/watch-state)")
+    parser.add_argument("--settle-seconds", type=float, default=5.0, help="unchanged this long: complete (5)")
+    parser.add_argument("--minutes", type=float, default=0.0, help="keep looking this long (default 0: one look)")
+    parser.add_argument("--poll-seconds", type=float, default=30.0, help="time between looks (30)")
     args = parser.parse_args(argv)
-    print(json.dumps(watch_new_data(args.uri, args.spec, args.state_dir)))
+    landed = watch_new_data(
+        args.uri,
+        args.spec,
+        args.state_dir,
+        args.settle_seconds,
+        watch_minutes=args.minutes,
+        poll_seconds=args.poll_seconds,
+    )
+    print(json.dumps(landed))
     return 0
 
 

@@ -1,5 +1,5 @@
 """Register task: the spec's serving deployment of the job's merged weights (`trainers.registry`), announced with
-`grpoflow.deployment.registered`."""
+`grpoflow.deployment.registered`. The registry keeps every version of a name (`grpoflow deployments list`)."""
 
 from prefect import task
 
@@ -10,8 +10,13 @@ from trainers.spec import JobSpec
 
 
 @task(name="register", retries=1, retry_delay_seconds=5)
+def registered_payload(record: dict) -> dict:
+    """The `grpoflow.deployment.registered` payload: the name, its new version, the weights, status and score."""
+    return {k: record.get(k) for k in ("name", "version", "artifact_path", "status", "metric", "score")}
+
+
 def register_task(job: JobDir, spec: JobSpec) -> dict:
-    """Registers the spec's deployment for this job and emits `grpoflow.deployment.registered`."""
+    """Registers this job as the current version of the spec's deployment; emits `grpoflow.deployment.registered`."""
     record = register(job, spec.deploy.name)
-    emit(job, "grpoflow.deployment.registered", {k: record[k] for k in ("name", "artifact_path", "status")})
+    emit(job, "grpoflow.deployment.registered", registered_payload(record))
     return record

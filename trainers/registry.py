@@ -1,37 +1,178 @@
-"""Deployment registration: a named serving deployment of a job's merged weights, `ready` only after a smoke test.
+"""Deployment registration: a named serving deployment of a job's merged weights, `ready` only after a smoke test;
+every version of a name kept with its score and job, so a worse model can be rolled back; and the promotion gate.
 
-The registry is one JSON file per deployment under `<output_root>/deployments/<name>.json`, written atomically, so
-registering is idempotent per name (registering the name again points it at the new job and keeps `created`) and
-two registrations never clobber each other's files. A LoRA job deploys like a full fine-tune: from `merged/`.
+The registry is one JSON file per deployment name under `<output_root>/deployments/<name>.json`, written atomically
+under a lock on the folder, so two registrations never clobber each other's versions:
+
+    {"name", "current": 2, "versions": [{"version": 1, "job_id", "artifact_path", "artifact_type", "metric", "score",
+     "status", "registered", "smoke"}, ...],
+     "job_id", "artifact_path", "artifact_type", "status", "created", "updated", ...}   # the current version's fields
+
+The top-level fields repeat the current version's, so a reader of the old one-record files (`grpoflow serve`) reads
+the new ones unchanged; an old file reads as a name with one version. Registering the job that is already current
+again re-tests it in place (idempotent, `created` kept); another job becomes a new version, current once its smoke
+test passed (a failed one is kept, marked `failed`, and the name keeps serving what it served). A LoRA job deploys
+like a full fine-tune: from `merged/`.
 
     grpoflow deploy JOB_ID --name arithmetic
+    grpoflow deployments list
+    grpoflow deploy --rollback arithmetic     # the previous ready version becomes current again
     grpoflow serve arithmetic --port 8000
 
-No Prefect: `tasks/register.py` wraps `register` as the pipeline's task.
+No Prefect: `tasks/register.py` wraps `register` as the pipeline's task, `tasks/gate.py` wraps `gate_decision`.
 """
 
+import contextlib
+import fcntl
 import json
+import os
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 from trainers.jobdir import JobDir, write_json_atomic
 
+# The version fields repeated at the top level of `<name>.json`, where the one-record files had them.
+CURRENT_FIELDS = ("job_id", "artifact_path", "artifact_type", "metric", "score", "status", "smoke", "error")
+# Scores are means over a few prompts; a gain computed as 0.7 - 0.6 must meet min_gain 0.1.
+SCORE_TOLERANCE = 1e-9
+
 
 class RegistrationError(RuntimeError):
-    """The job cannot be deployed (no merged weights yet, unknown deployment)."""
+    """The job cannot be deployed (no merged weights yet, unknown deployment, nothing to roll back to)."""
 
 
 def registry_dir(output_root: Path) -> Path:
     return Path(output_root) / "deployments"
 
 
+@contextlib.contextmanager
+def _locked(output_root: Path) -> Iterator[None]:
+    """An exclusive lock on the registry folder itself (no lock file beside the records), for read-modify-write."""
+    folder = registry_dir(output_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _normalized(record: dict) -> dict:
+    """A registry record with `versions` and `current`: an old one-record file becomes a name with one version."""
+    if "versions" in record:
+        return record
+    version = {"version": 1, "metric": None, "score": None, **{k: record[k] for k in CURRENT_FIELDS if k in record}}
+    version["registered"] = record.get("updated") or record.get("created")
+    return {**record, "current": 1 if record.get("status") == "ready" else None, "versions": [version]}
+
+
+def _with_current(record: dict) -> dict:
+    """`record` with the current version's fields at the top level (the latest version's when none is current)."""
+    versions = record["versions"]
+    shown = next((v for v in versions if v["version"] == record["current"]), versions[-1] if versions else {})
+    for key in CURRENT_FIELDS:
+        record.pop(key, None)
+    record.update({k: shown[k] for k in CURRENT_FIELDS if k in shown})
+    return record
+
+
 def read_deployment(output_root: Path, name: str) -> dict:
+    """The registry record of deployment `name` (old one-record files read as one version); `RegistrationError`
+    naming the registered names when there is none."""
     path = registry_dir(output_root) / f"{name}.json"
     if not path.exists():
         known = sorted(p.stem for p in registry_dir(output_root).glob("*.json"))
         raise RegistrationError(f"unknown deployment {name!r}; registered: {', '.join(known) or 'none'}")
-    return json.loads(path.read_text())
+    return _normalized(json.loads(path.read_text()))
+
+
+def list_deployments(output_root: Path) -> list[dict]:
+    """Every deployment name's record (see `read_deployment`), by name."""
+    return [read_deployment(output_root, p.stem) for p in sorted(registry_dir(output_root).glob("*.json"))]
+
+
+def deployed_score(output_root: Path, name: str) -> float | None:
+    """The held-out score of the version deployment `name` serves now; None when it serves none or has no score."""
+    try:
+        record = read_deployment(output_root, name)
+    except RegistrationError:
+        return None
+    current = [v for v in record["versions"] if v["version"] == record["current"]]
+    return current[0].get("score") if current else None
+
+
+def rollback(output_root: Path, name: str) -> tuple[dict, dict]:
+    """Makes the ready version before the current one current again; returns (restored, replaced) versions.
+
+    Args:
+        output_root (`Path`): the folder holding `deployments/`.
+        name (`str`): the deployment name.
+    """
+    with _locked(output_root):
+        record = read_deployment(output_root, name)
+        versions, current = record["versions"], record["current"]
+        position = next((i for i, v in enumerate(versions) if v["version"] == current), None)
+        if position is None:
+            raise RegistrationError(f"deployment {name!r} serves no version: nothing to roll back from")
+        earlier = [v for v in versions[:position] if v.get("status") == "ready"]
+        if not earlier:
+            job_id = versions[position]["job_id"]
+            raise RegistrationError(
+                f"deployment {name!r} has no ready version before version {current} (job {job_id})"
+            )
+        record["current"], record["updated"] = earlier[-1]["version"], datetime.now(UTC).isoformat()
+        write_json_atomic(registry_dir(output_root) / f"{name}.json", _with_current(record))
+    return earlier[-1], versions[position]
+
+
+# --- the promotion gate
+
+
+def gate_decision(evaluation: dict | None, gate, deployed: float | None) -> dict:
+    """Whether the GRPO result may be published and deployed, by the spec's `evaluation.gate`.
+
+    Args:
+        evaluation (`dict`, *optional*): evaluation.json (`metric`, `before`, `after`); None when nothing was held out.
+        gate (`GateSpec`, *optional*): `min_gain` (after - before must reach it) and `beat_deployed` (after must reach
+            `deployed`); None, or neither set, promotes every model.
+        deployed (`float`, *optional*): the score the deployment name serves now; None when it serves nothing scored.
+
+    Returns:
+        `dict`: `promote`, `reason` (every unmet condition, "; "-joined), and the figures judged: `metric`, `before`,
+        `after`, `gain`, `deployed_score`, `min_gain`, `beat_deployed`.
+    """
+    evaluation = evaluation or {}
+    before, after = evaluation.get("before"), evaluation.get("after")
+    gain = after - before if before is not None and after is not None else None
+    min_gain = gate.min_gain if gate else None
+    beat_deployed = bool(gate and gate.beat_deployed)
+    gated, problems = min_gain is not None or beat_deployed, []
+    if gated and after is None:
+        problems.append("the GRPO result has no held-out score to judge (nothing held out, or nothing scored)")
+    elif min_gain is not None and (gain is None or gain + SCORE_TOLERANCE < min_gain):
+        have = "the start model was not scored" if gain is None else f"gain {gain:+.4g} ({before:.4g} -> {after:.4g})"
+        problems.append(f"{have} is below evaluation.gate.min_gain {min_gain:g}")
+    if beat_deployed and after is not None and deployed is not None and after + SCORE_TOLERANCE < deployed:
+        problems.append(
+            f"score {after:.4g} is below the deployed version's {deployed:.4g} (evaluation.gate.beat_deployed)"
+        )
+    return {
+        "promote": not problems,
+        "reason": "; ".join(problems) or ("passed evaluation.gate" if gated else "no gate"),
+        "metric": evaluation.get("metric"),
+        "before": before,
+        "after": after,
+        "gain": gain,
+        "deployed_score": deployed,
+        "min_gain": min_gain,
+        "beat_deployed": beat_deployed,
+    }
+
+
+# --- registering
 
 
 def smoke_prompt(job: JobDir):
@@ -58,34 +199,55 @@ def smoke_test(model_dir: Path, prompt, max_new_tokens: int = 16) -> dict:
 
 
 def register(job: JobDir, name: str) -> dict:
-    """Registers (or re-points) deployment `name` at `job`'s merged weights; `ready` once a smoke test passed.
+    """Registers `job`'s merged weights as a version of deployment `name`, current once a smoke test passed.
 
     Args:
         job (`JobDir`): a finished job (it has `merged/`).
         name (`str`): the deployment's name (DeploySpec rules: lowercase slug).
+
+    Returns:
+        `dict`: the name's record, the new (or re-tested) version's fields at the top level, `version` its number.
     """
     if not (job.merged / "config.json").exists():
         raise RegistrationError(f"job {job.job_id} has no merged weights yet (merged/ is missing); train it first")
-    path = registry_dir(job.root.parent) / f"{name}.json"
-    now = datetime.now(UTC).isoformat()
-    previous = json.loads(path.read_text()) if path.exists() else {}
+    root, now = job.root.parent, datetime.now(UTC).isoformat()
     info = json.loads(job.model_json.read_text()) if job.model_json.exists() else {}
-    record = {
-        "name": name,
+    evaluation = json.loads(job.evaluation.read_text()) if job.evaluation.exists() else {}
+    version = {
         "job_id": job.job_id,
         "artifact_path": str(job.merged),
         "artifact_type": info.get("artifact_type", "full"),
-        "created": previous.get("created", now),
-        "updated": now,
+        "metric": evaluation.get("metric"),
+        "score": evaluation.get("after"),
         "status": "registering",
+        "registered": now,
     }
-    write_json_atomic(path, record)
+    number = _add_version(root, name, version, now)
     try:
-        record["smoke"] = smoke_test(job.merged, smoke_prompt(job))
-        record["status"] = "ready"
+        version.update(smoke=smoke_test(job.merged, smoke_prompt(job)), status="ready")
     except Exception as e:
-        record.update(status="failed", error=f"{type(e).__name__}: {e}")
-        write_json_atomic(path, record)
+        version.update(status="failed", error=f"{type(e).__name__}: {e}")
+        _add_version(root, name, version, now, number)
         raise RegistrationError(f"deployment {name!r}: the smoke inference failed: {e}") from e
-    write_json_atomic(path, record)
-    return record
+    record = _add_version(root, name, version, now, number, make_current=True)
+    return {**record, "version": number}
+
+
+def _add_version(root: Path, name: str, version: dict, now: str, number: int | None = None, make_current=False):
+    """Writes `version` into `name`'s record, as version `number`, or as a new one (the current version when its job
+    is the same: a re-registration); returns its number, or the record once `make_current` made it current."""
+    path = registry_dir(root) / f"{name}.json"
+    with _locked(root):
+        record = read_deployment(root, name) if path.exists() else {"name": name, "created": now, "versions": []}
+        record.setdefault("current", None)
+        versions = record["versions"]
+        if number is None:
+            same = [v for v in versions if v["version"] == record["current"] and v["job_id"] == version["job_id"]]
+            number = same[0]["version"] if same else max((v["version"] for v in versions), default=0) + 1
+        versions[:] = [v for v in versions if v["version"] != number] + [{"version": number, **version}]
+        versions.sort(key=lambda v: v["version"])
+        if make_current:
+            record["current"] = number
+        record.update(name=name, updated=now)
+        write_json_atomic(path, _with_current(record))
+    return record if make_current else number

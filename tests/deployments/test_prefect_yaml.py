@@ -69,8 +69,12 @@ def test_schedules(deployments):
     cron = CronSchedule(cron=nightly["cron"], timezone=nightly["timezone"])
     assert cron.cron == "0 2 * * *" and cron.timezone == "UTC"
     [watch] = deployments["watch-new-data/watch"]["schedules"]
-    assert IntervalSchedule(interval=watch["interval"]).interval.total_seconds() == 120
-    assert deployments["watch-new-data/watch"]["concurrency_limit"] == 1  # two looks at once could race
+    assert IntervalSchedule(interval=watch["interval"]).interval.total_seconds() == 3600
+    watcher = deployments["watch-new-data/watch"]
+    assert watcher["concurrency_limit"] == 1  # two looks at once could race
+    # Each hourly run keeps looking for 55 minutes (24 runs a day in the list), its state in the project folder.
+    params = watcher["parameters"]
+    assert params["watch_minutes"] == 55 and params["state_dir"] == ".grpoflow/watch-state"
 
 
 def test_shipped_specs_are_valid(deployments):

@@ -222,3 +222,56 @@ def test_unknown_job_exits_1(finished_job):
 def test_metrics_unknown_key(finished_job):
     code, _, err = cli("--output-uri", str(finished_job.parent), "metrics", finished_job.name, "--keys", "rewrd")
     assert code == 2 and "rewrd" in err and "reward" in err
+
+
+# --- no Prefect where none is needed
+
+# Runs each argv list of sys.argv[1] (JSON) through the CLI in this one process, then reports the exit codes and
+# whether any Prefect server module was imported: Prefect's ephemeral server (the events worker's or the client's)
+# cannot start without importing prefect.server.api.server.
+NO_PREFECT_PROBE = """
+import contextlib, io, json, sys
+from flows.cli import main
+codes = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        codes.append(main(argv))
+print(json.dumps({"codes": codes, "server_modules": sorted(m for m in sys.modules if m.startswith("prefect.server"))}))
+"""
+
+
+def test_reading_and_model_commands_start_no_prefect(tmp_path, make_spec):
+    import os
+    import subprocess
+    import sys
+
+    from tests.hub_server import HubServer
+    from tests.publishing import REPO, TOKEN, make_job
+    from trainers.dataset import ingest_dataset
+
+    job = make_job(tmp_path / "runs")
+    ingest_dataset(str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(10))), job.dataset, holdout=2)
+    job.model_json.write_text(json.dumps({"artifact_type": "full", "files": [], "merged_files": ["config.json"]}))
+    root = str(job.root.parent)
+    commands = [
+        ["validate", str(make_spec())],
+        ["--output-uri", root, "jobs"],
+        ["--output-uri", root, "metrics", job.job_id],
+        ["--output-uri", root, "model", job.job_id],
+        ["--output-uri", root, "deploy", job.job_id, "--name", "tiny"],
+        ["--output-uri", root, "deployments", "list"],
+        ["--output-uri", root, "publish", job.job_id, "--repo-id", REPO],
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), HF_HOME=str(tmp_path / "hf-home"))  # no API in a profile
+    env.update(HF_TOKEN=TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1")
+    probe = [sys.executable, "-c", NO_PREFECT_PROBE, json.dumps(commands)]
+    with HubServer(accepted_token=TOKEN) as hub:
+        done = subprocess.run(probe, env={**env, "HF_ENDPOINT": hub.url}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["codes"] == [0] * len(commands), done.stderr
+    assert report["server_modules"] == []  # no Prefect server, temporary or ephemeral, was started
+    assert "temporary Prefect server" not in done.stderr
+    events = [json.loads(line)["event"] for line in job.events.read_text().splitlines()]
+    assert events == ["grpoflow.deployment.registered", "grpoflow.model.published"]  # still in events.jsonl

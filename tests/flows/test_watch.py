@@ -1,9 +1,11 @@
 """The data watcher (`flows/watch.py`) on a local folder and on an S3 bucket (moto's server on loopback), emitting to
-a real Prefect server: one `grpoflow.dataset.landed` per new file version, never for a half-written file, never
-twice."""
+a real Prefect server: one `grpoflow.dataset.landed` per new file version, by the first look that finds it settled,
+never for a half-written file, never twice (not after a restart either)."""
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +13,7 @@ import pytest
 import s3fs
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+from prefect.settings import PREFECT_API_URL
 
 from flows.watch import EVENT, FileVersion, WatchState, event_id, is_candidate, look, state_path, watch_new_data
 
@@ -55,21 +58,31 @@ def test_candidates(path, expected):
     assert is_candidate(path) is expected
 
 
+def one_look(uri: str, **parameters):
+    """One run of the watcher that looks once (the deployment's runs keep looking for an hour)."""
+    return watch_new_data(uri, watch_minutes=0, **parameters)
+
+
+def settled(path, seconds_ago: float = 60.0):
+    """`path` as a finished upload leaves it: last modified `seconds_ago`."""
+    then = time.time() - seconds_ago
+    os.utime(path, (then, then))
+    return path
+
+
 @pytest.mark.usefixtures("prefect_server")
-def test_local_file_lands_once_after_two_looks(tmp_path):
+def test_a_settled_file_lands_in_one_look(tmp_path):
     incoming, state = tmp_path / "incoming", str(tmp_path / "state")
     incoming.mkdir()
     (incoming / "prompts.jsonl").write_bytes(ROW)
-    uri = str((incoming / "prompts.jsonl").resolve())
+    uri = str(settled(incoming / "prompts.jsonl").resolve())
 
-    assert watch_new_data(str(incoming), spec="specs/small.yaml", state_dir=state) == []  # first look: pending
-    landed = watch_new_data(str(incoming), spec="specs/small.yaml", state_dir=state)
-    assert len(landed) == 1
-    payload = landed[0]
+    [payload] = one_look(str(incoming), spec="specs/small.yaml", state_dir=state)  # the first run announces it
     assert payload["uri"] == uri and payload["size"] == len(ROW) and payload["etag"] is None
     assert payload["mtime"].endswith("+00:00") and payload["version"] == f"mtime:{payload['mtime']}"
     assert payload["spec"] == "specs/small.yaml"
-    assert watch_new_data(str(incoming), spec="specs/small.yaml", state_dir=state) == []  # seen: nothing new
+    again = one_look(str(incoming), spec="specs/small.yaml", state_dir=state, return_state=True)
+    assert again.result() == [] and again.message == f"0 new dataset file(s) under {incoming}"  # seen: nothing new
 
     events = landed_events(uri)
     assert len(events) == 1
@@ -77,50 +90,70 @@ def test_local_file_lands_once_after_two_looks(tmp_path):
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_half_written_files_wait(tmp_path):
+def test_a_file_being_written_waits_until_it_settles(tmp_path):
     incoming, state = tmp_path / "incoming", str(tmp_path / "state")
     (incoming / "_temporary").mkdir(parents=True)
     growing = incoming / "growing.jsonl"
     growing.write_bytes(ROW)
     for name in (".hidden.jsonl", "upload.jsonl.part", "_temporary/part-0.jsonl", "notes.txt"):
         (incoming / name).write_bytes(ROW)
+        settled(incoming / name)
+    t = time.time()  # the looks below say when they happen: `now`, seconds since the epoch
 
-    assert watch_new_data(str(incoming), state_dir=state) == []
-    with growing.open("ab") as f:  # still being written between the two looks
+    with WatchState.locked(str(incoming), state) as s:
+        assert look(s, settle_seconds=5, now=t) == []  # written just now: it may still grow
+        assert list(s.pending) == [str(growing)]
+    with growing.open("ab") as f:  # still being written between the looks
         f.write(ROW)
     os.utime(growing, ns=(time.time_ns(), time.time_ns() + 10**9))  # coarse filesystem clocks would hide the write
-    assert watch_new_data(str(incoming), state_dir=state) == []
-    landed = watch_new_data(str(incoming), state_dir=state)
+    with WatchState.locked(str(incoming), state) as s:
+        assert look(s, settle_seconds=5, now=t + 3) == []  # changed: settling starts again
+        assert look(s, settle_seconds=5, now=t + 4) == []
+    with WatchState.locked(str(incoming), state) as s:  # what the next run reads back
+        landed = look(s, settle_seconds=5, now=t + 30)
     assert [p["uri"] for p in landed] == [str(growing.resolve())] and landed[0]["size"] == 2 * len(ROW)
 
-    # The temporary names never land; renamed to its final name, the upload does (after two looks).
-    assert watch_new_data(str(incoming), state_dir=state) == []
+    # The temporary names never land, however long they sit; renamed to its final name, the upload is complete.
+    with WatchState.locked(str(incoming), state) as s:
+        assert look(s, settle_seconds=5, now=t + 3600) == []
     (incoming / "upload.jsonl.part").rename(incoming / "upload.jsonl")
-    assert watch_new_data(str(incoming), state_dir=state) == []
-    assert [p["uri"] for p in watch_new_data(str(incoming), state_dir=state)] == [str(incoming / "upload.jsonl")]
+    assert [p["uri"] for p in one_look(str(incoming), state_dir=state)] == [str(incoming / "upload.jsonl")]
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_state_outlives_the_process_and_new_versions_land_again(tmp_path):
+def test_a_restarted_watcher_does_not_announce_again(tmp_path):
     incoming, state = tmp_path / "incoming", str(tmp_path / "state")
     incoming.mkdir()
     data = incoming / "prompts.jsonl"
     data.write_bytes(ROW)
-    watch_new_data(str(incoming), state_dir=state)
-    [first] = watch_new_data(str(incoming), state_dir=state)
+    [first] = one_look(str(settled(data).parent), state_dir=state)
 
     # What a restarted worker reads back: the emitted version, in a JSON file named after the watched folder.
     saved = json.loads(state_path(str(incoming), state).read_text())
     assert saved["uri"] == str(incoming) and saved["emitted"] == {str(data): [first["version"]]}
-    with WatchState.locked(str(incoming), state) as fresh:
-        assert look(fresh) == []
+    # A new process (a restarted worker) on the same state folder: nothing to announce.
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    command = [sys.executable, "-m", "flows.watch", str(incoming), "--state-dir", state]
+    restarted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert restarted.returncode == 0, restarted.stderr
+    assert json.loads(restarted.stdout.splitlines()[-1]) == []
 
     data.write_bytes(ROW * 3)  # a new version of the same file
-    os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
-    assert watch_new_data(str(incoming), state_dir=state) == []
-    [second] = watch_new_data(str(incoming), state_dir=state)
+    [second] = one_look(str(settled(data, 30).parent), state_dir=state)
     assert second["uri"] == first["uri"] and second["version"] != first["version"] and second["size"] == 3 * len(ROW)
-    assert watch_new_data(str(incoming), state_dir=state) == []
+    assert one_look(str(incoming), state_dir=state) == []
+    assert len(landed_events(first["uri"], expected=2)) == 2
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_one_run_keeps_looking(tmp_path):
+    incoming, state = tmp_path / "incoming", str(tmp_path / "state")
+    incoming.mkdir()
+    (incoming / "prompts.jsonl").write_bytes(ROW)  # fresh: the first look may find it still settling
+    run = watch_new_data(
+        str(incoming), state_dir=state, settle_seconds=1, watch_minutes=0.1, poll_seconds=1, return_state=True
+    )
+    assert len(run.result()) == 1 and " looks" in run.message  # announced by the run, once, in one of its looks
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -128,7 +161,7 @@ def test_concurrent_looks_emit_once(tmp_path):
     incoming, state = tmp_path / "incoming", str(tmp_path / "state")
     incoming.mkdir()
     (incoming / "prompts.jsonl").write_bytes(ROW)
-    watch_new_data(str(incoming), state_dir=state)
+    settled(incoming / "prompts.jsonl")
     results, start = [], threading.Barrier(2)
 
     def one_look():
@@ -155,7 +188,7 @@ def test_event_id_names_the_version():
 
 @pytest.mark.usefixtures("prefect_server")
 def test_missing_folder_is_empty(tmp_path):
-    assert watch_new_data(str(tmp_path / "not-yet"), state_dir=str(tmp_path / "state")) == []
+    assert one_look(str(tmp_path / "not-yet"), state_dir=str(tmp_path / "state")) == []
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -165,15 +198,20 @@ def test_s3_prefix(bucket, tmp_path):
     fs.pipe(f"{bucket}/incoming/day1/more.jsonl.part", ROW)  # a client that uploads under a temporary name
     fs.pipe(f"{bucket}/elsewhere/prompts.jsonl", ROW)  # outside the watched prefix
     prefix, uri = f"s3://{bucket}/incoming", f"s3://{bucket}/incoming/day1/prompts.jsonl"
+    spec = "s3://specs/small.yaml"
 
-    assert watch_new_data(prefix, spec="s3://specs/small.yaml", state_dir=state) == []
-    [landed] = watch_new_data(prefix, spec="s3://specs/small.yaml", state_dir=state)
-    assert landed["uri"] == uri and landed["size"] == len(ROW) and landed["spec"] == "s3://specs/small.yaml"
+    # LastModified is just now: with an hour to settle, the look waits (and says so in the run's state message).
+    waiting = one_look(prefix, spec=spec, state_dir=state, settle_seconds=3600, return_state=True)
+    assert waiting.result() == [] and waiting.message.endswith(f"; 1 waiting to settle: {uri}")
+    with WatchState.locked(prefix, state) as s:  # the next look, its settle time later
+        [landed] = look(s, spec, settle_seconds=5, now=time.time() + 10)
+    assert landed["uri"] == uri and landed["size"] == len(ROW) and landed["spec"] == spec
     assert landed["etag"] == fs.info(uri)["ETag"].strip('"') and landed["version"] == f"etag:{landed['etag']}"
-    assert watch_new_data(prefix, spec="s3://specs/small.yaml", state_dir=state) == []
+    assert one_look(prefix, spec=spec, state_dir=state, settle_seconds=0) == []  # announced: never again
 
-    fs.pipe(uri, ROW * 2)  # overwritten: a new ETag, a new version
-    assert watch_new_data(prefix, spec="s3://specs/small.yaml", state_dir=state) == []
-    [again] = watch_new_data(prefix, spec="s3://specs/small.yaml", state_dir=state)
+    fs.pipe(uri, ROW * 2)  # overwritten: a new ETag, a new version, settled by the first look that sees it
+    [again] = one_look(prefix, spec=spec, state_dir=state, settle_seconds=0)
     assert again["uri"] == uri and again["etag"] != landed["etag"]
+    with WatchState.locked(prefix, state) as fresh:  # the state read back, as a restarted worker would
+        assert look(fresh, spec, settle_seconds=0) == []
     assert len(landed_events(uri, expected=2)) == 2

@@ -76,3 +76,19 @@ def test_concurrent_emits_write_whole_lines(tmp_path):
     assert len(records) == 80 and len({r["id"] for r in records}) == 80
     for n in range(4):  # each thread's events in the order it emitted them
         assert [r["payload"]["i"] for r in records if r["payload"]["thread"] == n] == list(range(20))
+
+
+def test_without_a_prefect_api_events_stay_local(tmp_path, monkeypatch):
+    """Outside a flow run, with no Prefect API configured, an event goes to events.jsonl only: Prefect's emit_event
+    would start an ephemeral server for it (15 s for `grpoflow deploy`)."""
+    import prefect.events
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    def no_prefect(**kwargs):
+        raise AssertionError("emit_event called with no Prefect API configured")
+
+    monkeypatch.setattr(prefect.events, "emit_event", no_prefect)
+    job = JobDir(tmp_path / "demo-20261130-000000-abcdef")
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        record = emit(job, "grpoflow.deployment.registered", {"name": "tiny"})
+    assert lines(job) == [record]

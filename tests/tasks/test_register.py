@@ -61,3 +61,60 @@ def test_deploy_mistakes(finished_job):
     assert code == 1 and "merged" in err
     code, _, err = cli("--output-uri", root, "serve", "nothing-here")
     assert code == 1 and "unknown deployment" in err
+
+
+def test_every_version_is_kept_and_rolled_back(finished_job):
+    root = finished_job.root.parent
+    finished_job.evaluation.write_text(json.dumps({"metric": "exact_answer", "n": 2, "before": 0.0, "after": 0.5}))
+    newer = JobDir(root / "reg-20261201-000000-abcdef")
+    shutil.copytree(finished_job.root, newer.root)
+    newer.evaluation.write_text(json.dumps({"metric": "exact_answer", "n": 2, "before": 0.0, "after": 0.25}))
+    for job in (finished_job, newer):
+        code, out, err = cli("--output-uri", root, "deploy", job.job_id, "--name", "tiny")
+        assert code == 0 and out.endswith(f"({'version 1' if job is finished_job else 'version 2'})\n"), err
+
+    record = json.loads((root / "deployments" / "tiny.json").read_text())
+    assert record["current"] == 2 and record["job_id"] == newer.job_id and record["score"] == 0.25
+    assert [(v["job_id"], v["score"], v["status"]) for v in record["versions"]] == [
+        (finished_job.job_id, 0.5, "ready"),
+        (newer.job_id, 0.25, "ready"),
+    ]
+    registered = [json.loads(line) for line in newer.events.read_text().splitlines()][-1]
+    assert registered["event"] == "grpoflow.deployment.registered" and registered["payload"]["version"] == 2
+
+    code, out, err = cli("--output-uri", root, "deploy", "--rollback", "tiny")
+    assert code == 0 and f"rolled back to version 1 (job {finished_job.job_id})" in out, err
+    record = json.loads((root / "deployments" / "tiny.json").read_text())
+    assert record["current"] == 1 and record["artifact_path"] == str(finished_job.merged)  # what serve now serves
+    code, out, _ = cli("--output-uri", root, "deployments", "list")
+    assert code == 0 and out.splitlines()[1].startswith("  * v1 ") and "exact_answer 0.500" in out.splitlines()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_run_that_misses_the_gate_completes_unpromoted(make_spec, tmp_path):
+    # A gain of 2 on a 0-1 reward is out of reach; were publish attempted, it would fail (no Hub here).
+    spec = make_spec(
+        "gated",
+        hyperparameters={"max_steps": 2},
+        evaluation={"holdout": 4, "gate": {"min_gain": 2.0}},
+        publish={"repo_id": "grpo-org/never-published"},
+        deploy={"name": "gated"},
+    )
+    code, out, err = cli("run", spec)
+    assert code == 0, err
+    assert "model not promoted (not published, not deployed): gain" in out and "min_gain 2" in out
+    [job] = [JobDir(p) for p in (tmp_path / "runs").iterdir() if (p / "spec.yaml").exists()]
+    events = [json.loads(line) for line in job.events.read_text().splitlines()]
+    names = [e["event"] for e in events]
+    assert "grpoflow.model.published" not in names and "grpoflow.deployment.registered" not in names
+    assert names[-2:] == ["grpoflow.model.rejected", "grpoflow.job.completed"]
+    rejected = events[-2]["payload"]
+    evaluation = json.loads(job.evaluation.read_text())
+    assert (rejected["before"], rejected["after"]) == (evaluation["before"], evaluation["after"])
+    assert (
+        rejected["promote"] is False
+        and rejected["min_gain"] == 2.0
+        and "below evaluation.gate.min_gain" in (rejected["reason"])
+    )
+    assert not (tmp_path / "runs" / "deployments").exists()

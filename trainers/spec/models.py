@@ -256,6 +256,22 @@ class HealthSpec(_Section):
 
 
 class EvaluationSpec(_Section):
+class GateSpec(_Section):
+    """The promotion gate: the GRPO result is published and deployed only when it passes; otherwise the run still
+    completes, emitting grpoflow.model.rejected with both scores and the reason."""
+
+    min_gain: float | None = Field(
+        None,
+        description="Least held-out gain required, after minus before, in the metric's units (e.g. 0.05 for five "
+        "points of a 0-1 reward); null: no minimum. A negative value tolerates that much of a loss.",
+    )
+    beat_deployed: bool = Field(
+        False,
+        description="Also require a held-out score at least the one of the version the deployment name (deploy.name) "
+        "serves now; passes when it serves nothing scored yet.",
+    )
+
+
     """The held-out before/after evaluation."""
 
     holdout: float = Field(
@@ -264,6 +280,9 @@ class EvaluationSpec(_Section):
     metric: str | None = Field(None, description="The reward (by name) to score with; default: the first reward.")
     max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
 
+    gate: GateSpec = Field(
+        GateSpec(), description="Publish and deploy only when the GRPO result passes; by default every model does."
+    )
     @field_validator("holdout")
     @classmethod
     def _whole_count(cls, value: float) -> float:
@@ -271,6 +290,17 @@ class EvaluationSpec(_Section):
             raise ValueError("must be a fraction below 1 or a whole number of prompts")
         return value
 
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _no_gate(cls, value: Any) -> Any:
+        return {} if value is None else value  # `gate:` with nothing under it: no gate
+
+    @model_validator(mode="after")
+    def _gate_needs_held_out_prompts(self) -> "EvaluationSpec":
+        if self.holdout == 0 and (self.gate.min_gain is not None or self.gate.beat_deployed):
+            raise ValueError("evaluation.gate judges held-out scores: set evaluation.holdout above 0 or drop the gate")
+        return self
 
 class PublishSpec(_Section):
     """Publishing the trained model to the Hugging Face Hub."""

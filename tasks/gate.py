@@ -1,0 +1,31 @@
+"""Promotion gate task: judges the held-out evaluation by the spec's `evaluation.gate` (`trainers.registry.
+gate_decision`), writes the decision to the job's `gate.json`, and emits `grpoflow.model.rejected` for a model that
+fails it: the pipeline then skips publish and deploy and still completes."""
+
+from prefect import get_run_logger, task
+
+from tasks.events import emit
+from trainers.jobdir import JobDir, write_json_atomic
+from trainers.registry import deployed_score, gate_decision
+from trainers.spec import JobSpec
+
+
+@task(name="promotion-gate", retries=0)
+def gate_task(job: JobDir, spec: JobSpec, evaluation: dict | None) -> dict:
+    """Decides whether the GRPO result is promoted (published, deployed); returns the decision (`promote`, `reason`,
+    the scores). The deployed score is the one `spec.deploy.name` serves now, read only when `beat_deployed` asks.
+
+    Args:
+        job (`JobDir`), spec (`JobSpec`): the job.
+        evaluation (`dict`, *optional*): the evaluation task's result (evaluation.json).
+    """
+    gate = spec.evaluation.gate
+    deployed = deployed_score(job.root.parent, spec.deploy.name) if gate.beat_deployed and spec.deploy else None
+    decision = gate_decision(evaluation, gate, deployed)
+    write_json_atomic(job.root / "gate.json", decision)
+    if decision["promote"]:
+        get_run_logger().info("promotion gate: %s", decision["reason"])
+    else:
+        get_run_logger().warning("not promoted (no publish, no deploy): %s", decision["reason"])
+        emit(job, "grpoflow.model.rejected", decision)
+    return decision

@@ -1,0 +1,139 @@
+"""The deployment registry's versions, rollback and listing (on registry files written by hand), and the promotion
+gate's rule (`gate_decision`)."""
+
+import json
+
+import pytest
+
+from tests.conftest import cli
+from trainers.registry import (
+    RegistrationError,
+    deployed_score,
+    gate_decision,
+    list_deployments,
+    read_deployment,
+    rollback,
+)
+from trainers.spec.models import GateSpec
+
+
+def version(n: int, score: float | None, status: str = "ready") -> dict:
+    job_id = f"arith-2026113{n}-000000-abcdef"
+    return {
+        "version": n,
+        "job_id": job_id,
+        "artifact_path": f"/runs/{job_id}/merged",
+        "artifact_type": "full",
+        "metric": "exact_answer",
+        "score": score,
+        "status": status,
+        "registered": f"2026-11-3{n}T00:00:00+00:00",
+    }
+
+
+@pytest.fixture
+def root(tmp_path):
+    """An output root whose registry holds `arith` (versions 1 ready, 2 failed, 3 ready and current) and `old` (a
+    one-record file as grpoflow wrote them before versions)."""
+    registry = tmp_path / "deployments"
+    registry.mkdir()
+    versions = [version(1, 0.5), version(2, None, "failed"), version(3, 0.25)]
+    record = {"name": "arith", "created": "2026-11-31T00:00:00+00:00", "current": 3, "versions": versions}
+    (registry / "arith.json").write_text(json.dumps({**record, **{k: versions[2][k] for k in ("job_id", "status")}}))
+    old = {
+        "name": "old",
+        "job_id": "old-20261101-000000-abcdef",
+        "artifact_path": "/runs/old-20261101-000000-abcdef/merged",
+        "artifact_type": "full",
+        "created": "2026-11-01T00:00:00+00:00",
+        "updated": "2026-11-02T00:00:00+00:00",
+        "status": "ready",
+        "smoke": {"prompt": "What is 1+2?", "completion": "3", "seconds": 0.1},
+    }
+    (registry / "old.json").write_text(json.dumps(old))
+    return tmp_path
+
+
+def test_an_old_one_record_file_is_one_version(root):
+    record = read_deployment(root, "old")
+    assert record["current"] == 1 and len(record["versions"]) == 1
+    [only] = record["versions"]
+    assert only["job_id"] == "old-20261101-000000-abcdef" and only["status"] == "ready" and only["score"] is None
+    assert record["artifact_path"] == only["artifact_path"]  # what `grpoflow serve` reads stays at the top level
+    with pytest.raises(RegistrationError, match="no ready version before version 1"):
+        rollback(root, "old")
+
+
+def test_rollback_restores_the_previous_ready_version(root):
+    assert deployed_score(root, "arith") == 0.25
+    restored, replaced = rollback(root, "arith")
+    assert (restored["version"], replaced["version"]) == (1, 3)  # version 2 failed its smoke test: skipped
+    saved = json.loads((root / "deployments" / "arith.json").read_text())
+    assert saved["current"] == 1 and [v["version"] for v in saved["versions"]] == [1, 2, 3]  # nothing is lost
+    assert saved["job_id"] == restored["job_id"] and saved["artifact_path"] == restored["artifact_path"]
+    assert deployed_score(root, "arith") == 0.5
+    with pytest.raises(RegistrationError, match="no ready version before version 1"):
+        rollback(root, "arith")
+    with pytest.raises(RegistrationError, match="unknown deployment 'nope'; registered: arith, old"):
+        rollback(root, "nope")
+    assert deployed_score(root, "nope") is None
+
+
+def test_cli_list_and_rollback(root):
+    code, out, err = cli("--output-uri", root, "deployments", "list")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "arith  (current: v3)" and lines[4] == "old  (current: v1)"
+    assert lines[1].startswith("    v1 ") and "exact_answer 0.500" in lines[1] and "ready" in lines[1]
+    assert "not scored" in lines[2] and "failed" in lines[2]
+    assert lines[3].startswith("  * v3 ") and "arith-20261133-000000-abcdef" in lines[3]
+
+    code, out, err = cli("--output-uri", root, "deploy", "--rollback", "arith")
+    assert code == 0, err
+    assert "rolled back to version 1 (job arith-20261131-000000-abcdef)" in out and "version 3" in out
+    code, out, _ = cli("--output-uri", root, "deployments", "list", "--json")
+    listed = {r["name"]: r for r in json.loads(out)["deployments"]}
+    assert listed["arith"]["current"] == 1 and len(listed["arith"]["versions"]) == 3
+
+    code, _, err = cli("--output-uri", root, "deploy", "--rollback", "arith")
+    assert code == 1 and "no ready version before version 1" in err
+    code, _, err = cli("--output-uri", root, "deploy")
+    assert code == 2 and "JOB_ID" in err
+    assert list_deployments(root / "empty") == []
+    code, out, _ = cli("--output-uri", root / "empty", "deployments", "list")
+    assert code == 0 and out.startswith("no deployments under")
+
+
+EVALUATION = {"metric": "exact_answer", "n": 8, "before": 0.5, "after": 0.75}
+
+
+@pytest.mark.parametrize(
+    "evaluation, gate, deployed, promote, reason",
+    [
+        (EVALUATION, None, None, True, "no gate"),  # no gate block at all
+        (EVALUATION, GateSpec(), 0.9, True, "no gate"),  # the defaults gate nothing, whatever is deployed
+        (EVALUATION, GateSpec(min_gain=0.25), None, True, "passed"),  # exactly the minimum passes
+        (
+            EVALUATION,
+            GateSpec(min_gain=0.3),
+            None,
+            False,
+            "gain +0.25 (0.5 -> 0.75) is below evaluation.gate.min_gain",
+        ),
+        ({**EVALUATION, "before": 0.6, "after": 0.7}, GateSpec(min_gain=0.1), None, True, "passed"),  # float noise
+        (EVALUATION, GateSpec(min_gain=-0.1), None, True, "passed"),  # a tolerated loss
+        ({**EVALUATION, "after": 0.4}, GateSpec(min_gain=-0.05), None, False, "gain -0.1"),  # more than tolerated
+        (EVALUATION, GateSpec(beat_deployed=True), None, True, "passed"),  # nothing deployed (or unscored) to beat
+        (EVALUATION, GateSpec(beat_deployed=True), 0.75, True, "passed"),  # a tie keeps the newer model
+        (EVALUATION, GateSpec(beat_deployed=True), 0.8, False, "below the deployed version's 0.8"),
+        (EVALUATION, GateSpec(min_gain=0.5, beat_deployed=True), 0.8, False, "min_gain 0.5; score 0.75 is below"),
+        (None, GateSpec(min_gain=0.0), None, False, "no held-out score"),  # nothing held out
+        ({**EVALUATION, "after": None}, GateSpec(beat_deployed=True), 0.1, False, "no held-out score"),
+        ({**EVALUATION, "before": None}, GateSpec(min_gain=0.0), None, False, "start model was not scored"),
+        (None, None, None, True, "no gate"),  # no evaluation and no gate: promoted as before the gate existed
+    ],
+)
+def test_gate_decision(evaluation, gate, deployed, promote, reason):
+    decision = gate_decision(evaluation, gate, deployed)
+    assert decision["promote"] is promote and reason in decision["reason"]
+    assert decision["deployed_score"] == deployed and decision["after"] == (evaluation or {}).get("after")
