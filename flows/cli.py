@@ -253,13 +253,6 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     return EXIT_OK
 
 
-def _score(value) -> str:
-    return "not scored" if value is None else f"{value:.3f}"
-
-
-def cmd_demo(args) -> int:
-    args.spec = str(DEMO_SPEC)
-    # The shipped dataset is found wherever grpoflow runs from.
 def _say_if_not_promoted(spec, job_id: str, stream) -> None:
     """One line when the promotion gate (evaluation.gate) kept the model from publish and deploy: the run completed."""
     from tasks.job import job_dir
@@ -270,6 +263,13 @@ def _say_if_not_promoted(spec, job_id: str, stream) -> None:
         print(f"model not promoted (not published, not deployed): {decision['reason']}", file=stream)
 
 
+def _score(value) -> str:
+    return "not scored" if value is None else f"{value:.3f}"
+
+
+def cmd_demo(args) -> int:
+    args.spec = str(DEMO_SPEC)
+    # The shipped dataset is found wherever grpoflow runs from.
     return cmd_run(args, [f"dataset.uri={EXAMPLES / 'data' / 'arithmetic.jsonl'}"])
 
 
@@ -429,23 +429,23 @@ def cmd_publish(args) -> int:
 
 def cmd_deploy(args) -> int:
     from tasks.events import emit
+    from tasks.register import registered_payload
     from trainers.registry import RegistrationError, register
     from trainers.spec import load_spec
 
-    job, _ = find_job(args, args.job_id)
-    spec, _ = load_spec(job.spec)
-    name = args.name or (spec.deploy.name if spec.deploy else spec.name)
-    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
-    from tasks.register import registered_payload
-        raise UsageError(f"--name {name!r}: use lowercase letters, digits, '-', '_' or '.', at most 63 characters")
-    try:
-        record = register(job, name)
     if args.rollback:
         if args.job_id:
             raise UsageError("deploy: give a JOB_ID to register or --rollback NAME, not both")
         return cmd_rollback(args)
     if not args.job_id:
         raise UsageError("deploy: give the JOB_ID to register (or --rollback NAME)")
+    job, _ = find_job(args, args.job_id)
+    spec, _ = load_spec(job.spec)
+    name = args.name or (spec.deploy.name if spec.deploy else spec.name)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
+        raise UsageError(f"--name {name!r}: use lowercase letters, digits, '-', '_' or '.', at most 63 characters")
+    try:
+        record = register(job, name)
     except RegistrationError as e:
         print(f"grpoflow: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -570,6 +570,10 @@ def _add_server_commands(sub) -> None:
     actions = deployments.add_subparsers(dest="action", required=True, parser_class=_Parser)
     apply = actions.add_parser("apply", help="create the work pools when missing and deploy deployments/prefect.yaml")
     apply.set_defaults(func=cmd_deployments_apply)
+    listing = actions.add_parser("list", help="every registered serving deployment with its versions (* current)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    listing.set_defaults(func=cmd_deployments_list)
     submit = sub.add_parser("submit", help="validate a spec here, then start a deployment's run with it")
     submit.add_argument("spec", help="job spec YAML file")
     submit.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
@@ -577,10 +581,6 @@ def _add_server_commands(sub) -> None:
     submit.add_argument("--wait", action="store_true", help="wait for the run to end; exit 1 unless it completed")
     submit.add_argument("--json", action="store_true", help="print JSON")
     submit.add_argument(
-    listing = actions.add_parser("list", help="every registered serving deployment with its versions (* current)")
-    listing.add_argument("--json", action="store_true", help="print JSON")
-    listing.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    listing.set_defaults(func=cmd_deployments_list)
         "--no-preflight",
         action="store_true",
         help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",

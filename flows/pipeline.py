@@ -12,9 +12,9 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from tasks.evaluate import evaluate_task
+from tasks.gate import gate_task
 from tasks.ingest import ingest_task
 from tasks.job import JobEnding, create_job_task, job_location, new_job_id
-from tasks.gate import gate_task
 from tasks.merge import merge_task
 from tasks.publish import publish_task
 from tasks.register import register_task
@@ -58,6 +58,9 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         # --- held-out evaluation and report
         evaluation = evaluate_task(job, spec, sft, training, wall_seconds=time.monotonic() - started)
 
+        # --- promotion gate (evaluation.gate): a model that fails it is neither published nor deployed
+        promoted = gate_task(job, spec, evaluation)["promote"]
+
         # --- publish to the Hugging Face Hub
         if spec.publish and promoted:
             publish_task(job, spec)
@@ -71,9 +74,6 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         end.completed({**result, "evaluation": evaluation, "artifact_type": model["artifact_type"]})
     return {**result, "evaluation": evaluation, "dataset": dataset}
 
-
-        # --- promotion gate (evaluation.gate): a model that fails it is neither published nor deployed
-        promoted = gate_task(job, spec, evaluation)["promote"]
 
 def completed_before(job: JobDir, spec: JobSpec) -> bool:
     """Whether `job` completed and a resume would redo none of its stages (`grpoflow run --resume` then says so and

@@ -9,12 +9,12 @@ from trainers.registry import register
 from trainers.spec import JobSpec
 
 
-@task(name="register", retries=1, retry_delay_seconds=5)
 def registered_payload(record: dict) -> dict:
     """The `grpoflow.deployment.registered` payload: the name, its new version, the weights, status and score."""
     return {k: record.get(k) for k in ("name", "version", "artifact_path", "status", "metric", "score")}
 
 
+@task(name="register", retries=1, retry_delay_seconds=5)
 def register_task(job: JobDir, spec: JobSpec) -> dict:
     """Registers this job as the current version of the spec's deployment; emits `grpoflow.deployment.registered`."""
     record = register(job, spec.deploy.name)

@@ -255,7 +255,6 @@ class HealthSpec(_Section):
     )
 
 
-class EvaluationSpec(_Section):
 class GateSpec(_Section):
     """The promotion gate: the GRPO result is published and deployed only when it passes; otherwise the run still
     completes, emitting grpoflow.model.rejected with both scores and the reason."""
@@ -272,6 +271,7 @@ class GateSpec(_Section):
     )
 
 
+class EvaluationSpec(_Section):
     """The held-out before/after evaluation."""
 
     holdout: float = Field(
@@ -283,13 +283,13 @@ class GateSpec(_Section):
     gate: GateSpec = Field(
         GateSpec(), description="Publish and deploy only when the GRPO result passes; by default every model does."
     )
+
     @field_validator("holdout")
     @classmethod
     def _whole_count(cls, value: float) -> float:
         if value >= 1 and value != int(value):
             raise ValueError("must be a fraction below 1 or a whole number of prompts")
         return value
-
 
     @field_validator("gate", mode="before")
     @classmethod
@@ -301,6 +301,7 @@ class GateSpec(_Section):
         if self.holdout == 0 and (self.gate.min_gain is not None or self.gate.beat_deployed):
             raise ValueError("evaluation.gate judges held-out scores: set evaluation.holdout above 0 or drop the gate")
         return self
+
 
 class PublishSpec(_Section):
     """Publishing the trained model to the Hugging Face Hub."""
