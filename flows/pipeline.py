@@ -9,7 +9,9 @@ Each stage is one Prefect task (`tasks/`), emitting its `grpoflow.*` event; this
 import time
 
 from prefect import flow, get_run_logger
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
+from prefect.states import Completed
 
 from tasks.evaluate import evaluate_task
 from tasks.gate import gate_task
@@ -26,7 +28,14 @@ from trainers.metrics import read_events
 from trainers.spec import JobSpec
 
 
-@flow(name="grpo-pipeline")
+def job_run_name() -> str:
+    """The flow run's name: its job id, as the flow derives it below (or the resumed job's)."""
+    parameters = FlowRunContext.get().parameters
+    name = parameters["spec"].name if isinstance(parameters["spec"], JobSpec) else parameters["spec"]["name"]
+    return parameters.get("job_id") or new_job_id(name, flow_run.id, flow_run.scheduled_start_time)
+
+
+@flow(name="grpo-pipeline", flow_run_name=job_run_name)
 def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     """Fine-tunes `spec.base_model` with GRPO on `spec.dataset`; returns the job id, folder and evaluation.
 
@@ -72,7 +81,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         # --- upload the job folder (remote output_uri) and announce the result
         result = {"job_id": job.job_id, "output_dir": job_location(job, spec), "status": "completed"}
         end.completed({**result, "evaluation": evaluation, "artifact_type": model["artifact_type"]})
-    return {**result, "evaluation": evaluation, "dataset": dataset}
+    return Completed(message=end.message, data={**result, "evaluation": evaluation, "dataset": dataset})
 
 
 def completed_before(job: JobDir, spec: JobSpec) -> bool:

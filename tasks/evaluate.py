@@ -1,5 +1,5 @@
 """Evaluation and report task: held-out before/after scores (`trainers.evaluate`), health verdict, report.md with
-PNG plots (`trainers.report`)."""
+PNG plots (`trainers.report`), and both as Prefect artifacts (`tasks.artifacts`)."""
 
 import json
 import os
@@ -7,6 +7,8 @@ import time
 
 from prefect import get_run_logger, task
 
+from tasks.artifacts import evaluation_artifact, report_artifact
+from tasks.job import job_location
 from tasks.stages import resumable
 from trainers.evaluate import evaluate
 from trainers.health import HealthMonitor
@@ -41,10 +43,21 @@ def times(sft: dict | None, training: dict, evaluation: dict | None, wall_second
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=5)
+def evaluate_task(
+    job: JobDir, spec: JobSpec, sft: dict | None, training: dict, wall_seconds: float = 0.0
+) -> dict | None:
+    """Scores the start model and the GRPO result on the held-out prompts and writes the report (`evaluate_and_report`,
+    skipped when a resumed job already has them), then shows both in Prefect as artifacts, on every run."""
+    evaluation = evaluate_and_report(job, spec, sft, training, wall_seconds)
+    report_artifact(job, spec, job_location(job, spec))
+    evaluation_artifact(spec, job, evaluation)
+    return evaluation
+
+
 @resumable(
     "evaluate", outputs=("report.md",), reads=("ingest", "sft", "merge"), digest=("evaluation.json", "report.md")
 )
-def evaluate_task(
+def evaluate_and_report(
     job: JobDir, spec: JobSpec, sft: dict | None, training: dict, wall_seconds: float = 0.0
 ) -> dict | None:
     """Scores the start model and the GRPO result on the held-out prompts, then writes the report.

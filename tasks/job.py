@@ -13,6 +13,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import State
 
 from tasks import webhooks
+from tasks.artifacts import completed_message
 from tasks.events import emit
 from tasks.stages import rejected
 from tasks.storage import filesystem, is_remote, join, staging_root
@@ -117,13 +118,15 @@ class JobEnding:
     """How a job ends, in one place: `with JobEnding(job, spec, resumed) as end:` around the stages.
 
     `end.completed(result)` uploads the folder (remote output_uri), emits `grpoflow.job.completed` and returns the
-    result; `end.rejected(message)` emits `grpoflow.job.failed` (reason `rejected`), removes the folder of a new job
-    and returns the `Rejected` state; an exception leaving the block (a failed stage, a cancelled flow run, Ctrl-C)
-    emits `grpoflow.job.failed`, uploads what the job left and propagates. Each waits for the webhook deliveries.
+    result (the flow run's final state message in `end.message`); `end.rejected(message)` emits `grpoflow.job.failed`
+    (reason `rejected`), removes the folder of a new job and returns the `Rejected` state; an exception leaving the
+    block (a failed stage, a cancelled flow run, Ctrl-C) emits `grpoflow.job.failed`, uploads what the job left and
+    propagates. Each waits for the webhook deliveries.
     """
 
     def __init__(self, job: JobDir, spec: JobSpec, resumed: bool):
         self.job, self.spec, self.resumed, self.ended = job, spec, resumed, False
+        self.message = None
 
     def __enter__(self) -> "JobEnding":
         return self
@@ -143,6 +146,8 @@ class JobEnding:
         return rejected(message)
 
     def completed(self, result: dict) -> dict:
+        # The flow run's final state says how it went (`end.message`): the held-out score and the health verdict.
+        self.message = completed_message(self.job, self.spec, result.get("evaluation"))
         # Uploaded before job.completed announces the folder, then once more for the events that announced it.
         upload_job_task(self.job, self.spec)
         self._announce("grpoflow.job.completed", result)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from huggingface_hub import get_token
 from prefect import get_run_logger, task
 
+from tasks.artifacts import link_artifact
 from tasks.events import emit
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.publish import TOKEN_SECRET_BLOCK, PublishError, publish
@@ -51,6 +52,9 @@ def publish_task(job: JobDir, spec: JobSpec) -> dict:
             "the spec has no publish: block; add one with repo_id (or use grpoflow publish)", user_error=True
         )
     result = publish_and_record(job, spec.publish, spec=spec)
+    link_artifact(
+        spec, "hub-repo", result["url"], result["repo_id"], f"The {result['artifact']} model of {job.job_id}"
+    )
     get_run_logger().info(
         "published the %s model to %s: %s", result["artifact"], result["url"], result["commit"] or "unchanged"
     )

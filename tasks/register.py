@@ -3,6 +3,7 @@
 
 from prefect import task
 
+from tasks.artifacts import deployment_link, link_artifact
 from tasks.events import emit
 from trainers.jobdir import JobDir
 from trainers.registry import register
@@ -18,5 +19,7 @@ def registered_payload(record: dict) -> dict:
 def register_task(job: JobDir, spec: JobSpec) -> dict:
     """Registers this job as the current version of the spec's deployment; emits `grpoflow.deployment.registered`."""
     record = register(job, spec.deploy.name)
+    text = f"deployment {record['name']} ({record['status']}): grpoflow serve {record['name']}"
+    link_artifact(spec, "deployment", deployment_link(job, record), text, f"The serving deployment of {job.job_id}")
     emit(job, "grpoflow.deployment.registered", registered_payload(record))
     return record

@@ -1,7 +1,10 @@
-"""SFT warm-up task: runs `trainers.sft` as a child process (`trainers.launch`) and emits `grpoflow.sft.completed`."""
+"""SFT warm-up task: runs `trainers.sft` as a child process (`trainers.launch`), tails its `sft_metrics.jsonl` into
+progress lines (`sft step n/N loss ...`, the UI's progress artifact, a terminal bar) and emits
+`grpoflow.sft.completed`."""
 
-from prefect import task
+from prefect import get_run_logger, task
 
+from tasks.artifacts import StageProgress, StepRate, sft_line
 from tasks.events import emit
 from tasks.stages import resumable, retry_unless_final
 from trainers.jobdir import JobDir
@@ -10,12 +13,35 @@ from trainers.metrics import read_metrics
 from trainers.spec import JobSpec
 
 
+class SFTWatcher:
+    """Turns each new record of `sft_metrics.jsonl` (one per SFT logging step) into a progress line."""
+
+    def __init__(self, job: JobDir, spec: JobSpec):
+        self.path, self.total, self.last_step = job.root / "sft_metrics.jsonl", spec.sft.max_steps, 0
+        self.rate = StepRate()
+        self.progress = StageProgress(spec, "sft", self.total, get_run_logger())
+
+    def poll(self) -> None:
+        for record in read_metrics(self.path):
+            if record["step"] > self.last_step:
+                step, values = record["step"], record["values"]
+                self.progress.update(
+                    step, sft_line(step, self.total, values, self.rate.seconds_per_step(step, values))
+                )
+                self.last_step = step
+
+
 @task(name="sft", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
 @resumable("sft", outputs=("sft/config.json",), reads=("ingest",))
 def sft_task(job: JobDir, spec: JobSpec) -> dict:
     """Trains the format warm-up into `sft/`; returns its summary (steps, final loss, seconds)."""
     (job.root / "sft_metrics.jsonl").unlink(missing_ok=True)
-    seconds = run_child("trainers.sft", job, spec.gpu_count, "sft.log")
+    watcher = SFTWatcher(job, spec)
+    try:
+        seconds = run_child("trainers.sft", job, spec.gpu_count, "sft.log", poll=watcher.poll)
+    finally:
+        watcher.progress.close()
+    watcher.progress.finish()
     records = read_metrics(job.root / "sft_metrics.jsonl")
     summary = {
         "steps": spec.sft.max_steps,

@@ -10,6 +10,7 @@ import json
 
 from prefect import get_run_logger, task
 
+from tasks.artifacts import StageProgress, StepRate, grpo_line
 from tasks.events import emit
 from tasks.stages import resumable, retry_unless_final
 from trainers.health import HealthMonitor
@@ -20,7 +21,9 @@ from trainers.spec import JobSpec
 
 
 class ProgressWatcher:
-    """Turns new lines of `metrics.jsonl` into progress logs and events, and health alerts."""
+    """Turns new lines of `metrics.jsonl` into a progress line per step (log, terminal bar, the UI's progress
+    artifact: `tasks.artifacts.StageProgress`), `grpoflow.training.progress` events every `max_steps // 20` steps,
+    and health alerts."""
 
     def __init__(self, job: JobDir, spec: JobSpec):
         hp = spec.hyperparameters
@@ -39,6 +42,8 @@ class ProgressWatcher:
             ),
             default=0,
         )
+        self.rate = StepRate()
+        self.progress = StageProgress(spec, "training", hp.max_steps, self.logger, start=self.announced_until)
 
     def poll(self) -> str | None:
         """Handles new records; returns the reason when an alert asks the run to stop."""
@@ -57,10 +62,11 @@ class ProgressWatcher:
             self.alerts += self.monitor.update(record)
             return None
         max_steps = self.spec.hyperparameters.max_steps
+        seconds_per_step = self.rate.seconds_per_step(step, values)
+        self.progress.update(step, grpo_line(step, max_steps, values, seconds_per_step))
         if step % self.every == 0 or step == max_steps:
             summary = {k: values.get(k) for k in ("reward", "reward_std", "loss", "completions/mean_length", "kl")}
             summary = {k: round(v, 4) for k, v in summary.items() if isinstance(v, float | int)}
-            self.logger.info("step %d/%d %s", step, max_steps, summary)
             emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": max_steps, **summary})
         stop = None
         for alert in self.monitor.update(record):
@@ -82,7 +88,10 @@ def trained(job: JobDir) -> tuple[str, ...]:
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
     watcher = ProgressWatcher(job, spec)
-    seconds = run_child("trainers.grpo", job, spec.gpu_count, "train.log", poll=watcher.poll)
+    try:
+        seconds = run_child("trainers.grpo", job, spec.gpu_count, "train.log", poll=watcher.poll)
+    finally:
+        watcher.progress.close()
     summary = json.loads(job.training_result.read_text())
     summary["wall_seconds"] = seconds
     summary["alerts"] = [a.to_dict() for a in watcher.alerts]

@@ -11,6 +11,7 @@ newest checkpoint when one exists, and saves `merged/` (full fine-tune) or `adap
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -36,6 +37,26 @@ from trainers.modeling import (
 )
 from trainers.rewards import build_reward
 from trainers.spec import JobSpec, load_spec
+
+
+def tracking_args(spec: JobSpec, job: JobDir) -> dict:
+    """`GRPOConfig` fields for the spec's `tracking:` block. TensorBoard writes into `<job>/tracking/`; wandb and
+    mlflow take the project from their own variables (set here unless the user set them) and read their credentials
+    themselves (WANDB_API_KEY, MLFLOW_TRACKING_URI, ...): no secret is in the spec."""
+    tracking = spec.tracking
+    if "tensorboard" in tracking.report_to:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(job.root / "tracking")  # transformers' TensorBoardCallback
+    if "wandb" in tracking.report_to:
+        os.environ.setdefault("WANDB_PROJECT", tracking.project)
+    if "mlflow" in tracking.report_to:
+        os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", tracking.project)
+    return {
+        "report_to": tracking.report_to or "none",
+        "project": tracking.project,  # trackio's
+        "run_name": tracking.run_name or job.job_id,
+        "log_completions": tracking.log_completions,
+        "num_completions_to_print": tracking.num_completions_to_print,
+    }
 
 
 def grpo_config(spec: JobSpec, job: JobDir):
@@ -65,7 +86,7 @@ def grpo_config(spec: JobSpec, job: JobDir):
         save_strategy="steps",
         save_steps=spec.checkpoint_every,
         save_total_limit=2,
-        report_to="none",
+        **tracking_args(spec, job),
         disable_tqdm=True,
         # TRL's default turns checkpointing on, which only costs time on small models; memory is the user's lever
         # (max_response_length, lora_rank, load_in_4bit).

@@ -154,3 +154,32 @@ def test_sft_warmup(make_spec):
     assert trained["setup_seconds"] + trained["train_runtime"] <= trained["wall_seconds"]
     waited = float(times["wall time until this report (since grpoflow run started)"].removesuffix(" s"))
     assert warmed["seconds"] + trained["wall_seconds"] <= waited
+
+
+def test_what_the_prefect_ui_shows(make_spec):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from tests.tasks.test_artifacts import flow_run_artifacts
+
+    code, result = run(make_spec("ui", hyperparameters={"max_steps": 2}, deploy={"name": "ui-demo"}))
+    assert code == 0
+    job = JobDir(Path(result["output_dir"]))
+    with get_client(sync_client=True) as client:
+        [flow_run] = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[job.job_id])))
+    # The run is named after its job; its final state says the score and the verdict.
+    evaluation = json.loads(job.evaluation.read_text())
+    before, after = evaluation["before"], evaluation["after"]
+    change = f"{100 * (after - before):+.0f} pts"
+    assert flow_run.state.is_completed()
+    assert flow_run.state.message == f"completed: exact_answer {before:.2f} -> {after:.2f} ({change}); healthy"
+
+    artifacts = flow_run_artifacts(flow_run.id)
+    assert {"ui-report", "ui-evaluation", "ui-training-progress", "ui-deployment"} <= artifacts.keys()
+    report = artifacts["ui-report"].data
+    assert report.startswith(f"# GRPO job report: {job.job_id}") and "![reward](data:image/png;base64," in report
+    [row] = json.loads(artifacts["ui-evaluation"].data)
+    assert (row["metric"], row["prompts"], row["before"], row["after"]) == ("exact_answer", 4, before, after)
+    assert artifacts["ui-training-progress"].data == 100
+    registry = (job.root.parent / "deployments" / "ui-demo.json").resolve()
+    assert artifacts["ui-deployment"].data.endswith(f"]({registry.as_uri()})")

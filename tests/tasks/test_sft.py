@@ -1,5 +1,8 @@
-"""The SFT task: the warm-up child writes sft/ and the task announces it; a crash of the child is retried, a setup
-problem is not. Child starts are counted from logs/sft.log, which every start appends to."""
+"""The SFT task: the warm-up child writes sft/ and the task announces it, showing its progress as it goes (a line per
+logged step, a progress artifact); a crash of the child is retried, a setup problem is not. Child starts are counted
+from logs/sft.log, which every start appends to."""
+
+import re
 
 import pytest
 import torch
@@ -7,6 +10,7 @@ from prefect import flow
 from transformers import AutoModelForCausalLM
 
 from tasks.sft import sft_task
+from tests.tasks.test_artifacts import flow_run_artifacts, flow_run_logs
 from trainers.launch import TrainingSetupError
 from trainers.metrics import read_events
 
@@ -22,6 +26,21 @@ def test_the_warm_up_writes_sft_and_announces_it(make_job):
     [event] = read_events(job.events)
     assert event["event"] == "grpoflow.sft.completed" and event["payload"] == summary
     assert summary["steps"] == 2 and summary["model_dir"] == "sft" and isinstance(summary["final_loss"], float)
+
+
+def test_the_warm_up_shows_its_progress(make_job):
+    job, spec = make_job("warm", sft={**WARM_UP, "max_steps": 4}, evaluation={"holdout": 0})
+    state = flow(lambda: sft_task(job, spec))(return_state=True)
+    assert state.is_completed()
+
+    # One line per logged step (each of 4 steps: SFT logs every max_steps // 50), in order, in the fixed format.
+    lines = [m for m in flow_run_logs(state.state_details.flow_run_id) if m.startswith("sft step")]
+    assert [int(re.match(r"sft step +(\d+)/4 ", m).group(1)) for m in lines] == [1, 2, 3, 4]
+    assert all(re.fullmatch(r"sft step \d/4  loss \d+\.\d{4}  lr \S+  \S+ s/step  ETA \S+", m) for m in lines)
+
+    progress = flow_run_artifacts(state.state_details.flow_run_id)["warm-sft-progress"]
+    assert progress.type == "progress" and progress.data == 100
+    assert progress.description.startswith("sft step 4/4")
 
 
 def test_a_crashed_child_is_retried(make_job):

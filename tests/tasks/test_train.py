@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tasks.train import train_task
+from tests.tasks.test_artifacts import flow_run_artifacts, flow_run_logs
 from trainers.grpo import intact_checkpoint
 from trainers.jobdir import JobDir
 from trainers.launch import TrainingSetupError
@@ -47,7 +48,8 @@ def test_train_task_runs_the_child_and_announces_each_step(make_job):
     def train():
         return train_task(job, spec)
 
-    summary = train()
+    state = train(return_state=True)
+    summary = state.result()
     assert summary["global_step"] == 2 and summary["resumed_from"] is None and summary["alerts"] == []
     assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
     assert (job.merged / "model.safetensors").exists()
@@ -57,6 +59,12 @@ def test_train_task_runs_the_child_and_announces_each_step(make_job):
     assert "reward" in events(job)[0]["payload"]
     assert events(job)[-1]["payload"]["global_step"] == 2
     assert (job.logs / "train.log").exists()  # the child's output
+    # Every step is one line in the fixed format (tests/tasks/test_artifacts.py), and the UI's progress bar ends full.
+    flow_run_id = state.state_details.flow_run_id
+    lines = [m for m in flow_run_logs(flow_run_id) if m.startswith("step ")]
+    assert [m.split()[1] for m in lines] == ["1/2", "2/2"] and all(" reward_std " in m and " ETA " in m for m in lines)
+    progress = flow_run_artifacts(flow_run_id)["fast-training-progress"]
+    assert progress.data == 100 and progress.description == lines[-1]
 
 
 def test_train_task_is_a_retried_prefect_task():

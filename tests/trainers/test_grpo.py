@@ -3,6 +3,7 @@ real run on builtin:tiny that trains, saves merged/ or adapter/, and resumes; th
 SIGKILL and checks that it resumes bit-exactly."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,12 @@ from trainers.tiny import build_tiny
         ),
         # Every step logged (metrics.jsonl has each), nothing reported elsewhere unless tracking asks.
         ({}, {"logging_steps": 1, "report_to": [], "gradient_checkpointing": False}),
+        # tracking: the trackers, the project (trackio's), the run named after the job unless named, completions.
+        ({"tracking": {"report_to": ["tensorboard"]}}, {"report_to": ["tensorboard"], "run_name": "job"}),
+        (
+            {"tracking": {"project": "p", "run_name": "r", "log_completions": True, "num_completions_to_print": 2}},
+            {"project": "p", "run_name": "r", "log_completions": True, "num_completions_to_print": 2},
+        ),
     ],
 )
 def test_grpo_config(make_spec, tmp_path, changes, expected):
@@ -62,6 +69,38 @@ def test_grpo_config(make_spec, tmp_path, changes, expected):
     config = grpo_config(spec, job)
     assert {k: getattr(config, k) for k in expected} == expected
     assert config.output_dir == str(job.checkpoints)
+
+
+@pytest.mark.parametrize(
+    "tracking, message",
+    [
+        # Only transformers' integrations, by their names.
+        ({"report_to": ["comet"]}, "tracking.report_to[0]: must be 'trackio', 'tensorboard', 'wandb' or 'mlflow'"),
+        # A tracker that is not installed is named with what to install (wandb is not a test dependency).
+        ({"report_to": ["wandb"]}, "wandb (pip install wandb)"),
+        # Secrets never go in the spec: there is no field for one.
+        ({"api_key": "x"}, "tracking.api_key"),
+    ],
+)
+def test_tracking_rejected(make_spec, tracking, message):
+    from trainers.spec import SpecError
+
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_spec(make_spec("trk", tracking=tracking))
+
+
+def test_tensorboard_writes_the_reward_into_the_job_folder(make_job, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "unset")  # restored after the run set it to the job's folder
+    job, _ = make_job("tb", hyperparameters={"max_steps": 2}, tracking={"report_to": ["tensorboard"]})
+    assert grpo.main(str(job.root)) == 0
+    assert list((job.root / "tracking").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(job.root / "tracking"))
+    events.Reload()
+    rewards = events.Scalars("train/reward")
+    assert [e.step for e in rewards] == [1, 2]
+    assert [e.value for e in rewards] == pytest.approx([r["values"]["reward"] for r in read_metrics(job.metrics)])
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------
@@ -149,6 +188,15 @@ def test_full_finetune_trains_saves_and_resumes(make_job):
     result = json.loads(job.training_result.read_text())
     assert (result["artifact_dir"], result["global_step"], result["resumed_from"]) == ("merged", 2, None)
     assert result["evaluated_in_training"] and json.loads(job.evaluation.read_text())["n"] == 4
+
+    # Killed after the final checkpoint (before training.json): the retry trains nothing more, exactly max_steps.
+    trained_before = weights(job.merged)
+    job.training_result.unlink()
+    assert grpo.main(str(job.root)) == 0
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
+    result = json.loads(job.training_result.read_text())
+    assert (result["resumed_from"], result["global_step"], result["train_runtime"]) == ("checkpoint-2", 2, 0.0)
+    assert all(torch.equal(trained_before[k], v) for k, v in weights(job.merged).items())  # the checkpoint's weights
 
     # A longer run of the same job resumes from the newest checkpoint: each step once.
     more = spec.model_copy(update={"hyperparameters": spec.hyperparameters.model_copy(update={"max_steps": 3})})

@@ -5,6 +5,7 @@ README's hyperparameter table is generated from it (`python -m trainers.spec`). 
 (`trainers/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
 """
 
+import importlib.util
 import re
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
@@ -334,6 +335,48 @@ class WebhookSpec(_Section):
         return value
 
 
+# The integrations `tracking.report_to` takes (transformers' own `report_to` names), the package each needs, and how
+# to install it.
+TRACKERS = {
+    "tensorboard": ("tensorboard", "pip install 'grpoflow[tracking]'"),
+    "trackio": ("trackio", "pip install trackio"),
+    "wandb": ("wandb", "pip install wandb"),
+    "mlflow": ("mlflow", "pip install mlflow"),
+}
+
+
+class TrackingSpec(_Section):
+    """Experiment tracking of the GRPO run, through TRL's own integrations (transformers' `report_to`)."""
+
+    report_to: list[Literal["trackio", "tensorboard", "wandb", "mlflow"]] = Field(
+        [],
+        description="Trackers that receive the run's metrics: tensorboard (offline, no account: event files in the "
+        "job folder's tracking/), trackio (local, ~/.cache/huggingface/trackio), wandb, mlflow. Credentials come from "
+        "each tracker's own environment variables (WANDB_API_KEY, MLFLOW_TRACKING_URI, ...), never from the spec.",
+    )
+    project: str = Field(
+        "grpoflow", min_length=1, description="Project the runs are grouped under (trackio, wandb, mlflow)."
+    )
+    run_name: str | None = Field(None, description="The run's name in the trackers; default: the job id.")
+    log_completions: bool = Field(
+        False, description="Log a sample of prompts, completions and rewards every step (TRL's log_completions)."
+    )
+    num_completions_to_print: Int | None = Field(
+        None, ge=1, description="How many completions log_completions prints per step; default: all of the step's."
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _installed(cls, value: list[str]) -> list[str]:
+        # A tracker missing on this machine would only fail once the model is loaded: say now what to install.
+        missing = [
+            f"{name} ({TRACKERS[name][1]})" for name in value if not importlib.util.find_spec(TRACKERS[name][0])
+        ]
+        if missing:
+            raise ValueError(f"not installed: {', '.join(missing)}")
+        return list(dict.fromkeys(value))
+
+
 class JobSpec(_Section):
     """A grpoflow job: dataset, base model and rewards in, a GRPO-fine-tuned model out."""
 
@@ -356,6 +399,7 @@ class JobSpec(_Section):
     publish: PublishSpec | None = Field(None, description="Optional: push the model to the Hugging Face Hub.")
     deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
+    tracking: TrackingSpec = Field(TrackingSpec(), description="Optional experiment tracking (TensorBoard, ...).")
 
     @field_validator("output_uri")
     @classmethod

@@ -1,0 +1,284 @@
+"""What a run shows where Prefect users look: its artifacts, its progress, and the message of its final state.
+
+- `report_artifact`: `report.md` as a markdown artifact, its plots inlined as `data:` URIs (the Prefect UI, V1 and V2,
+  renders those; a file path or a relative link shows a broken image), beside the report's table of figures.
+- `evaluation_artifact`: the held-out before/after scores as a table artifact.
+- `StageProgress`: one line per training step in the run's log, a progress artifact the UI shows as a bar, and a
+  one-line bar on an interactive terminal; the SFT and GRPO watchers feed it from their poll callbacks.
+- `link_artifact`: the Hub repo after publish, the serving deployment after register.
+- `completed_message`: the final state's message, `completed: exact_answer 0.33 -> 0.75 (+42 pts); healthy`.
+
+Keys are stable per Prefect deployment (a run outside one: per spec name), `<base>-report`, `<base>-evaluation`,
+`<base>-sft-progress`, `<base>-training-progress`, `<base>-hub-repo`, `<base>-deployment`, so the Artifacts page holds
+each one's history. An artifact that cannot be created is a warning in the log, never a failed job.
+"""
+
+import base64
+import logging
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.runtime import deployment
+
+from trainers.health import HealthMonitor, verdict
+from trainers.jobdir import JobDir
+from trainers.metrics import read_metrics
+from trainers.registry import registry_dir
+from trainers.spec import JobSpec
+
+logger = logging.getLogger("grpoflow.artifacts")
+
+_NOT_KEY = re.compile(r"[^a-z0-9]+")  # Prefect keys: lowercase letters, digits and dashes
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
+BAR_WIDTH = 24
+
+
+def artifact_key(spec: JobSpec, kind: str) -> str:
+    """`<base>-<kind>`: base is the Prefect deployment's name for a deployment's run, else the spec's name, in the
+    letters Prefect allows (a spec named `arithmetic_demo.v2` outside a deployment: `arithmetic-demo-v2-report`)."""
+    base = _NOT_KEY.sub("-", (deployment.name or spec.name).lower()).strip("-") or "grpo"
+    return f"{base}-{kind}"
+
+
+def _in_run() -> bool:
+    # Outside a flow or task run an artifact would belong to nothing (Prefect deprecates it) and could start a server.
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+def _safely(what: str, create: Callable, *args, **kwargs):
+    """Runs an artifact call; a failure (the API down, a rejected payload) is a warning, not a failed stage."""
+    if not _in_run():
+        return None
+    try:
+        return create(*args, **kwargs)
+    except Exception as e:
+        logger.warning("could not create the %s artifact: %s: %s", what, type(e).__name__, e)
+        return None
+
+
+# --- report and evaluation ------------------------------------------------------------------------------------------
+
+
+def report_markdown(job: JobDir) -> str:
+    """`report.md` with each `![name](file.png)` of a plot in the job folder inlined as a `data:image/png` URI."""
+
+    def inline(match: re.Match) -> str:
+        path = job.root / match.group(2)
+        if not path.is_file():
+            return f"*({match.group(1)}: plot missing)*"
+        return f"![{match.group(1)}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
+
+    return _IMAGE.sub(inline, job.report.read_text())
+
+
+def report_artifact(job: JobDir, spec: JobSpec, location: str):
+    """The job's report as a markdown artifact (key `<base>-report`), its job folder named at the end."""
+    markdown = report_markdown(job) + f"\n\nJob folder: `{location}`\n"
+    return _safely(
+        "report",
+        create_markdown_artifact,
+        markdown,
+        key=artifact_key(spec, "report"),
+        description=f"GRPO job report of {job.job_id}",
+    )
+
+
+def score_change(before, after) -> str:
+    """`+42 pts` for scores in [0, 1] (accuracies, pass rates), else the plain difference."""
+    if 0 <= before <= 1 and 0 <= after <= 1:
+        return f"{100 * (after - before):+.0f} pts"
+    return f"{after - before:+.4g}"
+
+
+def _scored(evaluation: dict | None) -> bool:
+    return bool(evaluation) and all(isinstance(evaluation.get(k), int | float) for k in ("before", "after"))
+
+
+def evaluation_rows(evaluation: dict) -> list[dict]:
+    """The evaluation table's one row: metric, prompts, before, after, change, note."""
+    row = {"metric": evaluation.get("metric"), "prompts": evaluation.get("n")}
+    row["before"], row["after"] = evaluation.get("before"), evaluation.get("after")
+    row["change"] = score_change(row["before"], row["after"]) if _scored(evaluation) else "—"
+    row["note"] = evaluation.get("note") or "before: the model GRPO started from; after: the GRPO result"
+    return [row]
+
+
+def evaluation_artifact(spec: JobSpec, job: JobDir, evaluation: dict | None):
+    """The held-out evaluation as a table artifact (key `<base>-evaluation`); none when no evaluation ran."""
+    if not evaluation:
+        return None
+    return _safely(
+        "evaluation",
+        create_table_artifact,
+        evaluation_rows(evaluation),
+        key=artifact_key(spec, "evaluation"),
+        description=f"Held-out evaluation of {job.job_id}",
+    )
+
+
+def link_artifact(spec: JobSpec, kind: str, link: str, text: str, description: str):
+    """A link artifact (key `<base>-<kind>`): the Hub repo (`hub-repo`) or the serving deployment (`deployment`)."""
+    return _safely(
+        kind, create_link_artifact, link, link_text=text, key=artifact_key(spec, kind), description=description
+    )
+
+
+def deployment_link(job: JobDir, record: dict) -> str:
+    """The `file://` URI of a registered deployment's registry record."""
+    return (registry_dir(job.root.parent) / f"{record['name']}.json").resolve().as_uri()
+
+
+# --- the final state's message --------------------------------------------------------------------------------------
+
+
+def score_summary(evaluation: dict | None) -> str:
+    """`exact_answer 0.33 -> 0.75 (+42 pts)`, or why there is no score."""
+    if not evaluation:
+        return "no held-out evaluation"
+    if not _scored(evaluation):
+        return f"{evaluation.get('metric')} not scored" + (
+            f" ({evaluation['note']})" if evaluation.get("note") else ""
+        )
+    before, after = evaluation["before"], evaluation["after"]
+    return f"{evaluation['metric']} {before:.2f} -> {after:.2f} ({score_change(before, after)})"
+
+
+def completed_message(job: JobDir, spec: JobSpec, evaluation: dict | None) -> str:
+    """The message of a completed run's state: the held-out score and the health verdict (as the report's)."""
+    alerts = HealthMonitor.for_spec(spec).check(read_metrics(job.metrics))
+    return f"completed: {score_summary(evaluation)}; {verdict(alerts)}"
+
+
+# --- progress -------------------------------------------------------------------------------------------------------
+
+
+def _number(value, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def eta(seconds: float | None) -> str:
+    """`H:MM:SS`, or `-` when the rate is not known yet."""
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def _rate(seconds_per_step: float | None, remaining: int) -> str:
+    per_step = f"{seconds_per_step:.2f} s/step" if seconds_per_step is not None else "- s/step"
+    return f"{per_step}  ETA {eta(None if seconds_per_step is None else seconds_per_step * remaining)}"
+
+
+def grpo_line(step: int, total: int, values: dict, seconds_per_step: float | None) -> str:
+    """One GRPO step, in the fixed format of the logs and the terminal:
+
+    >>> grpo_line(3, 12, {"reward": 0.25, "reward_std": 0.433, "completions/mean_length": 5.25}, 1.5)
+    'step  3/12  reward 0.2500  reward_std 0.4330  kl -  mean_length 5.2  1.50 s/step  ETA 0:00:14'
+    """
+    return (
+        f"step {step:>{len(str(total))}}/{total}  reward {_number(values.get('reward'))}  "
+        f"reward_std {_number(values.get('reward_std'))}  kl {_number(values.get('kl'))}  "
+        f"mean_length {_number(values.get('completions/mean_length'), 1)}  {_rate(seconds_per_step, total - step)}"
+    )
+
+
+def sft_line(step: int, total: int, values: dict, seconds_per_step: float | None) -> str:
+    """One logged SFT step: `sft step  40/200  loss 1.2345  lr 2.9e-03  0.05 s/step  ETA 0:00:08`."""
+    lr = values.get("learning_rate")
+    return (
+        f"sft step {step:>{len(str(total))}}/{total}  loss {_number(values.get('loss'))}  "
+        f"lr {f'{lr:.1e}' if isinstance(lr, int | float) else '-'}  {_rate(seconds_per_step, total - step)}"
+    )
+
+
+class StepRate:
+    """Seconds per step as the watcher sees them (wall clock between the steps it saw, checkpoints and logging
+    included); before two steps were seen, the child's own `step_time` when it logs one."""
+
+    def __init__(self):
+        self.first: tuple[float, int] | None = None
+
+    def seconds_per_step(self, step: int, values: dict) -> float | None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (now, step)
+        started, first_step = self.first
+        if step > first_step:
+            return (now - started) / (step - first_step)
+        own = values.get("step_time")
+        return float(own) if isinstance(own, int | float) else None
+
+
+class StageProgress:
+    """A training stage's progress: each line to the run's log, a progress artifact (key `<base>-<stage>-progress`,
+    its description the latest line), and, when stderr is a terminal, a one-line bar redrawn in place (never in the
+    logs, never in a pipe or file).
+
+    Args:
+        spec (`JobSpec`): the job's spec (for the artifact key).
+        stage (`str`): `"sft"` or `"training"`.
+        total (`int`): the stage's steps.
+        log (`logging.Logger`-like): where the lines go (the task's run logger).
+        start (`int`, *optional*): the step it starts from (a resumed run).
+    """
+
+    UPDATE_EVERY_S = 0.5  # the UI's bar needs no more; a fast SFT logs several steps a second
+
+    def __init__(self, spec: JobSpec, stage: str, total: int, log, start: int = 0):
+        self.total, self.log, self.tty = total, log, sys.stderr.isatty()
+        self.updated, self.bar, self.step = 0.0, "", start
+        self.artifact_id = _safely(
+            f"{stage} progress",
+            create_progress_artifact,
+            100 * start / total,
+            key=artifact_key(spec, f"{stage}-progress"),
+            description=f"{'SFT warm-up' if stage == 'sft' else 'GRPO training'}: starting",
+        )
+
+    def update(self, step: int, line: str) -> None:
+        """Logs `line`, then moves the artifact and the terminal bar (captioned with `line`) to `step`."""
+        self._clear_bar()
+        self.log.info(line)
+        step = self.step = min(step, self.total)
+        now = time.monotonic()
+        if self.artifact_id is not None and (now - self.updated >= self.UPDATE_EVERY_S or step == self.total):
+            self.updated = now
+            percent = 100 * step / self.total
+            if _safely("progress", update_progress_artifact, self.artifact_id, percent, description=line) is None:
+                self.artifact_id = None  # warned once; the stage goes on without it
+        if self.tty:
+            done = BAR_WIDTH * step // self.total
+            # Cut to the terminal's width: a wrapped line could not be redrawn in place.
+            width = shutil.get_terminal_size().columns - 1
+            self.bar = f"\r[{'#' * done}{'.' * (BAR_WIDTH - done)}] {line}"[: width + 1]
+            sys.stderr.write(self.bar)
+            sys.stderr.flush()
+
+    def _clear_bar(self) -> None:
+        if self.bar:
+            sys.stderr.write("\r\033[K")
+            self.bar = ""
+
+    def close(self) -> None:
+        """Clears the terminal bar, so the lines after the stage start on a clean line."""
+        self._clear_bar()
+        if self.tty:
+            sys.stderr.flush()
+
+    def finish(self) -> None:
+        """Shows the stage done in the UI, when its last step was not a logged one (SFT logs every few steps)."""
+        if self.artifact_id is not None and self.step < self.total:
+            _safely(
+                "progress", update_progress_artifact, self.artifact_id, 100.0, description=f"{self.total} steps done"
+            )

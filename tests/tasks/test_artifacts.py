@@ -1,0 +1,151 @@
+"""What a run shows in Prefect (`tasks.artifacts`): the progress lines' fixed format, the score in the final state's
+message, artifact keys; and, read back from a real Prefect server through the client API, the report (its plots
+inlined), the evaluation table, the progress artifact and the links."""
+
+import base64
+import json
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+from prefect.logging.handlers import APILogWorker
+
+from tasks.artifacts import (
+    StageProgress,
+    artifact_key,
+    evaluation_artifact,
+    grpo_line,
+    link_artifact,
+    report_artifact,
+    score_summary,
+    sft_line,
+)
+from trainers.jobdir import JobDir
+from trainers.spec import load_spec
+
+PNG = base64.b64decode(  # a 1x1 PNG
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+class Lines(list):
+    """A logger stand-in that keeps the lines it is given."""
+
+    def info(self, line):
+        self.append(line)
+
+
+def flow_run_artifacts(flow_run_id) -> dict:
+    """The artifacts a flow run (and its task runs) created, by key, as the server stores them."""
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {a.key: a for a in found}
+
+
+def flow_run_logs(flow_run_id) -> list[str]:
+    """The messages the server holds for a flow run, its task runs' included, in order."""
+    APILogWorker.drain_all(timeout=10)  # the logs still queued for the server
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return [log.message for log in logs]
+
+
+# --- the lines -------------------------------------------------------------------------------------------------------
+
+
+def test_grpo_line_has_a_fixed_format():
+    record = {"reward": 0.25, "reward_std": 0.4330127, "kl": 0.0012, "completions/mean_length": 5.25, "loss": 0.1}
+    assert grpo_line(3, 120, record, 1.5) == (
+        "step   3/120  reward 0.2500  reward_std 0.4330  kl 0.0012  mean_length 5.2  1.50 s/step  ETA 0:02:56"
+    )
+    # kl only when kl_coef > 0; no rate before the second step without the child's step_time.
+    assert grpo_line(120, 120, {"reward": -1}, None) == (
+        "step 120/120  reward -1.0000  reward_std -  kl -  mean_length -  - s/step  ETA -"
+    )
+
+
+def test_sft_line_has_a_fixed_format():
+    assert sft_line(40, 200, {"loss": 1.23456, "learning_rate": 0.0029}, 0.05) == (
+        "sft step  40/200  loss 1.2346  lr 2.9e-03  0.05 s/step  ETA 0:00:08"
+    )
+
+
+@pytest.mark.parametrize(
+    "evaluation, summary",
+    [
+        # Scores in [0, 1]: the change in points.
+        ({"metric": "exact_answer", "n": 40, "before": 0.33, "after": 0.75}, "exact_answer 0.33 -> 0.75 (+42 pts)"),
+        # Any other scale: the plain difference.
+        ({"metric": "close", "n": 4, "before": -2.0, "after": 3.5}, "close -2.00 -> 3.50 (+5.5)"),
+        # Nothing scored: why, not NaN.
+        (
+            {"metric": "m", "n": 4, "before": None, "after": None, "note": "no row scored"},
+            "m not scored (no row scored)",
+        ),
+        # No held-out prompts.
+        (None, "no held-out evaluation"),
+    ],
+)
+def test_score_summary(evaluation, summary):
+    assert score_summary(evaluation) == summary
+
+
+def test_keys_are_prefect_keys(make_spec):
+    spec, _ = load_spec(make_spec("arith_demo.v2"))
+    assert artifact_key(spec, "report") == "arith-demo-v2-report"  # outside a deployment: the spec's name
+
+
+# --- on a real server ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_artifacts_read_back_from_the_server(tmp_path, make_spec):
+    spec, _ = load_spec(make_spec("art"))
+    job = JobDir(tmp_path / "runs" / "art-20261201-000000-abcdef")
+    job.root.mkdir(parents=True)
+    job.report.write_text(
+        "# GRPO job report\n\n| metric | first |\n| --- | --- |\n| `reward` | 0.1 |\n\n![reward](reward.png)\n"
+    )
+    (job.root / "reward.png").write_bytes(PNG)
+    evaluation = {"metric": "exact_answer", "n": 4, "before": 0.25, "after": 0.75}
+    lines = Lines()
+
+    @flow
+    def shows():
+        report_artifact(job, spec, str(job.root))
+        evaluation_artifact(spec, job, evaluation)
+        link_artifact(spec, "hub-repo", "https://huggingface.co/o/m", "o/m", "the model")
+        progress = StageProgress(spec, "training", 4, lines)
+        for step in range(1, 5):
+            progress.update(step, f"step {step}/4")
+        progress.close()
+
+    state = shows(return_state=True)
+    artifacts = flow_run_artifacts(state.state_details.flow_run_id)
+    assert set(artifacts) == {"art-report", "art-evaluation", "art-hub-repo", "art-training-progress"}
+
+    report = artifacts["art-report"]
+    assert report.type == "markdown" and "| `reward` | 0.1 |" in report.data  # the table of figures
+    assert f"![reward](data:image/png;base64,{base64.b64encode(PNG).decode()})" in report.data  # the plot, inlined
+    assert f"Job folder: `{job.root}`" in report.data
+
+    table = artifacts["art-evaluation"]
+    assert table.type == "table"
+    row = {"metric": "exact_answer", "prompts": 4, "before": 0.25, "after": 0.75, "change": "+50 pts"}
+    assert [{k: r[k] for k in row} for r in json.loads(table.data)] == [row]
+
+    assert artifacts["art-hub-repo"].data == "[o/m](https://huggingface.co/o/m)"
+    progress = artifacts["art-training-progress"]
+    assert progress.type == "progress" and progress.data == 100 and progress.description == "step 4/4"
+    assert lines == [f"step {step}/4" for step in range(1, 5)]  # each step logged, none skipped by the throttle
+
+
+def test_no_terminal_bar_without_a_terminal(make_spec, capsys):
+    spec, _ = load_spec(make_spec("bar"))
+    progress = StageProgress(spec, "sft", 2, Lines())
+    progress.update(1, "sft step 1/2")
+    progress.close()
+    assert capsys.readouterr().err == ""  # stderr is no tty here: no bar, no control characters
