@@ -168,6 +168,13 @@ def check_resume(spec, job_id: str) -> None:
     fs, path = filesystem(saved)
     if not fs.exists(path):
         raise UsageError(f"--resume: unknown job {job_id!r} under {root}")
+    if not is_remote(root):
+        from trainers.joblock import JobLock, JobLocked
+
+        try:
+            JobLock(Path(root) / job_id).check()
+        except JobLocked as e:
+            raise UsageError(f"--resume: {e}") from None
     before, after = resolved_dict(load_spec(saved, storage_options=storage_options(saved))[0]), resolved_dict(spec)
     changed = sorted(k for k in before.keys() | after.keys() if k != "output_uri" and before.get(k) != after.get(k))
     if changed:

@@ -21,7 +21,7 @@ from tasks.merge import merge_task
 from tasks.publish import publish_task
 from tasks.register import register_task
 from tasks.sft import sft_task
-from tasks.stages import REJECTED, stage_done
+from tasks.stages import REJECTED, rejected, stage_done
 from tasks.train import train_task
 from trainers.jobdir import JobDir
 from trainers.metrics import read_events
@@ -46,7 +46,12 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     started = time.monotonic()
 
     # --- job folder (the same one on every retry of this flow run)
-    job = create_job_task(spec, job_id or new_job_id(spec.name, flow_run.id, flow_run.scheduled_start_time))
+    created = create_job_task(
+        spec, job_id or new_job_id(spec.name, flow_run.id, flow_run.scheduled_start_time), return_state=True
+    )
+    if created.name == REJECTED:  # another live run holds this job's folder
+        return rejected(created.message)
+    job = created.result()
     get_run_logger().info("job %s in %s", job.job_id, job.root)
     with JobEnding(job, spec, resumed=job_id is not None) as end:
         # --- ingest the dataset and dry-run the rewards on it (a rejection costs no model load)

@@ -19,6 +19,7 @@ from tasks.stages import rejected
 from tasks.storage import filesystem, is_remote, join, staging_root
 from trainers.job_index import remember
 from trainers.jobdir import JobDir, check_job_id, write_text_atomic
+from trainers.joblock import JobLock, JobLocked
 from trainers.spec import JobSpec, to_yaml
 
 logger = logging.getLogger(__name__)
@@ -51,18 +52,24 @@ def job_location(job: JobDir, spec: JobSpec) -> str:
 
 
 @task(name="create-job")
-def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir:
-    """Creates `<output_uri>/<job_id>/` with the resolved spec and emits `grpoflow.job.started`.
+def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
+    """Creates `<output_uri>/<job_id>/` with the resolved spec, locks it, and emits `grpoflow.job.started`.
 
     An existing folder is reused only when `job_id` is given (a resumed job); a new id never collides. A resumed job
-    with a remote output_uri whose staging folder is gone (another machine) is downloaded first.
+    with a remote output_uri whose staging folder is gone (another machine) is downloaded first. A folder another
+    live run holds (`trainers.joblock`) ends the task `Rejected`, naming that run; nothing is written or announced.
     """
     job = job_dir(spec.output_uri, job_id or new_job_id(spec.name))
     if job_id is not None and is_remote(spec.output_uri) and not job.root.exists():
         fs, remote = filesystem(job_location(job, spec))
         if fs.exists(remote):
             fs.get(remote.rstrip("/") + "/", str(job.root) + "/", recursive=True)
+            (job.root / ".lock").unlink(missing_ok=True)  # uploaded with the folder: a lock only means something here
     job.root.mkdir(parents=True, exist_ok=True)
+    try:
+        JobLock(job.root).acquire()  # released by JobEnding, however the job ends
+    except JobLocked as e:
+        return rejected(str(e))
     write_text_atomic(job.spec, to_yaml(spec))
     remember(job.job_id, job_location(job, spec))  # `grpoflow metrics JOB_ID` then finds it from any folder
     emit(
@@ -137,6 +144,7 @@ class JobEnding:
             reason = "cancelled" if isinstance(error, TerminationSignal | KeyboardInterrupt) else type(error).__name__
             self._announce("grpoflow.job.failed", {"reason": reason, "error": str(error)[-2000:]})
             upload_failed_job(self.job, self.spec)
+        JobLock(self.job.root).release()
         return False
 
     def rejected(self, message: str) -> State:

@@ -111,10 +111,10 @@ def resume_checkpoint(job: JobDir, tidy: bool = True) -> str | None:
     if not job.checkpoints.exists():
         return None
     candidates = [p for p in job.checkpoints.glob("checkpoint-*") if p.name.rsplit("-", 1)[-1].isdigit()]
-    for path in sorted(candidates, key=lambda p: int(p.name.rsplit("-", 1)[-1]), reverse=True):
+    for path in sorted(candidates, key=checkpoint_step, reverse=True):
         if intact_checkpoint(path):
             if tidy:
-                truncate_metrics(job.metrics, int(path.name.rsplit("-", 1)[-1]))
+                truncate_metrics(job.metrics, checkpoint_step(path))
             return str(path)
         if tidy:
             print(f"grpoflow: removing torn checkpoint {path.name}")
@@ -122,6 +122,23 @@ def resume_checkpoint(job: JobDir, tidy: bool = True) -> str | None:
     if tidy:
         truncate_metrics(job.metrics, 0)
     return None
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The global step a `checkpoint-N` folder was saved at."""
+    return int(Path(path).name.rsplit("-", 1)[-1])
+
+
+def restore_final_checkpoint(trainer, checkpoint: str) -> float:
+    """Puts the trainer in the state of `checkpoint`, saved at max_steps: a child killed after the final checkpoint
+    resumes to nothing more than saving it. `Trainer.train` would instead run one step past max_steps (it checks the
+    limit only after a step). Returns the train_runtime of this process: 0, nothing trained."""
+    from transformers import TrainerState
+
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    print(f"grpoflow: {Path(checkpoint).name} is the final checkpoint (max_steps reached): nothing left to train")
+    return 0.0
 
 
 def save_artifact(trainer, spec: JobSpec, job: JobDir) -> Path:
@@ -133,6 +150,7 @@ def save_artifact(trainer, spec: JobSpec, job: JobDir) -> Path:
 
 
 def main(job_root: str) -> int:
+    setup_started = time.monotonic()  # the imports of torch, transformers and TRL and the model load count as setup
     job = JobDir(Path(job_root))
     spec, _ = load_spec(job.spec)
     hp = spec.hyperparameters
@@ -185,7 +203,11 @@ def main(job_root: str) -> int:
     # --- train (resuming from the newest checkpoint when a previous attempt left one)
     checkpoint = resume_checkpoint(job, tidy=trainer.is_world_process_zero())
     started = time.monotonic()
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    setup_seconds = round(started - setup_started, 3)
+    if checkpoint and checkpoint_step(checkpoint) >= hp.max_steps:
+        train_runtime = restore_final_checkpoint(trainer, checkpoint)
+    else:
+        train_runtime = trainer.train(resume_from_checkpoint=checkpoint).metrics.get("train_runtime")
 
     # --- save
     target = save_artifact(trainer, spec, job)
@@ -195,8 +217,9 @@ def main(job_root: str) -> int:
         "start_model": model_path,
         "resumed_from": Path(checkpoint).name if checkpoint else None,
         "global_step": trainer.state.global_step,
+        "setup_seconds": setup_seconds,
         "train_seconds": train_seconds,
-        "train_runtime": result.metrics.get("train_runtime"),
+        "train_runtime": train_runtime,
         **adapters,
     }
 

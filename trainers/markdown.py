@@ -1,9 +1,9 @@
 """Markdown for the report, the model card, the CLI and the benchmarks: one table builder, one number format.
 
-    >>> print(table(["metric", "value"], [["reward", number(0.123456)]]))
-    | metric | value |
-    | --- | --- |
-    | reward | 0.1235 |
+>>> print(table(["metric", "value"], [["reward", number(0.123456)]]))
+| metric | value |
+| --- | --- |
+| reward | 0.1235 |
 """
 
 

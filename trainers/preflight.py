@@ -87,6 +87,22 @@ def check_architecture(p: Preflight) -> list[str]:
     return []
 
 
+def check_lora_targets(p: Preflight) -> list[str]:
+    """hyperparameters.lora_target_modules names modules the model has (its config built on the meta device)."""
+    hp = p.spec.hyperparameters
+    if (
+        hp.lora_rank is None
+        or hp.lora_target_modules is None
+        or p.model_dir is None
+        and not is_builtin(p.spec.base_model)
+    ):
+        return []  # a full fine-tune; every projection; or a Hub model not here to look at
+    from trainers.architecture import lora_target_problem
+
+    problem = lora_target_problem(str(p.model_dir or resolve_model_path(p.spec.base_model)), hp.lora_target_modules)
+    return [problem] if problem else []
+
+
 def has_chat_template(model_dir: Path) -> bool | None:
     """Whether the tokenizer saved in `model_dir` has a chat template (in tokenizer_config.json, or the
     chat_template.jinja / chat_template.json files transformers writes); None when there is no tokenizer config."""
@@ -178,6 +194,7 @@ def check_rewards_dry_run(p: Preflight) -> list[str]:
 CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_model,
     check_architecture,
+    check_lora_targets,
     check_rewards_build,
     check_dataset,
     check_chat_template,

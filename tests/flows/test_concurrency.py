@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,31 @@ def test_two_runs_at_once(make_spec, tmp_path):
         assert events[-1]["event"] == "grpoflow.job.completed"
     leftovers = [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith(".")]
     assert leftovers == []  # no temp files or staging folders left behind
+
+
+def test_two_resumes_of_one_job_at_once(make_spec, tmp_path):
+    spec = make_spec("resumed-twice", hyperparameters={"rollouts_per_prompt": 2, "max_response_length": 4})
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    first = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", str(spec), "--json"], capture_output=True, env=env, text=True
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    job = JobDir(Path(json.loads(first.stdout.strip().splitlines()[-1])["output_dir"]))
+    # Unfinished again, as if killed after its first checkpoint: two steps are left to train.
+    for name in ("training.json", "report.md", "checkpoints/checkpoint-2", "checkpoints/checkpoint-3"):
+        shutil.rmtree(job.root / name) if (job.root / name).is_dir() else (job.root / name).unlink()
+    command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--resume", job.job_id, "--json"]
+    runs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True) for _ in "ab"
+    ]
+    outputs = [run.communicate(timeout=900) for run in runs]
+
+    codes = sorted(run.returncode for run in runs)
+    assert codes == [0, 2], [err[-2000:] for _, err in outputs]
+    loser = next(err for run, (_, err) in zip(runs, outputs, strict=True) if run.returncode == 2)
+    assert f"job {job.job_id} is being run by pid" in loser
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2, 3]  # each step once
+    names = [e["event"] for e in read_events(job.events)]
+    assert names.count("grpoflow.job.completed") == 2  # the first run's and the winner's
+    assert not (job.root / ".lock").exists()  # released when the winner ended

@@ -289,3 +289,25 @@ def test_check_chat_template_in_the_child(tmp_path, data):
     with pytest.raises(SetupError, match=r"^dataset.prompt_column: the prompts are chats"):
         check_chat_template(tokenizer, chats, None, str(model))
     assert model_problem(str(model)) is None
+
+
+# --- LoRA targets (a rule table: the model, the requested modules -> the problem, or none)
+
+
+@pytest.mark.parametrize(
+    "model, targets, expected",
+    [
+        ("gpt2", ["q_proj", "v_proj"], "'q_proj', 'v_proj' not in this model (gpt2); its linear modules are c_attn"),
+        ("gpt2", ["c_attn"], None),  # GPT-2's own name for its fused attention projection
+        ("gpt2", "all-linear", None),  # PEFT expands it: nothing to check by name
+        ("llama", ["c_attn"], "'c_attn' not in this model (llama)"),
+    ],
+)
+def test_lora_targets(data, model, targets, expected):
+    from tests.architectures import tiny_model
+
+    spec = spec_for(
+        data, base_model=str(tiny_model(model)), hyperparameters={"lora_rank": 4, "lora_target_modules": targets}
+    )
+    problems = [p for p in preflight(spec) if p.startswith("hyperparameters.lora_target_modules")]
+    assert len(problems) == (expected is not None) and all(expected in p for p in problems), problems

@@ -146,7 +146,7 @@ class Hyperparameters(_Section):
         description="The modules that get LoRA adapters: null means every attention and MLP projection, whatever the "
         "architecture names them (q_proj... for Llama, c_attn/c_fc/c_proj for GPT-2: every linear layer but the "
         "output head); or a list of module names (a name matches each module whose name ends with it); or "
-        "\"all-linear\" (the same set, as PEFT expands it). A name the model lacks is rejected, naming those it has. "
+        '"all-linear" (the same set, as PEFT expands it). A name the model lacks is rejected, naming those it has. '
         "Requires lora_rank.",
     )
     load_in_4bit: bool = Field(
@@ -175,7 +175,7 @@ class Hyperparameters(_Section):
         if value is None or value == "all-linear":
             return value
         if not isinstance(value, list):
-            raise ValueError("must be a list of module names, \"all-linear\", or null for every projection")
+            raise ValueError('must be a list of module names, "all-linear", or null for every projection')
         if not value:
             raise ValueError("must name at least one module (or be null for every attention and MLP projection)")
         if not all(isinstance(name, str) and name.strip() for name in value):
@@ -280,7 +280,6 @@ class EvaluationSpec(_Section):
     )
     metric: str | None = Field(None, description="The reward (by name) to score with; default: the first reward.")
     max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
-
     gate: GateSpec = Field(
         GateSpec(), description="Publish and deploy only when the GRPO result passes; by default every model does."
     )
