@@ -236,12 +236,17 @@ def landed_events(uri: str) -> list:
         return client.read_events(filter=flt, limit=50).events
 
 
-def watcher_look(uri: str, spec: str) -> str:
-    """One run of watch-new-data/watch on `uri`; returns its state message (what the look found)."""
+def watcher_look(uri: str, spec: str, state_dir: Path, settle_seconds: float) -> str:
+    """One run of watch-new-data/watch on `uri` that looks once; returns its state message (what the look found)."""
+    parameters = {
+        "uri": uri,
+        "spec": spec,
+        "state_dir": str(state_dir),  # the deployment names one in the project folder: the test keeps its own
+        "settle_seconds": settle_seconds,
+        "watch_minutes": 0,  # one look (deployed, a run keeps looking for 55 minutes)
+    }
     with get_client(sync_client=True) as client:
-        flow_run = client.create_flow_run_from_deployment(
-            deployment_id("watch-new-data/watch"), parameters={"uri": uri, "spec": spec}
-        )
+        flow_run = client.create_flow_run_from_deployment(deployment_id("watch-new-data/watch"), parameters=parameters)
     flow_run = wait_final(flow_run.id, timeout=300)
     assert flow_run.state.is_completed(), flow_run.state
     return flow_run.state.message
@@ -308,11 +313,12 @@ def scenarios(stack, tmp_path_factory) -> Scenarios:
     fs.pipe(f"{bucket}/incoming/prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
     prefix, bucket_file = f"s3://{bucket}/incoming", f"s3://{bucket}/incoming/prompts.jsonl"
 
-    # Two looks each: the first only notes the files, the second (sizes unchanged) announces them.
+    # A first look with a settle time longer than the files' age only notes them; then one look announces each file
+    # that has settled (its size and version unchanged for settle_seconds), the look that sees it.
     folder_looks, bucket_looks = [], []
-    for _ in range(2):
-        folder_looks.append(watcher_look(str(folder), str(folder_spec)))
-        bucket_looks.append(watcher_look(prefix, bucket_spec))
+    for settle in (3600, 0):
+        folder_looks.append(watcher_look(str(folder), str(folder_spec), tmp / "watch-state", settle))
+        bucket_looks.append(watcher_look(prefix, bucket_spec, tmp / "watch-state", settle))
     return Scenarios(
         retrain_run_id, tmp / "runs-retrain", event_dataset, tmp / "runs-event", folder, folder_file,
         str(folder_spec), folder_looks, bucket, prefix, bucket_file, bucket_spec, bucket_looks,
@@ -354,14 +360,17 @@ def test_event_starts_on_new_data(stack, scenarios):
 
 @pytest.mark.slow
 def test_dropped_file_runs_once(stack, scenarios):
-    assert scenarios.folder_looks[0].startswith("0 new dataset file(s)") and "1 waiting" in scenarios.folder_looks[0]
+    assert (
+        scenarios.folder_looks[0].startswith("0 new dataset file(s)")
+        and "1 waiting to settle" in scenarios.folder_looks[0]
+    )
     assert scenarios.folder_looks[1].startswith("1 new dataset file(s)")
     [flow_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.folder_file)
     flow_run = wait_final(flow_run.id)
     assert flow_run.state.is_completed(), flow_run.state
     assert_trained(only_job(Path(scenarios.folder_spec).parent.parent / "runs-folder"), scenarios.folder_file)
 
-    third = watcher_look(str(scenarios.folder), scenarios.folder_spec)
+    third = watcher_look(str(scenarios.folder), scenarios.folder_spec, scenarios.folder.parent / "watch-state", 0)
     assert third == f"0 new dataset file(s) under {scenarios.folder}"
     assert len(landed_events(scenarios.folder_file)) == 1
     assert len(runs_of("grpo-pipeline/on-new-data", dataset_uri=scenarios.folder_file)) == 1
@@ -369,7 +378,10 @@ def test_dropped_file_runs_once(stack, scenarios):
 
 @pytest.mark.slow
 def test_file_put_in_a_bucket_runs_once(stack, scenarios):
-    assert scenarios.bucket_looks[0].startswith("0 new dataset file(s)") and "1 waiting" in scenarios.bucket_looks[0]
+    assert (
+        scenarios.bucket_looks[0].startswith("0 new dataset file(s)")
+        and "1 waiting to settle" in scenarios.bucket_looks[0]
+    )
     assert scenarios.bucket_looks[1].startswith("1 new dataset file(s)")
     [flow_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.bucket_file)
     flow_run = wait_final(flow_run.id)
@@ -386,7 +398,7 @@ def test_file_put_in_a_bucket_runs_once(stack, scenarios):
     assert events[-1] == "grpoflow.job.completed"
     assert fs.exists(f"{job}/merged/model.safetensors")
 
-    third = watcher_look(scenarios.bucket_prefix, scenarios.bucket_spec)
+    third = watcher_look(scenarios.bucket_prefix, scenarios.bucket_spec, scenarios.folder.parent / "watch-state", 0)
     assert third == f"0 new dataset file(s) under {scenarios.bucket_prefix}"
     assert len(landed_events(scenarios.bucket_file)) == 1
     assert len(runs_of("grpo-pipeline/on-new-data", dataset_uri=scenarios.bucket_file)) == 1
