@@ -14,6 +14,8 @@ code moves between modules; grep for the function name.
 | trl | the keyword arguments `GRPOTrainer._calculate_rewards` passes a reward, and the `log_extra(column, values)` / `log_metric(name, value)` hooks | rewards' dataset columns, the dry run and held-out evaluation call rewards the same way | `_TRL_ARGUMENTS`, `reward_columns`, `call_reward` (trainers/rewards.py), `evaluate` (trainers/evaluate.py) |
 | trl | `trl.trainer.utils.is_async_callable`, `get_callable_name` | mirrored without importing TRL: async detection and the reward's metric name | `_is_async`, `_named` (trainers/rewards.py) |
 | transformers | `Trainer._save_checkpoint(model, trial)`, writing `trainer_state.json` last, `global_step` = the folder's number | a checkpoint without a complete trainer_state.json is torn; the benchmark times `_save_checkpoint` | `intact_checkpoint` (trainers/grpo.py), `train_cpu_seconds` (benchmarks/trainer_vs_trl.py) |
+| transformers | `Trainer._load_from_checkpoint(path)` and `TrainerState.load_from_json`; `Trainer.train` resuming at `max_steps` runs one step more | a child killed after its final checkpoint restores it instead of training past max_steps | `restore_final_checkpoint` (trainers/grpo.py) |
+| peft | `peft.tuners.tuners_utils._maybe_include_all_linear_layers(peft_config, model)` | the default LoRA targets: PEFT's own "all-linear" rule, on a meta-device model | `default_lora_targets` (trainers/architecture.py) |
 | datasets | `datasets.features.features.require_storage_embed` (private module path) | features that embed files go through `save_to_disk` | `_write_splits` (the dataset ingest module) |
 | datasets | `Dataset._fingerprint` | the ingest cache key of a Hub dataset, and `state.json` | `_fingerprint`, `_write_splits` (the dataset ingest module) |
 | datasets | `save_to_disk`'s layout: `state.json` keys, `dataset_dict.json`, one Arrow IPC stream per split | the ingest writes the folder by hand (~20x faster) and `load_from_disk` reads it | `_write_splits` (the dataset ingest module) |
@@ -510,3 +512,32 @@ def test_standardwebhooks_secret_forms():
     whsec = "whsec_" + base64.b64encode(key).decode()
     at = datetime(2026, 1, 1, tzinfo=UTC)
     assert Webhook(whsec).sign("msg_1", at, "{}") == Webhook(key).sign("msg_1", at, "{}")
+
+
+# --- transformers: restoring the final checkpoint; PEFT: the all-linear rule -------------------------------------------
+
+
+def test_trainer_load_from_checkpoint_and_state(tmp_path):
+    from transformers import AutoModelForCausalLM, Trainer, TrainerState
+
+    from trainers.tiny import resolve_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:tiny"))
+    assert "resume_from_checkpoint" in inspect.signature(Trainer._load_from_checkpoint).parameters
+    checkpoint = tmp_path / "checkpoint-3"
+    model.save_pretrained(checkpoint)
+    TrainerState(global_step=3, max_steps=3).save_to_json(str(checkpoint / "trainer_state.json"))
+    assert TrainerState.load_from_json(str(checkpoint / "trainer_state.json")).global_step == 3
+
+
+def test_peft_all_linear_rule_on_a_meta_model():
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+
+    from trainers.architecture import default_lora_targets
+    from trainers.tiny import resolve_model_path
+
+    # grpoflow's default targets are what PEFT's private rule picks on builtin:tiny (a Qwen2): the 7 projections.
+    assert callable(_maybe_include_all_linear_layers) and LoraConfig(target_modules="all-linear")
+    targets = default_lora_targets(resolve_model_path("builtin:tiny"))
+    assert sorted(targets) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
