@@ -410,6 +410,27 @@ CASES = [
         "webhooks[0].secret_env: must be an environment variable name",
         id="webhook-secret_env",
     ),
+    # credentials in the URL would land in spec.yaml and Prefect's database: refused, pointing at secret_env
+    pytest.param(
+        {"webhooks": [{"url": "https://user:pass@example.com/hooks"}]},
+        "webhooks[0].url: holds credentials (user:password@): credentials in the URL would be stored",
+        id="webhook-userinfo",
+    ),
+    pytest.param(
+        {"webhooks": [{"url": "https://example.com/hooks?token=abc"}]},
+        "webhooks[0].url: holds credentials (?token=)",
+        id="webhook-query-token",
+    ),
+    pytest.param(
+        {"webhooks": [{"url": "https://example.com/h?team=a&api_key=abc&sig=x"}]},
+        "webhooks[0].url: holds credentials (?api_key=, ?sig=)",  # every such parameter named at once
+        id="webhook-query-key-sig",
+    ),
+    pytest.param(
+        {"webhooks": [{"url": "https://example.com/hooks?team=ml&keyboard=1"}]},
+        {"webhooks.0.url": "https://example.com/hooks?team=ml&keyboard=1"},  # ordinary parameters pass
+        id="webhook-query-plain",
+    ),
     # --- huge and non-finite values: rejected at submit time, not by an overflow once training runs ---
     pytest.param({f"{HP}.learning_rate": float("inf")}, f"{HP}.learning_rate: must be a finite number", id="lr-inf"),
     pytest.param({f"{HP}.kl_coef": float("nan")}, f"{HP}.kl_coef: must be a finite number", id="kl_coef-nan"),

@@ -112,7 +112,8 @@ def _describe(error: dict) -> str:
     # Bounds on float fields arrive as floats: say "> 0", not "> 0.0".
     ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in error.get("ctx", {}).items()}
     text = template.format(**ctx) if template else error["msg"][:1].lower() + error["msg"][1:]
-    return text if kind == "missing" else f"{text} (got {_show(error['input'])})"
+    # A URL with credentials is not echoed back: the terminal and CI logs would show the secret.
+    return text if kind in ("missing", "url_credentials") else f"{text} (got {_show(error['input'])})"
 
 
 def _problems(exc: ValidationError, data: dict) -> list[str]:

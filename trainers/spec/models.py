@@ -8,7 +8,7 @@ README's hyperparameter table is generated from it (`python -m trainers.spec`). 
 import importlib.util
 import re
 from typing import Annotated, Any, Literal, get_args
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -317,6 +317,10 @@ class DeploySpec(_Section):
     name: Slug = Field(description="Deployment name (a slug).")
 
 
+# Query parameters that carry a credential (`?token=`, `?api_key=`, `?sig=`...): refused in a webhook URL.
+_CREDENTIAL = re.compile(r"(?i)(.*[_-])?(token|key|apikey|sig|signature|secret|password|passwd|pwd|auth|credentials?)")
+
+
 class WebhookSpec(_Section):
     """A webhook receiving the job's events (Standard Webhooks)."""
 
@@ -331,6 +335,17 @@ class WebhookSpec(_Section):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http(s) URL")
+        secret_params = [
+            name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if _CREDENTIAL.fullmatch(name)
+        ]
+        if "@" in parts.netloc or secret_params:
+            where = "user:password@" if "@" in parts.netloc else "?" + "=, ?".join(secret_params) + "="
+            raise PydanticCustomError(
+                "url_credentials",
+                "holds credentials ({where}): credentials in the URL would be stored in spec.yaml and Prefect's "
+                "database; put the secret in secret_env (the receiver verifies the signature)",
+                {"where": where},
+            )
         return value
 
 
