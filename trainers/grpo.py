@@ -59,39 +59,52 @@ def tracking_args(spec: JobSpec, job: JobDir) -> dict:
     }
 
 
+# grpoflow's choices for GRPOConfig fields no spec key sets: a `trl:` block may change them.
+GRPO_DEFAULTS = {
+    "save_total_limit": 2,
+    "disable_tqdm": True,
+    # TRL's default turns checkpointing on, which only costs time on small models; memory is the user's lever
+    # (max_response_length, lora_rank, load_in_4bit, or trl: {gradient_checkpointing: true}).
+    "gradient_checkpointing": False,
+}
+
+
+def owned_args(spec: JobSpec, job: JobDir) -> dict:
+    """The `GRPOConfig` fields the spec (or the machine) sets; trainers/spec/rules.py's TRL_SPEC_KEYS and
+    TRL_SET_BY_GRPOFLOW reject each of them in a `trl:` block."""
+    hp = spec.hyperparameters
+    return {
+        "output_dir": str(job.checkpoints),
+        "learning_rate": hp.learning_rate,
+        "max_steps": hp.max_steps,
+        "num_generations": hp.rollouts_per_prompt,
+        # One step trains on prompts_per_step groups across all processes, each GPU an equal share (rules.py checks
+        # that it divides); TRL bounds no batch, so no gradient accumulation is needed to reach K completions.
+        "per_device_train_batch_size": hp.rollouts_per_prompt * hp.prompts_per_step // spec.gpu_count,
+        "gradient_accumulation_steps": 1,
+        "max_completion_length": hp.max_response_length,
+        "beta": hp.kl_coef,
+        "temperature": hp.temperature,
+        "seed": hp.seed,
+        "data_seed": hp.seed,
+        "reward_weights": [r.weight for r in spec.rewards],
+        "bf16": use_bf16(),
+        "use_cpu": use_cpu(spec.gpu_count),
+        "use_liger_kernel": hp.use_liger,
+        "model_init_kwargs": {"dtype": torch_dtype()},
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": spec.checkpoint_every,
+        **tracking_args(spec, job),
+    }
+
+
 def grpo_config(spec: JobSpec, job: JobDir):
-    """Maps the spec's hyperparameters onto `trl.GRPOConfig`: one optimizer step = one prompt's group."""
+    """Maps the spec onto `trl.GRPOConfig`: its hyperparameters (one optimizer step = prompts_per_step prompts'
+    groups), then grpoflow's defaults, then the spec's `trl:` block, applied last as given."""
     from trl import GRPOConfig
 
-    hp = spec.hyperparameters
-    return GRPOConfig(
-        output_dir=str(job.checkpoints),
-        learning_rate=hp.learning_rate,
-        max_steps=hp.max_steps,
-        num_generations=hp.rollouts_per_prompt,
-        # One group per step across all processes: each GPU takes an equal share of the group.
-        per_device_train_batch_size=hp.rollouts_per_prompt // spec.gpu_count,
-        gradient_accumulation_steps=1,
-        max_completion_length=hp.max_response_length,
-        beta=hp.kl_coef,
-        temperature=hp.temperature,
-        seed=hp.seed,
-        data_seed=hp.seed,
-        reward_weights=[r.weight for r in spec.rewards],
-        bf16=use_bf16(),
-        use_cpu=use_cpu(spec.gpu_count),
-        use_liger_kernel=hp.use_liger,
-        model_init_kwargs={"dtype": torch_dtype()},
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=spec.checkpoint_every,
-        save_total_limit=2,
-        **tracking_args(spec, job),
-        disable_tqdm=True,
-        # TRL's default turns checkpointing on, which only costs time on small models; memory is the user's lever
-        # (max_response_length, lora_rank, load_in_4bit).
-        gradient_checkpointing=False,
-    )
+    return GRPOConfig(**owned_args(spec, job), **{**GRPO_DEFAULTS, **spec.trl})
 
 
 def intact_checkpoint(path: Path) -> bool:

@@ -131,6 +131,7 @@ def _card_datasets(uri: str) -> list[str] | None:
 
 def _card_hyperparameters(spec: JobSpec) -> str:
     rows = [[name, cell(v)] for name, v in resolved_dict(spec)["hyperparameters"].items()]
+    rows += [[f"trl.{name}", cell(v)] for name, v in spec.trl.items()]  # TRL options (trl.GRPOConfig), as given
     return table(["name", "value"], rows)
 
 

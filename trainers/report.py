@@ -185,6 +185,7 @@ def _hyperparameters(spec: JobSpec) -> str:
     resolved = resolved_dict(spec)
     rows = [[name, cell(value)] for name, value in resolved["hyperparameters"].items()]
     rows.append(["gpu_count", cell(resolved["gpu_count"])])
+    rows += [[f"trl.{name}", cell(value)] for name, value in resolved["trl"].items()]  # TRL options, passed as given
     return "## Hyperparameters\n\n" + table(["name", "value"], rows)
 
 

@@ -71,6 +71,75 @@ def test_grpo_config(make_spec, tmp_path, changes, expected):
     assert config.output_dir == str(job.checkpoints)
 
 
+TRL_BLOCK = {"loss_type": "dr_grpo", "scale_rewards": "none", "num_iterations": 2, "epsilon_high": 0.28}
+TRL_BLOCK |= {"lr_scheduler_type": "constant"}
+
+
+def test_trl_block_reaches_grpo_config(make_spec, tmp_path):
+    spec, _ = load_spec(make_spec("trl", trl=TRL_BLOCK))
+    config = grpo_config(spec, JobDir(tmp_path / "job"))
+    assert {k: getattr(config, k) for k in TRL_BLOCK} == {**TRL_BLOCK, "lr_scheduler_type": "constant"}
+    # grpoflow's own defaults give way to the block; the spec's fields stay the spec's.
+    spec, _ = load_spec(make_spec("trl2", trl={"gradient_checkpointing": True, "save_total_limit": 5}))
+    config = grpo_config(spec, JobDir(tmp_path / "job"))
+    assert (config.gradient_checkpointing, config.save_total_limit, config.num_generations) == (True, 5, 4)
+
+
+def test_every_field_grpo_config_sets_is_owned_by_the_spec(make_spec, tmp_path):
+    # The rejection table of trl: (rules.py) and what grpo_config sets cannot drift apart.
+    from trainers.spec.rules import TRL_SET_BY_GRPOFLOW, TRL_SPEC_KEYS
+    from trainers.spec.trl_fields import trl_fields
+
+    spec, _ = load_spec(make_spec("own"))
+    owned = set(TRL_SPEC_KEYS) | set(TRL_SET_BY_GRPOFLOW)
+    unset = {"num_train_epochs"}  # owned, yet left to TRL: max_steps wins over it
+    assert set(grpo.owned_args(spec, JobDir(tmp_path / "job"))) == (owned & set(trl_fields()["fields"])) - unset
+    assert not set(grpo.GRPO_DEFAULTS) & owned
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, gpu_count, per_device",
+    [
+        ({"rollouts_per_prompt": 4}, 1, 4),  # the default: one prompt's group per step
+        ({"rollouts_per_prompt": 4, "prompts_per_step": 3}, 1, 12),  # three groups, one process
+        ({"rollouts_per_prompt": 4, "prompts_per_step": 3}, 2, 6),  # split evenly over two processes
+    ],
+)
+def test_prompts_per_step_sets_the_batch(make_spec, tmp_path, hyperparameters, gpu_count, per_device):
+    spec, _ = load_spec(make_spec("pps", hyperparameters=hyperparameters, gpu_count=gpu_count))
+    args = grpo.owned_args(spec, JobDir(tmp_path / "job"))
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (per_device, 1)
+    completions = hyperparameters["rollouts_per_prompt"] * hyperparameters.get("prompts_per_step", 1)
+    assert args["per_device_train_batch_size"] * gpu_count * args["gradient_accumulation_steps"] == completions
+
+
+def test_trl_block_trains(make_job):
+    job, spec = make_job("trlrun", hyperparameters={"max_steps": 2}, trl=TRL_BLOCK)
+    assert "loss_type: dr_grpo" in job.spec.read_text()  # the resolved spec.yaml shows what was passed
+    assert grpo.main(str(job.root)) == 0
+    records = read_metrics(job.metrics)
+    assert [r["step"] for r in records] == [1, 2]
+    # num_iterations 2: the second step trains again on the first step's completions, so TRL logs no new reward
+    # for it, and its policy now differs from the one that sampled them (clipping, with epsilon_high, can happen).
+    assert "reward" in records[0]["values"] and "reward" not in records[1]["values"]
+    assert {"loss", "clip_ratio/region_mean"} <= records[1]["values"].keys()
+    state = json.loads((job.checkpoints / "checkpoint-2" / "trainer_state.json").read_text())
+    assert [e["learning_rate"] for e in state["log_history"] if "learning_rate" in e] == [1e-3, 1e-3]  # constant
+
+
+def test_prompts_per_step_trains_on_several_groups(make_job):
+    job, _ = make_job("pps2", hyperparameters={"max_steps": 2, "prompts_per_step": 2}, checkpoint_every=2)
+    assert grpo.main(str(job.root)) == 0
+    records = read_metrics(job.metrics)
+    assert [r["step"] for r in records] == [1, 2]  # still one line per optimizer step
+    one, _ = make_job("pps1", hyperparameters={"max_steps": 2}, checkpoint_every=2)
+    assert grpo.main(str(one.root)) == 0
+    # Each step saw 2 groups of 4 completions: about twice the tokens of one group per step.
+    tokens = [r["values"]["num_tokens"] for r in records]
+    single = [r["values"]["num_tokens"] for r in read_metrics(one.metrics)]
+    assert tokens[1] - tokens[0] > 1.5 * (single[1] - single[0])
+
+
 @pytest.mark.parametrize(
     "tracking, message",
     [

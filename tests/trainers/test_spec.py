@@ -74,7 +74,10 @@ def rejected(patch: dict) -> list[str]:
 
 
 HP = "hyperparameters"
-GB = "not supported by GRPO: each step's batch is one prompt's rollouts_per_prompt completions"
+GB = (
+    "not supported by GRPO: a step's batch is groups of rollouts_per_prompt completions; set "
+    "hyperparameters.prompts_per_step (prompts per optimizer step) instead"
+)
 
 # (patch onto BASE, expected): a dict of resolved values means accepted; a string is the one problem it must cause.
 CASES = [
@@ -550,6 +553,97 @@ def test_spec_error_reads_as_a_list():
 )
 def test_unknown_key_names_the_closest_valid_key(patch, problem):
     assert rejected(patch) == [problem]
+
+
+TRL_OPTION = "unknown key: a TRL option (trl.GRPOConfig's {}): put it under trl:"
+
+
+@pytest.mark.parametrize(
+    "patch, problem",
+    [
+        # --- TRL's names where the spec has its own: the did-you-mean answers with the spec's key ---
+        (
+            {f"{HP}.max_completion_length": 9},
+            f"{HP}.max_completion_length: unknown key (did you mean 'max_response_length'?)",
+        ),
+        ({f"{HP}.beta": 0.1}, f"{HP}.beta: unknown key (did you mean 'kl_coef'?)"),
+        ({f"{HP}.num_generations": 4}, f"{HP}.num_generations: unknown key (did you mean 'rollouts_per_prompt'?)"),
+        # a typo of a TRL name still finds the spec's key
+        (
+            {f"{HP}.max_completion_lenght": 9},
+            f"{HP}.max_completion_lenght: unknown key (did you mean 'max_response_length'?)",
+        ),
+        # at the top level, the full dotted key
+        ({"beta": 0.1}, "beta: unknown key (did you mean 'hyperparameters.kl_coef'?)"),
+        # --- a TRL option misplaced: sent to trl: ---
+        ({f"{HP}.loss_type": "dr_grpo"}, f"{HP}.loss_type: " + TRL_OPTION.format("loss_type")),
+        ({"num_iterations": 2}, "num_iterations: " + TRL_OPTION.format("num_iterations")),
+        # --- trl: fields the spec owns, each naming the spec key ---
+        ({"trl": {"beta": 0.1}}, "trl.beta: set by the spec; use hyperparameters.kl_coef"),
+        (
+            {"trl": {"num_generations": 4}},
+            "trl.num_generations: set by the spec; use hyperparameters.rollouts_per_prompt",
+        ),
+        (
+            {"trl": {"gradient_accumulation_steps": 2}},
+            "trl.gradient_accumulation_steps: set by the spec; use hyperparameters.prompts_per_step",
+        ),
+        ({"trl": {"save_steps": 5}}, "trl.save_steps: set by the spec; use checkpoint_every"),
+        (
+            {"trl": {"output_dir": "/tmp"}},
+            "trl.output_dir: set by grpoflow (checkpoints go to the job folder's checkpoints/)",
+        ),
+        # a grpoflow hyperparameter put under trl:
+        (
+            {"trl": {"kl_coef": 0.1}},
+            "trl.kl_coef: a grpoflow hyperparameter, not a TRL option; use hyperparameters.kl_coef",
+        ),
+        # --- unknown names: a did-you-mean over TRL's fields ---
+        ({"trl": {"loss_typ": "dr_grpo"}}, "trl.loss_typ: not a field of trl.GRPOConfig (TRL "),
+        # --- wrong types and choices, named ---
+        ({"trl": {"num_iterations": "two"}}, "trl.num_iterations: must be an integer (got 'two')"),
+        ({"trl": {"num_iterations": 1.5}}, "trl.num_iterations: must be an integer (got 1.5)"),
+        ({"trl": {"epsilon_high": "high"}}, "trl.epsilon_high: must be a number or null (got 'high')"),
+        ({"trl": {"mask_truncated_completions": 1}}, "trl.mask_truncated_completions: must be true or false (got 1)"),
+        ({"trl": {"lr_scheduler_type": "cosin"}}, "trl.lr_scheduler_type: must be one of 'linear', 'cosine'"),
+        ({"trl": {"parallelism_config": {}}}, "trl.parallelism_config: cannot be set from a spec"),
+        ({"trl": [1]}, "trl: must be a mapping (got [1])"),
+        # --- batch shapes GRPOConfig would reject ---
+        (
+            {"gpu_count": 4, f"{HP}.rollouts_per_prompt": 6, f"{HP}.prompts_per_step": 3},
+            f"{HP}.prompts_per_step: rollouts_per_prompt * prompts_per_step (the completions of one step) must be a "
+            "multiple of gpu_count, as each GPU trains an equal share (got 6 * 3 = 18 with gpu_count=4)",
+        ),
+        (
+            {"trl": {"generation_batch_size": 12}},
+            "trl.generation_batch_size: must be a multiple of rollouts_per_prompt",
+        ),
+        (
+            {"trl": {"generation_batch_size": 16, "steps_per_generation": 2}},
+            "trl.generation_batch_size: not together with trl.steps_per_generation",
+        ),
+        ({"trl": {"auto_find_batch_size": True}}, "trl.auto_find_batch_size: not supported by TRL's GRPO"),
+        ({f"{HP}.prompts_per_step": 0}, f"{HP}.prompts_per_step: must be >= 1 (got 0)"),
+    ],
+)
+def test_trl_names_and_the_trl_block(patch, problem):
+    problems = rejected(patch)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"trl": {"loss_type": "dr_grpo", "scale_rewards": "none", "num_iterations": 2, "epsilon_high": 0.28}},
+        {"trl": {"lr_scheduler_type": "constant", "top_p": 1, "generation_batch_size": 16}},  # an int is a number
+        {"gpu_count": 2, f"{HP}.rollouts_per_prompt": 3, f"{HP}.prompts_per_step": 2},  # K = 6 splits over 2 GPUs
+        {"trl": None},  # `trl:` with nothing under it
+    ],
+)
+def test_trl_block_accepted_and_resolved(patch):
+    spec, _ = load_spec(patched(patch))
+    assert resolved_dict(spec)["trl"] == (patch.get("trl") or {})
+    assert load_spec(resolved_dict(spec))[0] == spec  # the saved spec.yaml loads again
 
 
 def test_overrides_parse_values_and_paths(spec_dict):

@@ -18,7 +18,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from trainers.spec.models import MAX_INT, JobSpec
-from trainers.spec.rules import rule_problems
+from trainers.spec.rules import TRL_SPEC_KEYS, rule_problems
+from trainers.spec.trl_fields import trl_fields
 from trainers.uris import url_scheme
 
 # Caps that turn a YAML alias bomb, a runaway nesting or a huge value into one clear error, instead of a hang, a
@@ -95,12 +96,33 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
     return next((m for m in map(_inner_model, get_args(annotation)) if m is not None), None)
 
 
+# Where GRPO options live: at these levels a TRL name is answered with the spec key that sets it, or sent to trl:.
+_GRPO_LEVELS = ("spec", "hyperparameters")
+
+
+def _aliases(section: str) -> dict[str, str]:
+    """TRL's names for the spec's keys, as suggested at `section`: the key itself when it lives there, else its
+    dotted path (at the top level and in hyperparameters only)."""
+    aliases = {}
+    for name, key in TRL_SPEC_KEYS.items():
+        parent, _, leaf = key.rpartition(".")
+        if (parent or "spec") == section:
+            aliases[name] = leaf
+        elif section in _GRPO_LEVELS:
+            aliases[name] = key
+    return aliases
+
+
 def _unknown_key(loc: tuple) -> str:
     model = _model_at(loc[:-1])
     valid = list(model.model_fields) if model else []
-    close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+    section, name = _dotted(loc[:-1]), str(loc[-1])
+    aliases = {k: v for k, v in _aliases(section).items() if k not in valid}
+    if name not in aliases and section in _GRPO_LEVELS and name in trl_fields()["fields"]:
+        return f"unknown key: a TRL option (trl.GRPOConfig's {name}): put it under trl:"
+    close = difflib.get_close_matches(name, valid + list(aliases), n=1)
     if close:
-        return f"unknown key (did you mean {close[0]!r}?)"
+        return f"unknown key (did you mean {aliases.get(close[0], close[0])!r}?)"
     return f"unknown key; valid keys: {', '.join(valid)}" if valid else "unknown key"
 
 

@@ -99,14 +99,21 @@ class Hyperparameters(_Section):
     max_steps: Int = Field(
         100,
         ge=1,
-        description="Training steps; one step is one prompt and its rollouts_per_prompt completions, so one pass "
-        "over N prompts is N steps.",
+        description="Training steps; one step is one prompt and its rollouts_per_prompt completions (prompts_per_step "
+        "prompts when set), so one pass over N prompts is N steps (N / prompts_per_step).",
     )
     rollouts_per_prompt: Int = Field(
         8,
         ge=2,
         description="Completions sampled per prompt: the GRPO group (TRL's num_generations); a group of one has no "
-        "baseline. A multiple of gpu_count.",
+        "baseline. rollouts_per_prompt * prompts_per_step must be a multiple of gpu_count.",
+    )
+    prompts_per_step: Int = Field(
+        1,
+        ge=1,
+        description="Prompts (groups) per optimizer step: each step trains on K = rollouts_per_prompt * "
+        "prompts_per_step completions, K / gpu_count per GPU (TRL's per_device_train_batch_size), generated together. "
+        "1 keeps one step = one prompt and its rollouts_per_prompt completions.",
     )
     kl_coef: float = Field(
         0.0,
@@ -124,8 +131,8 @@ class Hyperparameters(_Section):
     )
     global_batch_size: Int | None = Field(
         None,
-        description="Not supported by GRPO, setting it is rejected: each step's batch is one prompt's "
-        "rollouts_per_prompt completions.",
+        description="Not supported by GRPO, setting it is rejected: a step's batch is prompts_per_step prompts' "
+        "groups of rollouts_per_prompt completions; set prompts_per_step.",
     )
     seed: int = Field(
         42, ge=0, le=MAX_SEED, description="Random seed: the same seed, data and machine give the same metrics."
@@ -187,7 +194,8 @@ class Hyperparameters(_Section):
     def _no_global_batch_size(cls, value: Any) -> None:
         if value is not None:
             raise ValueError(
-                "not supported by GRPO: each step's batch is one prompt's rollouts_per_prompt completions"
+                "not supported by GRPO: a step's batch is groups of rollouts_per_prompt completions; set "
+                "hyperparameters.prompts_per_step (prompts per optimizer step) instead"
             )
 
 
@@ -414,6 +422,12 @@ class JobSpec(_Section):
     deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
     tracking: TrackingSpec = Field(TrackingSpec(), description="Optional experiment tracking (TensorBoard, ...).")
+    trl: dict[str, Any] = Field(
+        {},
+        description="Any other trl.GRPOConfig field, passed to TRL as given, e.g. {loss_type: dr_grpo, "
+        "scale_rewards: none}; checked against the installed TRL's fields and types. The fields the spec sets "
+        "(learning_rate, beta, num_generations, ...) are rejected, naming the spec key to use.",
+    )
 
     @field_validator("output_uri")
     @classmethod
@@ -423,7 +437,7 @@ class JobSpec(_Section):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
         return value
 
-    @field_validator("sft", "evaluation", "hyperparameters", "health", "webhooks", mode="before")
+    @field_validator("sft", "evaluation", "hyperparameters", "health", "webhooks", "trl", mode="before")
     @classmethod
     def _empty_section(cls, value: Any, info: ValidationInfo) -> Any:
         # A YAML key with nothing under it (`sft:`) is null; read it as "all defaults".

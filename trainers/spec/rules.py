@@ -5,6 +5,7 @@ families, reward names...).
 the same report as its field errors. Every default it needs is read from the models' fields, never restated.
 """
 
+import difflib
 import functools
 import json
 import re
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from trainers.spec.trl_fields import trl_fields
 
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
@@ -29,6 +32,49 @@ _FAMILY_GUESSES = (
     (r"llama", "llama"),
     (r"mistral", "mistral"),
 )
+
+
+# The trl.GRPOConfig fields that grpoflow sets (trainers/grpo.py's grpo_config), each with the spec key that sets it
+# or, for those the machine or the job folder decides, why: a `trl:` block may set none of them.
+TRL_SPEC_KEYS = {
+    "learning_rate": "hyperparameters.learning_rate",
+    "max_steps": "hyperparameters.max_steps",
+    "num_train_epochs": "hyperparameters.max_steps",
+    "num_generations": "hyperparameters.rollouts_per_prompt",
+    "per_device_train_batch_size": "hyperparameters.prompts_per_step",
+    "gradient_accumulation_steps": "hyperparameters.prompts_per_step",
+    "max_completion_length": "hyperparameters.max_response_length",
+    "max_prompt_length": "hyperparameters.max_prompt_length",
+    "beta": "hyperparameters.kl_coef",
+    "temperature": "hyperparameters.temperature",
+    "seed": "hyperparameters.seed",
+    "data_seed": "hyperparameters.seed",
+    "use_liger_kernel": "hyperparameters.use_liger",
+    "reward_weights": "rewards[].weight",
+    "save_steps": "checkpoint_every",
+    "save_strategy": "checkpoint_every",
+    "report_to": "tracking.report_to",
+    "project": "tracking.project",
+    "run_name": "tracking.run_name",
+    "log_completions": "tracking.log_completions",
+    "num_completions_to_print": "tracking.num_completions_to_print",
+}
+TRL_SET_BY_GRPOFLOW = {
+    "output_dir": "checkpoints go to the job folder's checkpoints/",
+    "logging_steps": "metrics.jsonl has one line per step",
+    "bf16": "bf16 follows the machine",
+    "use_cpu": "follows the machine and gpu_count",
+    "model_init_kwargs": "the dtype follows the machine",
+}
+_TYPE_NAMES = {
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "list": "a list",
+    "dict": "a mapping",
+    "None": "null",
+}
 
 
 def model_family(base_model: str) -> str | None:
@@ -117,15 +163,87 @@ def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
             "hyperparameters.max_prompt_length: only used with use_unsloth: true (TRL's GRPO does not truncate "
             "prompts); remove it or set use_unsloth: true"
         )
-    rollouts = _lax(hp, Hyperparameters, "rollouts_per_prompt")
-    if gpus > 1 and rollouts % gpus:
-        problems.append(
-            f"hyperparameters.rollouts_per_prompt: must be a multiple of gpu_count, as each GPU generates an equal "
-            f"share of a group (got {rollouts} with gpu_count={gpus})"
-        )
+    rollouts, prompts = _lax(hp, Hyperparameters, "rollouts_per_prompt"), _lax(hp, Hyperparameters, "prompts_per_step")
     if liger:
         problems += _liger_problems(data.get("base_model"), gpus, unsloth)
-    return problems + _reward_problems(data)
+    trl = data.get("trl") if isinstance(data.get("trl"), dict) else {}
+    problems += _batch_problems(trl, rollouts, prompts, gpus)
+    return problems + _reward_problems(data) + _trl_problems(trl, list(Hyperparameters.model_fields))
+
+
+def _batch_problems(trl: dict, rollouts: int, prompts: int, gpus: int) -> list[str]:
+    """The batch shapes GRPOConfig would reject: one optimizer step trains on K = rollouts_per_prompt *
+    prompts_per_step completions, K // gpu_count per process, and generates them in batches of a multiple of K."""
+    completions, problems = rollouts * prompts, []
+    if gpus > 1 and completions % gpus:
+        if prompts == 1:
+            problems.append(
+                f"hyperparameters.rollouts_per_prompt: must be a multiple of gpu_count, as each GPU generates an "
+                f"equal share of a group (got {rollouts} with gpu_count={gpus})"
+            )
+        else:
+            problems.append(
+                f"hyperparameters.prompts_per_step: rollouts_per_prompt * prompts_per_step (the completions of one "
+                f"step) must be a multiple of gpu_count, as each GPU trains an equal share (got {rollouts} * "
+                f"{prompts} = {completions} with gpu_count={gpus})"
+            )
+    generation, steps = trl.get("generation_batch_size"), trl.get("steps_per_generation")
+    if generation is not None and steps is not None:
+        problems.append("trl.generation_batch_size: not together with trl.steps_per_generation; set one of them")
+    elif _is_int(generation) and generation % completions:
+        problems.append(
+            f"trl.generation_batch_size: must be a multiple of rollouts_per_prompt * prompts_per_step (the "
+            f"{completions} completions of one step; got {generation})"
+        )
+    if trl.get("auto_find_batch_size") is True:
+        problems.append(
+            "trl.auto_find_batch_size: not supported by TRL's GRPO (shrinking the batch breaks the groups)"
+        )
+    return problems
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _trl_problems(trl: dict, hyperparameters: list[str]) -> list[str]:
+    """Each `trl:` entry checked against the frozen record of trl.GRPOConfig's fields (trl_fields.json)."""
+    record, problems = trl_fields(), []
+    fields = record["fields"]
+    for name, value in trl.items():
+        where = f"trl.{name}"
+        if name in TRL_SPEC_KEYS:
+            problems.append(f"{where}: set by the spec; use {TRL_SPEC_KEYS[name]}")
+        elif name in TRL_SET_BY_GRPOFLOW:
+            problems.append(f"{where}: set by grpoflow ({TRL_SET_BY_GRPOFLOW[name]})")
+        elif name in hyperparameters:
+            problems.append(f"{where}: a grpoflow hyperparameter, not a TRL option; use hyperparameters.{name}")
+        elif name not in fields:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see trl.GRPOConfig's fields"
+            problems.append(f"{where}: not a field of trl.GRPOConfig (TRL {record['trl_version']}); {hint}")
+        elif problem := _trl_type_problem(value, fields[name]):
+            problems.append(f"{where}: {problem} (got {_show(value)})")
+    return problems
+
+
+def _trl_type_problem(value: Any, field: dict) -> str | None:
+    kinds, choices = field["types"], field["choices"]
+    kind = "None" if value is None else "float" if isinstance(value, float) else type(value).__name__
+    if kind == "int" and "int" not in kinds and "float" in kinds:
+        kind = "float"  # an integer is a number
+    if kind not in kinds:
+        if "object" in kinds and len(kinds) <= 2:
+            return "cannot be set from a spec (it takes a Python object)"
+        return "must be " + " or ".join(_TYPE_NAMES[k] for k in kinds if k in _TYPE_NAMES)
+    if kind == "str" and choices and value not in choices:
+        return "must be one of " + ", ".join(map(repr, choices))
+    return None
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _liger_problems(base_model: Any, gpus: int, unsloth: bool) -> list[str]:

@@ -1,0 +1,31 @@
+"""The frozen record of trl.GRPOConfig's fields (trainers/spec/trl_fields.json) against the installed TRL, and the
+spec's validation importing neither torch nor TRL."""
+
+import subprocess
+import sys
+
+from trainers.spec.trl_fields import generate, trl_fields
+
+
+def test_frozen_fields_match_the_installed_trl():
+    # Fails after a TRL upgrade until `python -m trainers.spec.trl_fields` regenerates the file.
+    assert generate() == trl_fields(), "trl_fields.json is stale: run python -m trainers.spec.trl_fields"
+
+
+def test_record_knows_types_choices_and_help():
+    fields = trl_fields()["fields"]
+    assert fields["num_iterations"]["types"] == ["int"]
+    assert fields["epsilon_high"]["types"] == ["float", "None"]
+    assert "constant" in fields["lr_scheduler_type"]["choices"]  # an enum's values
+    assert fields["loss_type"]["help"].startswith("Specifies the loss formulation")
+
+
+def test_validating_a_trl_block_imports_neither_torch_nor_trl():
+    code = (
+        "import sys; from trainers.spec import load_spec; "
+        "load_spec({'name': 't', 'base_model': 'builtin:tiny', 'dataset': {'uri': 'x.jsonl'}, "
+        "'rewards': [{'function': 'm:f'}], 'trl': {'loss_type': 'dr_grpo', 'num_iterations': 2}}); "
+        "print(sorted({'torch', 'trl'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
