@@ -15,7 +15,9 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -230,6 +232,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     from flows import server
 
     # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.
+    previous = _stop_on_signals()
     temporary = server.start_if_needed()
     try:
         from flows.pipeline import grpo_pipeline
@@ -238,10 +241,16 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
 
         # The report's wall time is the one the user waited: from this command's start.
         with server.connected(temporary), waited_since(getattr(args, "started", None) or time.time()):
-            state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
+            try:
+                state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
+            except BaseException:
+                if not _STOPPED_BY:
+                    raise
+                return _stopped()
     finally:
         if temporary is not None:
-            temporary.stop()
+            temporary.stop()  # last: the job's end (job.failed, the flow run's state) went through it
+        _restore_signals(previous)
     if state.name == REJECTED:
         print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
         return EXIT_REJECTED
@@ -258,6 +267,48 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     out = print_result(args, result)
     _say_if_not_promoted(spec, out["job_id"], sys.stderr if args.json else sys.stdout)
     return EXIT_OK
+
+
+# The signal that stopped `grpoflow run` (SIGINT: Ctrl-C; SIGTERM: kill, systemd, a CI timeout), once one did.
+_STOPPED_BY: list[int] = []
+
+
+def _interrupt(signum, frame) -> None:
+    """The first SIGINT or SIGTERM becomes a KeyboardInterrupt, which the job's end (tasks.job.JobEnding) turns
+    into job.failed (reason cancelled); further ones are ignored so that the end runs to completion."""
+    if _STOPPED_BY:
+        return
+    _STOPPED_BY.append(signum)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _stop_on_signals() -> dict:
+    _STOPPED_BY.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signals(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _stopped() -> int:
+    """One line for a run a signal stopped (its job ended cancelled, checkpoints kept); the flow run is marked
+    Cancelled. Exit code 128 + the signal's number, as a shell reports it."""
+    from tasks.job import cancel_interrupted_runs
+
+    name = signal.Signals(_STOPPED_BY[0]).name
+    try:
+        cancel_interrupted_runs(f"stopped by {name}")
+    except Exception as e:  # the server unreachable: the run stays Crashed there, which is still true
+        print(f"grpoflow: could not mark the flow run cancelled: {type(e).__name__}: {e}", file=sys.stderr)
+    print(
+        f"grpoflow: stopped by {name}: the job ended cancelled, its checkpoints kept (resume with --resume)",
+        file=sys.stderr,
+    )
+    return 128 + _STOPPED_BY[0]
 
 
 def _say_if_not_promoted(spec, job_id: str, stream) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    # Linux: SIGTERM to the server when the process that started it dies, however it dies (as trainers.launch does
+    # for training children).
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class TemporaryServer:
@@ -74,7 +84,11 @@ class TemporaryServer:
             "(set PREFECT_API_URL to use a running one)",
             file=sys.stderr,
         )
-        self.process = subprocess.Popen(command, env=self._env, stdin=subprocess.DEVNULL)
+        # Its own session: the terminal's Ctrl-C reaches only grpoflow, which then ends the job through this server
+        # and stops it last. And it dies with grpoflow (SIGKILL included), never orphaned.
+        self.process = subprocess.Popen(
+            command, env=self._env, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent
+        )
 
     def wait(self) -> str:
         """Blocks until the server answers /health; returns its API URL. Raises ServerError if it never does."""

@@ -2,15 +2,19 @@
 the webhook flush, the uploads), and upload the folder when `output_uri` is remote (`s3://...`: the job runs in a
 local staging folder, see `tasks.storage`)."""
 
+import json
 import logging
 import secrets
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
+from uuid import UUID
 
-from prefect import get_run_logger, task
-from prefect.exceptions import TerminationSignal
-from prefect.states import State
+from prefect import get_client, get_run_logger, task
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound, TerminationSignal
+from prefect.runtime import flow_run
+from prefect.states import Cancelled, Crashed, State
 
 from tasks import webhooks
 from tasks.artifacts import completed_message
@@ -19,13 +23,16 @@ from tasks.stages import rejected
 from tasks.storage import filesystem, is_remote, join, staging_root
 from trainers.job_index import remember
 from trainers.jobdir import JobDir, check_job_id, write_text_atomic
-from trainers.joblock import JobLock, JobLocked
+from trainers.joblock import JobLock, JobLocked, _alive, _me
 from trainers.spec import JobSpec, to_yaml
 
 logger = logging.getLogger(__name__)
 # The most a job's end waits for its webhook deliveries (a bounded wait: the last events, e.g. job.completed, would
 # otherwise be lost when the process exits; a dead endpoint costs at most this).
 WEBHOOK_FLUSH_S = 10.0
+# Which flow run runs the job, and in which process (`record_flow_run`).
+FLOW_RUN_FILE = "flow_run.json"
+_this_process_runs: list[str] = []
 
 
 def new_job_id(name: str, run_id: str | None = None, started: datetime | None = None) -> str:
@@ -70,6 +77,8 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
         JobLock(job.root).acquire()  # released by JobEnding, however the job ends
     except JobLocked as e:
         return rejected(str(e))
+    mark_stale_flow_run(job)  # the earlier run of a resumed job, killed while its flow run showed Running
+    record_flow_run(job)
     write_text_atomic(job.spec, to_yaml(spec))
     remember(job.job_id, job_location(job, spec))  # `grpoflow metrics JOB_ID` then finds it from any folder
     emit(
@@ -78,6 +87,47 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
         {"name": spec.name, "base_model": spec.base_model, "output_dir": job_location(job, spec)},
     )
     return job
+
+
+def record_flow_run(job: JobDir) -> None:
+    """Writes `<job>/flow_run.json`: this flow run's id and the process running it (pid, host, start time), so that
+    a resume after a SIGKILL can tell Prefect that run crashed (`mark_stale_flow_run`)."""
+    if flow_run.id is None:
+        return
+    write_text_atomic(job.root / FLOW_RUN_FILE, json.dumps({"flow_run_id": str(flow_run.id), **_me()}))
+    _this_process_runs.append(str(flow_run.id))
+
+
+def mark_stale_flow_run(job: JobDir) -> None:
+    """Sets the job's earlier flow run Crashed when Prefect still shows it Running or Pending although its process
+    is gone (a SIGKILL of `grpoflow run`, a lost machine): nothing else ever would."""
+    try:
+        record = json.loads((job.root / FLOW_RUN_FILE).read_text())
+        run_id = UUID(record["flow_run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if str(run_id) == str(flow_run.id) or _alive(record):
+        return
+    with get_client(sync_client=True) as client:
+        try:
+            run = client.read_flow_run(run_id)
+        except ObjectNotFound:  # another Prefect server's run (an ephemeral one, since gone)
+            return
+        if run.state is None or run.state.type not in (StateType.RUNNING, StateType.PENDING):
+            return
+        message = f"its process (pid {record.get('pid')} on {record.get('host')}) is gone; job {job.job_id} resumed"
+        client.set_flow_run_state(run_id, Crashed(message=message), force=True)
+    get_run_logger().warning("flow run %s of job %s marked Crashed: %s", run_id, job.job_id, message)
+
+
+def cancel_interrupted_runs(message: str) -> None:
+    """Marks the flow runs this process started and a signal ended (the engine reports them Crashed) Cancelled,
+    with `message`; a flow run in any other state is left as it is."""
+    with get_client(sync_client=True) as client:
+        for run_id in _this_process_runs:
+            state = client.read_flow_run(UUID(run_id)).state
+            if state is not None and state.is_crashed():
+                client.set_flow_run_state(UUID(run_id), Cancelled(message=message), force=True)
 
 
 def discard_job(job: JobDir) -> None:

@@ -254,14 +254,42 @@ def _secret(hook: WebhookSpec) -> tuple[str | None, str | None]:
     """The signing secret (None: unsigned webhook), or a problem that names the variable but never its value."""
     if hook.secret_env is None:
         return None, None
-    secret = os.environ.get(hook.secret_env)
+    secret = os.environ.get(hook.secret_env) or _secret_block(hook.secret_env)
     if not secret:
-        return None, f"secret_env {hook.secret_env} is not set (or empty); not sending unsigned"
+        return None, (
+            f"secret_env {hook.secret_env} is not set (or empty), and there is no Prefect Secret block "
+            f"{secret_block_name(hook.secret_env)!r}; not sending unsigned"
+        )
     try:
         _webhook(secret)
     except ValueError:
         return None, f"secret_env {hook.secret_env} starts with whsec_ but the rest is not a non-empty base64 key"
     return secret, None
+
+
+def secret_block_name(env: str) -> str:
+    """The Prefect Secret block that holds a webhook secret when the variable `env` is not set: the name lowercased,
+    `_` as `-` (`GRPOFLOW_WEBHOOK_SECRET` -> `grpoflow-webhook-secret`), as `hf-token` holds HF_TOKEN's value. A
+    block keeps the secret out of the worker's environment, which Prefect copies into each run's workspace files."""
+    return env.lower().replace("_", "-")
+
+
+def _secret_block(env: str) -> str | None:
+    from prefect.settings import get_current_settings
+
+    if env not in _BLOCK_SECRETS:
+        if not get_current_settings().api.url:  # no server to ask (and none to start from a delivery thread)
+            return None
+        try:
+            from prefect.blocks.system import Secret
+
+            _BLOCK_SECRETS[env] = str(Secret.load(secret_block_name(env)).get())
+        except Exception:  # no such block, no server: the delivery fails, naming the variable and the block
+            return None
+    return _BLOCK_SECRETS[env]
+
+
+_BLOCK_SECRETS: dict[str, str] = {}  # loaded once per process
 
 
 def _post(

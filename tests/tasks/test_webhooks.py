@@ -128,7 +128,7 @@ def receiver():
 def isolated(monkeypatch):
     # Prefect's side of emit is tested against a real server in tests/flows; here it would start an ephemeral one.
     prefect_events = []
-    monkeypatch.setattr(tasks.events, "emit_event", lambda **kwargs: prefect_events.append(kwargs))
+    monkeypatch.setattr("prefect.events.emit_event", lambda **kwargs: prefect_events.append(kwargs))  # imported late
     monkeypatch.setattr(webhooks, "POLICY", FAST)
     monkeypatch.setenv(SECRET_ENV, PLAIN)
     yield prefect_events
@@ -442,13 +442,16 @@ def test_secret_and_signatures_never_written_or_logged(monkeypatch, receiver, ma
 
 
 def test_log_url_drops_userinfo_and_query(make_job):
-    job = make_job(dead_url().replace("http://", "http://user:pw-do-not-leak@") + "?token=do-not-leak")
+    # A spec refuses credentials in the URL (tests/trainers/test_spec.py); the log still drops any query...
+    job = make_job(dead_url() + "?team=do-not-leak")
 
     emit(job, "grpoflow.job.started")
 
     assert webhooks.flush(DRAIN_S)
     assert "do-not-leak" not in job.webhooks.read_text()
     assert attempts(job)[0]["url"].endswith("/hook")
+    # ...and userinfo, for a URL that reached it some other way
+    assert webhooks.safe_url("https://user:pw@h.example/hook?token=t#f") == "https://h.example/hook"
 
 
 def test_job_without_webhooks_writes_no_delivery_log(make_job):
@@ -485,7 +488,8 @@ def test_discarded_job_folder_is_not_recreated(receiver, make_job):
     assert not job.root.exists()
 
 
-def test_prefect_still_gets_the_event(isolated, receiver, make_job):
+def test_prefect_still_gets_the_event(isolated, monkeypatch, receiver, make_job):
+    monkeypatch.setattr(tasks.events, "prefect_api_configured", lambda: True)  # as under `grpoflow run`
     r = receiver()
     job = make_job(r.url)
 
@@ -493,3 +497,26 @@ def test_prefect_still_gets_the_event(isolated, receiver, make_job):
 
     assert webhooks.flush(DRAIN_S)
     assert [str(e["id"]) for e in isolated] == [record["id"]] == r.ids()
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_the_secret_comes_from_a_prefect_secret_block_when_the_variable_is_unset(monkeypatch, receiver, make_job):
+    # The worker path's mitigation (README, Webhooks): no secret in the worker's environment, which Prefect copies
+    # into each run's workspace.json; the block named after the variable holds it instead.
+    from prefect.blocks.system import Secret
+    from prefect.settings import get_current_settings
+
+    monkeypatch.setenv("PREFECT_API_URL", get_current_settings().api.url)  # as `grpoflow run` sets it: threads too
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.setattr(webhooks, "_BLOCK_SECRETS", {})
+    Secret(value=WHSEC).save(webhooks.secret_block_name(SECRET_ENV), overwrite=True)
+    assert webhooks.secret_block_name(SECRET_ENV) == "grpoflow-test-secret"
+    r = receiver()
+    job = make_job(r.url)
+
+    emit(job, "grpoflow.training.completed", {"steps": 3})
+
+    assert webhooks.flush(DRAIN_S)
+    [request] = r.requests
+    Webhook(WHSEC).verify(request.body, request.headers)  # raises on a bad signature
+    assert WHSEC not in (job.root / "webhooks.jsonl").read_text()

@@ -1,0 +1,209 @@
+"""Signals to `grpoflow run`, as a user sends them: Ctrl-C (SIGINT), SIGTERM (kill, systemd, a CI timeout) and
+SIGKILL, each once training has started (step 1 in metrics.jsonl) of a 200-step job on builtin:tiny.
+
+SIGINT and SIGTERM: the command ends within seconds with one line on stderr and no traceback, events.jsonl ends with
+`job.failed` (reason cancelled), the checkpoint that was due is kept, and no process of the run (the temporary
+Prefect server, the training child) is left. SIGKILL: the server and the training child exit with it; the next
+`--resume` marks the killed flow run Crashed (read back from a `prefect server start` on loopback) and completes.
+
+Every process a test starts is killed, with its children, at the end; every wait is bounded.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import arithmetic_rows, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200
+RESUMED_STEPS = 12  # the job killed and resumed: short, so that the resume completes quickly
+EXIT_WITHIN_S = 15  # a generous bound: the job's end (events, webhooks flush, the server's stop) takes a few seconds
+
+
+def spec_file(tmp_path: Path, max_steps: int = STEPS) -> Path:
+    spec = {
+        "name": "signals",
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(24)))},
+        "rewards": [{"name": "exact_answer"}],
+        "hyperparameters": {"max_steps": max_steps, "rollouts_per_prompt": 2, "max_response_length": 4},
+        "checkpoint_every": 1,
+        "evaluation": {"holdout": 2},
+        "output_uri": str(tmp_path / "runs"),
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def run_env(tmp_path: Path, api_url: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONUNBUFFERED="1")
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def start_run(tmp_path: Path, env: dict, max_steps: int = STEPS) -> subprocess.Popen:
+    command = [sys.executable, "-m", "flows.cli", "run", str(spec_file(tmp_path, max_steps)), "--json"]
+    out, err = (tmp_path / "run.out").open("ab"), (tmp_path / "run.err").open("ab")
+    return subprocess.Popen(command, env=env, stdout=out, stderr=err, cwd=Path(__file__).parents[2])
+
+
+def job_folder(tmp_path: Path) -> Path | None:
+    folders = [p for p in (tmp_path / "runs").glob("signals-*") if p.is_dir()]
+    return folders[0] if folders else None
+
+
+def wait_for_step(tmp_path: Path, proc: subprocess.Popen, step: int = 1, timeout: float = 300) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (tmp_path / "run.err").read_text()
+        job = job_folder(tmp_path)
+        metrics = job / "metrics.jsonl" if job else None
+        if metrics and metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"no step {step} within {timeout} s:\n{(tmp_path / 'run.err').read_text()[-3000:]}")
+
+
+def tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    parent = psutil.Process(proc.pid)
+    return [parent, *parent.children(recursive=True)]
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def alive(procs: list[psutil.Process], within: float) -> list[psutil.Process]:
+    _, left = psutil.wait_procs(procs, timeout=within)
+    return [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def events(job: Path) -> list[dict]:
+    return [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_the_run_cleanly(tmp_path, sig):
+    proc = start_run(tmp_path, run_env(tmp_path))
+    procs = []
+    try:
+        job = wait_for_step(tmp_path, proc)
+        procs = tree(proc)
+        assert any("uvicorn" in " ".join(p.cmdline()) for p in procs)  # the temporary server, to be stopped
+        assert any("trainers.grpo" in " ".join(p.cmdline()) for p in procs)  # the training child
+        proc.send_signal(sig)
+        signalled = time.monotonic()
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - signalled
+        err = (tmp_path / "run.err").read_text()
+        assert took < EXIT_WITHIN_S, err
+        assert code == 128 + sig, err
+        assert "Traceback" not in err and "ConnectError" not in err
+        assert f"grpoflow: stopped by {sig.name}" in err
+        last = events(job)[-1]
+        assert last["event"] == "grpoflow.job.failed" and last["payload"]["reason"] == "cancelled"
+        assert list((job / "checkpoints").glob("checkpoint-*")), "the checkpoint due at step 1 was not kept"
+        assert not (job / ".lock").exists()
+        assert alive(procs, within=5) == []  # no server, no training child left
+    finally:
+        if proc.poll() is None:
+            procs = procs or tree(proc)
+        kill_all(procs)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    """`prefect server start` on a loopback port with this test's PREFECT_HOME: the API the killed run and its
+    resume both use, and the test reads the flow run's state from."""
+    port = free_port()
+    env = run_env(tmp_path)
+    command = [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--no-services"]
+    log = (tmp_path / "server.log").open("wb")
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, (tmp_path / "server.log").read_text()
+                time.sleep(0.3)
+        yield url
+    finally:
+        kill_all(tree(server) if server.poll() is None else [])
+
+
+def flow_run_state(api_url: str, flow_run_id: str) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state.type.value
+
+
+def test_sigkill_leaves_nothing_behind_and_resume_marks_the_run_crashed(tmp_path):
+    proc = start_run(tmp_path, run_env(tmp_path))
+    procs = []
+    try:
+        wait_for_step(tmp_path, proc)
+        procs = tree(proc)
+        assert len(procs) >= 3  # grpoflow, the temporary server, the training child
+        proc.kill()
+        proc.wait(timeout=10)
+        assert alive(procs, within=15) == []  # the server and the child die with their parent
+    finally:
+        kill_all(procs)
+
+
+def test_resume_after_sigkill_marks_the_flow_run_crashed(tmp_path, prefect_server):
+    env = run_env(tmp_path, prefect_server)
+    proc = start_run(tmp_path, env, max_steps=RESUMED_STEPS)
+    procs = []
+    try:
+        job = wait_for_step(tmp_path, proc)
+        procs = tree(proc)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert alive(procs, within=15) == []
+        record = json.loads((job / "flow_run.json").read_text())
+        assert flow_run_state(prefect_server, record["flow_run_id"]) == "RUNNING"  # what a SIGKILL leaves
+
+        command = [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "spec.yaml"), "--resume", job.name]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert flow_run_state(prefect_server, record["flow_run_id"]) == "CRASHED"
+        assert json.loads((job / "flow_run.json").read_text())["flow_run_id"] != record["flow_run_id"]
+        assert events(job)[-1]["event"] == "grpoflow.job.completed"
+    finally:
+        kill_all(procs)
