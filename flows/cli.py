@@ -19,12 +19,14 @@ import signal
 import sys
 import threading
 import time
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
 
 EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# The demo's spec, data and reward module ship as package data: found from any install, not only a checkout.
+EXAMPLES = Path(str(files("examples")))
 DEMO_SPEC = EXAMPLES / "arithmetic.yaml"
 
 
@@ -331,6 +333,21 @@ def cmd_demo(args) -> int:
     return cmd_run(args, [f"dataset.uri={EXAMPLES / 'data' / 'arithmetic.jsonl'}"])
 
 
+def cmd_init(args) -> int:
+    from flows.project import ProjectError, init_project
+
+    try:
+        written = init_project(Path(args.dir))
+    except ProjectError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    root = Path(args.dir).resolve()
+    for path in written:
+        print(path.relative_to(root))
+    print(f"wrote a grpoflow project in {root}; next: cd {args.dir} && grpoflow validate spec.yaml (see README.md)")
+    return EXIT_OK
+
+
 def cmd_jobs(args) -> int:
     from tasks.storage import is_remote
     from trainers.jobdir import JobDir
@@ -413,14 +430,20 @@ def cmd_deployments_apply(args) -> int:
         ensure_pools,
         load_pools,
     )
+    from flows.project import ProjectError, project_files
 
+    project = Path(args.project).resolve()
     try:
+        prefect_file, pools_file = project_files(project)
         url = api_url()
-        for line in asyncio.run(ensure_pools(load_pools())):
+        for line in asyncio.run(ensure_pools(load_pools(pools_file))):
             print(line)
-        deploy_all()
-        for line in asyncio.run(describe_deployments()):
+        deploy_all(prefect_file, project)
+        for line in asyncio.run(describe_deployments(prefect_file)):
             print(line)
+    except ProjectError as e:
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return EXIT_REJECTED
     except DeploymentError as e:
         print(f"grpoflow: {e}", file=sys.stderr)
         return EXIT_REJECTED if isinstance(e, ServerNotSet) else EXIT_FAILED
@@ -626,7 +649,10 @@ def _add_server_commands(sub) -> None:
         "deployments", help="deploy grpoflow to the Prefect server at PREFECT_API_URL, or list serving deployments"
     )
     actions = deployments.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    apply = actions.add_parser("apply", help="create the work pools when missing and deploy deployments/prefect.yaml")
+    apply = actions.add_parser(
+        "apply", help="create the work pools when missing and deploy the project's prefect.yaml (`grpoflow init`)"
+    )
+    apply.add_argument("--project", default=".", metavar="DIR", help="the project folder (default: this one)")
     apply.set_defaults(func=cmd_deployments_apply)
     listing = actions.add_parser("list", help="every registered serving deployment with its versions (* current)")
     listing.add_argument("--json", action="store_true", help="print JSON")
@@ -673,6 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--set", action="append", metavar="KEY=VALUE")
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=cmd_demo)
+    init = sub.add_parser("init", help="write a project of your own: prefect.yaml, a spec, a reward module, data/")
+    init.add_argument("dir", help="the project folder to create (new or empty)")
+    init.set_defaults(func=cmd_init)
     jobs = sub.add_parser("jobs", help="list jobs under the output root")
     jobs.add_argument("--json", action="store_true")
     jobs.set_defaults(func=cmd_jobs)

@@ -1,7 +1,9 @@
 """Deploying grpoflow to a Prefect server and submitting jobs to it (`grpoflow deployments apply`, `grpoflow submit`).
 
-`apply` creates the work pools of deployments/work-pools/pools.yaml that the server lacks (and their queues), then runs
-`prefect deploy --all` on deployments/prefect.yaml from the project root, which is where workers will run the flows.
+`apply` deploys a project (`grpoflow init DIR` writes one; grpoflow's checkout is one too, under deployments/): it
+creates the work pools of its work-pools/pools.yaml that the server lacks (and their queues), then runs
+`prefect deploy --all` on its prefect.yaml from the project folder, which is where workers will run the flows. The
+deployments' entrypoints are module paths (`flows.pipeline:grpo_pipeline`), found in grpoflow however it was installed.
 `submit` validates a spec locally (a rejected spec never reaches the server), then starts a run of a deployment of
 the `grpo-pipeline` flow with the spec as its `spec` parameter.
 
@@ -24,6 +26,7 @@ from prefect.settings import PREFECT_API_URL
 
 from trainers.spec import JobSpec
 
+# grpoflow's own checkout, a project too (its prefect.yaml is under deployments/); `apply` deploys the current folder.
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEPLOYMENTS_DIR = PROJECT_DIR / "deployments"
 POOLS_FILE = DEPLOYMENTS_DIR / "work-pools" / "pools.yaml"
@@ -98,11 +101,14 @@ async def ensure_pools(pools: list[dict]) -> list[str]:
     return lines
 
 
-def deploy_all(prefect_file: Path = PREFECT_FILE) -> str:
-    """`prefect deploy --all` on `prefect_file`, run from the project root; returns its output."""
-    env = {**os.environ, "GRPOFLOW_PROJECT_DIR": str(PROJECT_DIR), "PREFECT_API_URL": api_url()}
+def deploy_all(prefect_file: Path = PREFECT_FILE, project_dir: Path = PROJECT_DIR) -> str:
+    """`prefect deploy --all` on `prefect_file`, run from `project_dir`; returns its output."""
+    # prefect.yaml's working directory is `{{ $PWD }}`, filled in by `prefect deploy`; a subprocess's cwd alone
+    # does not set PWD.
+    project = str(project_dir.resolve())
+    env = {**os.environ, "PWD": project, "GRPOFLOW_PROJECT_DIR": project, "PREFECT_API_URL": api_url()}
     command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)]
-    proc = subprocess.run(command, cwd=PROJECT_DIR, env=env, capture_output=True, text=True)
+    proc = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise DeploymentError(f"`prefect deploy` failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout

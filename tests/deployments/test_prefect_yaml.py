@@ -1,6 +1,9 @@
-"""deployments/prefect.yaml against shared/DESIGN.md, without a server: names, pools, schedules, the trigger's
-parameter templates (rendered by the server's own code), and every parameter against its flow's schema."""
+"""deployments/prefect.yaml (and the project `grpoflow init` writes) against the design, without a server: names,
+pools, schedules, the trigger's parameter templates (rendered by the server's own code), and every parameter
+against its flow's schema."""
 
+import json
+import re
 import uuid
 from datetime import UTC, datetime
 
@@ -17,6 +20,8 @@ from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, run_parameters
+from flows.project import TEMPLATE
+from trainers.rewards import REWARDS
 from trainers.spec import load_spec
 
 
@@ -30,7 +35,7 @@ def deployments(config) -> dict[str, dict]:
     """`flow-name/deployment-name` -> the deployment's entry, with its flow object under "flow"."""
     found = {}
     for entry in config["deployments"]:
-        flow = load_flow_from_entrypoint(str(PROJECT_DIR / entry["entrypoint"]))
+        flow = load_flow_from_entrypoint(entry["entrypoint"])  # a module path: found in any install of grpoflow
         found[f"{flow.name}/{entry['name']}"] = {**entry, "flow": flow}
     return found
 
@@ -77,16 +82,57 @@ def test_schedules(deployments):
     assert params["watch_minutes"] == 55 and params["state_dir"] == ".grpoflow/watch-state"
 
 
-def test_shipped_specs_are_valid(deployments):
+def test_shipped_specs_are_valid(deployments, tmp_path):
     for name in ("grpo-pipeline/nightly", "grpo-pipeline/on-new-data"):
         params = deployments[name]["parameters"]
         load_spec(PROJECT_DIR / (params.get("spec") or params["default_spec"]))
+    # The retrain form's default: a working example spec, its paths relative to the project root.
+    retrain = deployments["grpo-pipeline/retrain"]["parameters"]["spec"]
+    assert (PROJECT_DIR / retrain["dataset"]["uri"]).is_file()
+    (tmp_path / "retrain.yaml").write_text(yaml.safe_dump(retrain))
+    load_spec(tmp_path / "retrain.yaml")
 
 
 def test_deployment_parameters_match_the_flows(deployments):
-    for name, deployment in deployments.items():
-        if name != "grpo-pipeline/retrain":  # its spec has no default: each run brings one
-            jsonschema.validate(deployment["parameters"], schema_of(deployment))
+    for deployment in deployments.values():
+        jsonschema.validate(deployment["parameters"], schema_of(deployment))
+
+
+def test_ui_runs_get_gpu_count(deployments):
+    for name in ("grpo-pipeline/retrain", "grpo-pipeline/nightly", "grpo-pipeline/on-new-data"):
+        assert deployments[name]["work_pool"]["job_variables"] == {"gpu_count": 1}
+    [k8s] = [p for p in load_pools() if p["type"] == "kubernetes"]
+    assert "gpu_count" in k8s["base_job_template"]["variables"]["properties"]
+
+
+def test_the_automation_is_named(deployments):
+    [trigger] = deployments["grpo-pipeline/on-new-data"]["triggers"]
+    model = DeploymentEventTrigger.model_validate({k: v for k, v in trigger.items() if k != "type"})
+    assert model.name == "retrain-on-new-data" and "grpoflow.dataset.landed" in model.description
+
+
+def test_the_form(deployments):
+    schema = schema_of(deployments["grpo-pipeline/retrain"])
+    name = schema["definitions"]["RewardSpec"]["properties"]["name"]
+    [builtin] = [choice for choice in name["anyOf"] if "enum" in choice]
+    assert set(builtin["enum"]) == set(REWARDS)
+    assert {"type": "string", "minLength": 1} in [{k: v for k, v in c.items() if k != "title"} for c in name["anyOf"]]
+    # No description names a file the user does not have, or a "<" the V1 UI would read as HTML.
+    descriptions = re.findall(r'"description": "((?:[^"\\]|\\.)*)"', json.dumps(schema))
+    assert descriptions and not [d for d in descriptions if re.search(r"<|DESIGN|shared/|\.py\b", d)]
+    text = PREFECT_FILE.read_text()
+    assert "DESIGN.md" not in text and "shared/" not in text
+
+
+def test_init_template_matches(config):
+    """The project `grpoflow init` writes has the same deployments and pools, on its own files."""
+    template = TEMPLATE / "prefect.yaml"
+    ours = yaml.safe_load(template.read_text())
+    assert ours["pull"] == config["pull"] and ours["definitions"] == config["definitions"]
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("parameters", "description")}
+    assert [strip(d) for d in ours["deployments"]] == [strip(d) for d in config["deployments"]]
+    for path in (PREFECT_FILE.parent / "work-pools").iterdir():
+        assert (TEMPLATE / "work-pools" / path.name).read_bytes() == path.read_bytes(), path.name
 
 
 def test_server_accepts_what_submit_sends(deployments):

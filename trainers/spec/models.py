@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from trainers.rewards import REWARDS
 from trainers.spec.rules import function_name, rule_problems
 from trainers.uris import unopenable
 
@@ -88,7 +89,7 @@ RepoId = _matching(
 
 
 class Hyperparameters(_Section):
-    """The GRPO hyperparameters (DESIGN.md): names, defaults and rules are the contract."""
+    """The GRPO hyperparameters: names, defaults and rules are the contract."""
 
     learning_rate: float = Field(
         1e-6, gt=0, description="Optimizer learning rate, sized for full fine-tuning; LoRA wants ~2e-5."
@@ -202,7 +203,10 @@ class Hyperparameters(_Section):
 class DatasetSpec(_Section):
     """Where the prompts come from."""
 
-    uri: str = Field(min_length=1, description="Local path, file://, s3://..., or hf://datasets/<repo>[/<split>].")
+    uri: str = Field(
+        # Without angle brackets: the V1 UI reads them as HTML and shows nothing between them.
+        min_length=1, description="Local path, file://, s3://..., or hf://datasets/OWNER/NAME, optionally /SPLIT."
+    )
     prompt_column: str = Field("prompt", description="Column holding a string prompt or a list of chat messages.")
     split: str | None = Field(None, description="Dataset split, for hf:// URIs.")
     max_row_bytes: Int = Field(
@@ -220,7 +224,15 @@ class RewardSpec(_Section):
         None,
         min_length=1,
         description="A built-in reward's name; with function, the reward's label (default: the function's name). "
-        "Each reward logs rewards/<name>/mean.",
+        "Each reward logs rewards/NAME/mean.",
+        # The form offers the built-ins, and still takes any label for a custom function.
+        json_schema_extra={
+            "anyOf": [
+                {"title": "Built-in reward", "type": "string", "enum": sorted(REWARDS)},
+                {"title": "Label of a custom function", "type": "string", "minLength": 1},
+                {"type": "null"},
+            ]
+        },
     )
     function: FunctionRef | None = Field(None, description="A custom reward, as 'package.module:callable'.")
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
@@ -247,7 +259,7 @@ class SFTSpec(_Section):
 
 
 class HealthSpec(_Section):
-    """The health monitor's thresholds that a job may tune (see trainers/health.py for the others)."""
+    """The health monitor's thresholds that a job may tune (its other thresholds are fixed: trainers.health)."""
 
     no_signal_window: Int = Field(
         20,

@@ -1,0 +1,213 @@
+"""`grpoflow init` and a grpoflow installed as a user installs it: not editable, into a fresh venv, run from elsewhere.
+
+The fast tests write a project here and check its files. The slow one builds a wheel of this checkout and installs
+it into a new venv (`python -m venv --without-pip`; the dependencies come from this venv's site-packages through a
+.pth file, so nothing is downloaded), proves `flows` and `examples` resolve into that venv, then from a folder
+outside the checkout: `grpoflow demo`; `grpoflow init proj`; in proj `grpoflow validate spec.yaml`, `grpoflow
+deployments apply` against a real loopback server, a worker, a run started the way the UI starts it, and the job
+folder lands in proj/runs. Every process it starts is stopped.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.deployments import PROJECT_DIR
+from flows.project import init_project
+from tests.conftest import cli
+from tests.flows.test_deployments import free_port, stop, wait_healthy
+from trainers.spec import load_spec
+
+# --- init, without a server ----------------------------------------------------------------------------------------
+
+
+def test_init_writes_a_working_project(tmp_path):
+    proj = tmp_path / "proj"
+    code, out, err = cli("init", proj)
+    assert code == 0, err
+    for name in ("prefect.yaml", "spec.yaml", "rewards.py", "README.md", "data/arithmetic.jsonl",
+                 "work-pools/pools.yaml", "work-pools/kubernetes-gpu.json"):  # fmt: skip
+        assert (proj / name).is_file(), name
+    assert (proj / "data" / "incoming").is_dir()
+    assert (proj / "data" / "arithmetic.jsonl").read_bytes() == (
+        PROJECT_DIR / "examples" / "data" / "arithmetic.jsonl"
+    ).read_bytes()
+    readme = (proj / "README.md").read_text()
+    assert f"cd {proj.resolve()}" in readme and "grpoflow validate spec.yaml" in readme and "{project" not in readme
+
+    config = yaml.safe_load((proj / "prefect.yaml").read_text())
+    assert config["name"] == "proj"
+    assert config["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PWD }}"}}]
+    deployments = {d["name"]: d for d in config["deployments"]}
+    assert deployments["nightly"]["parameters"] == {"spec": "spec.yaml"}
+    assert deployments["on-new-data"]["parameters"] == {"default_spec": "spec.yaml"}
+    assert deployments["watch"]["parameters"]["uri"] == "data/incoming"
+    # The retrain form's default is the project's spec, as written.
+    assert deployments["retrain"]["parameters"]["spec"] == {
+        k: v for k, v in yaml.safe_load((proj / "spec.yaml").read_text()).items()
+    }
+
+
+def test_init_project_spec_validates_with_its_reward(tmp_path, monkeypatch):
+    proj = tmp_path / "proj"
+    init_project(proj)
+    monkeypatch.chdir(proj)  # a spec's reward module is found from the folder grpoflow runs in
+    spec, _ = load_spec(proj / "spec.yaml")
+    assert [r.name for r in spec.rewards] == ["exact_answer", "close_answer_reward"]
+    code, out, err = cli("validate", "spec.yaml")
+    assert code == 0, err
+
+
+def test_init_refuses_a_folder_that_is_not_empty(tmp_path):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "notes.txt").write_text("mine")
+    code, out, err = cli("init", tmp_path / "proj")
+    assert code == 2 and "not empty" in err
+    assert [p.name for p in (tmp_path / "proj").iterdir()] == ["notes.txt"]  # nothing written
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("init", empty)[0] == 0
+
+
+def test_apply_outside_a_project(tmp_path):
+    code, out, err = cli("deployments", "apply", "--project", tmp_path)
+    assert code == 2 and "grpoflow init" in err
+
+
+# --- a non-editable install into a fresh venv ------------------------------------------------------------------------
+
+SOURCES = ("pyproject.toml", "README.md", "trainers", "tasks", "flows", "examples")
+
+
+def fresh_venv(tmp: Path) -> Path:
+    """A venv with grpoflow installed from a wheel of this checkout; its dependencies are this venv's."""
+    src = tmp / "src"
+    src.mkdir()
+    for name in SOURCES:
+        path = PROJECT_DIR / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(path, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "wheels", src],
+                   check=True, cwd=tmp, timeout=120)  # fmt: skip
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                        text=True).strip())  # fmt: skip
+    # A plain path in a .pth: its directory is appended to sys.path, but its own .pth files (this venv's editable
+    # grpoflow finder among them) are not run, so grpoflow can only come from the wheel.
+    (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    [wheel] = (tmp / "wheels").glob("grpoflow-*.whl")
+    subprocess.run([*pip, "--python", python, "install", "--no-deps", wheel], check=True, cwd=tmp, timeout=120)
+    # Prefect's console script, on this venv's python: the worker starts its flow runs with `prefect` from PATH.
+    script = (Path(sys.executable).parent / "prefect").read_text().split("\n", 1)[1]
+    (venv / "bin" / "prefect").write_text(f"#!{python}\n{script}")
+    (venv / "bin" / "prefect").chmod(0o755)
+    return venv
+
+
+@pytest.mark.slow
+def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
+    started = time.monotonic()
+    venv = fresh_venv(tmp_path)
+    bin_dir = venv / "bin"
+    home = tmp_path / "home"  # outside the checkout: nothing is found from the working directory
+    home.mkdir()
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",  # the worker starts `prefect` from PATH
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "VIRTUAL_ENV": str(venv),
+    }
+    env.pop("PYTHONPATH", None)
+
+    def run(*argv, cwd=home, timeout=300, **extra):
+        proc = subprocess.run([str(a) for a in argv], cwd=cwd, env={**env, **extra}, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+        assert proc.returncode == 0, f"{argv}: {proc.stdout}\n{proc.stderr}"
+        return proc
+
+    where = run(bin_dir / "python", "-c", "import examples, flows; print(flows.__file__, examples.__file__)")
+    site = str(venv / "lib")
+    assert all(path.startswith(site) for path in where.stdout.split()), where.stdout
+    print(f"fresh venv with a non-editable grpoflow: {time.monotonic() - started:.1f} s")
+
+    # The embedded default, its spec and data found as package data.
+    demo = run(bin_dir / "grpoflow", "demo", "--set", "sft.enabled=false", "--set", "hyperparameters.max_steps=2",
+               "--json", timeout=600)  # fmt: skip
+    result = json.loads(demo.stdout.strip().splitlines()[-1])
+    assert result["status"] == "completed" and Path(result["output_dir"]).is_relative_to(home / "runs")
+
+    run(bin_dir / "grpoflow", "init", "proj")
+    proj = home / "proj"
+    run(bin_dir / "grpoflow", "validate", "spec.yaml", cwd=proj)
+
+    procs = []
+    try:
+        port = api_url.split(":")[2][:-4]
+        with (tmp_path / "server.log").open("wb") as log:
+            server = subprocess.Popen([bin_dir / "prefect", "server", "start", "--host", "127.0.0.1", "--port", port],
+                                      cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        procs.append(server)
+        wait_healthy(api_url, server)
+        applied = run(bin_dir / "grpoflow", "deployments", "apply", cwd=proj, PREFECT_API_URL=api_url)
+        assert "grpo-pipeline/retrain" in applied.stdout
+
+        # The run the UI's "Run" starts: the deployment's default spec, here shortened to two steps.
+        start_run = (
+            "import json, sys\n"
+            "from prefect.client.orchestration import get_client\n"
+            "with get_client(sync_client=True) as client:\n"
+            "    d = client.read_deployment_by_name('grpo-pipeline/retrain')\n"
+            "    spec = d.parameters['spec']\n"
+            "    spec['hyperparameters']['max_steps'] = 2\n"
+            "    spec['evaluation']['holdout'] = 4\n"
+            "    run = client.create_flow_run_from_deployment(d.id, parameters={'spec': spec})\n"
+            "    print(json.dumps({'id': str(run.id), 'pull': d.pull_steps, 'job_variables': d.job_variables}))\n"
+        )
+        started_run = json.loads(run(bin_dir / "python", "-c", start_run, PREFECT_API_URL=api_url).stdout)
+        assert started_run["pull"] == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(proj.resolve())}}
+        ]
+        assert started_run["job_variables"] == {"gpu_count": 1}
+
+        with (tmp_path / "worker.log").open("wb") as log:
+            worker = subprocess.Popen([bin_dir / "prefect", "worker", "start", "--pool", "grpo-gpu", "--run-once"],
+                                      cwd=home, env={**env, "PREFECT_API_URL": api_url}, stdout=log,
+                                      stderr=subprocess.STDOUT)  # fmt: skip
+        procs.append(worker)
+        wait_state = (
+            "import sys, time\n"
+            "from prefect.client.orchestration import get_client\n"
+            "with get_client(sync_client=True) as client:\n"
+            "    for _ in range(240):\n"
+            "        state = client.read_flow_run(sys.argv[1]).state\n"
+            "        if state and state.is_final():\n"
+            "            break\n"
+            "        time.sleep(2)\n"
+            "    print(state.type.value, state.message)\n"
+        )
+        final = run(bin_dir / "python", "-c", wait_state, started_run["id"], PREFECT_API_URL=api_url, timeout=540)
+        assert final.stdout.startswith("COMPLETED"), final.stdout + (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        stop(procs)
+
+    [job] = [p for p in (proj / "runs").iterdir() if (p / "spec.yaml").exists()]
+    assert job.name.startswith("arithmetic-")
+    assert [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert "rewards/close_answer_reward/mean" in (job / "metrics.jsonl").read_text()  # the project's own reward
+    print(f"whole test: {time.monotonic() - started:.1f} s")
