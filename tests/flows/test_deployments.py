@@ -13,13 +13,17 @@ anything is sent. Every scenario is started up front, so the training runs (one 
 queue) and the watcher's runs overlap. Every process the test starts is stopped, with its children, at the end.
 """
 
+import base64
 import contextlib
+import http.server
 import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -32,6 +36,7 @@ import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from standardwebhooks import Webhook
 
 from flows.cli import main
 from flows.deployments import PROJECT_DIR
@@ -40,6 +45,8 @@ from tests.conftest import arithmetic_rows, write_jsonl
 from trainers.metrics import read_metrics
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
+CANARY_HF_TOKEN = "hf_canaryWorkerTokenQ7x2Lm9"
+CANARY_SECRET_ENV, CANARY_WEBHOOK_SECRET = "GRPOFLOW_WEBHOOK_SECRET", "canary-webhook-secret-5k9zR"
 RUN_TIMEOUT_S = 900  # one pipeline run takes ~1 min here, but four queue behind one another
 
 
@@ -163,6 +170,10 @@ def stack(tmp_path_factory, s3_env):
         "PREFECT_WORKER_QUERY_SECONDS": "1",  # default 10: each pickup would wait that long
         "GRPOFLOW_WATCH_STATE_DIR": str(tmp / "watch-state"),
         "GRPOFLOW_STAGING_DIR": str(tmp / "staging"),
+        # Secrets in the worker's environment, as an operator sets them: recognizable, so any file holding them is
+        # found (test_worker_secrets_stay_out_of_files)
+        "HF_TOKEN": CANARY_HF_TOKEN,
+        CANARY_SECRET_ENV: CANARY_WEBHOOK_SECRET,
     }
     procs = []
     try:
@@ -414,3 +425,89 @@ def test_nightly_schedule(stack):
     assert nightly.parameters == {"spec": "deployments/nightly.yaml"}
     assert upcoming and all(r.state.is_scheduled() for r in upcoming)
     assert {(r.expected_start_time.hour, r.expected_start_time.minute) for r in upcoming} == {(2, 0)}
+
+
+# --- secrets: the worker's environment stays out of every file the run touches -----------------------------------
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    requests: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.requests.append((dict(self.headers), body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def files_holding(roots: list[Path], needles: list[str], since: float) -> list[str]:
+    """Every file under `roots` written since `since` that holds one of `needles` (unreadable ones skipped)."""
+    found = []
+    for root in roots:
+        paths = [root] if root.is_file() else []
+        for folder, _, names in os.walk(root):  # folders vanishing under the walk (other runs' temp) are skipped
+            paths += [Path(folder) / name for name in names]
+        for path in paths:
+            try:
+                if path.is_symlink() or not path.is_file() or path.stat().st_mtime < since:
+                    continue
+                data = path.read_bytes()
+            except OSError:
+                continue
+            found += [f"{path}: {n}" for n in needles if n.encode() in data]
+    return found
+
+
+@pytest.mark.slow
+def test_worker_secrets_stay_out_of_files(stack, tmp_path):
+    """`grpoflow submit` through the worker, whose environment holds HF_TOKEN and the webhook secret: the flow run
+    resolves the secret there (its deliveries verify), and after the run no file under the temp folder (Prefect's
+    prefect-workspace-attempt-* folders included), the job folder, PREFECT_HOME or the worker's folder holds either.
+
+    While the run lasts, Prefect's own `workspace.json` (mode 0600, removed at the run's end) does hold the worker's
+    environment, secrets included (README, Webhooks: keep them in Secret blocks to avoid even that); the test notes
+    it, and asserts that nothing is left."""
+    since = time.time() - 1
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hook = {"url": f"http://127.0.0.1:{server.server_port}/hook", "secret_env": CANARY_SECRET_ENV}
+        spec = small_spec(
+            "secrets", str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs")
+        )
+        (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec | {"webhooks": [hook]}))
+        submitted = stack.cli("grpoflow", "submit", tmp_path / "spec.yaml", "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = json.loads(submitted.stdout)["flow_run_id"]
+        canaries = [CANARY_HF_TOKEN, CANARY_WEBHOOK_SECRET]
+        workspaces = Path(tempfile.gettempdir())
+        seen_in_workspace = set()
+        with get_client(sync_client=True) as client:
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while not (state := client.read_flow_run(run_id).state) or not state.is_final():
+                for manifest in workspaces.glob("prefect-workspace-attempt-*/workspace.json"):
+                    with contextlib.suppress(OSError):
+                        seen_in_workspace |= {c for c in canaries if c in manifest.read_text()}
+                assert time.monotonic() < deadline, "the submitted run did not end"
+                time.sleep(0.5)
+        assert state.is_completed(), state
+        print(f"while the run lasted, Prefect's workspace.json held: {sorted(seen_in_workspace) or 'nothing'}")
+
+        key = "whsec_" + base64.b64encode(CANARY_WEBHOOK_SECRET.encode()).decode()  # a plain secret's UTF-8 bytes
+        assert _Receiver.requests, "no webhook delivery"
+        for headers, body in _Receiver.requests:
+            Webhook(key).verify(body, {k.lower(): v for k, v in headers.items()})  # raises on a bad signature
+
+        project = [p for p in PROJECT_DIR.iterdir() if p.name not in (".venv", ".git")]
+        roots = [workspaces, tmp_path, stack.tmp, Path(stack.env["PREFECT_HOME"]), *project]
+        assert files_holding(roots, canaries, since) == []
+        with get_client(sync_client=True) as client:  # nor the server's records of the run and its deployment
+            flow_run = client.read_flow_run(run_id)
+            deployment = client.read_deployment(flow_run.deployment_id)
+        stored = flow_run.model_dump_json() + deployment.model_dump_json()
+        assert not [c for c in canaries if c in stored]
+    finally:
+        server.shutdown()
