@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect.states import Failed, State
 
 from trainers.jobdir import JobDir, write_json_atomic
-from trainers.launch import TrainingSetupError, TrainingStopped
+from trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from trainers.spec import JobSpec, resolved_dict
 
 
@@ -166,13 +166,14 @@ def rejected(message: str) -> State:
 
 
 def retry_unless_final(task, task_run, state) -> bool:
-    """Prefect's `retry_condition_fn` of every stage: a rejected input, a setup problem and a deliberate stop are
-    final (a retry would meet them again); a crash or a transient error is retried."""
+    """Prefect's `retry_condition_fn` of every stage: a rejected input, a setup problem, a deliberate stop, a reward
+    that failed in training and a child that ended itself early are final (a retry would meet them again); a crash or
+    a transient error is retried."""
     if state.name == REJECTED:
         return False
     try:
         state.result()
-    except (TrainingSetupError, TrainingStopped):
+    except (TrainingSetupError, TrainingStopped, RewardFailed, ChildEndedEarly):
         return False
     except Exception:
         return True

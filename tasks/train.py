@@ -1,19 +1,23 @@
 """GRPO training task: runs `trainers.grpo` as its own child process (`trainers.launch`) and watches it.
 
 The child writes `metrics.jsonl`; this task tails it to log progress, emit `grpoflow.training.progress` events and
-run the health monitor, which emits `grpoflow.training.alert` and, with `stop_on_alert`, stops the run. A crash of the
-child (SIGKILL, OOM, an exception) fails the task and Prefect's retries start a new child that resumes from the newest
-checkpoint; a setup problem (the child's exit code 2) or a stop by the monitor is not retried.
+run the health monitor, which emits `grpoflow.training.alert` and, with `stop_on_alert` (or always, for a non-finite
+loss or gradient), stops the run; a stall watchdog alerts when no new step came for `health.stall_factor` times the
+median step time, and stops the run at twice that. A crash of the child (SIGKILL, OOM, an exception) fails the task
+and Prefect's retries start a new child that resumes from the newest checkpoint; a setup problem (the child's exit
+code 2), a failed reward (exit code 3), a child that exited 0 without its result, or a stop is not retried.
 """
 
 import json
+import statistics
+import time
 
 from prefect import get_run_logger, task
 
 from tasks.artifacts import StageProgress, StepRate, grpo_line
 from tasks.events import emit
 from tasks.stages import resumable, retry_unless_final
-from trainers.health import HealthMonitor
+from trainers.health import FATAL, Alert, HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.launch import run_child
 from trainers.metrics import read_events, read_metrics
@@ -44,17 +48,56 @@ class ProgressWatcher:
         )
         self.rate = StepRate()
         self.progress = StageProgress(spec, "training", hp.max_steps, self.logger, start=self.announced_until)
+        # The stall watchdog: when this child's steps arrived, and the seconds per step between them.
+        self.polled, self.last_step_at, self.step_seconds, self.stall_alerted = False, None, [], False
 
     def poll(self) -> str | None:
         """Handles new records; returns the reason when an alert asks the run to stop."""
-        stop = None
+        stop, before = None, self.last_step
         # By step, not by line: a resuming child truncates metrics.jsonl to its checkpoint and writes those steps
         # again (bit for bit the same values: see the resume test), which are then not handled twice.
         for record in read_metrics(self.job.metrics):
             if record["step"] > self.last_step:
                 stop = self._handle(record) or stop
                 self.last_step = record["step"]
-        return stop
+        return stop or self._watch_stall(self.last_step - before)
+
+    def _watch_stall(self, new_steps: int) -> str | None:
+        """The stall watchdog, armed by this child's first step (the first poll reads an earlier attempt's steps, and
+        the model load before step 1 has no bound worth guessing): an alert after `stall_factor` times the median
+        step time without a new step (at least `stall_min_seconds`), the reason to stop at twice that."""
+        now, first_poll, self.polled = time.monotonic(), not self.polled, True
+        if first_poll:
+            return None
+        if new_steps:
+            if self.last_step_at is not None:
+                self.step_seconds.append((now - self.last_step_at) / new_steps)
+            self.last_step_at, self.stall_alerted = now, False
+            return None
+        if self.last_step_at is None or self.last_step >= self.spec.hyperparameters.max_steps:
+            return None  # the final save and the evaluation after the last step are no steps
+        health = self.spec.health
+        median = statistics.median(self.step_seconds) if self.step_seconds else None
+        limit = max(health.stall_min_seconds, health.stall_factor * median) if median else health.stall_min_seconds
+        waited = now - self.last_step_at
+        if waited >= 2 * limit:
+            return (
+                f"stopped by the stall watchdog: no new step for {waited:.0f} s after step {self.last_step} "
+                f"(twice the {limit:.0f} s limit: health.stall_factor x the median step time, at least "
+                "health.stall_min_seconds); a reward, the generation or a collective is hung"
+            )
+        if waited >= limit and not self.stall_alerted:
+            self.stall_alerted = True
+            evidence = {"waited_s": round(waited, 1), "limit_s": round(limit, 1), "median_step_s": median}
+            message = f"no new step for {waited:.0f} s after step {self.last_step} (limit {limit:.0f} s)."
+            advice = "The run stops at twice the limit; look at logs/train.log and at what the rewards wait on."
+            self._alert(Alert("stall", self.last_step, message, evidence, advice))
+        return None
+
+    def _alert(self, alert: Alert) -> None:
+        self.alerts.append(alert)
+        self.logger.warning("health alert at step %d: %s %s", alert.step, alert.message, alert.advice)
+        emit(self.job, "grpoflow.training.alert", alert.to_dict())
 
     def _handle(self, record: dict) -> str | None:
         step, values = record["step"], record["values"]
@@ -70,10 +113,8 @@ class ProgressWatcher:
             emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": max_steps, **summary})
         stop = None
         for alert in self.monitor.update(record):
-            self.alerts.append(alert)
-            self.logger.warning("health alert at step %d: %s %s", alert.step, alert.message, alert.advice)
-            emit(self.job, "grpoflow.training.alert", alert.to_dict())
-            if self.spec.stop_on_alert:
+            self._alert(alert)
+            if self.spec.stop_on_alert or alert.kind in FATAL:
                 stop = f"stopped by the health monitor: {alert.message}"
         return stop
 
@@ -89,7 +130,9 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
     watcher = ProgressWatcher(job, spec)
     try:
-        seconds = run_child("trainers.grpo", job, spec.gpu_count, "train.log", poll=watcher.poll)
+        seconds = run_child(
+            "trainers.grpo", job, spec.gpu_count, "train.log", poll=watcher.poll, result=job.training_result
+        )
     finally:
         watcher.progress.close()
     summary = json.loads(job.training_result.read_text())

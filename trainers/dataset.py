@@ -54,6 +54,10 @@ MAX_BAD_LINES = 3
 # JSON Lines and CSV files are streamed in chunks of this size before the loader sees them, so a line over
 # `max_row_bytes` is rejected after reading that much of it, never the whole line (which the loader would buffer).
 SCAN_CHUNK = 1 << 20
+# A JSON document ([...]) cannot be streamed row by row: the loader parses it whole, taking several times its size in
+# memory. So the row-size guard holds it as a whole, to as many bytes as this many maximal rows (16 MB by default);
+# larger data belongs in JSON Lines.
+JSON_DOCUMENT_ROWS = 16
 # Arrow's JSON reader gives up at 64 levels; deeper lines make `datasets` recurse in Python (RecursionError from ~1,000
 # levels) and overflow the C stack of Arrow's parser (a segfault, from ~30,000). The same scan stops them first.
 MAX_JSON_NESTING = 64
@@ -200,13 +204,15 @@ def _check_lines(src: _Source, max_row_bytes: int, storage_options: dict | None)
     """Streams a JSON Lines or CSV file and rejects its first line longer than `max_row_bytes` or nested too deeply.
 
     Holds one chunk and the line in progress (at most `max_row_bytes`); numpy finds the newlines, so a million short
-    rows cost ~50 ms. A JSON document (`[...]`) is skipped: its lines are not rows, and the loader reads it whole.
+    rows cost ~50 ms. A JSON document (`[...]`) has lines that are not rows, and the loader reads it whole: it is
+    held to `JSON_DOCUMENT_ROWS` times `max_row_bytes` as a whole instead.
     """
     json_lines = src.builder == "json"
     lineno, pending, pending_len = 1, [], 0  # the line in progress: its number and its bytes so far
     with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
         chunk = f.read(SCAN_CHUNK)
         if json_lines and re.match(rb"(?:\xef\xbb\xbf)?\s*\[", chunk):
+            _check_document_size(src, f, len(chunk), max_row_bytes)
             return
         while chunk:
             arr = np.frombuffer(chunk, np.uint8)
@@ -229,6 +235,21 @@ def _check_lines(src: _Source, max_row_bytes: int, storage_options: dict | None)
                 pending_len = len(pending[0])
             chunk = f.read(SCAN_CHUNK)
     _check_line(src, b"".join(pending), lineno, max_row_bytes, json_lines)
+
+
+def _check_document_size(src: _Source, f, read: int, max_row_bytes: int) -> None:
+    """Rejects a JSON document over `JSON_DOCUMENT_ROWS * max_row_bytes` bytes (uncompressed), counted by reading at
+    most that far."""
+    limit = JSON_DOCUMENT_ROWS * max_row_bytes
+    while read <= limit and (chunk := f.read(SCAN_CHUNK)):
+        read += len(chunk)
+    if read > limit:
+        raise DatasetError(
+            f"dataset {src.uri}: a JSON document (one [...] array) is read whole, not row by row, so it may hold at "
+            f"most {JSON_DOCUMENT_ROWS} x max_row_bytes = {limit:,} bytes, and this one is larger; convert it to JSON "
+            "Lines (.jsonl, one object per line: streamed, each line held to max_row_bytes), or raise "
+            "dataset.max_row_bytes in the job spec"
+        )
 
 
 def _maybe_deep(arr: np.ndarray, ends: np.ndarray) -> np.ndarray:

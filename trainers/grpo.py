@@ -15,10 +15,12 @@ import os
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from trainers.architecture import adapter_summary
 from trainers.jobdir import JobDir, write_json_atomic
+from trainers.launch import REWARD_FAILED_EXIT
 from trainers.metrics import metrics_file_callback, truncate_metrics
 from trainers.modeling import (
     check_accelerators,
@@ -35,7 +37,7 @@ from trainers.modeling import (
     use_bf16,
     use_cpu,
 )
-from trainers.rewards import build_reward
+from trainers.rewards import RewardError, build_reward, guarded_reward
 from trainers.spec import JobSpec, load_spec
 
 
@@ -177,8 +179,9 @@ def main(job_root: str) -> int:
     dataset = load_from_disk(str(job.dataset))["train"]
     dataset = prepare_prompts(dataset, spec.dataset.prompt_column, hp.system_prompt)
 
-    # --- rewards
-    reward_funcs = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
+    # --- rewards (each call timed out and checked, so a bad reward stops the run naming itself and the step)
+    timeout = spec.health.reward_timeout_s
+    reward_funcs = [guarded_reward(build_reward(r.name, r.function, r.kwargs), r.name, timeout) for r in spec.rewards]
 
     # --- model and trainer
     from trainers.zero_variance import grpo_trainer_class
@@ -261,6 +264,12 @@ def cli(argv=None) -> int:
     print(f"grpoflow: trainers.grpo started on {args.job_dir}", flush=True)  # one line per child start
     try:
         return main(args.job_dir)
+    except RewardError as e:
+        # The user's reward failed mid-training: its traceback for the log, then one line the task reports; exit
+        # code 3 tells it that a retry would meet the same reward again.
+        traceback.print_exception(e)
+        print(f"grpoflow: {e}", file=sys.stderr, flush=True)
+        return REWARD_FAILED_EXIT
     except Exception as e:
         if (problem := setup_problem(e)) is None:
             raise

@@ -9,7 +9,12 @@ evidence and what to do about it:
 - `kl_drift`: `kl` keeps growing (only when `kl_coef` > 0; TRL logs `kl` only then);
 - `no_learning_signal`: over a window, nearly every group scored all its completions alike (TRL's
   `frac_reward_zero_std`), or the rewards scored no completion at all (`reward` is NaN: every reward returned None).
-  GRPO's advantages are then 0 and nothing trains, whatever the loss curve looks like.
+  GRPO's advantages are then 0 and nothing trains, whatever the loss curve looks like;
+- `non_finite`: `loss` or `grad_norm` is NaN or inf (metrics.jsonl writes them as null): the weights are, or are about
+  to be, non-finite, and no later step can recover. It is in `FATAL`: the run stops whatever `stop_on_alert` says.
+
+The training task adds `stall` (no new step for a long while: tasks/train.py's watchdog), which needs a clock, not
+the metric series.
 
 `HealthMonitor.update` takes one `{"step": n, "values": {...}}` record at a time, so the training loop can alert live;
 `HealthMonitor.check` runs a whole series through `update`, so it gives the same alerts. Each kind fires at most once
@@ -71,6 +76,12 @@ KL_STEADY_RISE = 0.1
 KL_KEEP_PACE = 0.75
 
 
+# Alert kinds that end the run even without `stop_on_alert`: nothing after them is worth training.
+FATAL = frozenset({"non_finite"})
+# The metrics whose non-finite value is fatal; null in metrics.jsonl is how a NaN or inf was logged.
+_MUST_BE_FINITE = ("loss", "grad_norm")
+
+
 @dataclass
 class Thresholds:
     """The detectors' thresholds; defaults are the module constants above."""
@@ -97,7 +108,8 @@ class Alert:
     """One detected failure mode.
 
     Args:
-        kind (`str`): `"policy_collapse"`, `"length_explosion"`, `"kl_drift"` or `"no_learning_signal"`.
+        kind (`str`): `"policy_collapse"`, `"length_explosion"`, `"kl_drift"`, `"no_learning_signal"`,
+            `"non_finite"` or (from the training task's watchdog) `"stall"`.
         step (`int`): the training step at which it fired.
         message (`str`): one sentence saying what was seen.
         evidence (`dict`): the numbers behind it: window, before/after values, thresholds.
@@ -125,6 +137,10 @@ _KEYS = (
     "completions/clipped_ratio",
     "kl",
 )
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _mean(values: list[float]) -> float:
@@ -195,6 +211,7 @@ class HealthMonitor:
         self._unscored_streak = 0 if scored else self._unscored_streak + 1
         step = int(record["step"])
         detectors = {
+            "non_finite": lambda step: self._non_finite(step, values),
             "no_learning_signal": self._no_learning_signal,
             "policy_collapse": self._policy_collapse,
             "length_explosion": self._length_explosion,
@@ -247,6 +264,20 @@ class HealthMonitor:
     def _first_window(self, key: str) -> float | None:
         values = self._series[key]
         return _mean(values[: self.window]) if len(values) >= self.window else None
+
+    # --- non-finite loss or gradient ---------------------------------------------------------------------------------
+
+    def _non_finite(self, step: int, values: dict) -> Alert | None:
+        bad = [key for key in _MUST_BE_FINITE if key in values and not _finite(values[key])]
+        if not bad:
+            return None
+        names = " and ".join(bad)
+        message = f"{names} is not finite (NaN or inf) at step {step}: the update diverged and cannot recover."
+        advice = (
+            "Lower learning_rate (by 10x or more; LoRA wants ~2e-5, full fine-tuning ~1e-6), and check the rewards' "
+            "scale; resume only from a checkpoint saved before this step."
+        )
+        return Alert("non_finite", step, message, {"non_finite": bad, "loss": values.get("loss")}, advice)
 
     # --- no learning signal ------------------------------------------------------------------------------------------
 
@@ -440,6 +471,8 @@ _LABELS = {
     "length_explosion": "length explosion",
     "kl_drift": "KL drift",
     "no_learning_signal": "no learning signal",
+    "non_finite": "non-finite loss or gradient",
+    "stall": "stalled training",
 }
 
 

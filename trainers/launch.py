@@ -3,8 +3,10 @@
 `run_child("trainers.grpo", job, gpu_count, "train.log", poll)` starts `python -m trainers.grpo JOB_DIR` (under
 `accelerate launch` when gpu_count > 1) in its own process group with its output in `logs/`, calls `poll()` every
 half second while it runs (a reason it returns stops the child), and turns its exit code into the outcome: exit 2 is
-a setup problem no retry can fix (`TrainingSetupError`), any other failure a `RuntimeError` that a retry may cure. No
-Prefect here: the tasks in `tasks/` wrap it.
+a setup problem no retry can fix (`TrainingSetupError`), exit 3 a reward that failed during training (`RewardFailed`:
+the user's reward raised, hung or returned a bad value; a retry would meet it again), exit 0 without the child's
+result file a child ended early by something inside it (`ChildEndedEarly`, e.g. a reward calling `os._exit(0)`), any
+other failure a `RuntimeError` that a retry may cure. No Prefect here: the tasks in `tasks/` wrap it.
 """
 
 import os
@@ -18,6 +20,7 @@ from pathlib import Path
 from trainers.jobdir import JobDir
 
 SETUP_ERROR_EXIT = 2
+REWARD_FAILED_EXIT = 3
 POLL_SECONDS = 0.5
 STAGE_NAMES = {"trainers.sft": "SFT warm-up", "trainers.grpo": "training"}  # for messages
 
@@ -28,6 +31,16 @@ class TrainingSetupError(RuntimeError):
 
 class TrainingStopped(RuntimeError):
     """The run was stopped on purpose (the health monitor, with `stop_on_alert`): retrying would stop it again."""
+
+
+class RewardFailed(RuntimeError):
+    """A reward raised, hung or returned a bad value during training (the child's exit code 3): the user's reward,
+    not a crash, so retrying would meet it again. The message names the reward and the step."""
+
+
+class ChildEndedEarly(RuntimeError):
+    """The child exited 0 without writing its result (something inside it, such as a reward calling `os._exit(0)`,
+    ended the process): not a crash a retry cures."""
 
 
 def child_command(module: str, job: JobDir, gpu_count: int = 1) -> list[str]:
@@ -87,11 +100,20 @@ def check_exit(proc: subprocess.Popen, stage: str, log_path: Path) -> None:
     tail = _tail(log_path)
     if proc.returncode == SETUP_ERROR_EXIT:
         raise TrainingSetupError(tail.splitlines()[-1] if tail else f"{stage} could not start")
+    if proc.returncode == REWARD_FAILED_EXIT:
+        # The child's last "grpoflow: " line is the one-line reason; the traceback above it stays in the log.
+        reasons = [line.removeprefix("grpoflow: ") for line in tail.splitlines() if line.startswith("grpoflow: ")]
+        raise RewardFailed(f"{reasons[-1] if reasons else f'a reward failed in {stage}'} (traceback in {log_path})")
     raise RuntimeError(f"{stage} child exited with code {proc.returncode}; end of {log_path}:\n{tail}")
 
 
 def run_child(
-    module: str, job: JobDir, gpu_count: int, log_name: str, poll: Callable[[], str | None] | None = None
+    module: str,
+    job: JobDir,
+    gpu_count: int,
+    log_name: str,
+    poll: Callable[[], str | None] | None = None,
+    result: Path | None = None,
 ) -> float:
     """Runs `python -m module JOB_DIR` to its end and returns its wall time in seconds.
 
@@ -102,9 +124,11 @@ def run_child(
         log_name (`str`): the child's output file under `logs/`.
         poll (`Callable`, *optional*): called every `POLL_SECONDS` while the child runs and once after it exits; a
             string it returns stops the child and raises `TrainingStopped` with that reason.
+        result (`Path`, *optional*): the file the child writes last; missing after exit 0 raises `ChildEndedEarly`.
 
     Raises:
-        `TrainingSetupError`: the child exited 2 (a setup problem). `RuntimeError`: any other failure.
+        `TrainingSetupError`: the child exited 2 (a setup problem). `RewardFailed`: it exited 3 (a reward failed).
+        `ChildEndedEarly`: it exited 0 without `result`. `RuntimeError`: any other failure.
     """
     log_path = job.logs / log_name
     started = time.monotonic()
@@ -119,4 +143,10 @@ def run_child(
     finally:
         stop_child(proc)
     check_exit(proc, STAGE_NAMES.get(module, module), log_path)
+    if result is not None and not result.exists():
+        raise ChildEndedEarly(
+            f"the {STAGE_NAMES.get(module, module)} child exited 0 without writing {result.name}: something in it "
+            f"ended the process early (a reward or callback calling os._exit or exit?); end of {log_path}:\n"
+            f"{_tail(log_path, 10)}"
+        )
     return round(time.monotonic() - started, 3)

@@ -38,6 +38,7 @@ class Preflight:
     rewards: list[tuple[int, Callable]] = field(default_factory=list)  # (index in spec.rewards, reward) that built
     prompt_format: str | None = None  # "text" or "chat", once the dataset opened
     sample: Any = None  # a few training rows (a `datasets.Dataset`), once the dataset opened
+    tokenizer: Any = None  # the model's tokenizer, when it loads from a local folder (no weights, no download)
 
 
 # --- the model -------------------------------------------------------------------------------------------------------
@@ -190,6 +191,149 @@ def check_rewards_dry_run(p: Preflight) -> list[str]:
     return []
 
 
+# --- what the model can do with the prompts --------------------------------------------------------------------------
+
+KNOWN_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _local_model_dir(p: Preflight) -> Path | None:
+    if p.model_dir is not None:
+        return p.model_dir
+    if p.spec.base_model != "builtin:tiny":
+        return None
+    from trainers.tiny import TINY_VERSION, cache_root
+
+    # Its cached folder when it was built, without building it (which needs torch): otherwise nothing to read.
+    folder = cache_root() / f"builtin-tiny-{TINY_VERSION}"
+    return folder if (folder / "config.json").is_file() else None
+
+
+class _Tokenizer:
+    """The model's tokenizer.json and chat template, read with `tokenizers` and jinja2 as transformers renders them,
+    so preflight stays without torch (transformers' AutoTokenizer imports it)."""
+
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        template = folder / "chat_template.jinja"
+        self.chat_template = template.read_text() if template.is_file() else config.get("chat_template")
+        self.special = {k: v for k, v in config.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def render(self, messages: list[dict]) -> str:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise ValueError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=True, **self.special
+        )
+
+
+def _tokenizer(p: Preflight) -> "_Tokenizer | None":
+    """The model's tokenizer when its folder (local or the Hub cache) holds tokenizer.json: files only, no weights,
+    no network, no torch; None otherwise (or when it fails to load: the training child reports that)."""
+    folder = _local_model_dir(p)
+    if p.tokenizer is None and folder is not None and (folder / "tokenizer.json").is_file():
+        try:
+            p.tokenizer = _Tokenizer(folder)
+        except Exception:
+            p.tokenizer = False
+    return p.tokenizer or None
+
+
+def _messages(p: Preflight, prompt) -> list[dict]:
+    system = p.spec.hyperparameters.system_prompt
+    if isinstance(prompt, list):
+        return prompt
+    return ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": prompt}
+    ]
+
+
+def _prompt_length(p: Preflight, prompt, tokenizer) -> int:
+    """Tokens of one prompt as the model sees it (its chat template applied to a chat), or chars / 4 without one."""
+    chat = isinstance(prompt, list) or p.spec.hyperparameters.system_prompt is not None
+    if tokenizer is None:
+        text = "".join(str(m.get("content", "")) for m in _messages(p, prompt)) if chat else prompt
+        return len(text) // 4
+    try:
+        return tokenizer.count(tokenizer.render(_messages(p, prompt)) if chat and tokenizer.chat_template else prompt)
+    except Exception:  # a template that cannot render the row: check_chat_roles says so
+        return 0
+
+
+def check_context_length(p: Preflight) -> list[str]:
+    """max_response_length plus the longest sampled prompt fits the model's positions (config.json's
+    max_position_embeddings or n_positions): beyond them a model errors or produces garbage."""
+    folder = _local_model_dir(p)
+    config = p.config
+    if config is None and folder is not None:
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return []
+    config = config if isinstance(config, dict) else {}
+    config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    positions = config.get("max_position_embeddings") or config.get("n_positions")
+    if not isinstance(positions, int) or p.sample is None or len(p.sample) == 0:
+        return []
+    tokenizer = _tokenizer(p)
+    prompts = p.sample[p.spec.dataset.prompt_column]
+    longest = max(_prompt_length(p, prompt, tokenizer) for prompt in prompts)
+    how = "counted with the model's tokenizer" if tokenizer else "estimated at 4 characters a token"
+    response = p.spec.hyperparameters.max_response_length
+    if longest + response <= positions:
+        return []
+    key = "max_position_embeddings" if config.get("max_position_embeddings") else "n_positions"
+    message = (
+        f"hyperparameters.max_response_length: {response:,} plus the longest of {len(prompts)} sampled prompts "
+        f"({longest:,} tokens, {how}) is {longest + response:,}, beyond the {positions:,} positions of "
+        f"{p.spec.base_model} (config.json {key}); lower max_response_length to at most "
+        f"{max(positions - longest, 0):,}, or shorten the prompts"
+    )
+    # Learned position embeddings (GPT-2's n_positions) have no row past the last: generation fails with an index
+    # error. Rotary ones run on, degrading past the trained length: that is a warning.
+    if any(k in config for k in ("rope_theta", "rope_scaling", "rope_parameters")):
+        p.warnings.append(message + " (rotary positions: it runs, but past its trained length the model degrades)")
+        return []
+    return [message]
+
+
+def check_chat_roles(p: Preflight) -> list[str]:
+    """Chat prompts use roles the chat template knows: a role outside system/user/assistant/tool is a warning; a
+    template that raises on the sampled rows (when the tokenizer loads from a local folder) is a problem."""
+    if p.prompt_format != "chat" or p.sample is None:
+        return []
+    prompts = p.sample[p.spec.dataset.prompt_column]
+    odd = sorted(
+        {str(m.get("role")) for prompt in prompts for m in prompt if m.get("role") not in KNOWN_ROLES} - {"None"}
+    )
+    tokenizer = _tokenizer(p)
+    if tokenizer is not None and tokenizer.chat_template:
+        for row, prompt in enumerate(prompts):
+            try:
+                tokenizer.render(prompt)
+            except Exception as e:
+                return [
+                    f"dataset.prompt_column: the chat template of {p.spec.base_model} cannot render sampled row {row} "
+                    f"({type(e).__name__}: {e}); use the roles {', '.join(KNOWN_ROLES)}"
+                ]
+    if odd:
+        p.warnings.append(
+            f"dataset.prompt_column: chat messages with the role {', '.join(map(repr, odd))}, which chat templates "
+            f"do not know (they know {', '.join(KNOWN_ROLES)}): the template may drop or mislabel them"
+        )
+    return []
+
+
 # In order: a check may use what the ones before it found (the model's folder, the built rewards, the dataset rows).
 CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_model,
@@ -198,6 +342,8 @@ CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_rewards_build,
     check_dataset,
     check_chat_template,
+    check_context_length,
+    check_chat_roles,
     check_rewards_dry_run,
 )
 

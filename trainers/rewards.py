@@ -350,6 +350,67 @@ def _named(reward: Callable, name: str) -> Callable:
     return named
 
 
+def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
+    """Training's wrapper of a built reward: each call runs with a timeout and its output is checked as in the dry
+    run, so a reward that raises, hangs, or returns NaN, inf, a wrong count or a non-number stops training with a
+    `RewardError` naming the reward and the step (TRL would train on NaN, or hang).
+
+    Args:
+        reward (`Callable`): a reward from `build_reward`.
+        name (`str`): its spec name, for messages and TRL's metric.
+        timeout_s (`float`): how long one call may take (the spec's `health.reward_timeout_s`).
+    """
+
+    def fail(problem: str, kwargs: dict, cause: BaseException | None = None) -> RewardError:
+        state = kwargs.get("trainer_state")
+        step = f" at training step {state.global_step + 1}" if state is not None else ""
+        error = RewardError(f"reward {name!r} {problem}{step}")
+        error.__cause__ = cause
+        return error
+
+    def check(values: Any, kwargs: dict) -> Any:
+        if (problem := _check_output(values, len(kwargs.get("completions") or ()))) is not None:
+            raise fail(problem, kwargs)
+        return values
+
+    if _is_async(reward):
+
+        async def guarded(*args, **kwargs):
+            try:
+                values = await asyncio.wait_for(reward(*args, **kwargs), timeout_s)
+            except TimeoutError as exc:
+                raise fail(f"did not return within {timeout_s:g} s", kwargs) from exc
+            except Exception as exc:
+                raise fail(f"raised {type(exc).__name__}: {exc}", kwargs, exc) from exc
+            return check(values, kwargs)
+
+    else:
+
+        def guarded(*args, **kwargs):
+            outcome: dict[str, Any] = {}
+
+            def call() -> None:
+                try:
+                    outcome["value"] = reward(*args, **kwargs)
+                except BaseException as exc:  # sys.exit() in a reward too: reported, not a silent end
+                    outcome["error"] = exc
+
+            # A daemon thread, as in the dry run: a hung reward cannot be killed, and must not keep the child alive.
+            thread = threading.Thread(target=call, name=f"reward-{name}", daemon=True)
+            thread.start()
+            thread.join(timeout_s)
+            if thread.is_alive():
+                raise fail(f"did not return within {timeout_s:g} s", kwargs)
+            if "error" in outcome:
+                exc = outcome["error"]
+                raise fail(f"raised {type(exc).__name__}: {exc}", kwargs, exc)
+            return check(outcome["value"], kwargs)
+
+    guarded.__name__ = guarded.__qualname__ = name
+    guarded.__wrapped__ = reward
+    return guarded
+
+
 # TRL passes these to every reward; any other parameter without a default is a dataset column.
 _TRL_ARGUMENTS = {
     "completions",

@@ -17,7 +17,7 @@ from tasks.train import train_task
 from tests.tasks.test_artifacts import flow_run_artifacts, flow_run_logs
 from trainers.grpo import intact_checkpoint
 from trainers.jobdir import JobDir
-from trainers.launch import TrainingSetupError
+from trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from trainers.metrics import read_events, read_metrics
 
 
@@ -92,6 +92,73 @@ def test_a_setup_problem_is_not_retried(make_job):
     # The task allows 2 retries; a setup problem takes none: one child started, one line of it in the log.
     assert (job.logs / "train.log").read_text().count("use_liger=true needs a CUDA GPU") == 1
     assert not any(e["event"] == "grpoflow.training.completed" for e in events(job))
+
+
+FAULTY = "tests.bad_inputs.rewards.from_step3"  # rewards that misbehave from training step 3
+FAST = {"max_steps": 4, "rollouts_per_prompt": 2, "max_response_length": 4}
+
+
+def child_starts(job: JobDir) -> int:
+    return (job.logs / "train.log").read_text().count("grpoflow: trainers.grpo started")
+
+
+def run_train(job: JobDir, spec, expected: type[Exception]) -> Exception:
+    from prefect import flow
+
+    @flow
+    def train():
+        with pytest.raises(expected) as failed:
+            train_task(job, spec)
+        return failed.value
+
+    return train()
+
+
+@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.parametrize(
+    "reward, health, expected, message",
+    [
+        # a reward that raises at step 3: its traceback in the log, one line in the failure, no retry
+        ("raises_reward", {}, RewardFailed, "reward 'mine' raised KeyError: 'solution' at training step 3"),
+        # a hang at step 3 meets the per-call timeout
+        (
+            "hang_reward",
+            {"reward_timeout_s": 2},
+            RewardFailed,
+            "reward 'mine' did not return within 2 s at training step 3",
+        ),
+        # a hang the timeout does not catch (300 s) meets the stall watchdog: an alert, then a stop
+        ("hang_reward", {"stall_factor": 2, "stall_min_seconds": 4}, TrainingStopped, "stopped by the stall watchdog"),
+        # os._exit(0) in a reward: named as such, not "training.json missing"
+        ("exit_reward", {}, ChildEndedEarly, "exited 0 without writing training.json"),
+    ],
+)
+def test_a_fault_in_a_reward_ends_training_once(make_job, reward, health, expected, message):
+    rewards = [{"name": "mine", "function": f"{FAULTY}:{reward}"}]
+    job, spec = make_job("fault", rewards=rewards, hyperparameters=FAST, evaluation={"holdout": 0}, health=health)
+    started = time.monotonic()
+    failure = run_train(job, spec, expected)
+    assert message in str(failure)
+    assert child_starts(job) == 1  # the task allows 2 retries: none taken
+    assert time.monotonic() - started < 120
+    alerts = [e["payload"]["kind"] for e in events(job) if e["event"] == "grpoflow.training.alert"]
+    assert alerts == (["stall"] if expected is TrainingStopped else [])
+    if reward == "raises_reward":
+        assert 'raise KeyError("solution")' in (job.logs / "train.log").read_text()
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_diverged_run_stops_on_the_non_finite_alert(make_job):
+    """learning_rate 1e6: the loss or the gradient norm turns NaN; the run stops on the alert without stop_on_alert
+    (a NaN run cannot recover) instead of crashing later in TRL's sampler and being retried."""
+    # make_spec's rewards and rollouts (a length penalty the tiny model's completions vary on): gradients from step 1
+    job, spec = make_job("diverge", hyperparameters={"max_steps": 4, "learning_rate": 1e6}, evaluation={"holdout": 0})
+    assert not spec.stop_on_alert
+    failure = run_train(job, spec, TrainingStopped)
+    assert "stopped by the health monitor" in str(failure) and "not finite" in str(failure)
+    assert child_starts(job) == 1
+    alerts = [e["payload"] for e in events(job) if e["event"] == "grpoflow.training.alert"]
+    assert [a["kind"] for a in alerts] == ["non_finite"], [r["values"] for r in read_metrics(job.metrics)]
 
 
 @pytest.mark.slow

@@ -311,3 +311,31 @@ def test_lora_targets(data, model, targets, expected):
     )
     problems = [p for p in preflight(spec) if p.startswith("hyperparameters.lora_target_modules")]
     assert len(problems) == (expected is not None) and all(expected in p for p in problems), problems
+
+
+# --- what the model can do with the prompts (issue 12, item 8)
+
+
+def test_response_beyond_the_positions_of_a_rotary_model_is_a_warning(data):
+    warnings = []
+    assert preflight(spec_for(data, hyperparameters={"max_response_length": 600}), warnings) == []
+    # builtin:tiny: 512 rotary positions; the prompts counted with its byte-level tokenizer
+    assert any(
+        "beyond the 512 positions of builtin:tiny" in w and "counted with the model's tokenizer" in w for w in warnings
+    )
+
+
+def test_a_role_chat_templates_do_not_know_is_a_warning(tmp_path, data):
+    rows = [{"prompt": [{"role": "wizard", "content": "What is 1+1?"}], "answer": "2"}] * 4
+    spec = spec_for(data, dataset={"uri": str(write_jsonl(tmp_path / "wizard.jsonl", rows))})
+    warnings = []
+    assert preflight(spec, warnings) == []
+    assert any("the role 'wizard'" in w for w in warnings), warnings
+
+
+def test_a_json_document_over_the_row_guard_is_rejected(tmp_path, data):
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps([{"prompt": "x" * 1000, "answer": "1"}] * 100))  # ~100 KB, one line
+    problems = preflight(spec_for(data, dataset={"uri": str(big), "max_row_bytes": 4096}))
+    assert len(problems) == 1 and "a JSON document (one [...] array) is read whole" in problems[0], problems
+    assert "16 x max_row_bytes = 65,536 bytes" in problems[0]

@@ -274,6 +274,26 @@ class HealthSpec(_Section):
         description="Share of groups with zero reward variance (TRL's frac_reward_zero_std) over no_signal_window "
         "steps at which GRPO is called to have no learning signal (its advantages, hence gradients, are 0).",
     )
+    reward_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds one reward call may take during training; a call that takes longer stops the run "
+        "with a message naming the reward and the step, like a reward that raises (neither is retried).",
+    )
+    stall_factor: float = Field(
+        10.0,
+        gt=1,
+        description="Stall watchdog: no new training step for this many times the median step time (at least "
+        "stall_min_seconds) raises a 'stall' alert; twice as long stops the run. Armed from the first step.",
+    )
+    stall_min_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="The least wait for a new step before the stall watchdog alerts (it stops at twice the wait), "
+        "so a slow step or a checkpoint save on a fast run does not trip it.",
+    )
+
+
 
 
 class GateSpec(_Section):
