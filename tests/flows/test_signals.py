@@ -2,18 +2,21 @@
 SIGKILL, each once training has started (step 1 in metrics.jsonl) of a 200-step job on builtin:tiny.
 
 SIGINT and SIGTERM: the command ends within seconds with one line on stderr and no traceback, events.jsonl ends with
-`job.failed` (reason cancelled), the checkpoint that was due is kept, and no process of the run (the temporary
-Prefect server, the training child) is left. SIGKILL: the server and the training child exit with it; the next
+`job.failed` (reason cancelled), which a webhook receiver got too, the checkpoints saved before the signal are kept,
+the flow run is Cancelled (read back from a `prefect server start` on loopback), and no process of the run (the
+temporary Prefect server, the training child) is left. SIGKILL: the server and the training child exit with it; the next
 `--resume` marks the killed flow run Crashed (read back from a `prefect server start` on loopback) and completes.
 
 Every process a test starts is killed, with its children, at the end; every wait is bounded.
 """
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +33,7 @@ RESUMED_STEPS = 12  # the job killed and resumed: short, so that the resume comp
 EXIT_WITHIN_S = 15  # a generous bound: the job's end (events, webhooks flush, the server's stop) takes a few seconds
 
 
-def spec_file(tmp_path: Path, max_steps: int = STEPS) -> Path:
+def spec_file(tmp_path: Path, max_steps: int = STEPS, webhook: str | None = None) -> Path:
     spec = {
         "name": "signals",
         "base_model": "builtin:tiny",
@@ -40,6 +43,7 @@ def spec_file(tmp_path: Path, max_steps: int = STEPS) -> Path:
         "checkpoint_every": 1,
         "evaluation": {"holdout": 2},
         "output_uri": str(tmp_path / "runs"),
+        "webhooks": [{"url": webhook}] if webhook else [],
     }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -54,8 +58,8 @@ def run_env(tmp_path: Path, api_url: str | None = None) -> dict:
     return env
 
 
-def start_run(tmp_path: Path, env: dict, max_steps: int = STEPS) -> subprocess.Popen:
-    command = [sys.executable, "-m", "flows.cli", "run", str(spec_file(tmp_path, max_steps)), "--json"]
+def start_run(tmp_path: Path, env: dict, max_steps: int = STEPS, webhook: str | None = None) -> subprocess.Popen:
+    command = [sys.executable, "-m", "flows.cli", "run", str(spec_file(tmp_path, max_steps, webhook)), "--json"]
     out, err = (tmp_path / "run.out").open("ab"), (tmp_path / "run.err").open("ab")
     return subprocess.Popen(command, env=env, stdout=out, stderr=err, cwd=Path(__file__).parents[2])
 
@@ -71,7 +75,9 @@ def wait_for_step(tmp_path: Path, proc: subprocess.Popen, step: int = 1, timeout
         assert proc.poll() is None, (tmp_path / "run.err").read_text()
         job = job_folder(tmp_path)
         metrics = job / "metrics.jsonl" if job else None
-        if metrics and metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+        # and a whole checkpoint (trainer_state.json is written last), which the signal must leave in place
+        saved = job and list((job / "checkpoints").glob("checkpoint-*/trainer_state.json"))
+        if metrics and metrics.exists() and len(metrics.read_text().splitlines()) >= step and saved:
             return job
         time.sleep(0.2)
     raise AssertionError(f"no step {step} within {timeout} s:\n{(tmp_path / 'run.err').read_text()[-3000:]}")
@@ -96,18 +102,32 @@ def alive(procs: list[psutil.Process], within: float) -> list[psutil.Process]:
     return [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def checkpoints(job: Path) -> list[str]:
+    return [p.parent.name for p in (job / "checkpoints").glob("checkpoint-*/trainer_state.json")]
+
+
 def events(job: Path) -> list[dict]:
     return [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_ends_the_run_cleanly(tmp_path, sig):
-    proc = start_run(tmp_path, run_env(tmp_path))
+@pytest.mark.parametrize(
+    "sig, own_server",
+    [
+        (signal.SIGINT, False),  # Ctrl-C, with the temporary Prefect server
+        (signal.SIGTERM, False),
+        (signal.SIGINT, True),  # with PREFECT_API_URL set: the flow run's final state is read back from that server
+    ],
+    ids=["SIGINT", "SIGTERM", "SIGINT-server"],
+)
+def test_a_signal_ends_the_run_cleanly(tmp_path, request, receiver, sig, own_server):
+    api_url = request.getfixturevalue("prefect_server") if own_server else None
+    proc = start_run(tmp_path, run_env(tmp_path, api_url), webhook=receiver.url)
     procs = []
     try:
         job = wait_for_step(tmp_path, proc)
-        procs = tree(proc)
-        assert any("uvicorn" in " ".join(p.cmdline()) for p in procs)  # the temporary server, to be stopped
+        procs, kept = tree(proc), set(checkpoints(job))
+        if not own_server:
+            assert any("uvicorn" in " ".join(p.cmdline()) for p in procs)  # the temporary server, to be stopped
         assert any("trainers.grpo" in " ".join(p.cmdline()) for p in procs)  # the training child
         proc.send_signal(sig)
         signalled = time.monotonic()
@@ -120,13 +140,38 @@ def test_a_signal_ends_the_run_cleanly(tmp_path, sig):
         assert f"grpoflow: stopped by {sig.name}" in err
         last = events(job)[-1]
         assert last["event"] == "grpoflow.job.failed" and last["payload"]["reason"] == "cancelled"
-        assert list((job / "checkpoints").glob("checkpoint-*")), "the checkpoint due at step 1 was not kept"
+        assert receiver.types[-1] == "job.failed"  # delivered before the command ended
+        assert set(checkpoints(job)) >= kept, "a checkpoint saved before the signal is gone"
         assert not (job / ".lock").exists()
         assert alive(procs, within=5) == []  # no server, no training child left
+        if own_server:
+            run_id = json.loads((job / "flow_run.json").read_text())["flow_run_id"]
+            assert flow_run_state(api_url, run_id) == "CANCELLED"
     finally:
         if proc.poll() is None:
             procs = procs or tree(proc)
         kill_all(procs)
+
+
+class _Hooks(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.server.types.append(json.loads(body)["type"])
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def receiver():
+    """A webhook receiver on loopback: `.url`, and `.types`, the event types delivered, in order."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
+    server.types, server.url = [], f"http://127.0.0.1:{server.server_port}/hook"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
 
 
 def free_port() -> int:
