@@ -610,6 +610,22 @@ def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
 # --- the entry points --------------------------------------------------------------------------------------------
 
 
+def _checked_source(
+    uri: str, split: str | None, holdout: float, storage_options: dict | None, max_row_bytes: int
+) -> _Source:
+    """The source of `uri`, checked before any loader reads it: the holdout, the file, and its lines' size."""
+    src = _resolve(uri, split)
+    _check_holdout(holdout, uri)
+    if src.builder != "hub":
+        _check_file(src, storage_options)
+    if src.builder in ("json", "csv"):
+        try:
+            _check_lines(src, max_row_bytes, storage_options)
+        except (EOFError, OSError, zlib.error, lzma.LZMAError):
+            pass  # a corrupt or truncated archive: the loader fails on it too, and its diagnosis names the problem
+    return src
+
+
 def ingest_dataset(
     uri: str,
     dest: Path,
@@ -653,15 +669,7 @@ def ingest_dataset(
         `IngestResult`: row counts, columns, prompt format and a fingerprint of the source.
     """
     dest = Path(dest)
-    src = _resolve(uri, split)
-    _check_holdout(holdout, uri)
-    if src.builder != "hub":
-        _check_file(src, storage_options)
-    if src.builder in ("json", "csv"):
-        try:
-            _check_lines(src, max_row_bytes, storage_options)
-        except (EOFError, OSError, zlib.error, lzma.LZMAError):
-            pass  # a corrupt or truncated archive: the loader fails on it too, and its diagnosis names the problem
+    src = _checked_source(uri, split, holdout, storage_options, max_row_bytes)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # A private cache beside `dest` keeps ~/.cache clean and goes away with the loader's intermediate Arrow files.
     with tempfile.TemporaryDirectory(
@@ -707,15 +715,7 @@ def check_dataset(
         `tuple[str, datasets.Dataset]`: the prompt format (`"text"` or `"chat"`) and the first `sample_rows` rows of
         the `train` split the ingest would save (the rows its reward dry run sees), held in memory.
     """
-    src = _resolve(uri, split)
-    _check_holdout(holdout, uri)
-    if src.builder != "hub":
-        _check_file(src, storage_options)
-    if src.builder in ("json", "csv"):
-        try:
-            _check_lines(src, max_row_bytes, storage_options)
-        except (EOFError, OSError, zlib.error, lzma.LZMAError):
-            pass  # as in ingest_dataset: the loader's diagnosis names the problem
+    src = _checked_source(uri, split, holdout, storage_options, max_row_bytes)
     with tempfile.TemporaryDirectory(prefix="grpoflow-check-", ignore_cleanup_errors=True) as cache:
         ds = _load(src, cache, storage_options)
         _check_loaded(src, ds, storage_options)
