@@ -11,6 +11,7 @@ is recorded as the `seconds_until_told` property (see `--junitxml`), never asser
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import time
@@ -76,6 +77,13 @@ def long_line_dataset(case: Path) -> dict:
     return {"dataset": dataset}
 
 
+def json_document_dataset(case: Path) -> dict:
+    dataset = case / "data.json"  # one line, a JSON array: 40 rows of ~1 KB, over 16 x max_row_bytes=2000
+    rows = [{"prompt": f"What is {i}+1? " + "x" * 1000, "answer": str(i + 1)} for i in range(40)]
+    dataset.write_text(json.dumps(rows))
+    return {"dataset": dataset}
+
+
 def pipe_spec(case: Path) -> dict:
     os.mkfifo(case / "spec.yaml")
     return {"spec": case / "spec.yaml"}
@@ -136,6 +144,7 @@ MAKERS = {
         huge_override,
         latin1_dataset,
         long_line_dataset,
+        json_document_dataset,
         pipe_spec,
         pipe_dataset,
         unreadable_dataset,

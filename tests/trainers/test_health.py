@@ -322,3 +322,26 @@ def test_no_learning_signal_thresholds_from_the_spec():
     assert [(a.kind, a.step) for a in alerts] == [("no_learning_signal", 5)]  # 4/5 = 80% from step 5
     assert verdict(alerts) == "no learning signal suspected at step 5"
     assert alerts[0].evidence["frac_reward_zero_std_last"] == 0.8
+
+
+# --- non-finite loss or gradient -------------------------------------------------------------------------------------
+
+NON_FINITE_CASES = [
+    # TRUE: the loss turned NaN at step 4 (metrics.jsonl writes NaN as null): fires at that step
+    ([{"step": s, "values": {"loss": 0.1 if s < 4 else None, "grad_norm": 1.0}} for s in range(1, 8)], 4),
+    # TRUE: grad_norm inf from step 2 (learning_rate 1e6)
+    ([{"step": s, "values": {"loss": 0.1, "grad_norm": 1.0 if s < 2 else float("inf")}} for s in range(1, 5)], 2),
+    # FALSE: finite throughout, even when large
+    ([{"step": s, "values": {"loss": 1e6, "grad_norm": 1e9}} for s in range(1, 30)], None),
+    # FALSE: a step that logs neither key (TRL's reused-generation steps log less)
+    ([{"step": s, "values": {"reward": 0.5}} for s in range(1, 30)], None),
+]
+
+
+@pytest.mark.parametrize(("records", "expected"), NON_FINITE_CASES)
+def test_non_finite(records, expected):
+    assert fired(records, "non_finite") == expected
+
+
+def test_non_finite_is_fatal():
+    assert "non_finite" in health.FATAL and "policy_collapse" not in health.FATAL
