@@ -234,9 +234,9 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     from flows import server
 
     # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.
-    previous = _stop_on_signals()
-    temporary = server.start_if_needed()
+    previous, temporary = _stop_on_signals(), None
     try:
+        temporary = server.start_if_needed()
         from flows.pipeline import grpo_pipeline
         from tasks.stages import REJECTED
         from trainers.report import waited_since
@@ -249,6 +249,11 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
                 if not _STOPPED_BY:
                     raise
                 return _stopped()
+    except KeyboardInterrupt:  # before the flow started (the server booting, the imports) or after it ended
+        if not _STOPPED_BY:
+            raise
+        print(f"grpoflow: stopped by {signal.Signals(_STOPPED_BY[0]).name}", file=sys.stderr)
+        return 128 + _STOPPED_BY[0]
     finally:
         if temporary is not None:
             temporary.stop()  # last: the job's end (job.failed, the flow run's state) went through it
@@ -303,13 +308,18 @@ def _stopped() -> int:
 
     name = signal.Signals(_STOPPED_BY[0]).name
     try:
-        cancel_interrupted_runs(f"stopped by {name}")
+        jobs = cancel_interrupted_runs(f"stopped by {name}")
     except Exception as e:  # the server unreachable: the run stays Crashed there, which is still true
         print(f"grpoflow: could not mark the flow run cancelled: {type(e).__name__}: {e}", file=sys.stderr)
-    print(
-        f"grpoflow: stopped by {name}: the job ended cancelled, its checkpoints kept (resume with --resume)",
-        file=sys.stderr,
-    )
+        jobs = []
+    if jobs:
+        print(
+            f"grpoflow: stopped by {name}: job {jobs[0]} cancelled (flow run marked Cancelled), its checkpoints "
+            f"kept; resume with --resume {jobs[0]}",
+            file=sys.stderr,
+        )
+    else:  # stopped before the job existed
+        print(f"grpoflow: stopped by {name}", file=sys.stderr)
     return 128 + _STOPPED_BY[0]
 
 
@@ -742,6 +752,9 @@ def main(argv=None) -> int:
     except ServerError as e:
         print(f"grpoflow: {e}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:  # Ctrl-C before `run` handles it (loading the spec, the preflight), or another command
+        print("grpoflow: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

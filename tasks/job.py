@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 WEBHOOK_FLUSH_S = 10.0
 # Which flow run runs the job, and in which process (`record_flow_run`).
 FLOW_RUN_FILE = "flow_run.json"
-_this_process_runs: list[str] = []
+_this_process_runs: dict[str, str] = {}  # flow run id -> job id
 
 
 def new_job_id(name: str, run_id: str | None = None, started: datetime | None = None) -> str:
@@ -95,7 +95,7 @@ def record_flow_run(job: JobDir) -> None:
     if flow_run.id is None:
         return
     write_text_atomic(job.root / FLOW_RUN_FILE, json.dumps({"flow_run_id": str(flow_run.id), **_me()}))
-    _this_process_runs.append(str(flow_run.id))
+    _this_process_runs[str(flow_run.id)] = job.job_id
 
 
 def mark_stale_flow_run(job: JobDir) -> None:
@@ -120,14 +120,17 @@ def mark_stale_flow_run(job: JobDir) -> None:
     get_run_logger().warning("flow run %s of job %s marked Crashed: %s", run_id, job.job_id, message)
 
 
-def cancel_interrupted_runs(message: str) -> None:
+def cancel_interrupted_runs(message: str) -> list[str]:
     """Marks the flow runs this process started and a signal ended (the engine reports them Crashed) Cancelled,
-    with `message`; a flow run in any other state is left as it is."""
+    with `message`; a flow run in any other state is left as it is. Returns the job ids of the runs marked."""
+    marked = []
     with get_client(sync_client=True) as client:
-        for run_id in _this_process_runs:
+        for run_id, job_id in _this_process_runs.items():
             state = client.read_flow_run(UUID(run_id)).state
             if state is not None and state.is_crashed():
                 client.set_flow_run_state(UUID(run_id), Cancelled(message=message), force=True)
+                marked.append(job_id)
+    return marked
 
 
 def discard_job(job: JobDir) -> None:
