@@ -4,8 +4,8 @@ SIGKILL, each once training has started (step 1 in metrics.jsonl) of a 200-step 
 SIGINT and SIGTERM: the command ends within seconds with one line on stderr and no traceback, events.jsonl ends with
 `job.failed` (reason cancelled), which a webhook receiver got too, the checkpoints saved before the signal are kept,
 the flow run is Cancelled (read back from a `prefect server start` on loopback), and no process of the run (the
-temporary Prefect server, the training child) is left. SIGKILL: the server and the training child exit with it; the next
-`--resume` marks the killed flow run Crashed (read back from a `prefect server start` on loopback) and completes.
+temporary Prefect server, the training child) is left. SIGKILL: the server and the training child exit with it; the
+next `--resume` marks the killed flow run Crashed (read back from a `prefect server start` on loopback) and completes.
 
 Every process a test starts is killed, with its children, at the end; every wait is bounded.
 """

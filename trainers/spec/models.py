@@ -205,7 +205,8 @@ class DatasetSpec(_Section):
 
     uri: str = Field(
         # Without angle brackets: the V1 UI reads them as HTML and shows nothing between them.
-        min_length=1, description="Local path, file://, s3://..., or hf://datasets/OWNER/NAME, optionally /SPLIT."
+        min_length=1,
+        description="Local path, file://, s3://..., or hf://datasets/OWNER/NAME, optionally /SPLIT.",
     )
     prompt_column: str = Field("prompt", description="Column holding a string prompt or a list of chat messages.")
     split: str | None = Field(None, description="Dataset split, for hf:// URIs.")
@@ -292,8 +293,6 @@ class HealthSpec(_Section):
         description="The least wait for a new step before the stall watchdog alerts (it stops at twice the wait), "
         "so a slow step or a checkpoint save on a fast run does not trip it.",
     )
-
-
 
 
 class GateSpec(_Section):
