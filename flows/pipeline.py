@@ -1,5 +1,5 @@
-"""The GRPO pipeline flow: ingest -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and report -> publish ->
-register.
+"""The GRPO pipeline flow: ingest -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and report -> promotion gate
+-> publish -> register.
 
 Each stage is one Prefect task (`tasks/`), emitting its `grpoflow.*` event; this flow only chains them, and
 `tasks.job.JobEnding` ends the job (its last event, webhooks, uploads) however it ends. Run it with
