@@ -139,9 +139,13 @@ def test_run_a_setup_problem_starts_the_child_once_and_exits_2(tmp_path, make_sp
 
 
 CRASHING_REWARD = """
+import os, signal
+
+
 def crash_reward(completions, trainer_state=None, **kwargs):
-    if trainer_state is not None:  # in training, never in the dry run
-        raise RuntimeError("the reward's server went away")
+    if trainer_state is not None:  # in training, never in the dry run: the child dies as if OOM-killed
+        print("the training child is killed", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     return [0.0] * len(completions)
 """
 
@@ -149,11 +153,12 @@ def crash_reward(completions, trainer_state=None, **kwargs):
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_run_a_crash_is_retried_and_exits_1(tmp_path, make_spec, monkeypatch):
+    # A crash (SIGKILL, an OOM kill) is retried; a reward's own exception is not (tests/tasks/test_train.py).
     (tmp_path / "crashing_rewards.py").write_text(CRASHING_REWARD)
     monkeypatch.chdir(tmp_path)
     code, _, err = cli("run", make_spec(rewards=[{"function": "crashing_rewards:crash_reward"}]))
     assert code == 1, err
-    assert "the reward's server went away" in (next((tmp_path / "runs").glob("*/logs/train.log"))).read_text()
+    assert "the training child is killed" in (next((tmp_path / "runs").glob("*/logs/train.log"))).read_text()
     assert child_starts(tmp_path) == 3  # the first start and the train task's 2 retries
 
 
