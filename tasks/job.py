@@ -71,7 +71,6 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
         fs, remote = filesystem(job_location(job, spec))
         if fs.exists(remote):
             fs.get(remote.rstrip("/") + "/", str(job.root) + "/", recursive=True)
-            (job.root / ".lock").unlink(missing_ok=True)  # uploaded with the folder: a lock only means something here
     job.root.mkdir(parents=True, exist_ok=True)
     try:
         JobLock(job.root).acquire()  # released by JobEnding, however the job ends
@@ -153,7 +152,10 @@ def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str |
             if (job.root / name).exists():
                 fs.put_file(str(job.root / name), f"{remote}/{name}")
     else:
-        fs.put(str(job.root) + "/", remote.rstrip("/") + "/", recursive=True)
+        # Every file but the lock, which only means something on the machine that holds it.
+        files = sorted(p for p in job.root.rglob("*") if p.is_file() and p != JobLock(job.root).path)
+        rel = [p.relative_to(job.root).as_posix() for p in files]
+        fs.put([str(p) for p in files], [f"{remote.rstrip('/')}/{r}" for r in rel])
     return location
 
 
