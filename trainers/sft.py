@@ -17,6 +17,7 @@ from pathlib import Path
 from trainers.jobdir import JobDir, replace_dir
 from trainers.metrics import metrics_file_callback
 from trainers.modeling import (
+    check_accelerators,
     check_chat_template,
     check_model,
     load_tokenizer,
@@ -73,6 +74,7 @@ def sft_config(spec: JobSpec, output_dir: Path):
 def main(job_root: str) -> int:
     job = JobDir(Path(job_root))
     spec, _ = load_spec(job.spec)
+    check_accelerators(spec.hyperparameters)  # what GRPO will need, before a warm-up that would be for nothing
 
     # --- data
     from datasets import load_from_disk

@@ -59,11 +59,6 @@ def test_a_crashed_child_is_retried(make_job):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="use_liger can run where CUDA is")
-@pytest.mark.xfail(
-    strict=True,
-    reason="trainers/sft.py never runs check_accelerators: a job GRPO cannot start (use_liger on a CPU machine) "
-    "trains its whole SFT warm-up first, and only the training stage then fails with the setup error",
-)
 def test_a_setup_problem_ends_the_warm_up_before_it_trains(make_job):
     job, spec = make_job("liger", sft={**WARM_UP, "max_steps": 1}, hyperparameters={"use_liger": True})
 
