@@ -1,14 +1,19 @@
 """`grpoflow serve`'s transformers server: OpenAI-compatible endpoints on loopback, answered by a real model and
 called with the official `openai` client (and plain HTTP where the client would hide what goes over the wire)."""
 
+import json
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import httpx
 import openai
 import pytest
 import torch
 
-from flows.serve import make_server, vllm_command
+from flows.serve import _Stream, make_server, vllm_command
 from trainers.modeling import load_tokenizer
 from trainers.tiny import build_tiny
 
@@ -235,8 +240,6 @@ def test_without_a_gpu_transformers_serves():
     ],
 )
 def test_stream_holds_back_what_may_start_a_stop_string(text, stop, expected):
-    from flows.serve import _Stream
-
     tokenizer, sent = load_tokenizer(str(build_tiny())), []
     streamer = _Stream(tokenizer, stop, sent.append)
     streamer.put(torch.tensor([0]))  # the prompt, skipped
@@ -244,3 +247,31 @@ def test_stream_holds_back_what_may_start_a_stop_string(text, stop, expected):
         streamer.put(torch.tensor([token]))
     streamer.end()
     assert sent == expected and streamer.text == "".join(expected)
+
+
+@pytest.mark.slow  # ~13 s: a fresh interpreter imports torch and transformers
+def test_grpoflow_serve_streams_a_registered_deployment(tmp_path):
+    """The command a user runs: `grpoflow serve NAME` on a deployment record, answered over loopback."""
+    (tmp_path / "deployments").mkdir()
+    record = {"name": "tiny", "status": "ready", "job_id": "j", "artifact_path": str(build_tiny())}
+    (tmp_path / "deployments" / "tiny.json").write_text(json.dumps(record))
+    with socket.socket() as probe:  # a free port, released for the server to take
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "flows.cli", "--output-uri", str(tmp_path), "serve", "tiny", "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert [m.id for m in client.models.list()] == ["tiny"]
+                break
+            except openai.APIConnectionError:
+                assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+                time.sleep(0.2)
+        chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, stream=True))
+        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
