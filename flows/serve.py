@@ -4,7 +4,8 @@ Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (`messages`) and `POST 
 OpenAI's request fields and defaults: `stream` (server-sent `chat.completion.chunk` / `text_completion` events, then
 `data: [DONE]`), `stream_options.include_usage`, `temperature` (default 1; 0 is greedy), `top_p` (default 1), `n`,
 `stop`, `max_tokens` / `max_completion_tokens` (default: the rest of the context window) and `seed`; every response
-carries `usage`. A bad field is an HTTP 400 with OpenAI's error body naming it (`error.param`).
+carries `usage`. A bad field, or one this server does not honour (`UNSUPPORTED`), is an HTTP 400 with OpenAI's
+error body naming it (`error.param`).
 
 With vLLM installed and a GPU present, `serve` hands the merged weights to vLLM's own OpenAI server instead;
 otherwise transformers generates (one request at a time, enough for a smoke test or a small internal endpoint, not
@@ -22,6 +23,21 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from transformers import TextStreamer
+
+# OpenAI request fields this server does not honour, each with the value that asks for nothing (which some clients
+# send anyway): any other value is a 400, not an answer that silently lacks what was asked for.
+UNSUPPORTED = {
+    "logprobs": False,
+    "top_logprobs": 0,
+    "echo": False,
+    "best_of": 1,
+    "suffix": "",
+    "logit_bias": {},
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "tools": [],
+    "response_format": {"type": "text"},
+}
 
 
 class RequestError(ValueError):
@@ -133,6 +149,9 @@ class Generator:
             raise RequestError(
                 f"model {body['model']!r} is not served here; this server serves {self.name!r}", "model"
             )
+        for key, harmless in UNSUPPORTED.items():
+            if body.get(key) not in (None, harmless):
+                raise RequestError(f"'{key}' is not supported by this server (grpoflow serve on transformers)", key)
         chat = path == "/v1/chat/completions"
         ids = self._prompt_ids(body) if chat else self._completion_prompt_ids(body)
         stream = _field(body, "stream", (bool,), False)

@@ -96,6 +96,8 @@ def test_greedy_is_deterministic_and_usage_adds_up(client):
         ("/completions", {"prompt": "x", "stream": "yes"}, "stream", "bool"),
         ("/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "stream"),
         ("/completions", {"prompt": "x", "model": "gpt-4o"}, "model", "gpt-4o"),  # the one model here is tiny
+        ("/chat/completions", {"messages": MESSAGES, "logprobs": True}, "logprobs", "not supported"),  # not faked
+        ("/completions", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty", "not supported"),
     ],
 )
 def test_bad_requests_are_400_naming_the_field(client, path, body, param, fragment):
@@ -114,6 +116,11 @@ def test_the_openai_client_sees_a_bad_request(oai):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model="tiny", messages=MESSAGES, n=0)
     assert caught.value.status_code == 400 and caught.value.body["param"] == "n"
+
+
+def test_fields_that_ask_for_nothing_are_accepted(client):
+    body = {"prompt": "x", "max_tokens": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0.0}
+    assert client.post("/completions", json=body).status_code == 200
 
 
 def test_models_lists_the_one_served(oai):
