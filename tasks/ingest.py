@@ -24,7 +24,7 @@ def ingest_task(job: JobDir, spec: JobSpec):
 
     datasets.disable_progress_bars()  # per-batch bars drown the flow's log; the event carries the counts
     try:
-        rewards = [build_reward(r.name, r.function, r.kwargs) for r in spec.rewards]
+        rewards = [build_reward(r.name, r.function, r.kwargs, r.model) for r in spec.rewards]
         result = ingest_dataset(
             spec.dataset.uri,
             job.dataset,

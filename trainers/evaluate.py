@@ -78,7 +78,7 @@ def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float | None:
     `model` is a folder, or a loaded model with its `tokenizer`.
     """
     reward_spec = next(r for r in spec.rewards if r.name == spec.evaluation.metric)
-    reward = build_reward(reward_spec.name, reward_spec.function, reward_spec.kwargs)
+    reward = build_reward(reward_spec.name, reward_spec.function, reward_spec.kwargs, reward_spec.model)
     prompts = list(eval_rows["prompt"])
     completions = generate(model, prompts, spec.evaluation.max_new_tokens, tokenizer=tokenizer)
     if tokenizer is None:

@@ -181,7 +181,10 @@ def main(job_root: str) -> int:
 
     # --- rewards (each call timed out and checked, so a bad reward stops the run naming itself and the step)
     timeout = spec.health.reward_timeout_s
-    reward_funcs = [guarded_reward(build_reward(r.name, r.function, r.kwargs), r.name, timeout) for r in spec.rewards]
+    # A reward model goes to TRL as its id: TRL loads it as a sequence classifier and places it on the GPU.
+    reward_funcs = [
+        r.model or guarded_reward(build_reward(r.name, r.function, r.kwargs), r.name, timeout) for r in spec.rewards
+    ]
 
     # --- model and trainer
     from trainers.zero_variance import grpo_trainer_class
@@ -207,6 +210,7 @@ def main(job_root: str) -> int:
         quantization_config=quantization,
         callbacks=[metrics_file_callback(job.metrics)],
     )
+    trainer.reward_func_names[: len(spec.rewards)] = [r.name for r in spec.rewards]  # TRL names a model by its path
 
     model = trainer.model
     adapters = adapter_summary(model)

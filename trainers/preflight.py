@@ -138,13 +138,17 @@ def _reward_field(p: Preflight, message: str) -> str:
 
 
 def check_rewards_build(p: Preflight) -> list[str]:
-    """Each reward imports (a custom function) or exists (a built-in) and takes its kwargs."""
-    from trainers.rewards import RewardError, build_reward
+    """Each reward imports (a custom function) or exists (a built-in) and takes its kwargs; a reward model is here,
+    offline, and is a sequence classifier (its files read, no weights loaded)."""
+    from trainers.rewards import RewardError, build_reward, reward_model_problem
 
     problems = []
     for i, reward in enumerate(p.spec.rewards):
+        if reward.model is not None and (problem := reward_model_problem(reward.model)) is not None:
+            problems.append(f"rewards[{i}].model: {problem}")
+            continue
         try:
-            p.rewards.append((i, build_reward(reward.name, reward.function, reward.kwargs)))
+            p.rewards.append((i, build_reward(reward.name, reward.function, reward.kwargs, reward.model)))
         except RewardError as e:
             problems.append(f"rewards[{i}]: {e}")
     return problems
@@ -185,7 +189,7 @@ def check_rewards_dry_run(p: Preflight) -> list[str]:
     if p.sample is None or not p.rewards:
         return []
     try:
-        dry_run_job_rewards(_built_spec(p), [fn for _, fn in p.rewards], p.sample)
+        p.warnings += dry_run_job_rewards(_built_spec(p), [fn for _, fn in p.rewards], p.sample)
     except RewardError as e:
         return [_reward_field(p, problem) for problem in e.problems]
     return []

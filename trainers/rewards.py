@@ -24,6 +24,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import json
 import math
 import numbers
 import os
@@ -31,12 +32,18 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from trainers.judge import get_llm_judge_reward
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # The thousands-separated form goes first so "1,234" is one number; the lookbehind keeps the "-" of "5-3" an operator.
 NUMBER = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|(?:(?<![\w.])-)?\.\d+")
 DRY_RUN_ROWS = 4
+# A reward model above this much weight is not loaded on CPU by the dry run (its config is still checked): a 7B one
+# would take minutes and tens of GB there, while a classifier of up to ~0.5B parameters in fp32 loads in seconds.
+DRY_RUN_MAX_MODEL_BYTES = 2 * 1024**3
 
 
 class RewardError(ValueError):
@@ -224,24 +231,131 @@ REWARDS: dict[str, Callable] = {
     "answer_format": get_answer_format_reward,
     "exact_answer": exact_answer_reward,
     "length_penalty": get_length_penalty_reward,
+    "llm_judge": get_llm_judge_reward,
     "numeric_match": get_numeric_match_reward,
 }
+
+
+# --- reward models ---------------------------------------------------------------------------------------------------
+
+
+def reward_model_folder(model: str) -> Path | None:
+    """The folder holding a reward model's config.json: the local folder, or its snapshot in the local Hugging Face
+    cache; None when neither holds it. Nothing is downloaded."""
+    from trainers.modeling import cached_hub_file, is_local_model
+
+    if is_local_model(model):
+        folder = Path(model).expanduser()
+        return folder if (folder / "config.json").is_file() else None
+    config = cached_hub_file(model, "config.json")
+    return config.parent if config is not None else None
+
+
+def reward_model_problem(model: str) -> str | None:
+    """Why `model` cannot be a reward model here, found offline from its files (no weights loaded, no download): a
+    missing folder or uncached Hub id, no weights or tokenizer, or a config.json whose `architectures` is not a
+    `...ForSequenceClassification` (TRL would bolt an untrained score head onto it). None when it is fine."""
+    from trainers.modeling import WEIGHT_FILES, is_local_model
+
+    folder = reward_model_folder(model)
+    if folder is None:
+        if not is_local_model(model):
+            return (
+                f"{model!r} is not in the local Hugging Face cache (validate does not download): fetch it first "
+                f"(hf download {model}) or give a local folder"
+            )
+        if not Path(model).expanduser().exists():
+            return f"{model} does not exist (a local reward model folder; a Hub model id is owner/name)"
+        return f"{model} has no config.json: give a folder saved with save_pretrained"
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        architectures = config.get("architectures") or []
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"cannot read {folder / 'config.json'}: {exc}"
+    if not any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
+        found = ", ".join(map(str, architectures)) or "none"
+        return (
+            f"{model} is not a sequence classifier (config.json architectures: {found}); give a reward model saved "
+            "from AutoModelForSequenceClassification with num_labels=1"
+        )
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        return f"{model} has a config.json but no weights ({', '.join(WEIGHT_FILES[:2])}, ...)"
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return f"{model} has no tokenizer (TRL scores with the reward model's own tokenizer): save it alongside"
+    return None
+
+
+def reward_model_bytes(model: str) -> int:
+    """Bytes of weights a reward model's folder (or cache snapshot) holds; 0 when it is not here."""
+    folder = reward_model_folder(model)
+    if folder is None:
+        return 0
+    return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin") and f.is_file())
+
+
+@functools.cache
+def load_reward_model(model: str) -> tuple[Any, Any]:
+    """The reward model and its tokenizer on CPU, loaded as TRL's GRPOTrainer loads a model-id reward:
+    `AutoModelForSequenceClassification(num_labels=1)`, the model's own tokenizer, its eos as pad token when it has
+    none, and that pad id in the config (the score is read at the last non-pad token)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    classifier = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    classifier.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    return classifier, tokenizer
+
+
+def get_reward_model_reward(model: str) -> Callable[..., list[float | None]]:
+    """Return `reward_model_reward`: the sequence classifier `model`'s score (`logits[:, 0]`) of each prompt +
+    completion, computed as TRL's `GRPOTrainer._calculate_rewards` does for a model-id reward (a chat through the
+    reward model's chat template, text concatenated). The model loads on first call, on CPU; the dry run and the
+    held-out evaluation use this, training hands `model` to TRL itself.
+
+    Args:
+        model (`str`): a local folder or a Hub id in the local cache.
+    """
+
+    def reward_model_reward(completions: list, prompts: list, **kwargs) -> list[float | None]:
+        import torch
+        from trl.data_utils import apply_chat_template, is_conversational
+
+        classifier, tokenizer = load_reward_model(model)
+        if is_conversational({"prompt": prompts[0]}):
+            messages = [{"messages": p + c} for p, c in zip(prompts, completions, strict=True)]
+            texts = [apply_chat_template(m, tokenizer)["text"] for m in messages]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        inputs = tokenizer(
+            text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+        )
+        with torch.inference_mode():
+            return classifier(**inputs).logits[:, 0].float().tolist()
+
+    return reward_model_reward
 
 
 # --- building a spec's rewards ---------------------------------------------------------------------------------------
 
 
-def build_reward(name: str, function: str | None = None, kwargs: dict | None = None) -> Callable:
+def build_reward(
+    name: str, function: str | None = None, kwargs: dict | None = None, model: str | None = None
+) -> Callable:
     """Build the reward a spec entry describes, named `name` so TRL logs it as `rewards/<name>/mean`.
 
     Without `function`, `name` picks a built-in from `REWARDS`; factories (`get_*_reward`) are called with `kwargs`.
     With `function` ("package.module:callable", importable from the working directory too), the callable is the
     reward itself, or, when `kwargs` is non-empty, a factory called as `callable(**kwargs)` that returns the reward.
+    With `model`, the reward is that sequence-classification model's score (see `get_reward_model_reward`); training
+    hands the model id to TRL instead, which loads it as this does and places it on the GPU.
 
     Args:
         name (`str`): the spec entry's name.
         function (`str` or `None`, *optional*, defaults to `None`): where a custom reward lives.
         kwargs (`dict` or `None`, *optional*, defaults to `None`): arguments for a factory.
+        model (`str` or `None`, *optional*, defaults to `None`): a reward model's folder or Hub id.
 
     Raises:
         RewardError: unknown built-in, import failure, bad kwargs, or something that is not callable.
@@ -262,7 +376,9 @@ def build_reward(name: str, function: str | None = None, kwargs: dict | None = N
 
     ```
     """
-    if function is None:
+    if model is not None:
+        reward = _build_reward_model(name, model, function, kwargs)
+    elif function is None:
         reward = _build_builtin(name, kwargs or {})
     else:
         reward = _build_custom(name, function, kwargs)
@@ -295,6 +411,16 @@ def _build_custom(name: str, function: str, kwargs: dict | None) -> Callable:
             f"but it returned {type(reward).__name__}"
         )
     return reward
+
+
+def _build_reward_model(name: str, model: str, function: str | None, kwargs: dict | None) -> Callable:
+    if function is not None:
+        raise RewardError(f"reward {name!r}: give function or model, not both")
+    if kwargs:
+        raise RewardError(f"reward {name!r}: a reward model takes no kwargs, got: {', '.join(sorted(kwargs))}")
+    if (problem := reward_model_problem(model)) is not None:
+        raise RewardError(f"reward {name!r}: {problem}")
+    return get_reward_model_reward(model)
 
 
 def _import_callable(name: str, function: str) -> Callable:
@@ -614,18 +740,44 @@ def required_columns(spec, rewards: list[Callable]) -> dict[str, str]:
     return needed
 
 
-def dry_run_job_rewards(spec, rewards: list[Callable], dataset) -> None:
+def dry_run_job_rewards(spec, rewards: list[Callable], dataset) -> list[str]:
     """Dry-runs the rewards of `spec` on a few rows of `dataset`, shaped as TRL will pass them (system prompt applied).
 
+    A reward model is loaded on CPU first (outside the per-call timeout) and scores the dry run's completions like
+    any reward; one with more than `DRY_RUN_MAX_MODEL_BYTES` of weights is skipped, with a note: on CPU it would cost
+    minutes and its memory, and its files were checked when it was built.
+
+    Returns:
+        `list[str]`: notes on what was skipped, one line each (empty when every reward ran).
+
     Raises:
-        RewardError: see `dry_run_rewards`; also for a malformed `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`.
+        RewardError: see `dry_run_rewards`; also for a malformed `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`, or a reward
+            model that fails to load.
     """
     from trainers.modeling import prepare_prompts
 
+    timeout = dry_run_timeout()
     rows = dataset.select(range(min(DRY_RUN_ROWS, len(dataset))))
     sample = prepare_prompts(rows, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
-    named = [(r.name, fn) for r, fn in zip(spec.rewards, rewards, strict=True)]
-    dry_run_rewards(named, sample.to_list(), "prompt", timeout_s=dry_run_timeout())
+    named, notes = [], []
+    for reward_spec, fn in zip(spec.rewards, rewards, strict=True):
+        model = getattr(reward_spec, "model", None)
+        if model is not None and (size := reward_model_bytes(model)) > DRY_RUN_MAX_MODEL_BYTES:
+            notes.append(
+                f"reward {reward_spec.name!r}: dry run skipped, the reward model {model} has {size / 1024**3:.1f} GiB "
+                f"of weights (over {DRY_RUN_MAX_MODEL_BYTES / 1024**3:.0f} GiB on CPU); its files were checked"
+            )
+            continue
+        if model is not None:
+            try:
+                load_reward_model(model)
+            except Exception as exc:  # a corrupt or mismatched checkpoint: the user's files
+                raise RewardError(
+                    f"reward {reward_spec.name!r}: the reward model {model} does not load: {type(exc).__name__}: {exc}"
+                ) from exc
+        named.append((reward_spec.name, fn))
+    dry_run_rewards(named, sample.to_list(), "prompt", timeout_s=timeout)
+    return notes
 
 
 def dry_run_timeout() -> float:

@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from trainers.rewards import REWARDS
-from trainers.spec.rules import function_name, rule_problems
+from trainers.spec.rules import function_name, model_name, rule_problems
 from trainers.uris import unopenable
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
@@ -224,8 +224,8 @@ class RewardSpec(_Section):
     name: str | None = Field(
         None,
         min_length=1,
-        description="A built-in reward's name; with function, the reward's label (default: the function's name). "
-        "Each reward logs rewards/NAME/mean.",
+        description="A built-in reward's name; with function or model, the reward's label (default: the function's "
+        "name, or the last part of the model's path). Each reward logs rewards/NAME/mean.",
         # The form offers the built-ins, and still takes any label for a custom function.
         json_schema_extra={
             "anyOf": [
@@ -236,14 +236,28 @@ class RewardSpec(_Section):
         },
     )
     function: FunctionRef | None = Field(None, description="A custom reward, as 'package.module:callable'.")
+    model: str | None = Field(
+        None,
+        min_length=1,
+        description="A sequence-classification reward model (TRL's model-id reward): a local folder or a Hub id "
+        "already in the local Hugging Face cache, whose config.json architecture is ...ForSequenceClassification. "
+        "Its score (logits[:, 0]) of prompt + completion is the reward; not with function or kwargs.",
+    )
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
-    kwargs: dict[str, Any] = Field({}, description="Arguments for parameterised rewards.")
+    kwargs: dict[str, Any] = Field(
+        {},
+        description="Arguments for parameterised rewards. llm_judge takes base_url, model, rubric (a template with "
+        "{completion}, {prompt} and dataset columns), api_key_env (the NAME of the variable holding the key), "
+        "score_regex, max_score, concurrency, timeout, retries, backoff, temperature, max_tokens.",
+    )
 
     @model_validator(mode="after")
     def _name_from_function(self) -> "RewardSpec":
         # Giving neither name nor function is a rule violation (rules.py), reported with the spec's other problems.
         if self.name is None and self.function is not None:
             self.name = function_name(self.function)
+        elif self.name is None and self.model is not None:
+            self.name = model_name(self.model)
         return self
 
 

@@ -266,12 +266,36 @@ def function_name(function: str) -> str:
     return function.rpartition(":")[2]
 
 
+def model_name(model: str) -> str:
+    """A reward model's default name: the last part of its path or Hub id, as TRL names its metric.
+
+    >>> model_name("OpenAssistant/reward-model-deberta-v3-large-v2"), model_name("runs/rm/")
+    ('reward-model-deberta-v3-large-v2', 'rm')
+    """
+    return model.rstrip("/").rpartition("/")[2] or model
+
+
 def _reward_name(reward: Any) -> Any:
-    """The reward's name as the model resolves it: given, or the function's name."""
+    """The reward's name as the model resolves it: given, or the function's name, or the reward model's."""
     if not isinstance(reward, dict):
         return None
-    name, function = reward.get("name"), reward.get("function")
-    return function_name(function) if name is None and isinstance(function, str) else name
+    name, function, model = reward.get("name"), reward.get("function"), reward.get("model")
+    if name is None and isinstance(function, str):
+        return function_name(function)
+    if name is None and isinstance(model, str) and model:
+        return model_name(model)
+    return name
+
+
+def _judge_problems(i: int, kwargs: Any) -> list[str]:
+    """An llm_judge entry's kwargs problems that need no network and no environment (trainers/judge.py)."""
+    try:
+        from trainers.judge import judge_kwargs_problems
+    except ImportError:
+        return []
+    if not isinstance(kwargs, dict):
+        return []  # the field error says so
+    return [f"rewards[{i}].kwargs.{key}: {message}" for key, message in judge_kwargs_problems(kwargs)]
 
 
 def _reward_problems(data: dict) -> list[str]:
@@ -279,7 +303,7 @@ def _reward_problems(data: dict) -> list[str]:
     builtins, names, problems = _builtin_rewards(), [], []
     for i, reward in enumerate(rewards):
         name = _reward_name(reward)
-        if name is None and isinstance(reward, dict) and reward.get("function") is None:
+        if name is None and isinstance(reward, dict) and reward.get("function") is None and not reward.get("model"):
             choices = f"a built-in: {', '.join(builtins)}" if builtins else "a built-in reward"
             problems.append(f"rewards[{i}]: give name ({choices}) or function: package.module:callable")
         if not isinstance(name, str):
@@ -287,11 +311,19 @@ def _reward_problems(data: dict) -> list[str]:
         if name in names:
             problems.append(f"rewards[{i}].name: duplicate reward name {name!r}; each reward needs its own name")
         names.append(name)
+        if reward.get("model") is not None:
+            if reward.get("function") is not None:
+                problems.append(f"rewards[{i}]: give function or model, not both (a reward is one or the other)")
+            if reward.get("kwargs"):
+                problems.append(f"rewards[{i}].kwargs: a reward model takes no kwargs; remove them")
+            continue
         if reward.get("function") is None and builtins is not None and name not in builtins:
             problems.append(
                 f"rewards[{i}].name: unknown built-in reward {name!r}; choose one of: {', '.join(builtins)} "
                 "(or set function: package.module:callable)"
             )
+        if reward.get("function") is None and name == "llm_judge":
+            problems += _judge_problems(i, reward.get("kwargs", {}))
     evaluation = data.get("evaluation") if isinstance(data.get("evaluation"), dict) else {}
     metric = evaluation.get("metric")
     if isinstance(metric, str) and names and metric not in names:

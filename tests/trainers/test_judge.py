@@ -1,0 +1,238 @@
+"""The `llm_judge` reward (trainers/judge.py): its kwargs rules, score parsing, and its HTTP behaviour against a stub
+of the remote endpoint on 127.0.0.1 (429/5xx retries, Retry-After, timeouts, concurrency, the key in the header and
+nowhere else); end to end against `grpoflow serve` in test_judge_serve.py."""
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+
+from trainers.judge import JudgeError, get_llm_judge_reward, judge_kwargs_problems, parse_score
+from trainers.rewards import RewardError, build_reward, call_reward, dry_run_rewards, reward_columns
+from trainers.spec import SpecError, load_spec
+
+KEY = "sk-grpoflow-test-0123456789"
+GOOD = {"base_url": "http://127.0.0.1:1/v1", "model": "judge", "rubric": "Q: {prompt}\nA: {completion}\nScore 0-10:"}
+
+
+class Stub:
+    """A scripted OpenAI-compatible endpoint: each POST takes the next (status, reply text, headers, delay) of
+    `script` (the last one repeats) and is recorded with its headers and body."""
+
+    def __init__(self, script: list[tuple]):
+        self.script, self.requests, self.in_flight, self.most_in_flight = script, [], 0, 0
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's naming)
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                with stub.lock:
+                    stub.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                    status, text, headers, delay = stub.script[min(len(stub.requests), len(stub.script)) - 1]
+                    stub.in_flight += 1
+                    stub.most_in_flight = max(stub.most_in_flight, stub.in_flight)
+                time.sleep(delay)
+                with stub.lock:
+                    stub.in_flight -= 1
+                reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+                data = json.dumps(reply if status == 200 else {"error": {"message": text}}).encode()
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_port}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub():
+    stubs = []
+
+    def make(*script):
+        stubs.append(Stub([(s + ({}, 0.0))[:4] if len(s) == 2 else s for s in script]))
+        return stubs[-1]
+
+    yield make
+    for s in stubs:
+        s.close()
+
+
+def judge(base_url: str, **kwargs):
+    return get_llm_judge_reward(**{**GOOD, "base_url": base_url, "backoff": 0.01, **kwargs})
+
+
+def score(reward, completions, prompts=None, **columns):
+    prompts = prompts or ["What is 2+2?"] * len(completions)
+    return call_reward(reward, prompts, completions, [[0]] * len(completions), columns)
+
+
+# --- kwargs --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({}, []),  # base_url, model and a rubric with {completion}: enough
+        ({"base_url": None}, [("base_url", "required: an http(s) URL")]),  # the endpoint is not guessed
+        ({"model": None}, [("model", "required")]),
+        ({"base_url": "127.0.0.1:8000/v1"}, [("base_url", "must be an http(s) URL")]),  # no scheme
+        ({"rubric": "Rate {prompt}"}, [("rubric", "must contain {completion}")]),  # nothing to judge
+        ({"rubric": "{completion} }"}, [("rubric", "not a valid template")]),  # a lone brace
+        ({"rubric": "{completion} {prompt.__class__}"}, [("rubric", "must be a plain name")]),  # no attribute access
+        ({"api_key_env": "sk-123"}, [("api_key_env", "must be an environment variable NAME")]),  # a key, not a name
+        ({"concurrency": 0}, [("concurrency", "must be an integer >= 1")]),
+        ({"timeout": True}, [("timeout", "must be seconds > 0")]),  # a boolean is no number
+        ({"score_regex": "("}, [("score_regex", "not a valid regular expression")]),
+        ({"temprature": 0}, [("temprature", "unknown llm_judge kwarg")]),  # a typo
+    ],
+)
+def test_kwargs_problems(change, expect):
+    kwargs = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    problems = judge_kwargs_problems(kwargs)
+    assert [key for key, _ in problems] == [key for key, _ in expect]
+    assert all(fragment in message for (_, message), (_, fragment) in zip(problems, expect, strict=True))
+
+
+def test_spec_names_the_kwarg(tmp_path, dataset_file):
+    rewards = [{"name": "llm_judge", "kwargs": {"model": "judge", "rubric": "{completion}"}}]
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "j", "base_model": "builtin:tiny", "dataset": {"uri": str(dataset_file)}, "rewards": rewards}
+        )
+    )
+    with pytest.raises(SpecError, match=r"rewards\[0\]\.kwargs\.base_url: required"):
+        load_spec(path)
+
+
+def test_an_unset_key_variable_is_named_and_its_value_never_shown(monkeypatch):
+    monkeypatch.delenv("GRPOFLOW_TEST_JUDGE_KEY", raising=False)
+    with pytest.raises(RewardError) as raised:
+        build_reward("llm_judge", kwargs={**GOOD, "api_key_env": "GRPOFLOW_TEST_JUDGE_KEY"})
+    assert "kwargs.api_key_env: the environment variable GRPOFLOW_TEST_JUDGE_KEY is not set" in str(raised.value)
+
+
+def test_rubric_columns_are_required_columns():
+    reward = build_reward("llm_judge", kwargs={**GOOD, "rubric": "{prompt} {completion} want {answer} {level}"})
+    assert reward_columns(reward) == ["answer", "level"]
+
+
+# --- parsing -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reply, regex, max_score, expect",
+    [
+        ("7", None, None, 7.0),  # a bare number
+        ("Score: 8/10. Clear.", None, 10, 0.8),  # the first number, scaled
+        ("I give it 12", None, 10, 1.0),  # clipped to 0..1
+        ("-3", None, 10, 0.0),
+        ("1,000 points", None, None, 1000.0),  # thousands separators
+        ("no score here", None, 10, None),  # nothing to parse: does not apply
+        ("3 reasons; SCORE=[4]", r"SCORE=\[(\d+)\]", 5, 0.8),  # the regex's group, not the first number
+        ("final: 9", r"\d+", None, 9.0),  # a regex without a group: its match
+        ("SCORE=[x]", r"SCORE=\[(\w)\]", 5, None),  # a match that is no number
+    ],
+)
+def test_parse_score(reply, regex, max_score, expect):
+    assert parse_score(reply, re.compile(regex) if regex else None, max_score) == expect
+
+
+# --- HTTP ----------------------------------------------------------------------------------------------------------
+
+
+def test_the_request_carries_the_filled_rubric_and_the_key(stub, monkeypatch):
+    endpoint = stub((200, "Score: 9"))
+    monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)
+    reward = judge(
+        endpoint.base_url,
+        api_key_env="GRPOFLOW_TEST_JUDGE_KEY",
+        max_score=10,
+        rubric="{prompt}|{completion}|{answer}",
+        max_tokens=5,
+    )
+    assert score(reward, ["4", "<answer>4</answer>"], answer=["4", "4"]) == [0.9, 0.9]
+    first = endpoint.requests[0]
+    assert first["path"] == "/v1/chat/completions"
+    assert first["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert first["body"]["model"] == "judge" and first["body"]["max_tokens"] == 5 and first["body"]["temperature"] == 0
+    sent = sorted(r["body"]["messages"][0]["content"] for r in endpoint.requests)
+    assert sent == ["What is 2+2?|4|4", "What is 2+2?|<answer>4</answer>|4"]
+
+
+def test_chat_prompts_and_completions_reach_the_judge_as_text(stub):
+    endpoint = stub((200, "5"))
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert score(judge(endpoint.base_url), [[{"role": "assistant", "content": "4"}]], prompts=[prompt]) == [5.0]
+    assert (
+        endpoint.requests[0]["body"]["messages"][0]["content"] == "Q: system: Be brief.\nuser: 2+2?\nA: 4\nScore 0-10:"
+    )
+
+
+def test_429_and_5xx_are_retried_honouring_retry_after(stub):
+    endpoint = stub((429, "slow down", {"Retry-After": "0.3"}, 0.0), (503, "overloaded"), (200, "6"))
+    started = time.monotonic()
+    assert score(judge(endpoint.base_url, retries=2), ["4"]) == [6.0]
+    assert len(endpoint.requests) == 3
+    assert time.monotonic() - started >= 0.3  # the server's Retry-After, over the 0.01 s backoff
+
+
+def test_a_persistent_5xx_fails_naming_the_endpoint_after_the_retries(stub, monkeypatch):
+    endpoint = stub((500, "boom"))
+    monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)
+    reward = judge(endpoint.base_url, retries=2, api_key_env="GRPOFLOW_TEST_JUDGE_KEY")
+    with pytest.raises(JudgeError) as raised:
+        score(reward, ["4"])
+    assert str(raised.value).startswith(f"the judge at {endpoint.base_url} answered HTTP 500 after 3 attempts: ")
+    assert len(endpoint.requests) == 3 and KEY not in str(raised.value)
+
+
+def test_a_4xx_is_not_retried(stub):
+    endpoint = stub((401, "bad key"))
+    with pytest.raises(JudgeError, match=r"answered HTTP 401: .*bad key"):
+        score(judge(endpoint.base_url, retries=3), ["4"])
+    assert len(endpoint.requests) == 1
+
+
+def test_a_slow_judge_times_out(stub):
+    endpoint = stub((200, "7", {}, 1.0))
+    with pytest.raises(JudgeError, match=r"cannot reach the judge at .* \(ReadTimeout.*\) after 2 attempts"):
+        score(judge(endpoint.base_url, timeout=0.2, retries=1), ["4"])
+
+
+def test_concurrency_bounds_the_requests_in_flight(stub):
+    endpoint = stub((200, "1", {}, 0.2))
+    started = time.monotonic()
+    assert score(judge(endpoint.base_url, concurrency=3), ["a"] * 9) == [1.0] * 9
+    elapsed = time.monotonic() - started
+    assert endpoint.most_in_flight == 3
+    assert 0.55 < elapsed < 1.5  # three waves of 0.2 s, not nine in a row (1.8 s)
+
+
+def test_a_judge_that_is_down_fails_the_dry_run_naming_its_url():
+    reward = build_reward(
+        "llm_judge", kwargs={**GOOD, "base_url": "http://127.0.0.1:9/v1", "retries": 1, "backoff": 0.01}
+    )
+    rows = [{"prompt": "What is 2+2?", "answer": "4"}]
+    with pytest.raises(RewardError) as raised:
+        dry_run_rewards([("llm_judge", reward)], rows, "prompt")
+    assert "reward 'llm_judge' raised JudgeError: cannot reach the judge at http://127.0.0.1:9/v1" in str(raised.value)

@@ -1,0 +1,311 @@
+"""The `llm_judge` reward: each completion scored by a chat model behind any OpenAI-compatible endpoint.
+
+    rewards:
+      - name: llm_judge
+        kwargs:
+          base_url: http://127.0.0.1:8000/v1     # the endpoint's /v1 root; POST {base_url}/chat/completions
+          model: judge                           # the model name the endpoint serves
+          api_key_env: JUDGE_KEY                 # the NAME of the variable holding the key (the key is never written)
+          rubric: "Score 0-10 how well this answers {prompt}:\\n{completion}\\nReply with the score only."
+          max_score: 10                          # scales the score to 0..1
+
+The rubric is a `str.format` template: `{prompt}`, `{completion}` and any dataset column (`{answer}`); write `{{`
+and `}}` for literal braces. The score is the first number of the judge's reply, or the first match of `score_regex`
+(its first group when it has one); a reply without a score is `None` ("does not apply"), as TRL treats it. The reward
+is `async def`: TRL runs it on its event loop next to the other rewards, and it sends up to `concurrency` requests at
+a time, each with `timeout` seconds, retrying a 429, a 5xx or a lost connection `retries` times with exponential
+backoff (or the server's Retry-After). Plain HTTP with httpx2, which huggingface_hub already brings: no OpenAI SDK
+needed on a worker.
+"""
+
+import asyncio
+import os
+import re
+import string
+from collections.abc import Callable
+from inspect import Parameter, Signature
+from urllib.parse import urlsplit
+
+import httpx2
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_BACKOFF_S = 30.0
+REQUIRED = ("base_url", "model", "rubric")
+# kwarg -> (accepted types, a check on the value, the message when it fails); the defaults are get_llm_judge_reward's.
+_CHECKS: dict[str, tuple[tuple[type, ...], Callable, str]] = {
+    "base_url": (
+        (str,),
+        lambda v: urlsplit(v).scheme in ("http", "https") and bool(urlsplit(v).netloc),
+        "an http(s) URL such as http://127.0.0.1:8000/v1",
+    ),
+    "model": ((str,), lambda v: bool(v.strip()), "the model name the endpoint serves"),
+    "rubric": ((str,), lambda v: True, "a template with {completion}"),
+    "api_key_env": (
+        (str,),
+        lambda v: ENV_NAME.fullmatch(v) is not None,
+        "an environment variable NAME (the key stays in the environment)",
+    ),
+    "score_regex": ((str,), lambda v: True, "a regular expression"),
+    "max_score": ((int, float), lambda v: v > 0, "a number > 0"),
+    "concurrency": ((int,), lambda v: v >= 1, "an integer >= 1"),
+    "timeout": ((int, float), lambda v: v > 0, "seconds > 0"),
+    "retries": ((int,), lambda v: v >= 0, "an integer >= 0"),
+    "backoff": ((int, float), lambda v: v >= 0, "seconds >= 0"),
+    "temperature": ((int, float), lambda v: v >= 0, "a number >= 0"),
+    "max_tokens": ((int,), lambda v: v >= 1, "an integer >= 1"),
+}
+
+
+class JudgeError(RuntimeError):
+    """The judge endpoint failed: unreachable, or an error status after every retry. The message names `base_url`
+    and never carries the key."""
+
+
+def judge_kwargs_problems(kwargs: dict) -> list[tuple[str, str]]:
+    """The mistakes in an `llm_judge` entry's kwargs, found without a network or the environment: (kwarg, message).
+
+    >>> for problem in judge_kwargs_problems({"model": "judge", "rubric": "{completion}", "retries": -1}):
+    ...     print(problem)
+    ('base_url', 'required: an http(s) URL such as http://127.0.0.1:8000/v1')
+    ('retries', 'must be an integer >= 0, got -1')
+    """
+    problems = [(key, f"required: {_CHECKS[key][2]}") for key in REQUIRED if key not in kwargs]
+    for key, value in kwargs.items():
+        if key not in _CHECKS:
+            problems.append((key, f"unknown llm_judge kwarg; choose from: {', '.join(_CHECKS)}"))
+            continue
+        kinds, ok, hint = _CHECKS[key]
+        if isinstance(value, bool) or not isinstance(value, kinds) or not ok(value):
+            problems.append((key, f"must be {hint}, got {value!r}"))
+    if isinstance(kwargs.get("rubric"), str):
+        problems += [("rubric", p) for p in _rubric_problems(kwargs["rubric"])]
+    if isinstance(kwargs.get("score_regex"), str):
+        try:
+            re.compile(kwargs["score_regex"])
+        except re.error as exc:
+            problems.append(("score_regex", f"not a valid regular expression: {exc}"))
+    return problems
+
+
+def rubric_fields(rubric: str) -> list[str]:
+    """The placeholders of a rubric template, in order, once each.
+
+    >>> rubric_fields("Q: {prompt} A: {completion} (expected {answer}) {{literal}}")
+    ['prompt', 'completion', 'answer']
+    """
+    fields = [name for _, name, _, _ in string.Formatter().parse(rubric) if name is not None]
+    return list(dict.fromkeys(fields))
+
+
+def _rubric_problems(rubric: str) -> list[str]:
+    try:
+        fields = rubric_fields(rubric)
+    except ValueError as exc:  # "Single '}' encountered in format string"
+        return [f"not a valid template ({exc}); write {{{{ and }}}} for literal braces"]
+    problems = [
+        f"placeholder {{{name}}} must be a plain name: {{prompt}}, {{completion}} or a dataset column"
+        for name in fields
+        if not FIELD_NAME.fullmatch(name)
+    ]
+    if "completion" not in fields:
+        problems.append("must contain {completion}, the text the judge scores")
+    return problems
+
+
+def get_llm_judge_reward(
+    base_url: str,
+    model: str,
+    rubric: str,
+    api_key_env: str | None = None,
+    score_regex: str | None = None,
+    max_score: float | None = None,
+    concurrency: int = 8,
+    timeout: float = 30.0,
+    retries: int = 3,
+    backoff: float = 0.5,
+    temperature: float = 0.0,
+    max_tokens: int = 64,
+) -> Callable:
+    """Return `llm_judge_reward`, an async reward that asks a chat model behind an OpenAI-compatible endpoint to
+    score each completion with `rubric`.
+
+    Args:
+        base_url (`str`): the endpoint's root, e.g. `http://127.0.0.1:8000/v1`; requests go to `/chat/completions`.
+        model (`str`): the model name sent in each request.
+        rubric (`str`): a `str.format` template with `{completion}` and optionally `{prompt}` and dataset columns.
+        api_key_env (`str` or `None`, *optional*, defaults to `None`): the environment variable holding the key, sent
+            as `Authorization: Bearer ...`; `None` sends none (a local server).
+        score_regex (`str` or `None`, *optional*, defaults to `None`): where the score is in the reply (its first
+            group when it has one); `None` takes the first number.
+        max_score (`float` or `None`, *optional*, defaults to `None`): divides the score and clips it to 0..1;
+            `None` keeps the raw score.
+        concurrency (`int`, *optional*, defaults to `8`): requests in flight at once per reward call.
+        timeout (`float`, *optional*, defaults to `30.0`): seconds per request.
+        retries (`int`, *optional*, defaults to `3`): further attempts after a 429, a 5xx or a connection error.
+        backoff (`float`, *optional*, defaults to `0.5`): seconds before the first retry, doubling each time (capped
+            at 30 s); a Retry-After header from the server wins.
+        temperature (`float`, *optional*, defaults to `0.0`), max_tokens (`int`, *optional*, defaults to `64`): sent
+            with each request.
+
+    Raises:
+        ValueError: bad kwargs (see `judge_kwargs_problems`), or `api_key_env` names an unset variable.
+
+    Example:
+    ```python
+    >>> reward = get_llm_judge_reward("http://127.0.0.1:8000/v1", "judge", "Rate 0-10: {completion}", max_score=10)
+    >>> reward.__name__, parse_score("8/10", None, 10)
+    ('llm_judge_reward', 0.8)
+
+    ```
+    """
+    given = {k: v for k, v in locals().items() if v is not None}
+    if problems := judge_kwargs_problems(given):
+        raise ValueError("; ".join(f"kwargs.{key}: {message}" for key, message in problems))
+    headers = {"Authorization": f"Bearer {_api_key(api_key_env)}"} if api_key_env else {}
+    pattern = re.compile(score_regex) if score_regex else None
+    url = base_url.rstrip("/") + "/chat/completions"
+    limits = {"timeout": timeout, "retries": retries, "backoff": backoff}
+    request = {"model": model, "temperature": temperature, "max_tokens": max_tokens}
+
+    async def llm_judge_reward(completions: list, prompts: list | None = None, **kwargs) -> list[float | None]:
+        from trainers.rewards import completion_text
+
+        columns = {k: v for k, v in kwargs.items() if isinstance(v, list) and len(v) == len(completions)}
+        texts = [
+            fill_rubric(rubric, _prompt_text(prompts[i] if prompts else ""), completion_text(c), columns, i)
+            for i, c in enumerate(completions)
+        ]
+        gate = asyncio.Semaphore(concurrency)
+        async with httpx2.AsyncClient(headers=headers, timeout=timeout) as client:
+
+            async def judge(text: str) -> float | None:
+                async with gate:
+                    body = {**request, "messages": [{"role": "user", "content": text}]}
+                    reply = await ask(client, url, body, base_url, **limits)
+                return parse_score(reply, pattern, max_score)
+
+            return list(await asyncio.gather(*(judge(t) for t in texts)))
+
+    # The rubric's dataset columns as required parameters, so `reward_columns` (and the ingest's column check) sees
+    # them through the `__wrapped__` chain as it sees a plain function's.
+    columns = [c for c in rubric_fields(rubric) if c not in ("prompt", "completion")]
+    keyword = [Parameter(c, Parameter.KEYWORD_ONLY) for c in columns]
+    llm_judge_reward.__signature__ = Signature(
+        [
+            Parameter("completions", Parameter.POSITIONAL_OR_KEYWORD),
+            Parameter("prompts", Parameter.POSITIONAL_OR_KEYWORD, default=None),
+            *keyword,
+            Parameter("kwargs", Parameter.VAR_KEYWORD),
+        ]
+    )
+    return llm_judge_reward
+
+
+def _api_key(variable: str) -> str:
+    key = os.environ.get(variable)
+    if not key:
+        raise ValueError(
+            f"kwargs.api_key_env: the environment variable {variable} is not set (or empty); export it where the "
+            "job runs (the spec names the variable, never the key)"
+        )
+    return key
+
+
+def fill_rubric(rubric: str, prompt: str, completion: str, columns: dict[str, list], row: int) -> str:
+    """The rubric with `{prompt}`, `{completion}` and row `row` of each dataset column filled in.
+
+    >>> fill_rubric("{prompt} -> {completion} (want {answer})", "2+2", "4", {"answer": ["4"]}, 0)
+    '2+2 -> 4 (want 4)'
+    """
+    values = {name: column[row] for name, column in columns.items()}
+    values.update(prompt=prompt, completion=completion)
+    try:
+        return rubric.format_map(values)
+    except KeyError as exc:
+        known = ", ".join(sorted(values))
+        raise ValueError(f"the rubric's {{{exc.args[0]}}} is not a dataset column (have: {known})") from None
+
+
+def _prompt_text(prompt) -> str:
+    """A prompt as the judge reads it: a string as is, a chat as `role: content` lines."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in prompt or [])
+
+
+def parse_score(reply: str, pattern: re.Pattern | None, max_score: float | None) -> float | None:
+    """The score in a judge's reply: `pattern`'s first group (or match), else the first number; divided by
+    `max_score` and clipped to 0..1 when given; `None` when the reply holds no score.
+
+    >>> parse_score("Score: 7. Good.", None, None), parse_score("12 of 10!", None, 10), parse_score("meh", None, 10)
+    (7.0, 1.0, None)
+    >>> parse_score("2 steps; final score=[4]", re.compile(r"score=\\[(\\d+)\\]"), 5)
+    0.8
+    """
+    from trainers.rewards import NUMBER
+
+    match = pattern.search(reply) if pattern else NUMBER.search(reply)
+    if match is None:
+        return None
+    text = match.group(1) if pattern and pattern.groups else match.group(0)
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    if max_score is None:
+        return value
+    return min(1.0, max(0.0, value / max_score))
+
+
+async def ask(
+    client: httpx2.AsyncClient, url: str, body: dict, base_url: str, timeout: float, retries: int, backoff: float
+) -> str:
+    """POSTs one chat-completions request and returns the reply's text, retrying 429, 5xx and connection errors.
+
+    Raises:
+        JudgeError: the endpoint is unreachable, or answered an error status after the last attempt, or a reply
+            without `choices[0].message.content`.
+    """
+    for attempt in range(retries + 1):
+        last = attempt == retries
+        try:
+            response = await client.post(url, json=body)
+        except httpx2.TransportError as exc:  # refused, reset, DNS, or the per-request timeout
+            if last:
+                what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                raise JudgeError(
+                    f"cannot reach the judge at {base_url} ({what}) after {attempt + 1} attempts"
+                ) from None
+            await asyncio.sleep(min(backoff * 2**attempt, MAX_BACKOFF_S))
+            continue
+        if response.status_code == 429 or response.status_code >= 500:
+            if last:
+                raise JudgeError(
+                    f"the judge at {base_url} answered HTTP {response.status_code} after {attempt + 1} attempts: "
+                    f"{response.text[:200]}"
+                )
+            await asyncio.sleep(_retry_after(response) or min(backoff * 2**attempt, MAX_BACKOFF_S))
+            continue
+        if response.status_code >= 400:
+            raise JudgeError(f"the judge at {base_url} answered HTTP {response.status_code}: {response.text[:200]}")
+        return _reply_text(response, base_url)
+    raise AssertionError("unreachable")
+
+
+def _retry_after(response: httpx2.Response) -> float | None:
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None  # absent, or an HTTP date: the exponential backoff applies
+    return min(max(seconds, 0.0), MAX_BACKOFF_S)
+
+
+def _reply_text(response: httpx2.Response, base_url: str) -> str:
+    try:
+        content = response.json()["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise JudgeError(
+            f"the judge at {base_url} sent no choices[0].message.content: {response.text[:200]}"
+        ) from None
+    return content if isinstance(content, str) else ""
