@@ -77,7 +77,9 @@ def judge_kwargs_problems(kwargs: dict) -> list[tuple[str, str]]:
             continue
         kinds, ok, hint = _CHECKS[key]
         if isinstance(value, bool) or not isinstance(value, kinds) or not ok(value):
-            problems.append((key, f"must be {hint}, got {value!r}"))
+            # A key pasted where its variable's name belongs is not echoed into logs.
+            got = "a value that is not one" if key == "api_key_env" else repr(value)
+            problems.append((key, f"must be {hint}, got {got}"))
     if isinstance(kwargs.get("rubric"), str):
         problems += [("rubric", p) for p in _rubric_problems(kwargs["rubric"])]
     if isinstance(kwargs.get("score_regex"), str):

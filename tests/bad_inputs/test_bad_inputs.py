@@ -136,6 +136,11 @@ def model_without_chat_template(case: Path) -> dict:
     return {}
 
 
+def causal_lm_as_reward_model(case: Path) -> dict:
+    tiny_model_copy(case, ())  # builtin:tiny is a Qwen2ForCausalLM: a policy, not a sequence classifier
+    return {}
+
+
 MAKERS = {
     maker.__name__: maker
     for maker in (
@@ -153,6 +158,7 @@ MAKERS = {
         file_as_root,
         model_without_config,
         model_without_chat_template,
+        causal_lm_as_reward_model,
     )
 }
 

@@ -112,6 +112,11 @@ def test_kwargs_problems(change, expect):
     assert all(fragment in message for (_, message), (_, fragment) in zip(problems, expect, strict=True))
 
 
+def test_a_key_pasted_as_the_variable_name_is_not_echoed():
+    [(key, message)] = judge_kwargs_problems({**GOOD, "api_key_env": KEY})
+    assert key == "api_key_env" and "environment variable NAME" in message and KEY not in message
+
+
 def test_spec_names_the_kwarg(tmp_path, dataset_file):
     rewards = [{"name": "llm_judge", "kwargs": {"model": "judge", "rubric": "{completion}"}}]
     path = tmp_path / "spec.yaml"
