@@ -14,7 +14,15 @@ import sys
 
 from benchmarks.common import REPO_ROOT, RESULTS_DIR, bench_env, fmt, markdown_table, parser
 
-BENCHMARKS = ["trainer_vs_trl", "skip_zero_variance", "pipeline_overhead", "ingest_scale", "cost_growth", "gpu"]
+BENCHMARKS = [
+    "trainer_vs_trl",
+    "skip_zero_variance",
+    "pipeline_overhead",
+    "ingest_scale",
+    "cost_growth",
+    "generation",
+    "gpu",
+]
 
 
 def summary_rows(name: str, r: dict) -> list[list]:
@@ -67,6 +75,12 @@ def summary_rows(name: str, r: dict) -> list[list]:
         return [
             [name, "R^2 of step time ~ K x L", r["fit_K_x_L"]["r2"], "report", ""],
             [name, "R^2 of step time ~ L + K x L", r["fit_L_and_K_x_L"]["r2"], "report", ""],
+        ]
+    if name == "generation":
+        faster, default = r["faster"], r["default_engine"]
+        return [
+            [name, "paged speed vs transformers (x, s/step)", r["paged_speed_vs_transformers"], "report", ""],
+            [name, f"default engine ({default}) is the faster here ({faster})", None, "yes", r["target_met"]],
         ]
     if name == "gpu":
         return [

@@ -152,6 +152,20 @@ def preflight(args, spec) -> None:
         raise SpecError(problems)
 
 
+def check_this_machine(spec) -> None:
+    """`run` trains on this machine: what the spec needs of it (a CUDA GPU and vllm for generation.engine vllm,
+    DeepSpeed for zero2/zero3, Liger, Unsloth) is checked before anything starts (exit 2), as the training child
+    would check it after the ingest. Specs that need none of these do not import torch here."""
+    from trainers.modeling import SetupError, check_accelerators, needs_cuda
+    from trainers.spec import SpecError
+
+    if needs_cuda(spec):
+        try:
+            check_accelerators(spec)
+        except SetupError as e:
+            raise SpecError([str(e)]) from None
+
+
 def cmd_validate(args) -> int:
     from trainers.spec import resolved_dict, to_yaml
 
@@ -231,6 +245,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
             print_result(args, done)
             return EXIT_OK
     preflight(args, spec)  # before the server starts: a job that cannot run never becomes a flow run
+    check_this_machine(spec)
     from flows import server
 
     # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.

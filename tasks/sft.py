@@ -38,7 +38,9 @@ def sft_task(job: JobDir, spec: JobSpec) -> dict:
     (job.root / "sft_metrics.jsonl").unlink(missing_ok=True)
     watcher = SFTWatcher(job, spec)
     try:
-        seconds = run_child("trainers.sft", job, spec.gpu_count, "sft.log", poll=watcher.poll)
+        seconds = run_child(
+            "trainers.sft", job, spec.gpu_count, "sft.log", poll=watcher.poll, strategy=spec.distributed.strategy
+        )
     finally:
         watcher.progress.close()
     watcher.progress.finish()

@@ -22,6 +22,7 @@ from trainers.jobdir import JobDir
 from trainers.launch import run_child
 from trainers.metrics import read_events, read_metrics
 from trainers.spec import JobSpec
+from trainers.vllm_server import vllm_server
 
 
 class ProgressWatcher:
@@ -130,9 +131,17 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
     watcher = ProgressWatcher(job, spec)
     try:
-        seconds = run_child(
-            "trainers.grpo", job, spec.gpu_count, "train.log", poll=watcher.poll, result=job.training_result
-        )
+        with vllm_server(spec, job) as env:  # a vLLM server of the job's own, when its generation asks for one
+            seconds = run_child(
+                "trainers.grpo",
+                job,
+                spec.gpu_count,
+                "train.log",
+                poll=watcher.poll,
+                result=job.training_result,
+                strategy=spec.distributed.strategy,
+                env=env,
+            )
     finally:
         watcher.progress.close()
     summary = json.loads(job.training_result.read_text())

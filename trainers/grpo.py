@@ -20,9 +20,10 @@ from pathlib import Path
 
 from trainers.architecture import adapter_summary
 from trainers.jobdir import JobDir, write_json_atomic
-from trainers.launch import REWARD_FAILED_EXIT
+from trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
 from trainers.metrics import metrics_file_callback, truncate_metrics
 from trainers.modeling import (
+    SetupError,
     check_accelerators,
     check_chat_template,
     check_model,
@@ -39,6 +40,7 @@ from trainers.modeling import (
 )
 from trainers.rewards import RewardError, build_reward, guarded_reward
 from trainers.spec import JobSpec, load_spec
+from trainers.vllm_server import VLLM_SERVER_URL_ENV
 
 
 def tracking_args(spec: JobSpec, job: JobDir) -> dict:
@@ -59,6 +61,23 @@ def tracking_args(spec: JobSpec, job: JobDir) -> dict:
         "log_completions": tracking.log_completions,
         "num_completions_to_print": tracking.num_completions_to_print,
     }
+
+
+def generation_args(spec: JobSpec) -> dict:
+    """`GRPOConfig` fields for the spec's `generation:` block: the rollout engine and, for vLLM, its mode and sizes."""
+    generation = spec.generation
+    if generation.engine != "vllm":
+        return {"use_vllm": False, "use_transformers_continuous_batching": generation.engine == "paged"}
+    args = {
+        "use_vllm": True,
+        "use_transformers_continuous_batching": False,
+        "vllm_mode": generation.vllm_mode,
+        "vllm_gpu_memory_utilization": generation.gpu_memory_utilization,
+        "vllm_tensor_parallel_size": generation.tensor_parallel_size,
+    }
+    if generation.vllm_mode == "server":
+        args["vllm_server_base_url"] = generation.vllm_server_url or os.environ[VLLM_SERVER_URL_ENV]
+    return args
 
 
 # grpoflow's choices for GRPOConfig fields no spec key sets: a `trl:` block may change them.
@@ -98,7 +117,35 @@ def owned_args(spec: JobSpec, job: JobDir) -> dict:
         "save_strategy": "steps",
         "save_steps": spec.checkpoint_every,
         **tracking_args(spec, job),
+        **generation_args(spec),
     }
+
+
+def applied_strategy(accelerator) -> str:
+    """The strategy the trainer's accelerator really runs: ddp, fsdp2, zero2, zero3, or fsdp1, zero1, or none (one
+    process)."""
+    kind = accelerator.distributed_type.name
+    if kind == "FSDP":
+        return "fsdp2" if accelerator.is_fsdp2 else "fsdp1"
+    if kind == "DEEPSPEED":
+        return f"zero{accelerator.state.deepspeed_plugin.zero_stage}"
+    return "ddp" if accelerator.num_processes > 1 else "none"
+
+
+def check_strategy(trainer, spec: JobSpec) -> str:
+    """One line on how this run trains and generates, read back from the trainer's accelerator (what really runs,
+    not what the spec asked for); a sharded strategy that did not take effect is a setup error, never a silent
+    full copy per GPU."""
+    applied, asked = applied_strategy(trainer.accelerator), spec.distributed.strategy
+    if asked != "ddp" and applied != asked:
+        raise SetupError(
+            f"distributed.strategy: {asked} was asked for but accelerate runs {applied} "
+            f"({trainer.accelerator.distributed_type.name}); check the accelerate config and the GPUs"
+        )
+    return (
+        f"distributed: {applied} over {trainer.accelerator.num_processes} process(es) (distributed.strategy "
+        f"{asked}); generation engine: {spec.generation.engine}"
+    )
 
 
 def grpo_config(spec: JobSpec, job: JobDir):
@@ -169,7 +216,7 @@ def main(job_root: str) -> int:
     job = JobDir(Path(job_root))
     spec, _ = load_spec(job.spec)
     hp = spec.hyperparameters
-    check_accelerators(hp)
+    check_accelerators(spec)
     if hp.use_unsloth:
         import unsloth  # noqa: F401  (must be imported before trl and transformers to patch them)
 
@@ -219,6 +266,9 @@ def main(job_root: str) -> int:
     print(f"grpoflow: start model {model_path}; loaded in 4-bit: {quantized}; trainable {trainable:,}/{total:,}")
     if adapters["lora_target_modules"]:
         print(f"grpoflow: LoRA adapters on {', '.join(adapters['lora_target_modules'])}")
+    parallelism = check_strategy(trainer, spec)
+    if trainer.is_world_process_zero():
+        print(f"grpoflow: {parallelism}", flush=True)
 
     # --- train (resuming from the newest checkpoint when a previous attempt left one)
     checkpoint = resume_checkpoint(job, tidy=trainer.is_world_process_zero())
@@ -273,13 +323,13 @@ def cli(argv=None) -> int:
         # code 3 tells it that a retry would meet the same reward again.
         traceback.print_exception(e)
         print(f"grpoflow: {e}", file=sys.stderr, flush=True)
-        return REWARD_FAILED_EXIT
+        return record_exit(JobDir(Path(args.job_dir)), REWARD_FAILED_EXIT, str(e))
     except Exception as e:
         if (problem := setup_problem(e)) is None:
             raise
         # Exit code 2 tells the calling task that a retry cannot help.
         print(f"grpoflow: {problem}", file=sys.stderr)
-        return 2
+        return record_exit(JobDir(Path(args.job_dir)), SETUP_ERROR_EXIT, problem)
 
 
 if __name__ == "__main__":

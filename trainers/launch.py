@@ -1,7 +1,8 @@
 """Training children: the SFT and GRPO stages each run as their own process, started, watched and stopped here.
 
 `run_child("trainers.grpo", job, gpu_count, "train.log", poll)` starts `python -m trainers.grpo JOB_DIR` (under
-`accelerate launch` when gpu_count > 1) in its own process group with its output in `logs/`, calls `poll()` every
+`accelerate launch` when gpu_count > 1, with TRL's accelerate config for the spec's `distributed.strategy`) in its own
+process group with its output in `logs/`, calls `poll()` every
 half second while it runs (a reason it returns stops the child), and turns its exit code into the outcome: exit 2 is
 a setup problem no retry can fix (`TrainingSetupError`), exit 3 a reward that failed during training (`RewardFailed`:
 the user's reward raised, hung or returned a bad value; a retry would meet it again), exit 0 without the child's
@@ -9,6 +10,8 @@ result file a child ended early by something inside it (`ChildEndedEarly`, e.g. 
 other failure a `RuntimeError` that a retry may cure. No Prefect here: the tasks in `tasks/` wrap it.
 """
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +26,11 @@ SETUP_ERROR_EXIT = 2
 REWARD_FAILED_EXIT = 3
 POLL_SECONDS = 0.5
 STAGE_NAMES = {"trainers.sft": "SFT warm-up", "trainers.grpo": "training"}  # for messages
+# The accelerate config TRL ships for each `distributed.strategy` (trl/accelerate_configs/); ddp needs none.
+ACCELERATE_CONFIGS = {"fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "zero3.yaml"}
+# Where a child records why it stopped on purpose (exit 2 or 3): `accelerate launch` turns any failed rank into
+# its own exit code 1, which alone would read as a crash worth retrying.
+EXIT_RECORD = "logs/child_exit.json"
 
 
 class TrainingSetupError(RuntimeError):
@@ -43,14 +51,54 @@ class ChildEndedEarly(RuntimeError):
     ended the process): not a crash a retry cures."""
 
 
-def child_command(module: str, job: JobDir, gpu_count: int = 1) -> list[str]:
-    """The command line of a training child; `accelerate launch` spreads it over several GPUs."""
-    if gpu_count > 1:
+def accelerate_config(strategy: str) -> Path:
+    """TRL's accelerate config file for `strategy`, found without importing TRL (and torch) in this process."""
+    found = importlib.util.find_spec("trl")
+    if found is None or found.origin is None:
+        raise TrainingSetupError(f"distributed.strategy: {strategy} needs TRL's accelerate configs: pip install trl")
+    return Path(found.origin).parent / "accelerate_configs" / ACCELERATE_CONFIGS[strategy]
+
+
+def child_command(module: str, job: JobDir, gpu_count: int = 1, strategy: str = "ddp") -> list[str]:
+    """The command line of a training child; `accelerate launch` spreads it over several GPUs, with plain data
+    parallelism (ddp) or TRL's config for a sharded strategy (fsdp2, zero2, zero3)."""
+    if gpu_count == 1 and strategy == "ddp":
+        return [sys.executable, "-m", module, str(job.root)]
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    if strategy == "ddp":
         # --multi_gpu: one process per GPU even where fewer are visible (an error then, not a silent single
         # process), and the only launcher that starts several processes on a CPU machine.
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpu_count)]
-        return [*launch, "-m", module, str(job.root)]
-    return [sys.executable, "-m", module, str(job.root)]
+        launch.append("--multi_gpu")
+    else:
+        if strategy.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+            # accelerate's launcher would fail on it before the child could say so (and its exit 1 reads as a crash).
+            raise TrainingSetupError(
+                f"grpoflow: distributed.strategy: {strategy} needs the deepspeed package: pip install "
+                "'grpoflow[deepspeed]'"
+            )
+        # The config's own mixed_precision (bf16) would otherwise win over the trainer's `bf16`, which follows the
+        # machine (trainers.modeling.use_bf16), as it does with ddp.
+        launch += ["--config_file", str(accelerate_config(strategy)), "--mixed_precision", "no"]
+    return [*launch, "--num_processes", str(gpu_count), "-m", module, str(job.root)]
+
+
+def record_exit(job: JobDir, code: int, message: str) -> int:
+    """Called by a child that stops on purpose: writes why (every rank writes the same), returns `code`."""
+    path = job.root / EXIT_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"code": code, "message": message}))
+    os.replace(tmp, path)
+    return code
+
+
+def _recorded_exit(job: JobDir) -> dict | None:
+    try:
+        record = json.loads((job.root / EXIT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    stopped_on_purpose = isinstance(record, dict) and record.get("code") in (SETUP_ERROR_EXIT, REWARD_FAILED_EXIT)
+    return record if stopped_on_purpose else None
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -66,10 +114,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_child(command: list[str], log_path: Path) -> subprocess.Popen:
-    """Starts the child in its own process group, output to `log_path`, so it can be stopped as a whole."""
+def start_child(command: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+    """Starts the child in its own process group, output to `log_path`, so it can be stopped as a whole; `env` adds
+    to (or overrides) this process's environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with log_path.open("ab") as log:
         return subprocess.Popen(
             command,
@@ -93,17 +142,23 @@ def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait()
 
 
-def check_exit(proc: subprocess.Popen, stage: str, log_path: Path) -> None:
-    """Turns the child's exit code into the outcome, with the end of its log in the message."""
+def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir | None = None) -> None:
+    """Turns the child's exit code into the outcome, with the end of its log in the message. Under `accelerate
+    launch` a rank's exit 2 or 3 reaches here as 1: the child's exit record in `job` (`record_exit`) says which."""
     if proc.returncode == 0:
         return
     tail = _tail(log_path)
-    if proc.returncode == SETUP_ERROR_EXIT:
+    record = _recorded_exit(job) if job is not None else None
+    code = record["code"] if record else proc.returncode
+    if code == SETUP_ERROR_EXIT:
+        if record:
+            raise TrainingSetupError(f"grpoflow: {record['message']}")
         raise TrainingSetupError(tail.splitlines()[-1] if tail else f"{stage} could not start")
-    if proc.returncode == REWARD_FAILED_EXIT:
+    if code == REWARD_FAILED_EXIT:
         # The child's last "grpoflow: " line is the one-line reason; the traceback above it stays in the log.
         reasons = [line.removeprefix("grpoflow: ") for line in tail.splitlines() if line.startswith("grpoflow: ")]
-        raise RewardFailed(f"{reasons[-1] if reasons else f'a reward failed in {stage}'} (traceback in {log_path})")
+        reason = record["message"] if record else reasons[-1] if reasons else f"a reward failed in {stage}"
+        raise RewardFailed(f"{reason} (traceback in {log_path})")
     raise RuntimeError(f"{stage} child exited with code {proc.returncode}; end of {log_path}:\n{tail}")
 
 
@@ -114,6 +169,8 @@ def run_child(
     log_name: str,
     poll: Callable[[], str | None] | None = None,
     result: Path | None = None,
+    strategy: str = "ddp",
+    env: dict | None = None,
 ) -> float:
     """Runs `python -m module JOB_DIR` to its end and returns its wall time in seconds.
 
@@ -125,6 +182,8 @@ def run_child(
         poll (`Callable`, *optional*): called every `POLL_SECONDS` while the child runs and once after it exits; a
             string it returns stops the child and raises `TrainingStopped` with that reason.
         result (`Path`, *optional*): the file the child writes last; missing after exit 0 raises `ChildEndedEarly`.
+        strategy (`str`, *optional*): the spec's `distributed.strategy` (ddp, fsdp2, zero2, zero3).
+        env (`dict`, *optional*): variables added to the child's environment.
 
     Raises:
         `TrainingSetupError`: the child exited 2 (a setup problem). `RewardFailed`: it exited 3 (a reward failed).
@@ -132,7 +191,8 @@ def run_child(
     """
     log_path = job.logs / log_name
     started = time.monotonic()
-    proc = start_child(child_command(module, job, gpu_count), log_path)
+    (job.root / EXIT_RECORD).unlink(missing_ok=True)  # an earlier attempt's
+    proc = start_child(child_command(module, job, gpu_count, strategy), log_path, env)
     try:
         while proc.poll() is None:
             if poll and (reason := poll()):
@@ -142,7 +202,7 @@ def run_child(
             raise TrainingStopped(reason)
     finally:
         stop_child(proc)
-    check_exit(proc, STAGE_NAMES.get(module, module), log_path)
+    check_exit(proc, STAGE_NAMES.get(module, module), log_path, job)
     if result is not None and not result.exists():
         raise ChildEndedEarly(
             f"the {STAGE_NAMES.get(module, module)} child exited 0 without writing {result.name}: something in it "

@@ -203,17 +203,48 @@ def quantization_config(hp):
     )
 
 
-def check_accelerators(hp) -> None:
-    """Fails early, with what to do, when an opt-in accelerator cannot run here."""
+def needs_cuda(spec) -> bool:
+    """Whether the spec asks for something that runs only on a CUDA GPU (what `check_accelerators` checks)."""
+    hp = spec.hyperparameters
+    return (
+        hp.use_unsloth
+        or hp.use_liger
+        or spec.generation.engine == "vllm"
+        or spec.distributed.strategy != "ddp"
+    )
+
+
+def check_accelerators(spec) -> None:
+    """Fails early, with what to do, when an opt-in accelerator, the rollout engine or the distributed strategy
+    cannot run here (no CUDA, a package missing): a setup problem, exit 2, never retried."""
     import torch
 
+    hp, cuda = spec.hyperparameters, torch.cuda.is_available()
     for flag, package, extra in (("use_unsloth", "unsloth", "unsloth"), ("use_liger", "liger_kernel", "liger")):
         if not getattr(hp, flag):
             continue
-        if not torch.cuda.is_available():
+        if not cuda:
             raise SetupError(f"{flag}=true needs a CUDA GPU and none is visible; set {flag}: false to run here")
         if importlib.util.find_spec(package) is None:
             raise SetupError(f"{flag}=true needs the {package} package: pip install 'grpoflow[{extra}]'")
+    needs = []
+    if spec.generation.engine == "vllm":
+        needs.append(("generation.engine", "vllm", "vllm", "use engine: transformers or paged"))
+    strategy = spec.distributed.strategy
+    if strategy in ("zero2", "zero3"):
+        needs.append(("distributed.strategy", strategy, "deepspeed", "use ddp"))
+    if strategy == "fsdp2" and not cuda:
+        # accelerate (1.15) runs FSDP on accelerators only: several CPU processes become plain data parallel
+        # (MULTI_CPU), which would train without the sharding asked for.
+        raise SetupError(
+            "distributed.strategy: fsdp2 needs CUDA GPUs and none is visible (accelerate runs several CPU processes "
+            "as plain data parallel, never sharded); use ddp to run here"
+        )
+    for field, value, package, instead in needs:
+        if not cuda:
+            raise SetupError(f"{field}: {value} needs a CUDA GPU and none is visible; {instead} to run here")
+        if importlib.util.find_spec(package) is None:
+            raise SetupError(f"{field}: {value} needs the {package} package: pip install 'grpoflow[{package}]'")
 
 
 def load_unsloth(model_path: str, hp):

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from trainers.jobdir import JobDir, replace_dir
+from trainers.launch import SETUP_ERROR_EXIT, record_exit
 from trainers.metrics import metrics_file_callback
 from trainers.modeling import (
     check_accelerators,
@@ -74,7 +75,7 @@ def sft_config(spec: JobSpec, output_dir: Path):
 def main(job_root: str) -> int:
     job = JobDir(Path(job_root))
     spec, _ = load_spec(job.spec)
-    check_accelerators(spec.hyperparameters)  # what GRPO will need, before a warm-up that would be for nothing
+    check_accelerators(spec)  # what GRPO will need, before a warm-up that would be for nothing
 
     # --- data
     from datasets import load_from_disk
@@ -127,7 +128,7 @@ def cli(argv=None) -> int:
         if (problem := setup_problem(e)) is None:
             raise
         print(f"grpoflow: {problem}", file=sys.stderr)  # exit code 2: a retry cannot help
-        return 2
+        return record_exit(JobDir(Path(args.job_dir)), SETUP_ERROR_EXIT, problem)
 
 
 if __name__ == "__main__":

@@ -107,12 +107,12 @@ def test_qlora_is_nf4_with_double_quantization():
 )
 def test_accelerators_without_cuda_are_a_setup_error(hyperparameters, message):
     with pytest.raises(SetupError) as caught:
-        check_accelerators(spec_with(**hyperparameters).hyperparameters)
+        check_accelerators(spec_with(**hyperparameters))
     assert str(caught.value) == message
 
 
 def test_no_accelerator_asked_for_passes():
-    assert check_accelerators(spec_with().hyperparameters) is None
+    assert check_accelerators(spec_with()) is None
 
 
 @no_cuda

@@ -847,3 +847,110 @@ def test_booleans_are_not_numbers(override):
 def test_booleans_stay_booleans():
     spec, _ = load_spec(BASE, ["sft.enabled=true", "hyperparameters.use_liger=false"])
     assert spec.sft.enabled is True and spec.hyperparameters.use_liger is False
+
+
+# --- generation: and distributed: (the rollout engine and the sharding strategy) -------------------------------------
+
+ENGINE_CASES = [
+    pytest.param({"generation.engine": "paged"}, {"generation.engine": "paged"}, id="paged"),
+    pytest.param(
+        {"generation.engine": "vllm", "generation.vllm_mode": "server", "generation.vllm_server_url": "http://h:8000"},
+        {"generation.vllm_mode": "server", "generation.vllm_server_url": "http://h:8000"},
+        id="vllm-server-url",
+    ),
+    pytest.param(
+        {
+            "generation.engine": "vllm",
+            "gpu_count": 4,
+            "generation.tensor_parallel_size": 2,
+            f"{HP}.rollouts_per_prompt": 8,
+        },
+        {"generation.tensor_parallel_size": 2, "generation.gpu_memory_utilization": 0.3},
+        id="vllm-colocate-tp2",
+    ),
+    pytest.param(
+        {"generation.engine": "sglang"},
+        "generation.engine: must be 'transformers', 'paged' or 'vllm' (got 'sglang')",
+        id="engine-unknown",
+    ),
+    pytest.param(
+        {"generation.vllm_mode": "server"},
+        "generation.vllm_mode: applies only with generation.engine: vllm",
+        id="vllm-key-without-vllm",
+    ),
+    pytest.param(
+        {"generation.engine": "vllm", "generation.vllm_server_url": "http://h:8000"},
+        "generation.vllm_server_url: only with vllm_mode: server",
+        id="url-with-colocate",
+    ),
+    pytest.param(
+        {"generation.engine": "vllm", "generation.vllm_mode": "server", "generation.vllm_server_url": "h:8000"},
+        "generation.vllm_server_url: must be an http(s) URL",
+        id="url-not-http",
+    ),
+    pytest.param(
+        {"generation.engine": "vllm", "gpu_count": 2, "generation.tensor_parallel_size": 3},
+        "generation.tensor_parallel_size: with vllm_mode colocate it must divide gpu_count",
+        id="tp-not-dividing-gpus",
+    ),
+    pytest.param(
+        {"generation.engine": "vllm", "generation.gpu_memory_utilization": 1.5},
+        "generation.gpu_memory_utilization: must be <= 1",
+        id="memory-share-above-1",
+    ),
+    pytest.param(
+        {"generation.engine": "paged", f"{HP}.use_unsloth": True},
+        "generation.engine: 'paged' is not supported with use_unsloth",
+        id="paged-with-unsloth",
+    ),
+    pytest.param({"distributed.strategy": "fsdp2", "gpu_count": 2}, {"distributed.strategy": "fsdp2"}, id="fsdp2"),
+    pytest.param(
+        {"distributed.strategy": "zero1"},
+        "distributed.strategy: must be 'ddp', 'fsdp2', 'zero2' or 'zero3' (got 'zero1')",
+        id="strategy-unknown",
+    ),
+    pytest.param(
+        {"distributed.strategy": "zero3"},
+        "distributed.strategy: zero3 shards training over several",
+        id="zero3-one-gpu",
+    ),
+    pytest.param(
+        {"distributed.num_machines": 2},
+        "distributed.num_machines: several machines per job are not supported yet",
+        id="machines",
+    ),
+    pytest.param({"trl.use_vllm": True}, "trl.use_vllm: set by the spec; use generation.engine", id="trl-use_vllm"),
+    pytest.param(
+        {"trl.use_transformers_continuous_batching": True},
+        "trl.use_transformers_continuous_batching: set by the spec; use generation.engine",
+        id="trl-continuous-batching",
+    ),
+    pytest.param({"trl.fsdp": "full_shard"}, "trl.fsdp: set by the spec; use distributed.strategy", id="trl-fsdp"),
+    pytest.param(
+        {f"{HP}.use_vllm": True}, f"{HP}.use_vllm: unknown key (did you mean 'generation.engine'?)", id="hp-use_vllm"
+    ),
+]
+
+
+@pytest.mark.parametrize("patch, expected", ENGINE_CASES)
+def test_generation_and_distributed_rules(patch, expected):
+    test_rules(patch, expected)
+
+
+def test_load_in_4bit_cannot_be_sharded():
+    problems = rejected(
+        {"distributed.strategy": "zero3", "gpu_count": 2, f"{HP}.lora_rank": 8, f"{HP}.load_in_4bit": True}
+    )
+    assert (
+        "hyperparameters.load_in_4bit: a 4-bit QLoRA base cannot be sharded by zero3; use ddp or drop load_in_4bit"
+        in problems
+    )
+
+
+def test_resolved_spec_keeps_vllm_settings_only_for_vllm(tmp_path):
+    # The saved spec.yaml loads again (the vLLM keys would break their own rule under another engine).
+    for generation in ({"engine": "paged"}, {"engine": "vllm", "vllm_mode": "server"}):
+        spec, _ = load_spec(patched({"generation": generation}))
+        saved = resolved_dict(spec)
+        assert (set(saved["generation"]) == {"engine"}) is (generation["engine"] != "vllm")
+        assert load_spec(saved)[0] == spec

@@ -402,12 +402,15 @@ def resolved_dict(spec: JobSpec) -> dict:
         spec (`JobSpec`): a validated spec.
 
     Returns:
-        `dict`: the resolved spec; `max_prompt_length` appears only with `use_unsloth`, since writing it otherwise
-        would make the saved spec break its own rule when loaded again.
+        `dict`: the resolved spec; `max_prompt_length` appears only with `use_unsloth`, and the vLLM settings of
+        `generation` only with engine vllm, since writing them otherwise would make the saved spec break its own
+        rules when loaded again.
     """
     data = spec.model_dump(mode="json")
     if not spec.hyperparameters.use_unsloth:
         del data["hyperparameters"]["max_prompt_length"]
+    if spec.generation.engine != "vllm":
+        data["generation"] = {"engine": spec.generation.engine}
     return data
 
 

@@ -444,6 +444,73 @@ class TrackingSpec(_Section):
         return list(dict.fromkeys(value))
 
 
+class GenerationSpec(_Section):
+    """The rollout engine: how the completions of each step are generated."""
+
+    engine: Literal["transformers", "paged", "vllm"] = Field(
+        "transformers",
+        description="transformers: the model's own generate (padded batches); paged: transformers' continuous "
+        "batching with a paged KV cache (TRL's use_transformers_continuous_batching), for many or long completions on "
+        "a GPU; vllm: TRL's vLLM integration (CUDA GPU and pip install 'grpoflow[vllm]').",
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate",
+        description="vllm only. colocate: vLLM shares each training GPU (gpu_memory_utilization of its memory); "
+        "server: a separate `trl vllm-serve` process, at vllm_server_url or, when that is null, started by the "
+        "training task on tensor_parallel_size GPUs set aside beyond the gpu_count training GPUs.",
+    )
+    vllm_server_url: str | None = Field(
+        None,
+        description="vllm server mode: the base URL of a running `trl vllm-serve` (e.g. http://10.0.0.5:8000); "
+        "null: the training task starts one on this machine.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0,
+        le=1,
+        description="vllm only: the share of a GPU's memory vLLM takes for weights and KV cache (colocate: of each "
+        "training GPU; a server started by grpoflow: of each of its GPUs).",
+    )
+    tensor_parallel_size: Int = Field(
+        1,
+        ge=1,
+        description="vllm only: GPUs one vLLM engine spans. Colocate: must divide gpu_count; a server started by "
+        "grpoflow uses this many extra GPUs.",
+    )
+
+    @field_validator("vllm_server_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("must be an http(s) URL such as http://host:8000")
+        return value
+
+
+# The accelerate config TRL ships for each strategy (trl/accelerate_configs/), used by `accelerate launch`.
+STRATEGIES = {"ddp": "multi_gpu.yaml", "fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "zero3.yaml"}
+
+
+class DistributedSpec(_Section):
+    """How training spreads over several GPUs (gpu_count > 1)."""
+
+    strategy: Literal["ddp", "fsdp2", "zero2", "zero3"] = Field(
+        "ddp",
+        description="ddp: a full model copy per GPU; fsdp2: weights, gradients and optimizer state sharded over the "
+        "GPUs (PyTorch FSDP2); zero2: gradients and optimizer state sharded (DeepSpeed ZeRO-2); zero3: everything "
+        "sharded (DeepSpeed ZeRO-3). Each runs under accelerate launch with TRL's config; the saved model is the "
+        "same full model (or adapter). fsdp2 and the zero strategies need gpu_count > 1; zero needs "
+        "pip install 'grpoflow[deepspeed]' and CUDA.",
+    )
+    num_machines: Int = Field(
+        1,
+        ge=1,
+        description="Machines the training stage spans; only 1 is supported so far (several machines per job is "
+        "planned on Kubernetes).",
+    )
+
+
 class JobSpec(_Section):
     """A grpoflow job: dataset, base model and rewards in, a GRPO-fine-tuned model out."""
 
@@ -467,6 +534,12 @@ class JobSpec(_Section):
     deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
     tracking: TrackingSpec = Field(TrackingSpec(), description="Optional experiment tracking (TensorBoard, ...).")
+    generation: GenerationSpec = Field(
+        GenerationSpec(), description="The rollout engine: transformers (default), paged or vllm."
+    )
+    distributed: DistributedSpec = Field(
+        DistributedSpec(), description="How training spreads over gpu_count GPUs: ddp (default), fsdp2, zero2, zero3."
+    )
     trl: dict[str, Any] = Field(
         {},
         description="Any other trl.GRPOConfig field, passed to TRL as given, e.g. {loss_type: dr_grpo, "
@@ -482,7 +555,9 @@ class JobSpec(_Section):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
         return value
 
-    @field_validator("sft", "evaluation", "hyperparameters", "health", "webhooks", "trl", mode="before")
+    @field_validator(
+        "sft", "evaluation", "hyperparameters", "health", "webhooks", "trl", "generation", "distributed", mode="before"
+    )
     @classmethod
     def _empty_section(cls, value: Any, info: ValidationInfo) -> Any:
         # A YAML key with nothing under it (`sft:`) is null; read it as "all defaults".

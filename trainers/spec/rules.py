@@ -58,6 +58,18 @@ TRL_SPEC_KEYS = {
     "run_name": "tracking.run_name",
     "log_completions": "tracking.log_completions",
     "num_completions_to_print": "tracking.num_completions_to_print",
+    "use_vllm": "generation.engine",
+    "use_transformers_continuous_batching": "generation.engine",
+    "use_transformers_paged": "generation.engine",
+    "vllm_mode": "generation.vllm_mode",
+    "vllm_server_base_url": "generation.vllm_server_url",
+    "vllm_server_host": "generation.vllm_server_url",
+    "vllm_server_port": "generation.vllm_server_url",
+    "vllm_gpu_memory_utilization": "generation.gpu_memory_utilization",
+    "vllm_tensor_parallel_size": "generation.tensor_parallel_size",
+    "fsdp": "distributed.strategy",
+    "fsdp_config": "distributed.strategy",
+    "deepspeed": "distributed.strategy",
 }
 TRL_SET_BY_GRPOFLOW = {
     "output_dir": "checkpoints go to the job folder's checkpoints/",
@@ -168,7 +180,55 @@ def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
         problems += _liger_problems(data.get("base_model"), gpus, unsloth)
     trl = data.get("trl") if isinstance(data.get("trl"), dict) else {}
     problems += _batch_problems(trl, rollouts, prompts, gpus)
+    problems += _engine_problems(data, spec_model, gpus, unsloth, hp)
     return problems + _reward_problems(data) + _trl_problems(trl, list(Hyperparameters.model_fields))
+
+
+def _section(data: dict, key: str) -> dict:
+    return data.get(key) if isinstance(data.get(key), dict) else {}
+
+
+def _engine_problems(data: dict, spec_model: type[BaseModel], gpus: int, unsloth: bool, hp: dict) -> list[str]:
+    """The `generation:` and `distributed:` blocks against each other and the rest of the spec."""
+    Generation = spec_model.model_fields["generation"].annotation  # noqa: N806 (model classes)
+    Distributed = spec_model.model_fields["distributed"].annotation  # noqa: N806
+    generation, distributed, problems = _section(data, "generation"), _section(data, "distributed"), []
+    engine = _lax(generation, Generation, "engine")
+    if engine != "vllm":
+        for key in ("vllm_mode", "vllm_server_url", "gpu_memory_utilization", "tensor_parallel_size"):
+            if key in generation:
+                problems.append(f"generation.{key}: applies only with generation.engine: vllm (got engine {engine!r})")
+    elif _lax(generation, Generation, "vllm_mode") == "colocate":
+        tensor_parallel = _lax(generation, Generation, "tensor_parallel_size")
+        if "vllm_server_url" in generation and generation["vllm_server_url"] is not None:
+            problems.append("generation.vllm_server_url: only with vllm_mode: server (colocate runs vLLM in-process)")
+        if _is_int(tensor_parallel) and tensor_parallel > 0 and gpus % tensor_parallel:
+            problems.append(
+                f"generation.tensor_parallel_size: with vllm_mode colocate it must divide gpu_count, as each group of "
+                f"tensor_parallel_size training GPUs holds one vLLM engine (got {tensor_parallel} with "
+                f"gpu_count={gpus})"
+            )
+    if engine != "transformers" and unsloth:
+        problems.append(f"generation.engine: {engine!r} is not supported with use_unsloth (Unsloth generates itself)")
+    strategy = _lax(distributed, Distributed, "strategy")
+    if strategy != "ddp":
+        if gpus < 2:
+            problems.append(
+                f"distributed.strategy: {strategy} shards training over several processes: it needs gpu_count > 1 "
+                f"(got gpu_count={gpus}); use ddp (the default) on one GPU"
+            )
+        if _lax(hp, spec_model.model_fields["hyperparameters"].annotation, "load_in_4bit"):
+            problems.append(
+                f"hyperparameters.load_in_4bit: a 4-bit QLoRA base cannot be sharded by {strategy}; use ddp or "
+                "drop load_in_4bit"
+            )
+    machines = _lax(distributed, Distributed, "num_machines")
+    if _is_int(machines) and machines > 1:
+        problems.append(
+            f"distributed.num_machines: several machines per job are not supported yet (got {machines}); "
+            "use gpu_count GPUs of one machine"
+        )
+    return problems
 
 
 def _batch_problems(trl: dict, rollouts: int, prompts: int, gpus: int) -> list[str]:

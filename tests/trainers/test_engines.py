@@ -1,0 +1,270 @@
+"""The rollout engine (`generation:`) and the sharding strategy (`distributed:`): what reaches TRL and accelerate,
+what is refused on a machine that cannot run it, and real runs: paged generation here, the sharded strategies on two
+GPUs (`gpu`-marked). FSDP2 cannot run on CPU processes: accelerate 1.15 turns an FSDP config on CPU into plain data
+parallel (MULTI_CPU; accelerate/state.py enables FSDP for accelerator types only), which grpoflow refuses (exit 2)
+rather than train unsharded."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from trainers import grpo
+from trainers.jobdir import JobDir
+from trainers.launch import TrainingSetupError, child_command, record_exit
+from trainers.metrics import read_metrics
+from trainers.modeling import SetupError, check_accelerators
+from trainers.spec import load_spec
+from trainers.vllm_server import VLLM_SERVER_URL_ENV, server_command, split_gpus, starts_server, vllm_server
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
+
+
+@pytest.mark.parametrize(
+    ("generation", "expected"),
+    [
+        ({}, {"use_vllm": False, "use_transformers_continuous_batching": False}),
+        ({"engine": "paged"}, {"use_vllm": False, "use_transformers_continuous_batching": True}),
+        (
+            {"engine": "vllm", "gpu_memory_utilization": 0.5},
+            {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5},
+        ),
+        (
+            {"engine": "vllm", "vllm_mode": "server", "vllm_server_url": "http://10.0.0.5:8000"},
+            {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://10.0.0.5:8000"},
+        ),
+    ],
+)
+def test_generation_reaches_grpo_config(make_spec, tmp_path, generation, expected):
+    spec, _ = load_spec(make_spec("gen", generation=generation))
+    config = grpo.grpo_config(spec, JobDir(tmp_path / "job"))
+    assert {k: getattr(config, k) for k in expected} == expected
+
+
+def test_a_server_of_the_jobs_own_is_passed_by_the_task(make_spec, tmp_path, monkeypatch):
+    spec, _ = load_spec(make_spec("srv", generation={"engine": "vllm", "vllm_mode": "server"}))
+    monkeypatch.setenv(VLLM_SERVER_URL_ENV, "http://127.0.0.1:41234")
+    assert grpo.grpo_config(spec, JobDir(tmp_path / "job")).vllm_server_base_url == "http://127.0.0.1:41234"
+
+
+def test_vllm_server_sets_gpus_aside(make_spec):
+    spec, _ = load_spec(
+        make_spec(
+            "srv",
+            gpu_count=2,
+            generation={"engine": "vllm", "vllm_mode": "server", "tensor_parallel_size": 2},
+        )
+    )
+    assert starts_server(spec)
+    assert split_gpus(spec, ["0", "1", "2", "3", "4"]) == (["0", "1"], ["2", "3"])
+    with pytest.raises(TrainingSetupError, match=r"gpu_count \+ tensor_parallel_size = 2 \+ 2 GPUs are needed, 3"):
+        split_gpus(spec, ["0", "1", "2"])
+    command = server_command(spec, "/models/start", 8123)
+    assert command[1:3] == ["-m", "trl.scripts.vllm_serve"]
+    assert command[3:] == [
+        "--model",
+        "/models/start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--tensor_parallel_size",
+        "2",
+        "--gpu_memory_utilization",
+        "0.3",
+    ]
+
+
+def test_no_server_unless_asked(make_spec, tmp_path):
+    for generation in (
+        {},
+        {"engine": "vllm"},
+        {"engine": "vllm", "vllm_mode": "server", "vllm_server_url": "http://h"},
+    ):
+        spec, _ = load_spec(make_spec("x", generation=generation))
+        assert not starts_server(spec)
+        with vllm_server(spec, JobDir(tmp_path / "job")) as env:
+            assert env == {}
+
+
+def test_child_command_per_strategy():
+    import trl
+
+    job = JobDir(Path("/runs/j"))
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    assert child_command("trainers.grpo", job, 1) == [sys.executable, "-m", "trainers.grpo", "/runs/j"]
+    assert child_command("trainers.grpo", job, 2, "ddp") == [
+        *launch,
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "-m",
+        "trainers.grpo",
+        "/runs/j",
+    ]
+    config = Path(trl.__file__).parent / "accelerate_configs" / "fsdp2.yaml"
+    assert config.is_file()
+    assert child_command("trainers.grpo", job, 4, "fsdp2") == [
+        *launch,
+        "--config_file",
+        str(config),
+        "--mixed_precision",
+        "no",
+        "--num_processes",
+        "4",
+        "-m",
+        "trainers.grpo",
+        "/runs/j",
+    ]
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is not None, reason="deepspeed installed")
+def test_zero_without_deepspeed_is_refused_before_launch():
+    with pytest.raises(TrainingSetupError, match=r"distributed.strategy: zero3 needs the deepspeed package"):
+        child_command("trainers.grpo", JobDir(Path("/runs/j")), 2, "zero3")
+
+
+@no_cuda
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"generation": {"engine": "vllm"}},
+            "generation.engine: vllm needs a CUDA GPU and none is visible; use engine: transformers or paged to run "
+            "here",
+        ),
+        (
+            {"distributed": {"strategy": "zero2"}, "gpu_count": 2},
+            "distributed.strategy: zero2 needs a CUDA GPU and none is visible; use ddp to run here",
+        ),
+        (
+            {"distributed": {"strategy": "fsdp2"}, "gpu_count": 2},
+            "distributed.strategy: fsdp2 needs CUDA GPUs and none is visible (accelerate runs several CPU processes "
+            "as plain data parallel, never sharded); use ddp to run here",
+        ),
+    ],
+)
+def test_engines_without_cuda_are_a_setup_error(make_spec, changes, message):
+    spec, _ = load_spec(make_spec("acc", **changes))
+    with pytest.raises(SetupError) as caught:
+        check_accelerators(spec)
+    assert str(caught.value) == message
+
+
+@no_cuda
+def test_grpoflow_run_refuses_vllm_here_before_anything_starts(make_spec, tmp_path, capsys):
+    from flows.cli import main
+
+    path = make_spec("vllm", generation={"engine": "vllm"})
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "generation.engine: vllm needs a CUDA GPU" in err
+    assert not (tmp_path / "runs").exists()  # no job folder: nothing started
+
+
+# --- a stop on purpose under accelerate launch is still a stop on purpose ------------------------------------------
+
+SETUP_FAILING_CHILD = """
+import sys
+from pathlib import Path
+from trainers.jobdir import JobDir
+from trainers.launch import SETUP_ERROR_EXIT, record_exit
+print("grpoflow: distributed.strategy: zero3 needs a CUDA GPU", file=sys.stderr)
+sys.exit(record_exit(JobDir(Path(sys.argv[1])), SETUP_ERROR_EXIT, "distributed.strategy: zero3 needs a CUDA GPU"))
+"""
+
+
+def test_setup_error_of_a_rank_is_not_retried(tmp_path, monkeypatch):
+    # `accelerate launch` ends with its own exit code 1 when a rank exits 2; the child's exit record says 2.
+    from trainers import launch
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "setup_failing_child.py").write_text(SETUP_FAILING_CHILD)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'mods'}:{Path(grpo.__file__).parent.parent}")
+    job = JobDir(tmp_path / "job")
+    job.root.mkdir()
+    record_exit(job, 3, "an earlier attempt's record")  # run_child clears it first
+    with pytest.raises(TrainingSetupError, match="grpoflow: distributed.strategy: zero3 needs a CUDA GPU"):
+        launch.run_child("setup_failing_child", job, 2, "child.log")
+    assert "exitcode  : 2" in (job.logs / "child.log").read_text()  # the launcher saw the rank's 2 ...
+    assert json.loads((job.root / launch.EXIT_RECORD).read_text())["code"] == 2  # ... and the record kept it
+
+
+# --- real runs on this machine ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_paged_engine_trains(make_job, capsys):
+    job, _ = make_job(
+        "paged", hyperparameters={"max_steps": 2}, generation={"engine": "paged"}, evaluation={"holdout": 0}
+    )
+    assert grpo.main(str(job.root)) == 0
+    assert "generation engine: paged" in capsys.readouterr().out
+    records = read_metrics(job.metrics)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(0 < r["values"]["completions/mean_length"] <= 6 for r in records)  # max_response_length 6
+
+
+def tensor_shapes(folder: Path) -> dict:
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+
+
+def accelerator(kind: str, processes: int = 2, fsdp2: bool = False, zero_stage: int = 0):
+    state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=zero_stage))
+    return SimpleNamespace(
+        distributed_type=SimpleNamespace(name=kind), num_processes=processes, is_fsdp2=fsdp2, state=state
+    )
+
+
+@pytest.mark.parametrize(
+    ("running", "applied"),
+    [
+        (accelerator("NO", 1), "none"),
+        (accelerator("MULTI_CPU"), "ddp"),
+        (accelerator("MULTI_GPU", 8), "ddp"),
+        (accelerator("FSDP", fsdp2=True), "fsdp2"),
+        (accelerator("FSDP"), "fsdp1"),
+        (accelerator("DEEPSPEED", zero_stage=3), "zero3"),
+    ],
+)
+def test_applied_strategy_reads_the_accelerator(running, applied):
+    assert grpo.applied_strategy(running) == applied
+
+
+def test_a_strategy_that_did_not_take_effect_stops_the_run(make_spec):
+    # What accelerate does with an FSDP config on CPU processes: plain data parallel. Never trained silently.
+    spec, _ = load_spec(make_spec("fsdp", gpu_count=2, distributed={"strategy": "fsdp2"}))
+    trainer = SimpleNamespace(accelerator=accelerator("MULTI_CPU"))
+    with pytest.raises(SetupError, match=r"distributed.strategy: fsdp2 was asked for but accelerate runs ddp"):
+        grpo.check_strategy(trainer, spec)
+    trainer = SimpleNamespace(accelerator=accelerator("FSDP", fsdp2=True))
+    assert grpo.check_strategy(trainer, spec).startswith("distributed: fsdp2 over 2 process(es)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["fsdp2", "zero2", "zero3"])
+def test_sharded_strategies_save_the_full_model(make_job, strategy):
+    # Two GPUs: each strategy trains, logs each step once, and saves the whole model, unsharded.
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    if strategy.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("needs deepspeed")
+    from trainers.launch import run_child
+    from trainers.tiny import resolve_model_path
+
+    job, _ = make_job(
+        strategy,
+        gpu_count=2,
+        distributed={"strategy": strategy},
+        hyperparameters={"max_steps": 2, "rollouts_per_prompt": 2},
+    )
+    run_child("trainers.grpo", job, 2, "train.log", result=job.training_result, strategy=strategy)
+    assert f"grpoflow: distributed: {strategy} over 2 process(es)" in (job.logs / "train.log").read_text()
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
+    assert tensor_shapes(job.merged) == tensor_shapes(Path(resolve_model_path("builtin:tiny")))
