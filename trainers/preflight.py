@@ -4,7 +4,8 @@
 is sent. It loads no weights and needs no torch (a reward module may import it): the model folder or Hub cache holds
 config.json, the architecture's rules read from that config, the tokenizer has a chat template when the prompts need
 one, the dataset opens and has its columns (checked as the ingest checks it, nothing saved), and the rewards import
-and pass the dry run on a few rows. By hand:
+and pass the dry run on a few rows. Two exceptions, both in the reward dry run: a reward model (`rewards[].model`, its
+files checked first) is loaded on CPU to score the sample, and an `llm_judge` calls its endpoint. By hand:
 
     python -m trainers.preflight examples/arithmetic.yaml
 

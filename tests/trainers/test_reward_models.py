@@ -211,6 +211,20 @@ def test_preflight_names_the_model_field(tmp_path, dataset_file, classifier):
     assert preflight(spec) == []
 
 
+def test_a_reward_model_can_be_the_evaluation_metric(tmp_path, dataset_file, classifier):
+    from datasets import Dataset
+
+    from trainers.evaluate import score
+    from trainers.tiny import build_tiny
+
+    rewards = [{"name": "exact_answer"}, {"model": str(classifier), "name": "rm"}]
+    path = _spec(tmp_path, dataset_file, rewards)
+    spec, _ = load_spec(path, ["evaluation.metric=rm", "evaluation.max_new_tokens=3"])
+    rows = Dataset.from_list([{"prompt": "What is 1+2?", "answer": "3"}, {"prompt": "What is 3+4?", "answer": "7"}])
+    mean = score(str(build_tiny()), rows, spec)
+    assert isinstance(mean, float) and mean == mean  # the classifier's mean logit, not None (an unscored metric)
+
+
 # --- training ------------------------------------------------------------------------------------------------------
 
 
