@@ -7,13 +7,12 @@ TORCH_VERSION ?= 2.13.0
 
 .PHONY: install constraints demo test test-fast lint format bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt scripts/install.sh
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	# torch first, pinned: an unpinned torch (asked for by trl/peft) would pull a multi-GB CUDA build.
-	$(PIP) install --quiet -c constraints.txt torch==$(TORCH_VERSION)
-	# Every other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it).
-	$(PIP) install --quiet -c constraints.txt -e ".[dev,qlora,math]"
+	# torch first, pinned (an unpinned torch, asked for by trl/peft, would pull a multi-GB CUDA build); then every
+	# other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it). The Dockerfile
+	# installs with the same script.
+	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -32,6 +32,8 @@ DEPLOYMENTS_DIR = PROJECT_DIR / "deployments"
 POOLS_FILE = DEPLOYMENTS_DIR / "work-pools" / "pools.yaml"
 PREFECT_FILE = DEPLOYMENTS_DIR / "prefect.yaml"
 FLOW_NAME = "grpo-pipeline"
+# The repository the image is pushed to (prefect.yaml's build step), e.g. registry.example.com/ml/grpoflow.
+IMAGE_ENV = "GRPOFLOW_IMAGE"
 
 
 class DeploymentError(Exception):
@@ -101,13 +103,25 @@ async def ensure_pools(pools: list[dict]) -> list[str]:
     return lines
 
 
+def image_deployments(prefect_file: Path = PREFECT_FILE) -> list[str]:
+    """The deployments of `prefect_file` that build and push the image (their own `build` steps: the -k8s ones)."""
+    return [d["name"] for d in yaml.safe_load(prefect_file.read_text())["deployments"] if d.get("build")]
+
+
 def deploy_all(prefect_file: Path = PREFECT_FILE, project_dir: Path = PROJECT_DIR) -> str:
-    """`prefect deploy --all` on `prefect_file`, run from `project_dir`; returns its output."""
+    """`prefect deploy` of every deployment of `prefect_file`, run from `project_dir`; returns its output.
+
+    The deployments that build the image are left out while GRPOFLOW_IMAGE (the repository to push it to) is unset,
+    so a project on one machine deploys without Docker or a registry.
+    """
     # prefect.yaml's working directory is `{{ $PWD }}`, filled in by `prefect deploy`; a subprocess's cwd alone
     # does not set PWD.
     project = str(project_dir.resolve())
     env = {**os.environ, "PWD": project, "GRPOFLOW_PROJECT_DIR": project, "PREFECT_API_URL": api_url()}
-    command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)]
+    skipped = [] if os.environ.get(IMAGE_ENV) else image_deployments(prefect_file)
+    names = [d["name"] for d in yaml.safe_load(prefect_file.read_text())["deployments"] if d["name"] not in skipped]
+    which = ["--all"] if not skipped else [arg for name in names for arg in ("--name", name)]
+    command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", *which, "--prefect-file", str(prefect_file)]
     proc = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise DeploymentError(f"`prefect deploy` failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -127,6 +141,9 @@ async def describe_deployments(prefect_file: Path = PREFECT_FILE) -> list[str]:
             how = [_schedule_text(s.schedule) for s in deployment.schedules]
             how += [f"trigger on {', '.join(t['expect'])}" for t in triggers[deployment.name]]
             lines.append(f"deployment {flow.name}/{deployment.name}: {'; '.join(how) or 'run on demand'}")
+    if not os.environ.get(IMAGE_ENV):
+        for name in image_deployments(prefect_file):
+            lines.append(f"deployment {name}: not deployed; set {IMAGE_ENV} (the image repository) to deploy it")
     return sorted(lines)
 
 
@@ -151,6 +168,14 @@ def run_parameters(spec: JobSpec) -> dict:
     return {"spec": spec.model_dump(mode="json", exclude_unset=True)}
 
 
+def run_job_variables(spec: JobSpec, base_job_template: dict) -> dict:
+    """The job variables `submit` sends: `gpu_count` from the spec, when the pool's template has it (the Kubernetes
+    pool's does: the pod requests as many GPUs as the job trains on)."""
+    if "gpu_count" in base_job_template.get("variables", {}).get("properties", {}):
+        return {"gpu_count": spec.gpu_count}
+    return {}
+
+
 async def submit(spec: JobSpec, deployment: str = "retrain"):
     """Starts a run of `deployment` with `spec` (already validated) as its `spec` parameter; returns the flow run.
 
@@ -172,8 +197,7 @@ async def submit(spec: JobSpec, deployment: str = "retrain"):
         job_variables = {}
         if found.work_pool_name:
             pool = await client.read_work_pool(found.work_pool_name)
-            if "gpu_count" in pool.base_job_template.get("variables", {}).get("properties", {}):
-                job_variables["gpu_count"] = spec.gpu_count
+            job_variables = run_job_variables(spec, pool.base_job_template)
         try:
             return await client.create_flow_run_from_deployment(
                 found.id, parameters=run_parameters(spec), job_variables=job_variables or None

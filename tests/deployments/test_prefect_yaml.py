@@ -50,6 +50,10 @@ def test_design_deployments(deployments):
         "grpo-pipeline/nightly",
         "grpo-pipeline/on-new-data",
         "watch-new-data/watch",
+        # the same on Kubernetes, in the image (tests/deployments/test_k8s.py renders their Jobs)
+        "grpo-pipeline/retrain-k8s",
+        "grpo-pipeline/nightly-k8s",
+        "grpo-pipeline/on-new-data-k8s",
     }
     assert all(d["enforce_parameter_schema"] for d in deployments.values())
 
@@ -83,7 +87,7 @@ def test_schedules(deployments):
 
 
 def test_shipped_specs_are_valid(deployments, tmp_path):
-    for name in ("grpo-pipeline/nightly", "grpo-pipeline/on-new-data"):
+    for name in ("grpo-pipeline/nightly", "grpo-pipeline/on-new-data", "grpo-pipeline/nightly-k8s"):
         params = deployments[name]["parameters"]
         load_spec(PROJECT_DIR / (params.get("spec") or params["default_spec"]))
     # The retrain form's default: a working example spec, its paths relative to the project root.
@@ -101,6 +105,8 @@ def test_deployment_parameters_match_the_flows(deployments):
 def test_ui_runs_get_gpu_count(deployments):
     for name in ("grpo-pipeline/retrain", "grpo-pipeline/nightly", "grpo-pipeline/on-new-data"):
         assert deployments[name]["work_pool"]["job_variables"] == {"gpu_count": 1}
+    for name in ("grpo-pipeline/retrain-k8s", "grpo-pipeline/nightly-k8s", "grpo-pipeline/on-new-data-k8s"):
+        assert deployments[name]["work_pool"]["job_variables"] == {"gpu_count": 1, "image": "{{ build-image.image }}"}
     [k8s] = [p for p in load_pools() if p["type"] == "kubernetes"]
     assert "gpu_count" in k8s["base_job_template"]["variables"]["properties"]
 

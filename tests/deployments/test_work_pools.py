@@ -20,7 +20,14 @@ from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 from flows.deployments import default_template, load_pools
 
 GPU = "nvidia.com/gpu"
-ADDED_VARIABLES = {"gpu_count", "node_selector", "tolerations", "shm_size"}
+ADDED_VARIABLES = {"gpu_count", "node_selector", "tolerations", "shm_size", "s3_secret"}
+S3_KEYS = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_DEFAULT_REGION",
+]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +93,14 @@ def test_k8s_template_extends_the_default(k8s_default, k8s_template):
     assert container.pop("volumeMounts") == [{"name": "dshm", "mountPath": "/dev/shm"}]
     assert container["resources"]["limits"].pop(GPU) == "{{ gpu_count }}"
     assert container["resources"]["requests"].pop(GPU) == "{{ gpu_count }}"
+    # The S3 credentials, from the Secret s3_secret names; the worker puts the `env` variable's entries before them.
+    secret_ref = lambda key: {"secretKeyRef": {"name": "{{ s3_secret }}", "key": key, "optional": True}}
+    assert container.pop("env") == [{"name": key, "valueFrom": secret_ref(key)} for key in S3_KEYS]
+    container["env"] = "{{ env }}"
+    # completions and parallelism belong to the Job (prefect-kubernetes' default has them in the pod spec, where
+    # Kubernetes ignores them and a strict schema check refuses them).
+    job = manifest["spec"]
+    pod["completions"], pod["parallelism"] = job.pop("completions"), job.pop("parallelism")
     assert manifest == k8s_default["job_configuration"]["job_manifest"]
 
 

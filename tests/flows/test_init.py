@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,44 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
     assert [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert "rewards/close_answer_reward/mean" in (job / "metrics.jsonl").read_text()  # the project's own reward
     print(f"whole test: {time.monotonic() - started:.1f} s")
+
+
+# --- the project's image and Kubernetes deployments ------------------------------------------------------------------
+
+
+def test_init_writes_the_image_files(tmp_path, monkeypatch):
+    """The project builds the same image as grpoflow's checkout (tests/deployments/test_image.py) and runs on the
+    grpo-k8s pool with its own spec (tests/deployments/test_k8s.py renders the checkout's Jobs)."""
+    proj = tmp_path / "proj"
+    init_project(proj)
+    for name in ("Dockerfile", ".dockerignore", "constraints.txt", "scripts/install.sh", "k8s-spec.yaml"):
+        assert (proj / name).read_bytes() == (PROJECT_DIR / "flows" / "templates" / "project" / name).read_bytes()
+    assert os.access(proj / "scripts" / "install.sh", os.X_OK)
+    config = yaml.safe_load((proj / "prefect.yaml").read_text())
+    deployments = {d["name"]: d for d in config["deployments"]}
+    assert deployments["nightly-k8s"]["parameters"] == {"spec": "k8s-spec.yaml"}
+    assert deployments["on-new-data-k8s"]["parameters"] == {"default_spec": "k8s-spec.yaml"}
+    assert deployments["retrain-k8s"]["parameters"]["spec"]["output_uri"].startswith("s3://")
+    monkeypatch.chdir(proj)  # the reward module, as in the image's project folder
+    spec, _ = load_spec(proj / "k8s-spec.yaml")
+    assert spec.output_uri.startswith("s3://") and (proj / spec.dataset.uri).is_file()
+    assert [r.name for r in spec.rewards] == ["exact_answer", "close_answer_reward"]
+
+
+def test_the_wheel_carries_the_image_files(tmp_path):
+    """`grpoflow init` from a non-editable install finds them too (package data, dotfile included)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in SOURCES:
+        path = PROJECT_DIR / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(path, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "wheels", src],
+                   check=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    [wheel] = (tmp_path / "wheels").glob("grpoflow-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("Dockerfile", ".dockerignore", "constraints.txt", "scripts/install.sh", "k8s-spec.yaml"):
+        assert f"flows/templates/project/{name}" in names, name

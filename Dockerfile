@@ -1,0 +1,30 @@
+# The image the grpo-k8s pool's pods run (deployments/prefect.yaml builds and pushes it): CUDA PyTorch, then grpoflow
+# with its GPU extras at the versions the tests ran on (constraints.txt), installed by scripts/install.sh, the command
+# CI runs (`make install`). By hand, from the project folder:
+#   docker build -t registry.example.com/ml/grpoflow:0.1.0 . && docker push registry.example.com/ml/grpoflow:0.1.0
+# torch comes with the base image; keep its version equal to the Makefile's TORCH_VERSION (a test checks).
+FROM pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
+
+# qlora and math are the GPU extras constraints.txt pins; vllm and deepspeed are not pinned there (their builds follow
+# CUDA and torch closely), so they are opt-in: --build-arg EXTRAS=qlora,math,deepspeed.
+ARG EXTRAS=qlora,math
+# What a project of `grpoflow init` installs (from the package index pip uses, or a wheel in the project's wheels/
+# folder); grpoflow's own checkout installs itself.
+ARG GRPOFLOW_VERSION=0.1.0
+ARG TORCH_VERSION=2.13.0
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Pods run as this user; the job's staging folder (~/.grpoflow/staging, uploaded to the s3:// output_uri) is its home.
+RUN groupadd --gid 10001 grpoflow \
+    && useradd --create-home --no-log-init --uid 10001 --gid 10001 grpoflow
+
+# The project folder: deployments run their flows here (the pull step of the -k8s deployments), so the specs'
+# relative paths resolve as they do on one machine.
+WORKDIR /opt/project
+COPY --chown=10001:10001 . .
+RUN bash scripts/install.sh python "$EXTRAS"
+
+USER 10001:10001
+CMD ["grpoflow", "--help"]
