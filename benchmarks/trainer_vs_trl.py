@@ -251,8 +251,11 @@ def _shares(parts: dict[str, float], train_cpu_s: float) -> dict[str, float]:
 
 
 def weights_sha256(folder: Path) -> str:
-    """Checksum of the saved weights (model.safetensors, or adapter_model.safetensors for LoRA), tensor by tensor."""
-    from safetensors.numpy import load_file
+    """Checksum of the saved weights (model.safetensors, or adapter_model.safetensors for LoRA), tensor by tensor.
+
+    Read through torch, whose bf16 numpy lacks (a bf16 GPU run's weights), as raw bytes."""
+    import torch
+    from safetensors.torch import load_file
 
     files = sorted(folder.glob("*.safetensors"))
     digest = hashlib.sha256()
@@ -260,7 +263,7 @@ def weights_sha256(folder: Path) -> str:
         tensors = load_file(path)
         for name in sorted(tensors):
             digest.update(name.encode())
-            digest.update(tensors[name].tobytes())
+            digest.update(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -954,3 +954,10 @@ def test_resolved_spec_keeps_vllm_settings_only_for_vllm(tmp_path):
         saved = resolved_dict(spec)
         assert (set(saved["generation"]) == {"engine"}) is (generation["engine"] != "vllm")
         assert load_spec(saved)[0] == spec
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (Path(__file__).parents[2] / "examples").glob("*.yaml")))
+def test_example_specs_validate(example):
+    spec, _ = load_spec(Path(__file__).parents[2] / "examples" / example)
+    if example == "production.yaml":  # a 7B full fine-tune: sharded, vLLM in-process
+        assert (spec.gpu_count, spec.distributed.strategy, spec.generation.engine) == (8, "zero3", "vllm")

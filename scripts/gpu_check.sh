@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU check, in one command on a bare machine with one CUDA GPU and no network (an H200 box: Python 3.12, torch,
+# transformers, peft, accelerate, pytest; no trl, datasets, pydantic, bitsandbytes or prefect):
+#
+#     scripts/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else gpu-check-out/
+#
+# Run it from a copy of the repository holding gpu-wheels/ (made here by scripts/prepare_gpu_wheels.sh). It installs
+# the wheels into /tmp/gpu-site (nothing is fetched), runs the `gpu`-marked tests, then `benchmarks.gpu` (grpoflow vs a
+# TRL script, full/LoRA/QLoRA peak memory, transformers vs paged generation), each under its own time limit so the
+# whole check ends within 9 minutes; writes OUT_DIR/{versions.txt,pytest.log,benchmark.log,gpu.json,gpu.md} and prints
+# the table. Nothing here imports prefect: the tests it runs and the benchmark use trainers/ and benchmarks/ only.
+# Exit code: 0 when the tests and the benchmark passed, else 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-gpu-check-out}}
+PYTHON=${PYTHON:-python3}
+TESTS_S=${TESTS_S:-120}       # the gpu-marked tests
+BENCH_S=${BENCH_S:-330}       # the benchmark's hard limit; it plans its parts within BENCH_S - 40 (--budget-s)
+mkdir -p "$OUT_DIR"
+started=$SECONDS
+
+# --- the wheels the machine lacks (into their own folder, first on the path; the machine's packages stay as they are)
+ls gpu-wheels/*.whl >/dev/null 2>&1 || { echo "no gpu-wheels/: run scripts/prepare_gpu_wheels.sh first" >&2; exit 1; }
+timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/gpu-site gpu-wheels/*.whl || { echo "installing gpu-wheels/ failed" >&2; exit 1; }
+export PYTHONPATH="$PWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error
+"$PYTHON" - <<'PY' 2>&1 | tee "$OUT_DIR/versions.txt"
+import importlib.metadata as md
+import torch
+print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible")
+for name in ("torch", "transformers", "trl", "datasets", "peft", "accelerate", "bitsandbytes", "pyarrow", "pydantic",
+             "huggingface_hub", "fsspec", "pytest"):
+    try:
+        print(f"{name}=={md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name}: not installed")
+PY
+
+# --- the gpu-marked tests (every test file that marks one; conftest skips them without CUDA)
+status=0
+mapfile -t files < <(grep -rl --include='test_*.py' 'mark.gpu' tests | sort)
+echo "--- pytest -m gpu ${files[*]}"
+timeout "$TESTS_S" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors "${files[@]}" \
+    2>&1 | tee "$OUT_DIR/pytest.log" || status=1
+
+# --- the benchmark (it rewrites its JSON after each part: a run cut short keeps what it measured)
+echo "--- python -m benchmarks.gpu  (after $((SECONDS - started)) s)"
+timeout "$BENCH_S" "$PYTHON" -m benchmarks.gpu --json "$OUT_DIR/gpu.json" --budget-s $((BENCH_S - 40)) \
+    >"$OUT_DIR/benchmark.log" 2>&1 || { status=1; tail -40 "$OUT_DIR/benchmark.log"; }
+if [[ -f "$OUT_DIR/gpu.md" ]]; then
+    cat "$OUT_DIR/gpu.md"
+elif [[ -f "$OUT_DIR/gpu.json" ]]; then
+    "$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['table'])" "$OUT_DIR/gpu.json"
+fi
+echo "--- gpu check: $([[ $status == 0 ]] && echo passed || echo FAILED) in $((SECONDS - started)) s; files in $OUT_DIR"
+exit $status
