@@ -189,6 +189,7 @@ def get_llm_judge_reward(
 
             return list(await asyncio.gather(*(judge(t) for t in texts)))
 
+    llm_judge_reward.base_url = base_url  # for the dry run's message when the endpoint does not answer in time
     # The rubric's dataset columns as required parameters, so `reward_columns` (and the ingest's column check) sees
     # them through the `__wrapped__` chain as it sees a plain function's.
     columns = [c for c in rubric_fields(rubric) if c not in ("prompt", "completion")]

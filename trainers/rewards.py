@@ -664,7 +664,9 @@ def _explain(reward: Callable, row: dict, prompt_column: str, timeout_s: float, 
     once more on the same row with the other shape: if it works there, the message says so.
     """
     if problem.startswith("did not return"):
-        return ""  # a hung reward is not called again
+        # A hung reward is not called again; one waiting on an endpoint (llm_judge) says which.
+        endpoint = getattr(inspect.unwrap(reward), "base_url", None)
+        return f" (waiting on {endpoint}: is it up and reachable from here?)" if endpoint else ""
     chat = isinstance(row[prompt_column], list)
     columns = ", ".join(trl_columns(row, prompt_column)) or "none"
     given = f" (given {'chat completions (lists of messages)' if chat else 'string completions'}; columns: {columns})"
