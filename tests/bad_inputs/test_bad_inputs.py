@@ -141,6 +141,19 @@ def causal_lm_as_reward_model(case: Path) -> dict:
     return {}
 
 
+def model_with_learned_positions(case: Path) -> dict:
+    # builtin:tiny's tokenizer on a GPT-2 config with 16 learned positions: no position row past the 16th.
+    import json
+
+    from transformers import GPT2Config
+
+    model = tiny_model_copy(case, ("model.safetensors",))
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    config = GPT2Config(vocab_size=vocab, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    (model / "config.json").write_text(config.to_json_string())
+    return {}
+
+
 MAKERS = {
     maker.__name__: maker
     for maker in (
@@ -159,6 +172,7 @@ MAKERS = {
         model_without_config,
         model_without_chat_template,
         causal_lm_as_reward_model,
+        model_with_learned_positions,
     )
 }
 

@@ -16,12 +16,13 @@ from safetensors import safe_open
 
 from trainers import grpo
 from trainers.jobdir import JobDir
-from trainers.launch import TrainingSetupError, child_command, record_exit
+from trainers.launch import RewardFailed, TrainingSetupError, child_command, record_exit
 from trainers.metrics import read_metrics
 from trainers.modeling import SetupError, check_accelerators
 from trainers.spec import load_spec
 from trainers.vllm_server import VLLM_SERVER_URL_ENV, server_command, split_gpus, starts_server, vllm_server
 
+real_child_command = child_command  # before a test replaces trainers.launch.child_command
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
 
 
@@ -169,30 +170,42 @@ def test_grpoflow_run_refuses_vllm_here_before_anything_starts(make_spec, tmp_pa
 
 # --- a stop on purpose under accelerate launch is still a stop on purpose ------------------------------------------
 
-SETUP_FAILING_CHILD = """
+STOPPING_CHILD = """
 import sys
 from pathlib import Path
 from trainers.jobdir import JobDir
-from trainers.launch import SETUP_ERROR_EXIT, record_exit
-print("grpoflow: distributed.strategy: zero3 needs a CUDA GPU", file=sys.stderr)
-sys.exit(record_exit(JobDir(Path(sys.argv[1])), SETUP_ERROR_EXIT, "distributed.strategy: zero3 needs a CUDA GPU"))
+from trainers.launch import record_exit
+code, message = int(sys.argv[2]), sys.argv[3]
+print(f"grpoflow: {message}", file=sys.stderr)
+sys.exit(record_exit(JobDir(Path(sys.argv[1])), code, message))
 """
 
 
-def test_setup_error_of_a_rank_is_not_retried(tmp_path, monkeypatch):
-    # `accelerate launch` ends with its own exit code 1 when a rank exits 2; the child's exit record says 2.
+@pytest.mark.parametrize(
+    ("code", "error", "message"),
+    [
+        (2, TrainingSetupError, "grpoflow: distributed.strategy: zero3 needs a CUDA GPU"),
+        (3, RewardFailed, "reward 'mine' raised ValueError at step 3"),
+    ],
+)
+def test_a_ranks_stop_on_purpose_is_not_retried(tmp_path, monkeypatch, code, error, message):
+    # `accelerate launch` ends with its own exit code 1 when a rank exits 2 or 3 (1 reads as a crash, retried);
+    # the child's exit record keeps the rank's code.
     from trainers import launch
 
     (tmp_path / "mods").mkdir()
-    (tmp_path / "mods" / "setup_failing_child.py").write_text(SETUP_FAILING_CHILD)
+    (tmp_path / "mods" / "stopping_child.py").write_text(STOPPING_CHILD)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'mods'}:{Path(grpo.__file__).parent.parent}")
+    monkeypatch.setattr(
+        launch, "child_command", lambda *a: [*real_child_command(*a), str(code), message.removeprefix("grpoflow: ")]
+    )
     job = JobDir(tmp_path / "job")
     job.root.mkdir()
-    record_exit(job, 3, "an earlier attempt's record")  # run_child clears it first
-    with pytest.raises(TrainingSetupError, match="grpoflow: distributed.strategy: zero3 needs a CUDA GPU"):
-        launch.run_child("setup_failing_child", job, 2, "child.log")
-    assert "exitcode  : 2" in (job.logs / "child.log").read_text()  # the launcher saw the rank's 2 ...
-    assert json.loads((job.root / launch.EXIT_RECORD).read_text())["code"] == 2  # ... and the record kept it
+    record_exit(job, 3 if code == 2 else 2, "an earlier attempt's record")  # run_child clears it first
+    with pytest.raises(error, match=message):
+        launch.run_child("stopping_child", job, 2, "child.log")
+    assert f"exitcode  : {code}" in (job.logs / "child.log").read_text()  # the launcher saw the rank's code ...
+    assert json.loads((job.root / launch.EXIT_RECORD).read_text())["code"] == code  # ... the record kept it
 
 
 # --- real runs on this machine ------------------------------------------------------------------------------------
