@@ -4,6 +4,7 @@ local staging folder, see `tasks.storage`)."""
 
 import json
 import logging
+import os
 import secrets
 import shutil
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from prefect.states import Cancelled, Crashed, State
 
 from tasks import webhooks
 from tasks.artifacts import completed_message
+from tasks.checkpoint_sync import FileMirror, sync_checkpoints
 from tasks.events import emit
 from tasks.stages import rejected
 from tasks.storage import filesystem, is_remote, join, staging_root
@@ -68,9 +70,7 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
     """
     job = job_dir(spec.output_uri, job_id or new_job_id(spec.name))
     if job_id is not None and is_remote(spec.output_uri) and not job.root.exists():
-        fs, remote = filesystem(job_location(job, spec))
-        if fs.exists(remote):
-            fs.get(remote.rstrip("/") + "/", str(job.root) + "/", recursive=True)
+        download_job(job, job_location(job, spec))
     job.root.mkdir(parents=True, exist_ok=True)
     try:
         JobLock(job.root).acquire()  # released by JobEnding, however the job ends
@@ -137,11 +137,31 @@ def discard_job(job: JobDir) -> None:
     shutil.rmtree(job.root, ignore_errors=True)
 
 
+def download_job(job: JobDir, location: str) -> None:
+    """Copies the remote job folder at `location` into the local `job.root`, all but `checkpoints/`: the training
+    task takes the newest intact one (`tasks.checkpoint_sync.restore_checkpoint`) when it needs one. Each file keeps
+    its remote modification time, so the uploads that follow skip what is already there."""
+    fs, remote = filesystem(location)
+    remote = remote.rstrip("/")
+    if not fs.exists(remote):
+        return
+    for name, info in fs.find(remote, detail=True).items():
+        rel = name.removeprefix(remote + "/")
+        if rel.split("/", 1)[0] == job.checkpoints.name or info.get("type") != "file":
+            continue
+        (job.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(name, str(job.root / rel))
+        if isinstance(modified := info.get("LastModified"), datetime):
+            os.utime(job.root / rel, (modified.timestamp(), modified.timestamp()))
+
+
 def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str | None:
     """Copies the job folder (or only the top-level files `names`) to `<output_uri>/<job_id>/` when output_uri is
     remote; a no-op for a local output_uri. Returns the remote location, or None.
 
-    Files are overwritten in place, so a second upload after the last events were appended is cheap with `names`.
+    Files already uploaded unchanged (the training task's `CheckpointSync` sends most while GRPO trains) are skipped;
+    checkpoints go up as `tasks.checkpoint_sync.upload_checkpoint` sends them (a manifest last), and the remote keeps
+    only those the local folder still has. A second upload after the last events were appended is cheap with `names`.
     """
     if not is_remote(spec.output_uri):
         return None
@@ -152,10 +172,9 @@ def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str |
             if (job.root / name).exists():
                 fs.put_file(str(job.root / name), f"{remote}/{name}")
     else:
-        # Every file but the lock, which only means something on the machine that holds it.
-        files = sorted(p for p in job.root.rglob("*") if p.is_file() and p != JobLock(job.root).path)
-        rel = [p.relative_to(job.root).as_posix() for p in files]
-        fs.put([str(p) for p in files], [f"{remote.rstrip('/')}/{r}" for r in rel])
+        # Every file but the lock (it only means something on the machine that holds it) and temporary ones.
+        FileMirror(fs, job, remote).push()
+        sync_checkpoints(fs, job, remote.rstrip("/"))
     return location
 
 

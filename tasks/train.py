@@ -6,6 +6,10 @@ loss or gradient), stops the run; a stall watchdog alerts when no new step came 
 median step time, and stops the run at twice that. A crash of the child (SIGKILL, OOM, an exception) fails the task
 and Prefect's retries start a new child that resumes from the newest checkpoint; a setup problem (the child's exit
 code 2), a failed reward (exit code 3), a child that exited 0 without its result, or a stop is not retried.
+
+With a remote `output_uri`, checkpoints survive losing the machine (`tasks.checkpoint_sync`): a background thread
+uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh machine (an
+empty staging folder) first gets the newest intact checkpoint from the remote job folder.
 """
 
 import json
@@ -15,8 +19,10 @@ import time
 from prefect import get_run_logger, task
 
 from tasks.artifacts import StageProgress, StepRate, grpo_line
+from tasks.checkpoint_sync import CheckpointSync, restore_checkpoint
 from tasks.events import emit
 from tasks.stages import resumable, retry_unless_final
+from tasks.storage import is_remote, join
 from trainers.health import FATAL, Alert, HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.launch import run_child
@@ -129,6 +135,13 @@ def trained(job: JobDir) -> tuple[str, ...]:
 @resumable("train", outputs=("training.json",), reads=("ingest", "sft"), digest=trained)
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
+    sync = None
+    if is_remote(spec.output_uri):
+        location = join(spec.output_uri, job.job_id)
+        if restored := restore_checkpoint(job, location):
+            get_run_logger().info("%s downloaded from %s: training resumes from it", restored, location)
+        sync = CheckpointSync(job, location, get_run_logger())
+        sync.start()
     watcher = ProgressWatcher(job, spec)
     try:
         with vllm_server(spec, job) as env:  # a vLLM server of the job's own, when its generation asks for one
@@ -144,8 +157,12 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
             )
     finally:
         watcher.progress.close()
+        if sync is not None:
+            sync.stop()
     summary = json.loads(job.training_result.read_text())
     summary["wall_seconds"] = seconds
+    if sync is not None:
+        summary["checkpoint_uploads"] = sync.summary()
     summary["alerts"] = [a.to_dict() for a in watcher.alerts]
     emit(job, "grpoflow.training.completed", {k: v for k, v in summary.items() if k != "alerts"})
     return summary

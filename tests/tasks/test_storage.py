@@ -14,6 +14,7 @@ from prefect.filesystems import RemoteFileSystem
 
 from flows.cli import main
 from tasks import storage
+from tasks.checkpoint_sync import restore_checkpoint
 from tasks.job import create_job_task, job_dir, job_location, upload_job
 from tests.conftest import arithmetic_rows
 from trainers.dataset import ingest_dataset, load_ingested
@@ -78,7 +79,8 @@ def test_job_folder_staged_uploaded_and_resumed(bucket, tmp_path, monkeypatch):
     assert job.root == tmp_path / "staging" / "s3-job-1"  # runs locally ...
     assert job_location(job, spec) == f"s3://{bucket}/runs/s3-job-1"  # ... and ends up here
     (job.root / "checkpoints" / "checkpoint-1").mkdir(parents=True)
-    (job.root / "checkpoints" / "checkpoint-1" / "trainer_state.json").write_text("{}")
+    (job.root / "checkpoints" / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
+    (job.root / "checkpoints" / "checkpoint-2").mkdir(parents=True)  # torn (no trainer_state.json): stays here
     job.metrics.write_text('{"step": 1, "values": {}}\n')
 
     assert upload_job(job, spec) == f"s3://{bucket}/runs/s3-job-1"
@@ -89,6 +91,7 @@ def test_job_folder_staged_uploaded_and_resumed(bucket, tmp_path, monkeypatch):
         "events.jsonl",
         "metrics.jsonl",
         "checkpoints/checkpoint-1/trainer_state.json",
+        "checkpoints/checkpoint-1/grpoflow-checkpoint.json",  # its manifest, written last: it is intact
     }
     # The last events only: what the pipeline sends again after job.completed.
     job.events.write_text(job.events.read_text() + '{"event": "grpoflow.job.completed"}\n')
@@ -102,6 +105,9 @@ def test_job_folder_staged_uploaded_and_resumed(bucket, tmp_path, monkeypatch):
     monkeypatch.setenv(storage.STAGING_ENV, str(tmp_path / "elsewhere"))
     resumed = create_job_task(spec, "s3-job-1")
     assert resumed.root == tmp_path / "elsewhere" / "s3-job-1"
+    # Checkpoints come when training needs one: the newest intact, checked against its manifest.
+    assert not resumed.checkpoints.exists()
+    assert restore_checkpoint(resumed, job_location(resumed, spec)) == "checkpoint-1"
     assert (resumed.checkpoints / "checkpoint-1" / "trainer_state.json").exists()
     assert resumed.metrics.read_text() == '{"step": 1, "values": {}}\n'
 

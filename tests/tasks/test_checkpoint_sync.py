@@ -1,0 +1,250 @@
+"""Checkpoints that survive losing the machine (`tasks/checkpoint_sync.py`), against moto's S3 server on loopback
+through the real s3fs: each checkpoint goes up with a manifest last, a half-uploaded one is never taken, a fresh
+machine downloads the newest intact one; and (slow) a real training job whose machine is lost mid-run resumes from
+S3 with every step in metrics.jsonl exactly once."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import s3fs
+
+from tasks import storage
+from tasks.checkpoint_sync import (
+    MANIFEST,
+    CheckpointSync,
+    FileMirror,
+    newest_remote_checkpoint,
+    remote_manifest,
+    restore_checkpoint,
+    upload_checkpoint,
+)
+from tests.conftest import cli
+from tests.tasks.test_train import training_child
+from trainers.jobdir import JobDir
+from trainers.metrics import read_metrics
+
+
+def fake_checkpoint(job: JobDir, step: int, weights: bytes = b"w" * 1000) -> Path:
+    """A checkpoint folder as `Trainer` leaves it: weights, optimizer, and trainer_state.json (written last)."""
+    path = job.checkpoints / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(weights + str(step).encode())
+    (path / "optimizer.pt").write_bytes(b"o" * 500)
+    (path / "nested").mkdir()
+    (path / "nested" / "rng_state.pth").write_bytes(b"r" * 10)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+@pytest.fixture
+def job(tmp_path) -> JobDir:
+    job = JobDir(tmp_path / "staging" / "job-1")
+    job.root.mkdir(parents=True)
+    return job
+
+
+def test_a_checkpoint_goes_up_and_comes_back(bucket, job, tmp_path):
+    fs, remote = s3fs.S3FileSystem(), f"{bucket}/runs/job-1"
+    manifest = upload_checkpoint(fs, fake_checkpoint(job, 4), f"{remote}/checkpoints/checkpoint-4")
+    assert set(manifest["files"]) == {
+        "model.safetensors",
+        "optimizer.pt",
+        "nested/rng_state.pth",
+        "trainer_state.json",
+    }
+    assert remote_manifest(fs, f"{remote}/checkpoints/checkpoint-4") == manifest
+    assert json.loads(fs.cat(f"{remote}/checkpoints/checkpoint-4/{MANIFEST}"))["step"] == 4
+
+    fresh = JobDir(tmp_path / "other-machine" / "job-1")  # an empty staging folder
+    assert restore_checkpoint(fresh, f"s3://{remote}") == "checkpoint-4"
+    for name in manifest["files"]:
+        local = job.checkpoints / "checkpoint-4" / name
+        assert (fresh.checkpoints / "checkpoint-4" / name).read_bytes() == local.read_bytes()
+    assert [p.name for p in fresh.checkpoints.iterdir()] == ["checkpoint-4"]  # no download folder left behind
+    assert restore_checkpoint(fresh, f"s3://{remote}") is None  # the local one is as new: nothing to fetch
+
+
+class BrokenStore(s3fs.S3FileSystem):
+    """The real s3fs, whose connection dies at the `fail_at`-th file opened for writing (a lost machine mid-upload)."""
+
+    fail_at, opened = 3, 0
+
+    def open(self, path, mode="rb", **kwargs):
+        if "w" in mode:
+            BrokenStore.opened += 1
+            if BrokenStore.opened >= BrokenStore.fail_at:
+                raise ConnectionError("machine lost")
+        return super().open(path, mode, **kwargs)
+
+
+class RotatingStore(s3fs.S3FileSystem):
+    """The real s3fs, while the child's `save_total_limit` removes the local checkpoint as its second file goes up."""
+
+    local, opened = None, 0
+
+    def open(self, path, mode="rb", **kwargs):
+        if "w" in mode:
+            RotatingStore.opened += 1
+            if RotatingStore.opened == 2:
+                shutil.rmtree(RotatingStore.local)
+        return super().open(path, mode, **kwargs)
+
+
+def damage(fs, ckpt: str, how: str) -> None:
+    if how == "file missing":
+        fs.rm_file(f"{ckpt}/optimizer.pt")
+    elif how == "file shorter":
+        fs.pipe(f"{ckpt}/optimizer.pt", b"o" * 499)
+    elif how == "same size, other bytes":
+        fs.pipe(f"{ckpt}/optimizer.pt", b"x" * 500)
+    elif how == "manifest missing":
+        fs.rm_file(f"{ckpt}/{MANIFEST}")
+    elif how == "manifest of another step":
+        manifest = json.loads(fs.cat(f"{ckpt}/{MANIFEST}"))
+        fs.pipe(f"{ckpt}/{MANIFEST}", json.dumps({**manifest, "step": 2}).encode())
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "killed mid-upload",  # the connection dies after two files: no trainer_state.json, no manifest
+        "rotated away mid-upload",  # the local folder removed while it went up: no manifest
+        "manifest missing",  # every file there, the manifest never written
+        "file missing",  # a manifest whose file is gone (a rotation racing the upload, a store's hiccup)
+        "file shorter",  # a truncated object: its size is not the manifest's
+        "same size, other bytes",  # caught on download by the sha256
+        "manifest of another step",  # copied from elsewhere
+    ],
+)
+def test_torn_uploads_are_never_taken(bucket, job, tmp_path, how):
+    fs, remote = s3fs.S3FileSystem(), f"{bucket}/runs/job-1"
+    upload_checkpoint(fs, fake_checkpoint(job, 2), f"{remote}/checkpoints/checkpoint-2")
+    newer, ckpt = fake_checkpoint(job, 4), f"{remote}/checkpoints/checkpoint-4"
+    if how == "killed mid-upload":
+        BrokenStore.opened = 0
+        with pytest.raises(ConnectionError):
+            upload_checkpoint(BrokenStore(skip_instance_cache=True), newer, ckpt)
+        fs.invalidate_cache()
+        assert len(fs.find(ckpt)) == 2 and not fs.exists(f"{ckpt}/trainer_state.json")  # the marker goes last
+    elif how == "rotated away mid-upload":
+        RotatingStore.local, RotatingStore.opened = newer, 0
+        with pytest.raises(FileNotFoundError):
+            upload_checkpoint(RotatingStore(skip_instance_cache=True), newer, ckpt)
+        assert not fs.exists(f"{ckpt}/{MANIFEST}")
+    else:
+        upload_checkpoint(fs, newer, ckpt)
+        damage(fs, ckpt, how)
+
+    fresh = JobDir(tmp_path / "other-machine" / "job-1")
+    assert restore_checkpoint(fresh, f"s3://{remote}") == "checkpoint-2"  # the newest intact one
+    assert sorted(p.name for p in fresh.checkpoints.iterdir()) == ["checkpoint-2"]
+    if how != "same size, other bytes":  # that one a listing cannot tell: the download's sha256 does
+        assert newest_remote_checkpoint(fs, f"{remote}/checkpoints")[0].endswith("checkpoint-2")
+
+
+def test_the_sync_thread_mirrors_a_training_job(bucket, job):
+    """A stand-in for the training child writes what `trainers.grpo` writes (metrics, logs, checkpoints every 2
+    steps, `save_total_limit: 2`); the thread mirrors it while it runs."""
+    fs, remote = s3fs.S3FileSystem(), f"{bucket}/runs/job-1"
+    job.spec.write_text("name: job\n")
+    (job.root / ".lock").write_text("{}")
+    sync = CheckpointSync(job, f"s3://{remote}")
+    sync.start()
+    try:
+        for step in range(1, 7):
+            with job.metrics.open("a") as f:
+                f.write(json.dumps({"step": step, "values": {"loss": 0.1}}) + "\n")
+            job.logs.mkdir(exist_ok=True)
+            (job.logs / "train.log").write_text(f"step {step}\n")
+            if step % 2 == 0:
+                fake_checkpoint(job, step)
+                for old in sorted(job.checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name[11:]))[:-2]:
+                    shutil.rmtree(old)  # what the Trainer's rotation does
+                deadline = time.monotonic() + 60
+                while sync.uploaded != f"checkpoint-{step}" and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert sync.uploaded == f"checkpoint-{step}"
+                # Its metrics went up before it: the remote never holds a checkpoint newer than its metrics.
+                steps = [json.loads(line)["step"] for line in fs.cat(f"{remote}/metrics.jsonl").splitlines()]
+                assert steps[-1] >= step
+    finally:
+        sync.stop()
+    fs.invalidate_cache()
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{remote}/checkpoints")) == ["checkpoint-4", "checkpoint-6"]
+    assert fs.cat(f"{remote}/metrics.jsonl") == job.metrics.read_bytes()
+    assert fs.cat(f"{remote}/logs/train.log") == b"step 6\n"
+    assert not fs.exists(f"{remote}/.lock")
+    assert [u["checkpoint"] for u in sync.uploads] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert sync.summary()["checkpoints"] == 3 and sync.errors == 0
+
+
+def test_unchanged_files_are_not_sent_again(bucket, job):
+    fs, remote = s3fs.S3FileSystem(), f"{bucket}/runs/job-1"
+    job.spec.write_text("name: job\n")
+    job.metrics.write_text('{"step": 1, "values": {}}\n')
+    assert FileMirror(fs, job, remote).push() == 2
+    assert FileMirror(fs, job, remote).push() == 0  # a new mirror (the job's end, a retry) asks the remote first
+    job.metrics.write_text('{"step": 1, "values": {}}\n{"step": 2, "val')  # the child is writing step 2
+    mirror = FileMirror(fs, job, remote)
+    assert mirror.push() == 1 and mirror.push() == 0
+    assert fs.cat(f"{remote}/metrics.jsonl") == b'{"step": 1, "values": {}}\n'  # up to the last complete line
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_lost_machine_resumes_from_s3_with_each_step_once(bucket, tmp_path, monkeypatch, make_spec):
+    """A real job on s3://: its machine is lost (the `grpoflow run` process and its training child SIGKILLed) after
+    a checkpoint reached S3; its staging folder is gone. `--resume` on another machine downloads the newest intact
+    checkpoint and trains only the steps after it."""
+    from prefect.settings import PREFECT_API_URL
+
+    root, fs = f"s3://{bucket}/runs", s3fs.S3FileSystem()
+    spec = make_spec(
+        "lost",
+        hyperparameters={"max_steps": 12, "rollouts_per_prompt": 2, "max_response_length": 4},
+        checkpoint_every=3,
+        evaluation={"holdout": 0},
+    )
+    staging = tmp_path / "staging"
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), storage.STAGING_ENV: str(staging)}
+    command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--output-uri", root, "--json"]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline, job_id, uploaded = time.monotonic() + 600, None, None
+        while time.monotonic() < deadline and not uploaded and run.poll() is None:
+            jobs = list(staging.glob("lost-*"))
+            job_id = jobs[0].name if jobs else None
+            uploaded = job_id and newest_remote_checkpoint(fs, f"{bucket}/runs/{job_id}/checkpoints")
+            time.sleep(0.2)
+        assert uploaded, "no checkpoint reached S3"
+        child = training_child(staging / job_id)
+        os.killpg(run.pid, signal.SIGKILL)  # the machine is lost: the task process, then its training child
+        if child is not None:
+            child.kill()
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    kept = int(uploaded[0].rsplit("-", 1)[1])
+    lost = read_metrics(JobDir(staging / job_id).metrics)[-1]["step"]
+    assert 3 <= kept < 12
+    shutil.rmtree(staging)
+
+    monkeypatch.setenv(storage.STAGING_ENV, str(tmp_path / "other-machine"))
+    code, out, err = cli("run", spec, "--output-uri", root, "--resume", job_id, "--json")
+
+    assert code == 0, err
+    remote = f"{bucket}/runs/{job_id}"
+    steps = [json.loads(line)["step"] for line in fs.cat(f"{remote}/metrics.jsonl").splitlines()]
+    assert steps == list(range(1, 13)), (kept, lost)  # every step exactly once
+    training = json.loads(fs.cat(f"{remote}/training.json"))
+    assert int(training["resumed_from"].rsplit("-", 1)[1]) >= kept  # from S3, not from scratch
+    fs.invalidate_cache()
+    assert len(fs.ls(f"{remote}/checkpoints")) <= 2  # save_total_limit, remotely too
