@@ -13,6 +13,7 @@ whose training could not start (a setup problem, not retried).
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -301,7 +302,19 @@ def _interrupt(signum, frame) -> None:
     if _STOPPED_BY:
         return
     _STOPPED_BY.append(signum)
+    for handler in logging.getLogger().handlers:  # the terminal's: Prefect's console handler sits on the root logger
+        if not any(isinstance(f, _QuietAfterStop) for f in handler.filters):
+            handler.addFilter(_QuietAfterStop())
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+class _QuietAfterStop(logging.Filter):
+    """Once a signal stopped the run, Prefect's console reports of it ("Crash detected! ... KeyboardInterrupt", its
+    traceback, "Finished in state Crashed/Cancelled") are the stop itself, which grpoflow says in one line: they are
+    kept out of the terminal. They still reach the Prefect API's logs (another handler) for the run's page."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_STOPPED_BY and record.name.startswith("prefect") and record.levelno >= logging.INFO)
 
 
 def _stop_on_signals() -> dict:
