@@ -27,15 +27,23 @@ Guarantees:
   each look, so restarts of the server or the worker keep it. Each event's id is derived from the file's version,
   so even a crash between an emit and the state write cannot start a second run: the Prefect server drops an event
   whose id it has seen.
+- Watchers on several machines (pods without a shared disk) share one state when `state_dir` is an `s3://` prefix:
+  the state is one object per watched URI there, and a look holds a lease on it, `<state>.lock`, an object created
+  with a conditional write (If-None-Match), so one watcher looks at a time and each file is announced once. The
+  state is written back only over the version the look read (If-Match); a lease older than `LEASE_SECONDS` (its
+  watcher died mid-look) is taken over, also by a conditional write, and a look that lost its lease fails instead of
+  writing. Any S3-compatible store that honours conditional writes works (AWS S3 does since 2024; MinIO does).
 """
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,7 +55,7 @@ from prefect import flow, get_run_logger
 from prefect.events import emit_event
 from prefect.states import Completed
 
-from tasks.storage import filesystem, is_remote
+from tasks.storage import filesystem, is_remote, join
 from trainers.dataset import COMPRESSIONS, FORMATS
 from trainers.jobdir import write_json_atomic
 
@@ -55,6 +63,8 @@ EVENT = "grpoflow.dataset.landed"
 STATE_DIR_ENV = "GRPOFLOW_WATCH_STATE_DIR"
 TEMP_PREFIXES = (".", "_")
 TEMP_SUFFIXES = (".tmp", ".part", ".partial")
+LEASE_SECONDS = 300.0  # a look lasts seconds; a lease this old belongs to a watcher that died mid-look
+LEASE_WAIT_S = 60.0  # how long a look waits for another watcher's look before giving up (the next look retries)
 
 
 @dataclass(frozen=True)
@@ -133,14 +143,101 @@ def _iso(value) -> str | None:
 # --- the state file --------------------------------------------------------------------------------------------------
 
 
-def state_dir(explicit: str | None = None) -> Path:
-    return Path(explicit or os.environ.get(STATE_DIR_ENV) or "~/.grpoflow/watch-state").expanduser()
+def state_dir(explicit: str | None = None) -> Path | str:
+    """The state folder: a local folder (`Path`), or an `s3://` prefix (`str`) that watchers on several machines
+    share."""
+    value = explicit or os.environ.get(STATE_DIR_ENV) or "~/.grpoflow/watch-state"
+    if is_remote(value):
+        if not value.lower().startswith("s3://"):
+            raise ValueError(f"state_dir: {value!r}: a shared state needs conditional writes: an s3:// prefix")
+        return value.rstrip("/")
+    return Path(value).expanduser()
 
 
-def state_path(uri: str, directory: str | None = None) -> Path:
-    """`<state dir>/<readable tail>-<hash>.json`: one file per watched URI."""
+def state_path(uri: str, directory: str | None = None) -> Path | str:
+    """`<state dir>/<readable tail>-<hash>.json`: one file (or object) per watched URI."""
     tail = re.sub(r"[^A-Za-z0-9._-]+", "-", uri.rstrip("/").rsplit("/", 1)[-1])[-40:].strip("-.") or "root"
-    return state_dir(directory) / f"{tail}-{hashlib.sha256(uri.encode()).hexdigest()[:12]}.json"
+    name = f"{tail}-{hashlib.sha256(uri.encode()).hexdigest()[:12]}.json"
+    folder = state_dir(directory)
+    return join(folder, name) if isinstance(folder, str) else folder / name
+
+
+class LeaseLost(RuntimeError):
+    """The shared state changed under a look (its lease expired and another watcher took it): nothing written."""
+
+
+class SharedState:
+    """One watched URI's state as an object on S3, with the lease (`<state>.lock`) that makes a look exclusive.
+
+    Both go through conditional writes: the lease is created only when absent (If-None-Match: *) or replaced only
+    when it is the expired one read (If-Match its ETag); the state is written only over the version the look read.
+    """
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.fs, path = filesystem(uri)
+        self.bucket, self.key, _ = self.fs.split_path(path)
+        self.etag = None  # the state object's version this look read or last wrote
+        self.lease = None  # the ETag of our lease object
+
+    def _put(self, key: str, body: bytes, **condition) -> str | None:
+        """Writes `key` under `condition`; its new ETag, or None when the condition did not hold."""
+        try:
+            return self.fs.call_s3("put_object", Bucket=self.bucket, Key=key, Body=body, **condition)["ETag"]
+        except FileExistsError:  # If-None-Match failed
+            return None
+        except OSError as e:  # s3fs's PreconditionFailed (HTTP 412) for If-Match
+            if e.errno == errno.EINVAL and "pre-condition" in str(e).lower():
+                return None
+            raise
+
+    def acquire(self) -> None:
+        """Takes the lease, waiting up to `LEASE_WAIT_S` seconds for another watcher's look to end."""
+        key, deadline = self.key + ".lock", time.monotonic() + LEASE_WAIT_S
+        while True:
+            mine = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}).encode()
+            self.lease = self._put(key, mine, IfNoneMatch="*")
+            if self.lease:
+                return
+            try:
+                info = self.fs.info(f"{self.bucket}/{key}", refresh=True)
+                held = json.loads(self.fs.cat_file(f"{self.bucket}/{key}"))
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except ValueError:
+                held = {"at": 0}  # unreadable: taken over like an expired one
+            if time.time() - float(held.get("at", 0)) > LEASE_SECONDS:
+                self.lease = self._put(key, mine, IfMatch=info["ETag"])
+                if self.lease:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"another watcher ({held.get('host')}, pid {held.get('pid')}) holds {self.uri}.lock"
+                )
+            time.sleep(0.5)
+
+    def release(self) -> None:
+        """Removes our lease (only ours: a lease another watcher took over stays)."""
+        try:
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key + ".lock", IfMatch=self.lease)
+        except (FileNotFoundError, OSError):
+            pass
+
+    def load(self) -> dict:
+        try:
+            self.etag = self.fs.info(f"{self.bucket}/{self.key}", refresh=True)["ETag"]
+            return json.loads(self.fs.cat_file(f"{self.bucket}/{self.key}"))
+        except FileNotFoundError:
+            self.etag = None
+            return {}
+
+    def save(self, data: dict) -> None:
+        body = json.dumps(data, indent=2).encode()
+        condition = {"IfMatch": self.etag} if self.etag else {"IfNoneMatch": "*"}
+        etag = self._put(self.key, body, **condition)
+        if etag is None:
+            raise LeaseLost(f"the watch state {self.uri} changed under this look (its lease expired): not written")
+        self.etag = etag
 
 
 @dataclass
@@ -148,16 +245,27 @@ class WatchState:
     """What one watched URI has announced (`emitted`: file uri -> versions) and the files waiting to settle
     (`pending`: file uri -> the size, version, and since when a look found them so)."""
 
-    path: Path
+    path: Path | str
     uri: str
     emitted: dict[str, list[str]] = field(default_factory=dict)
     pending: dict[str, dict] = field(default_factory=dict)
+    shared: SharedState | None = None
 
     @classmethod
     @contextlib.contextmanager
     def locked(cls, uri: str, directory: str | None = None) -> Iterator["WatchState"]:
-        """The state of `uri`, loaded under an exclusive lock held until the `with` block ends."""
+        """The state of `uri`, loaded under an exclusive lock (a file lock, or the S3 lease) held until the `with`
+        block ends."""
         path = state_path(uri, directory)
+        if isinstance(path, str):
+            shared = SharedState(path)
+            shared.acquire()
+            try:
+                data = shared.load()
+                yield cls(path, uri, data.get("emitted", {}), data.get("pending", {}), shared)
+            finally:
+                shared.release()
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -165,7 +273,11 @@ class WatchState:
             yield cls(path, uri, data.get("emitted", {}), data.get("pending", {}))
 
     def save(self) -> None:
-        write_json_atomic(self.path, {"uri": self.uri, "emitted": self.emitted, "pending": self.pending})
+        data = {"uri": self.uri, "emitted": self.emitted, "pending": self.pending}
+        if self.shared is not None:
+            self.shared.save(data)
+        else:
+            write_json_atomic(self.path, data)
 
 
 # --- one look --------------------------------------------------------------------------------------------------------
@@ -248,8 +360,9 @@ def watch_new_data(
         uri (`str`): a local folder (relative to the worker's working directory) or `s3://bucket/prefix`.
         spec (`str`, *optional*): path or URI of a spec file, passed on in each event (the triggered run uses it
             instead of its default spec).
-        state_dir (`str`, *optional*): where the state file lives (relative: to the working directory); default
-            `GRPOFLOW_WATCH_STATE_DIR`, else `~/.grpoflow/watch-state`.
+        state_dir (`str`, *optional*): where the state file lives (relative: to the working directory), or an
+            `s3://` prefix that watchers on several machines share; default `GRPOFLOW_WATCH_STATE_DIR`, else
+            `~/.grpoflow/watch-state`.
         settle_seconds (`float`, *optional*, defaults to 5): a file is complete once its size and version (its
             modification time, or ETag) have not changed for this long.
         watch_minutes (`float`, *optional*, defaults to 55): how long this run keeps looking (0: one look); with the
@@ -259,12 +372,14 @@ def watch_new_data(
     logger = get_run_logger()
     if not is_remote(uri):
         uri = str(Path(uri).expanduser().resolve())
-    directory = str(Path(state_dir).expanduser().resolve()) if state_dir else None
+    if state_dir and not is_remote(state_dir):
+        state_dir = str(Path(state_dir).expanduser().resolve())
+    state_path(uri, state_dir)  # a state_dir it cannot use fails the run now, not every look for an hour
     deadline, landed, looks, result, error = time.monotonic() + watch_minutes * 60, [], 0, None, None
     while True:
         looks += 1
         try:
-            result = look_once(uri, spec, directory, settle_seconds)
+            result = look_once(uri, spec, state_dir, settle_seconds)
         except Exception as e:  # a storage hiccup: the next look tries again
             error = e
             logger.warning("look %d at %s failed: %s: %s", looks, uri, type(e).__name__, e)
@@ -295,7 +410,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Look at a folder or s3://bucket/prefix for new datasets.")
     parser.add_argument("uri")
     parser.add_argument("--spec", help="spec file passed on in each event")
-    parser.add_argument("--state-dir", help=f"state folder (default ${STATE_DIR_ENV} or ~/.grpoflow/watch-state)")
+    parser.add_argument(
+        "--state-dir", help=f"state folder or s3:// prefix (default ${STATE_DIR_ENV} or ~/.grpoflow/watch-state)"
+    )
     parser.add_argument("--settle-seconds", type=float, default=5.0, help="unchanged this long: complete (5)")
     parser.add_argument("--minutes", type=float, default=0.0, help="keep looking this long (default 0: one look)")
     parser.add_argument("--poll-seconds", type=float, default=30.0, help="time between looks (30)")

@@ -1,6 +1,7 @@
 """The data watcher (`flows/watch.py`) on a local folder and on an S3 bucket (moto's server on loopback), emitting to
 a real Prefect server: one `grpoflow.dataset.landed` per new file version, by the first look that finds it settled,
-never for a half-written file, never twice (not after a restart either)."""
+never for a half-written file, never twice (not after a restart either, nor from two watchers sharing a state on
+S3)."""
 
 import json
 import os
@@ -15,7 +16,17 @@ from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.settings import PREFECT_API_URL
 
-from flows.watch import EVENT, FileVersion, WatchState, event_id, is_candidate, look, state_path, watch_new_data
+from flows.watch import (
+    EVENT,
+    FileVersion,
+    LeaseLost,
+    WatchState,
+    event_id,
+    is_candidate,
+    look,
+    state_path,
+    watch_new_data,
+)
 
 ROW = b'{"prompt": "What is 1+2?", "answer": "3"}\n'
 
@@ -215,3 +226,99 @@ def test_s3_prefix(bucket, tmp_path):
     with WatchState.locked(prefix, state) as fresh:  # the state read back, as a restarted worker would
         assert look(fresh, spec, settle_seconds=0) == []
     assert len(landed_events(uri, expected=2)) == 2
+
+
+# --- a state shared by watchers on several machines (an s3:// state_dir) ---------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_watchers_sharing_a_state_on_s3_announce_each_file_once(bucket):
+    """Two watchers (threads here: two pods in production) look at the same prefix at the same moments, with their
+    state under one s3:// prefix; files land between their looks. Each file is announced by exactly one of them."""
+    fs, prefix, state = s3fs.S3FileSystem(), f"s3://{bucket}/incoming", f"s3://{bucket}/watch-state"
+    rounds, announced = 4, {0: [], 1: []}
+    start = threading.Barrier(2)
+
+    def watcher(n: int):
+        for _ in range(rounds):
+            start.wait()  # both look at once
+            with WatchState.locked(prefix, state) as s:
+                announced[n] += [p["uri"] for p in look(s, settle_seconds=0)]
+            start.wait()  # then the next files land
+
+    threads = [threading.Thread(target=watcher, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    for i in range(rounds):
+        fs.pipe(f"{bucket}/incoming/day{i}/a.jsonl", ROW)
+        fs.pipe(f"{bucket}/incoming/day{i}/b.jsonl", ROW)
+        time.sleep(0.2)  # the watchers are at the barrier; release them once both files are there
+    for t in threads:
+        t.join(timeout=120)
+    everything = sorted(announced[0] + announced[1])
+    assert everything == sorted(f"s3://{bucket}/incoming/day{i}/{n}.jsonl" for i in range(rounds) for n in "ab")
+    assert not fs.exists(state_path(prefix, state) + ".lock")  # the lease went with the last look
+    saved = json.loads(fs.cat(state_path(prefix, state)))  # the one state object both read and wrote
+    assert sorted(saved["emitted"]) == everything
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_two_watcher_processes_on_one_s3_state(bucket):
+    """Two watcher processes (two pods) keep looking at one prefix, sharing an s3:// state, while files land."""
+    fs, prefix, state = s3fs.S3FileSystem(), f"s3://{bucket}/incoming", f"s3://{bucket}/watch-state"
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    command = [sys.executable, "-m", "flows.watch", prefix, "--state-dir", state, "--settle-seconds", "0"]
+    command += ["--minutes", "0.25", "--poll-seconds", "0.3"]
+    watchers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    uris = []
+    for i in range(6):
+        uris.append(f"s3://{bucket}/incoming/file-{i}.jsonl")
+        fs.pipe(uris[-1].removeprefix("s3://"), ROW)
+        time.sleep(1)
+    outputs = [w.communicate(timeout=300)[0] for w in watchers]
+    assert [w.returncode for w in watchers] == [0, 0]
+    announced = [p["uri"] for out in outputs for p in json.loads(out.splitlines()[-1])]
+    assert sorted(announced) == sorted(uris)  # each file by one of them, once
+    assert all(len(landed_events(uri)) == 1 for uri in uris)
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_dead_watchers_lease_is_taken_over(bucket, monkeypatch):
+    import flows.watch
+
+    fs, prefix, state = s3fs.S3FileSystem(), f"s3://{bucket}/incoming", f"s3://{bucket}/watch-state"
+    fs.pipe(f"{bucket}/incoming/prompts.jsonl", ROW)
+    lease = state_path(prefix, state) + ".lock"
+    monkeypatch.setattr(flows.watch, "LEASE_WAIT_S", 1.0)
+    # A live watcher's look: this one waits, then gives up naming it (the flow's next look tries again).
+    fs.pipe(lease, json.dumps({"host": "pod-a", "pid": 7, "at": time.time()}).encode())
+    with pytest.raises(TimeoutError, match=r"another watcher \(pod-a, pid 7\) holds"):
+        with WatchState.locked(prefix, state):
+            pass
+    # A watcher that died mid-look, long ago: its lease is taken over and the file announced.
+    fs.pipe(lease, json.dumps({"host": "pod-a", "pid": 7, "at": time.time() - 3600}).encode())
+    assert [p["uri"] for p in one_look(prefix, state_dir=state, settle_seconds=0)] == [
+        f"s3://{bucket}/incoming/prompts.jsonl"
+    ]
+    assert not fs.exists(lease)
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_look_that_lost_its_lease_writes_nothing(bucket):
+    fs, prefix, state = s3fs.S3FileSystem(), f"s3://{bucket}/incoming", f"s3://{bucket}/watch-state"
+    fs.pipe(f"{bucket}/incoming/prompts.jsonl", ROW)
+    with WatchState.locked(prefix, state) as s:
+        # Meanwhile another watcher, taking this look for dead, announced the file and wrote the state.
+        fs.pipe(
+            state_path(prefix, state), json.dumps({"uri": prefix, "emitted": {"x": ["v"]}, "pending": {}}).encode()
+        )
+        with pytest.raises(LeaseLost, match="changed under this look"):
+            s.save()
+    assert json.loads(fs.cat(state_path(prefix, state)))["emitted"] == {"x": ["v"]}  # theirs, not overwritten
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_state_dir_without_conditional_writes_is_refused():
+    with pytest.raises(ValueError, match=r"state_dir: 'gs://b/state': a shared state needs conditional writes"):
+        one_look("s3://b/incoming", state_dir="gs://b/state")
