@@ -1,4 +1,4 @@
-# The image the grpo-k8s pool's pods run (deployments/prefect.yaml builds and pushes it): CUDA PyTorch, then grpoflow
+# The image the grpo-k8s pool's pods run (the build and push steps of prefect.yaml): CUDA PyTorch, then grpoflow
 # with its GPU extras at the versions the tests ran on (constraints.txt), installed by scripts/install.sh, the command
 # CI runs (`make install`). By hand, from the project folder:
 #   docker build -t registry.example.com/ml/grpoflow:0.1.0 . && docker push registry.example.com/ml/grpoflow:0.1.0
