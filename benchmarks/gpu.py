@@ -89,7 +89,8 @@ def build_model(path: Path, shape: dict, cpu_check: bool) -> Path:
     )
     torch.manual_seed(0)
     dtype = torch.float32 if cpu_check else torch.bfloat16
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.device("cpu" if cpu_check else "cuda"):  # 0.5B random weights: seconds on the GPU, not on the CPU
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
