@@ -40,9 +40,14 @@ PY
 # --- the gpu-marked tests (every test file that marks one; conftest skips them without CUDA)
 status=0
 mapfile -t files < <(grep -rl --include='test_*.py' 'mark.gpu' tests | sort)
-echo "--- pytest -m gpu ${files[*]}"
-timeout "$TESTS_S" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors "${files[@]}" \
-    2>&1 | tee "$OUT_DIR/pytest.log" || status=1
+if ((${#files[@]} == 0)); then
+    echo "no test file marks a test gpu" | tee "$OUT_DIR/pytest.log"
+    status=1
+else
+    echo "--- pytest -m gpu ${files[*]}"
+    timeout "$TESTS_S" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors "${files[@]}" \
+        2>&1 | tee "$OUT_DIR/pytest.log" || status=1
+fi
 
 # --- the benchmark (it rewrites its JSON after each part: a run cut short keeps what it measured)
 echo "--- python -m benchmarks.gpu  (after $((SECONDS - started)) s)"

@@ -49,3 +49,24 @@ def test_table_names_what_was_skipped_and_the_memory_against_full():
     text = tables({"modes": modes, "skipped": {"qlora": "bitsandbytes is not installed"}})
     assert "| lora | grpoflow training stage | 1 | 100 | 1 | 1,000 | 0.25 |" in text
     assert "Skipped: qlora: bitsandbytes is not installed." in text
+
+
+def test_gpu_wheels_are_the_versions_the_tests_run_on():
+    """scripts/prepare_gpu_wheels.sh pins what the GPU box lacks to this environment's versions: a bump here that
+    the script misses would test one TRL here and another there."""
+    import importlib.metadata
+    import re
+    import subprocess
+
+    from benchmarks.common import REPO_ROOT
+
+    script = REPO_ROOT / "scripts" / "prepare_gpu_wheels.sh"
+    pins = dict(re.findall(r"\b([a-z][a-z0-9-]*)==([0-9][0-9a-z.]*)", script.read_text()))
+    assert {"trl", "datasets", "pydantic", "pydantic-core", "bitsandbytes"} <= pins.keys()
+    for name, version in pins.items():
+        try:
+            assert importlib.metadata.version(name) == version, name
+        except importlib.metadata.PackageNotFoundError:
+            assert name == "bitsandbytes", f"{name} is pinned for the GPU box but not installed here"  # an extra
+    for name in ("prepare_gpu_wheels.sh", "gpu_check.sh"):
+        assert subprocess.run(["bash", "-n", str(REPO_ROOT / "scripts" / name)]).returncode == 0
