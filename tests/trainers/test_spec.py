@@ -961,3 +961,11 @@ def test_example_specs_validate(example):
     spec, _ = load_spec(Path(__file__).parents[2] / "examples" / example)
     if example == "production.yaml":  # a 7B full fine-tune: sharded, vLLM in-process
         assert (spec.gpu_count, spec.distributed.strategy, spec.generation.engine) == (8, "zero3", "vllm")
+
+
+def test_default_vllm_settings_are_no_request():
+    # The Prefect form sends every field of a section with its default: that asks for nothing vLLM-specific.
+    from trainers.spec.models import GenerationSpec
+
+    spec, _ = load_spec(patched({"generation": GenerationSpec().model_dump()}))
+    assert spec.generation.engine == "transformers"

@@ -181,6 +181,7 @@ def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
     trl = data.get("trl") if isinstance(data.get("trl"), dict) else {}
     problems += _batch_problems(trl, rollouts, prompts, gpus)
     problems += _engine_problems(data, spec_model, gpus, unsloth, hp)
+    problems += _agent_problems(data, unsloth, trl)
     return problems + _reward_problems(data) + _trl_problems(trl, list(Hyperparameters.model_fields))
 
 
@@ -196,7 +197,8 @@ def _engine_problems(data: dict, spec_model: type[BaseModel], gpus: int, unsloth
     engine = _lax(generation, Generation, "engine")
     if engine != "vllm":
         for key in ("vllm_mode", "vllm_server_url", "gpu_memory_utilization", "tensor_parallel_size"):
-            if key in generation:
+            # A default value is no request (the Prefect form sends every field with its default).
+            if key in generation and generation[key] != Generation.model_fields[key].default:
                 problems.append(f"generation.{key}: applies only with generation.engine: vllm (got engine {engine!r})")
     elif _lax(generation, Generation, "vllm_mode") == "colocate":
         tensor_parallel = _lax(generation, Generation, "tensor_parallel_size")
@@ -227,6 +229,26 @@ def _engine_problems(data: dict, spec_model: type[BaseModel], gpus: int, unsloth
         problems.append(
             f"distributed.num_machines: several machines per job are not supported yet (got {machines}); "
             "use gpu_count GPUs of one machine"
+        )
+    return problems
+
+
+def _agent_problems(data: dict, unsloth: bool, trl: dict) -> list[str]:
+    """`tools:` and `environment:` (TRL's multi-turn rollouts) against the rest of the spec; what they import and
+    do is checked by preflight (trainers/agents.py)."""
+    tools = data.get("tools") if isinstance(data.get("tools"), list) else []
+    agent, problems = bool(tools) or data.get("environment") is not None, []
+    for i, ref in enumerate(tools):
+        if isinstance(ref, str) and ref in tools[:i]:
+            problems.append(f"tools[{i}]: {ref!r} is listed twice (the model sees one tool per name)")
+    if agent and unsloth:
+        problems.append(
+            "hyperparameters.use_unsloth: not supported with tools or environment (Unsloth generates itself, "
+            "without TRL's tool-calling loop)"
+        )
+    if not agent and trl.get("max_tool_calling_iterations") is not None:
+        problems.append(
+            "trl.max_tool_calling_iterations: applies only with tools or environment; set one or remove it"
         )
     return problems
 
