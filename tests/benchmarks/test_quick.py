@@ -24,6 +24,7 @@ CASES = [
     ("pipeline_overhead", [], {"sides", "runs", "target_overhead_s"}),
     ("ingest_scale", [], {"formats", "rows", "targets"}),
     ("cost_growth", [], {"cells", "fit_K_x_L", "fit_L_and_K_x_L", "fit_generated_tokens"}),
+    ("generation", [], {"sides", "paged_speed_vs_transformers", "faster", "default_engine", "target_met"}),
     # --smoke runs the GPU script's whole path on a CPU (a tiny-width model; QLoRA is skipped there, and says so).
     ("gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}),
 ]
@@ -48,6 +49,13 @@ def test_quick_mode_writes_every_figure(name, extra, keys, tmp_path):
     assert summary_rows(name, data)  # what `make bench` prints from it
     check = globals()[f"check_{name}"]
     check(data)
+
+
+def check_generation(data):
+    assert set(data["sides"]) == {"transformers", "paged"}
+    for side in data["sides"].values():
+        assert side["step_time_s"] > 0 and side["completion_tokens_per_s"] > 0
+    assert data["faster"] in data["sides"] and data["default_engine"] == "transformers"
 
 
 def check_trainer_vs_trl(data):
