@@ -13,6 +13,7 @@ other failure a `RuntimeError` that a retry may cure. No Prefect here: the tasks
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,32 @@ def accelerate_config(strategy: str) -> Path:
     if found is None or found.origin is None:
         raise TrainingSetupError(f"distributed.strategy: {strategy} needs TRL's accelerate configs: pip install trl")
     return Path(found.origin).parent / "accelerate_configs" / ACCELERATE_CONFIGS[strategy]
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (else nvidia-smi's indices); found without
+    torch. Empty on a machine without NVIDIA GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [gpu.strip() for gpu in visible.split(",") if gpu.strip() and gpu.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+
+
+def check_gpu_count(gpu_count: int, gpus: list[str]) -> None:
+    """A machine with GPUs must have the gpu_count the job trains on: a launch on fewer would fail on every rank
+    (and every retry) with an invalid device. A machine without any is a CPU run (several gloo processes)."""
+    if gpus and len(gpus) < gpu_count:
+        raise TrainingSetupError(
+            f"grpoflow: gpu_count: the job trains on {gpu_count} GPUs but this machine shows {len(gpus)} "
+            f"({', '.join(gpus)}); on Kubernetes, give the run the job variable gpu_count={gpu_count} (its pod "
+            "requests that many), or lower gpu_count"
+        )
 
 
 def child_command(module: str, job: JobDir, gpu_count: int = 1, strategy: str = "ddp") -> list[str]:
@@ -192,6 +219,8 @@ def run_child(
     log_path = job.logs / log_name
     started = time.monotonic()
     (job.root / EXIT_RECORD).unlink(missing_ok=True)  # an earlier attempt's
+    given = (env or {}).get("CUDA_VISIBLE_DEVICES")
+    check_gpu_count(gpu_count, [g for g in given.split(",") if g] if given is not None else visible_gpus())
     proc = start_child(child_command(module, job, gpu_count, strategy), log_path, env)
     try:
         while proc.poll() is None:

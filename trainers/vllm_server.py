@@ -10,16 +10,13 @@ weights to it. No Prefect here and no torch: the task process only counts GPUs a
 """
 
 import importlib.util
-import os
-import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from trainers.jobdir import JobDir
-from trainers.launch import TrainingSetupError, start_child, stop_child
+from trainers.launch import TrainingSetupError, start_child, stop_child, visible_gpus
 from trainers.modeling import start_model
 
 VLLM_SERVER_URL_ENV = "GRPOFLOW_VLLM_SERVER_URL"  # read by trainers.grpo's generation_args
@@ -29,20 +26,6 @@ def starts_server(spec) -> bool:
     """Whether this job's training task starts a vLLM server of its own."""
     generation = spec.generation
     return generation.engine == "vllm" and generation.vllm_mode == "server" and not generation.vllm_server_url
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (else nvidia-smi's indices)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
 
 
 def split_gpus(spec, gpus: list[str]) -> tuple[list[str], list[str]]:

@@ -281,3 +281,20 @@ def test_sharded_strategies_save_the_full_model(make_job, strategy):
     assert f"grpoflow: distributed: {strategy} over 2 process(es)" in (job.logs / "train.log").read_text()
     assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
     assert tensor_shapes(job.merged) == tensor_shapes(Path(resolve_model_path("builtin:tiny")))
+
+
+@pytest.mark.parametrize(
+    ("visible", "gpu_count", "fails"),
+    [("0,1,2,3", 4, False), ("0", 4, True), ("", 4, False), ("-1", 2, False), ("0,1", 1, False)],
+)
+def test_gpu_count_against_the_visible_gpus(monkeypatch, visible, gpu_count, fails):
+    # A UI-started Kubernetes run whose pod got the job variable's 1 GPU for a 4-GPU spec is refused once, named;
+    # no GPU at all is a CPU run (several gloo processes), as in these tests.
+    from trainers.launch import check_gpu_count, visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    if fails:
+        with pytest.raises(TrainingSetupError, match=r"gpu_count: the job trains on 4 GPUs but this machine shows 1"):
+            check_gpu_count(gpu_count, visible_gpus())
+    else:
+        check_gpu_count(gpu_count, visible_gpus())
