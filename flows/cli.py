@@ -526,6 +526,79 @@ def cmd_submit(args) -> int:
     return EXIT_FAILED if args.wait and not flow_run.state.is_completed() else EXIT_OK
 
 
+def cmd_sweep(args) -> int:
+    """`grpoflow sweep SPEC --grid k=v1,v2 ...`: every combination validated (and preflighted) first, then one job
+    per combination (flows/sweep.py), then the comparison report. Exit 0 all completed, 1 some failed, 2 rejected."""
+    from flows.sweep import combination_name, combination_spec, grid_overrides, new_sweep_id, parse_grid
+    from trainers.spec import SpecError
+
+    grid = parse_grid(args.grid or [])
+    spec = load(args)
+    combinations = grid_overrides(spec, grid)
+    for values in combinations:  # what `run` checks, for each job, before anything starts
+        job_spec = combination_spec(spec, values)
+        try:
+            preflight(args, job_spec)
+            check_this_machine(job_spec)
+        except SpecError as e:
+            raise SpecError([f"combination {combination_name(values)}: {p}" for p in e.problems]) from None
+    if args.deployment:
+        from flows.deployments import api_url
+
+        api_url()  # jobs on a server's deployment need that server: a temporary one would end with this command
+    print(f"sweep of {len(combinations)} jobs, at most {args.max_concurrent} at once", file=sys.stderr)
+    from flows import server
+
+    sweep_id, previous, temporary = new_sweep_id(spec.name), _stop_on_signals(), None
+    try:
+        temporary = server.start_if_needed()
+        from flows.sweep import grpo_sweep
+
+        with server.connected(temporary):
+            state = grpo_sweep(spec, grid, args.max_concurrent, args.deployment, sweep_id=sweep_id, return_state=True)
+    except KeyboardInterrupt:
+        if not _STOPPED_BY:
+            raise
+        print(f"grpoflow: sweep stopped by {signal.Signals(_STOPPED_BY[0]).name}", file=sys.stderr)
+        return 128 + _STOPPED_BY[0]
+    finally:
+        if temporary is not None:
+            temporary.stop()
+        _restore_signals(previous)
+    return _sweep_result(args, spec, sweep_id, state)
+
+
+def _sweep_result(args, spec, sweep_id: str, state) -> int:
+    """Prints the sweep's report (`--json`: sweep.json with its folder) and returns the exit code of its state."""
+    from flows.sweep import report_dir, table_rows
+    from tasks.stages import REJECTED
+    from tasks.storage import filesystem, join
+
+    if state.name == REJECTED:
+        print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
+        return EXIT_REJECTED
+    folder = report_dir(spec.output_uri, sweep_id)
+    fs, path = filesystem(join(folder, "sweep.json"))
+    if not fs.exists(path):  # the sweep itself broke before its report
+        print(f"grpoflow: sweep failed: {state.message}", file=sys.stderr)
+        return EXIT_FAILED
+    with fs.open(path, "rb") as f:
+        summary = json.loads(f.read())
+    if args.json:
+        print(
+            json.dumps({**summary, "report_dir": folder, "status": "completed" if state.is_completed() else "failed"})
+        )
+    else:
+        best = summary["best"]
+        for row, line in zip(summary["jobs"], table_rows(summary["jobs"], None), strict=True):
+            mark = "  * best" if best and row["job_id"] == best else ""
+            values = ", ".join(f"{k}={v}" for k, v in row["values"].items())
+            print(f"{values}: {line['status']}  {line['job']}  held-out {line['held-out before → after']}{mark}")
+        print(f"sweep {sweep_id} {state.message}")
+        print(f"report: {join(folder, 'sweep.md')}")
+    return EXIT_OK if state.is_completed() else EXIT_FAILED
+
+
 def cmd_publish(args) -> int:
     from tasks.publish import publish_and_record
     from trainers.publish import PublishError, is_user_error
@@ -711,6 +784,44 @@ def _add_server_commands(sub) -> None:
     submit.set_defaults(func=cmd_submit)
 
 
+def _add_sweep_command(sub) -> None:
+    """`sweep`: one job per combination of grid values, then a comparison report (flows/sweep.py)."""
+    sweep = sub.add_parser("sweep", help="run one job per combination of --grid values, then compare them")
+    sweep.add_argument("spec", help="job spec YAML file")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="a spec field (dotted path, as --set) and the values to try; each combination of grids is one job",
+    )
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+    sweep.add_argument("--max-concurrent", type=_positive, default=1, metavar="N", help="jobs at once (default: 1)")
+    sweep.add_argument(
+        "--deployment",
+        help="run each job as a flow run of this grpo-pipeline deployment (e.g. retrain) on PREFECT_API_URL's "
+        "server, instead of here",
+    )
+    sweep.add_argument("--json", action="store_true", help="print the report as JSON")
+    sweep.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
+    )
+    sweep.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sweep.set_defaults(func=cmd_sweep)
+
+
+def _positive(text: str) -> int:
+    """argparse type of --max-concurrent: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="grpoflow", description="GRPO fine-tuning pipelines on Prefect.")
     parser.add_argument("--output-uri", help="output root for jobs (default: the spec's output_uri, else ./runs)")
@@ -754,6 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.set_defaults(func=cmd_model)
     _add_server_commands(sub)
     _add_model_commands(sub)
+    _add_sweep_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

@@ -54,6 +54,7 @@ def test_design_deployments(deployments):
         "grpo-pipeline/retrain-k8s",
         "grpo-pipeline/nightly-k8s",
         "grpo-pipeline/on-new-data-k8s",
+        "grpo-sweep/sweep",  # one retrain run per combination of a grid (flows/sweep.py)
     }
     assert all(d["enforce_parameter_schema"] for d in deployments.values())
 
@@ -188,3 +189,22 @@ def test_trigger_parameters(deployments, payload, expected):
     rendered = hydrate(parameters, context)
     assert rendered == expected
     jsonschema.validate({**deployment["parameters"], **rendered}, schema_of(deployment))
+
+
+def test_the_sweep_form(deployments):
+    """The sweep's form: the job spec, the grid and the limits, each with its description; its default grid is a
+    valid sweep of its default spec, run on the retrain deployment."""
+    from flows.sweep import grid_overrides
+
+    sweep = deployments["grpo-sweep/sweep"]
+    properties = schema_of(sweep)["properties"]
+    assert {"spec", "grid", "max_concurrent", "deployment"} <= properties.keys()
+    for name in ("spec", "grid", "max_concurrent", "deployment"):
+        assert properties[name].get("description"), name
+    parameters = sweep["parameters"]
+    assert len(grid_overrides(parameters["spec"], parameters["grid"])) == 2
+    assert f"grpo-pipeline/{parameters['deployment']}" in deployments
+    # It waits for its jobs off the training queue, which runs one job at a time: never a deadlock with its own jobs.
+    assert (
+        sweep["work_pool"]["work_queue_name"] != deployments["grpo-pipeline/retrain"]["work_pool"]["work_queue_name"]
+    )

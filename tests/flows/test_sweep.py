@@ -1,0 +1,249 @@
+"""Sweeps (flows/sweep.py, `grpoflow sweep`): the grid's expansion and validation, the report, and real sweeps of
+builtin:tiny jobs against a real Prefect server (a failing job fails its row, not the sweep; the concurrency limit)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect.artifacts import Artifact
+from prefect.utilities.callables import parameter_schema
+
+from flows.sweep import best_row, grid_overrides, grpo_sweep, parse_grid, report_markdown
+from tests.conftest import cli
+from trainers.spec import SpecError
+
+BASE = {
+    "name": "s",
+    "base_model": "builtin:tiny",
+    "dataset": {"uri": "examples/data/arithmetic.jsonl"},
+    "rewards": [{"name": "exact_answer"}],
+}
+
+
+# --- the grid
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        # values parsed as --set parses them: numbers, strings, booleans
+        (["hyperparameters.learning_rate=1e-5,3e-5"], {"hyperparameters.learning_rate": [1e-5, 3e-5]}),
+        (["trl.loss_type=grpo, dr_grpo"], {"trl.loss_type": ["grpo", "dr_grpo"]}),
+        (
+            ["sft.enabled=true,false", "hyperparameters.max_steps=5"],
+            {"sft.enabled": [True, False], "hyperparameters.max_steps": [5]},
+        ),
+        # a quoted number stays a string
+        (['name="2024",b'], {"name": ["2024", "b"]}),
+    ],
+)
+def test_parse_grid(options, expected):
+    assert parse_grid(options) == expected
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["hyperparameters.learning_rate"], "expected key=value1,value2"),  # no values
+        (["hyperparameters.learning_rate=1e-5,"], "expected key=value1,value2"),  # an empty value
+        (["=1,2"], "expected key=value1,value2"),  # no key
+        (["hyperparameters.seed=1", "hyperparameters.seed=2"], "given twice"),
+    ],
+)
+def test_parse_grid_rejects(options, message):
+    with pytest.raises(SpecError, match=message):
+        parse_grid(options)
+
+
+def test_grid_is_the_cartesian_product_in_order():
+    grid = {"hyperparameters.learning_rate": [1e-5, 3e-5], "trl.loss_type": ["grpo", "dr_grpo", "dapo"]}
+    combinations = grid_overrides(BASE, grid)
+    assert len(combinations) == 6
+    assert combinations[0] == {"hyperparameters.learning_rate": 1e-5, "trl.loss_type": "grpo"}
+    assert combinations[-1] == {"hyperparameters.learning_rate": 3e-5, "trl.loss_type": "dapo"}
+
+
+@pytest.mark.parametrize(
+    "grid, problems",
+    [
+        # one bad value: only its combinations are named, each with the spec's own message
+        (
+            {"hyperparameters.learning_rate": [1e-5, -1], "hyperparameters.seed": [1]},
+            [
+                "combination hyperparameters.learning_rate=-1, hyperparameters.seed=1: hyperparameters.learning_rate: "
+                "must be > 0 (got -1)"
+            ],
+        ),
+        # a key that is not a spec path: said once, with the closest valid name
+        (
+            {"hyperparameters.learning_rat": [1e-5, 3e-5]},
+            ["every combination: hyperparameters.learning_rat: unknown key (did you mean 'learning_rate'?)"],
+        ),
+        # a path through a value that is not a mapping
+        ({"name.first": ["a"]}, ["combination name.first=a: --set 'name.first=\"a\"': name is not a mapping or list"]),
+        # a key with no values
+        ({"hyperparameters.seed": []}, ["grid.hyperparameters.seed: give at least one value"]),
+        ({}, ["--grid: give at least one grid, e.g. --grid hyperparameters.learning_rate=1e-5,3e-5"]),
+    ],
+)
+def test_grid_validation(grid, problems):
+    with pytest.raises(SpecError) as e:
+        grid_overrides(BASE, grid)
+    assert e.value.problems == problems
+
+
+# --- the report
+
+
+def row(index, status="completed", before=0.25, after=0.5, job_id=None):
+    evaluation = {"metric": "exact_answer", "n": 4, "before": before, "after": after}
+    return {
+        "index": index, "values": {"hyperparameters.seed": index}, "job_id": job_id or f"s-{index}", "status": status,
+        "message": "" if status == "completed" else "boom", "evaluation": evaluation, "final_reward": 0.5,
+        "wall_seconds": 12.0,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rows, best",
+    [
+        ([row(1, after=0.5), row(2, after=0.75)], "s-2"),  # the highest gain
+        ([row(1, before=0.0, after=0.5), row(2, before=0.25, after=0.75)], "s-2"),  # same gain: the higher after
+        ([row(1, after=0.5), row(2, status="failed", after=1.0)], "s-1"),  # a failed job is never best
+        ([row(1, before=None, after=None), row(2, after=0.3)], "s-2"),  # nor an unscored one
+        ([row(1, status="failed")], None),
+    ],
+)
+def test_best_job(rows, best):
+    found = best_row(rows)
+    assert (found["job_id"] if found else None) == best
+
+
+def test_report_table_marks_the_best_and_the_failed():
+    markdown = report_markdown("s-sweep-x", [row(1), row(2, status="failed", after=1.0)], "exact_answer")
+    lines = markdown.splitlines()
+    assert "2 jobs, 1 completed, 1 failed." in lines
+    header = next(line for line in lines if line.startswith("| hyperparameters.seed"))
+    assert header.split(" | ")[1:] == [
+        "job",
+        "status",
+        "held-out before → after",
+        "final reward",
+        "wall time",
+        "best |",
+    ]
+    [first] = [line for line in lines if "s-1" in line]
+    assert "0.250 → 0.500 (+25 pts)" in first and "★ best" in first and "0.500" in first and "12 s" in first
+    [second] = [line for line in lines if "s-2" in line]
+    assert "failed (boom)" in second and "★" not in second
+
+
+def test_the_flow_parameters_have_descriptions():
+    properties = parameter_schema(grpo_sweep).model_dump_for_openapi()["properties"]
+    for name in ("spec", "grid", "max_concurrent", "deployment", "sweep_id"):
+        assert properties[name].get("description"), name
+
+
+# --- the CLI: a rejected sweep starts nothing
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grid", "hyperparameters.learning_rate=1e-3,-1"], "combination hyperparameters.learning_rate=-1"),
+        (["--grid", "hyperparameters.learnig_rate=1e-3"], "hyperparameters.learnig_rate: unknown key"),
+        (["--grid", "hyperparameters.seed"], "--grid 'hyperparameters.seed': expected key=value1,value2"),
+        ([], "--grid: give at least one grid"),
+        (["--grid", "hyperparameters.seed=1", "--max-concurrent", "0"], "--max-concurrent: '0' is not an integer"),
+        # the preflight, per combination: a model that is not there
+        (["--grid", "base_model=builtin:tiny,/no/such/model"], "combination base_model=/no/such/model: base_model"),
+    ],
+)
+def test_sweep_rejected_before_anything_runs(make_spec, tmp_path, monkeypatch, args, message):
+    import flows.server
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("the Prefect server started for a sweep that should have been rejected")
+
+    monkeypatch.setattr(flows.server, "start_if_needed", no_server)
+    code, out, err = cli("sweep", make_spec(), *args)
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+# --- real sweeps
+
+# A factory reward (kwargs from the spec, so a grid can vary them): a negative scale raises in training, never in the
+# dry run (no trainer_state there), so the job passes every check and fails in its GRPO stage.
+SCALED_REWARD = """
+def get_scaled_reward(scale=1.0):
+    def scaled_reward(completions, trainer_state=None, **kwargs):
+        if trainer_state is not None and scale < 0:
+            raise ValueError("a negative scale")
+        return [scale * (len(c) <= 4) for c in completions]
+
+    return scaled_reward
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, monkeypatch):
+    (tmp_path / "sweep_rewards.py").write_text(SCALED_REWARD)
+    monkeypatch.chdir(tmp_path)
+    spec = make_spec(
+        "sw",
+        rewards=[{"name": "exact_answer"}, {"function": "sweep_rewards:get_scaled_reward", "kwargs": {"scale": 1}}],
+        hyperparameters={"max_steps": 2},
+    )
+    code, out, err = cli("sweep", spec, "--grid", "rewards.1.kwargs.scale=1,-1,0.5", "--max-concurrent", "2", "--json")
+    assert code == 1, err
+    summary = json.loads(out)
+    assert summary["status"] == "failed"
+    rows = summary["jobs"]
+    assert [r["values"] for r in rows] == [{"rewards.1.kwargs.scale": s} for s in (1, -1, 0.5)]
+    assert [r["status"] for r in rows] == ["completed", "failed", "completed"]
+
+    # Each completed row: its job folder, its held-out scores and its final reward, as the job wrote them.
+    for r in (rows[0], rows[2]):
+        job = Path(r["output_dir"])
+        assert job.name == r["job_id"] and job.parent == tmp_path / "runs"
+        assert r["evaluation"] == json.loads((job / "evaluation.json").read_text())
+        last = json.loads((job / "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["step"] == 2 and r["final_reward"] == last["values"]["reward"]
+    # The failed row: its job's own end (job.failed), its state's message, no scores.
+    failed = Path(rows[1]["output_dir"])
+    assert json.loads((failed / "events.jsonl").read_text().splitlines()[-1])["event"] == "grpoflow.job.failed"
+    assert "a negative scale" in (failed / "logs" / "train.log").read_text()
+    assert rows[1]["message"] and rows[1]["evaluation"] is None
+    print("failed row message:", rows[1]["message"])
+    assert summary["best"] in (rows[0]["job_id"], rows[2]["job_id"])
+
+    # Never more than 2 jobs at once, and 2 did run at once (the limit is a limit, not a queue of one).
+    moments = sorted([(r["started"], 1) for r in rows] + [(r["ended"], -1) for r in rows])
+    running, most = 0, 0
+    for _, change in moments:
+        running += change
+        most = max(most, running)
+    assert most == 2
+
+    # The report: files under <output_uri>/sweeps/<sweep_id>/, and the Prefect artifacts of the sweep's name.
+    folder = tmp_path / "runs" / "sweeps" / summary["sweep_id"]
+    assert Path(summary["report_dir"]) == folder
+    assert json.loads((folder / "sweep.json").read_text())["jobs"] == rows
+    markdown = (folder / "sweep.md").read_text()
+    assert "3 jobs, 2 completed, 1 failed." in markdown and markdown.count("★ best") == 1
+    artifact = Artifact.get("sw-sweep")
+    assert artifact is not None and summary["sweep_id"] in artifact.data and "★ best" in artifact.data
+    table = Artifact.get("sw-sweep-table")
+    cells = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert [c["status"].split(" ")[0] for c in cells] == ["completed", "failed", "completed"]
+    assert [c["job"] for c in cells] == [r["job_id"] for r in rows]
+    # `grpoflow jobs` still lists the jobs, not the sweeps folder
+    code, out, _ = cli("jobs", "--json")
+    assert code == 0 and {j["job_id"] for j in json.loads(out)["jobs"]} >= {rows[0]["job_id"], rows[2]["job_id"]}
+    assert yaml.safe_load((Path(rows[0]["output_dir"]) / "spec.yaml").read_text())["rewards"][1]["kwargs"] == {
+        "scale": 1
+    }
