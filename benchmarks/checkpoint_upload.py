@@ -2,11 +2,11 @@
 upload) and with an s3:// one (each checkpoint, metrics, events and logs uploaded by `tasks.checkpoint_sync` as the
 child trains).
 
-    python -m benchmarks.checkpoint_upload [--quick] [--json PATH]
+    python -m benchmarks.checkpoint_upload [--quick] [--checkpoint-every N] [--json PATH]
 
-Runs `grpoflow run` on builtin:tiny (GRPO only, a checkpoint every `CHECKPOINT_EVERY` steps: the worst case for the
-uploads) as a child process, alternating the two sides, against moto's S3 server on loopback in this process (real
-HTTP, the real s3fs; the server's own CPU comes out of the same two cores, which a real store's does not). Seconds
+Runs `grpoflow run` on builtin:tiny (GRPO only; by default a checkpoint every step, the worst case for the uploads)
+as a child process, alternating the two sides, against moto's S3 server on loopback in this process (real HTTP, the
+real s3fs; the server's own CPU comes out of the same cores as training, which a real store's does not). Seconds
 per step = the GRPO child's `train_runtime` / steps (`training.json`), so model load and the job's end are left out;
 the upload seconds are the sync thread's own (`checkpoint_uploads` in `grpoflow.training.completed`).
 """
@@ -24,14 +24,14 @@ STEPS, QUICK_STEPS = 30, 6
 CHECKPOINT_EVERY = 1
 
 
-def spec_file(folder: Path, steps: int) -> Path:
+def spec_file(folder: Path, steps: int, checkpoint_every: int) -> Path:
     spec = {
         "name": "upload-bench",
         "base_model": "builtin:tiny",
         "dataset": {"uri": str(REPO_ROOT / "examples" / "data" / "arithmetic.jsonl")},
         "rewards": [{"name": "exact_answer"}],
         "hyperparameters": {"max_steps": steps, "rollouts_per_prompt": 4, "max_response_length": 8},
-        "checkpoint_every": CHECKPOINT_EVERY,
+        "checkpoint_every": checkpoint_every,
         "evaluation": {"holdout": 0},
     }
     path = folder / "spec.yaml"
@@ -44,10 +44,12 @@ def main(argv=None) -> dict:
 
     from tests.s3_server import moto_s3
 
-    args = parser(__doc__).parse_args(argv)
+    cli = parser(__doc__)
+    cli.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints (1)")
+    args = cli.parse_args(argv)
     steps, repeats = (QUICK_STEPS, 1) if args.quick else (STEPS, 3)
     work = Path(tempfile.mkdtemp(prefix="grpoflow-upload-bench-"))
-    spec = spec_file(work, steps)
+    spec = spec_file(work, steps, args.checkpoint_every)
     with moto_s3() as s3:
         fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3["AWS_ENDPOINT_URL"]}, key="testing", secret="testing")
         fs.mkdir("bench")
@@ -91,7 +93,7 @@ def main(argv=None) -> dict:
         rows.append([side, per_step, per_step / base - 1 if base else None, upload_s, mb, len(runs)])
         data[side] = {"runs": runs, "median_s_per_step": per_step}
     headers = ["side", "s/step (median)", "slowdown", "upload s/checkpoint", "MB/checkpoint", "runs"]
-    data.update({"steps": steps, "checkpoint_every": CHECKPOINT_EVERY})
+    data.update({"steps": steps, "checkpoint_every": args.checkpoint_every})
     return finish("checkpoint_upload", args, markdown_table(headers, rows), data)
 
 
