@@ -535,6 +535,13 @@ def cmd_sweep(args) -> int:
     grid = parse_grid(args.grid or [])
     spec = load(args)
     combinations = grid_overrides(spec, grid)
+    if args.deployment:
+        from flows.deployments import ServerNotSet, api_url
+
+        try:
+            api_url()  # jobs on a server's deployment need that server: a temporary one would end with this command
+        except ServerNotSet as e:
+            raise UsageError(f"--deployment: {e}") from None
     for values in combinations:  # what `run` checks, for each job, before anything starts
         job_spec = combination_spec(spec, values)
         try:
@@ -542,10 +549,6 @@ def cmd_sweep(args) -> int:
             check_this_machine(job_spec)
         except SpecError as e:
             raise SpecError([f"combination {combination_name(values)}: {p}" for p in e.problems]) from None
-    if args.deployment:
-        from flows.deployments import api_url
-
-        api_url()  # jobs on a server's deployment need that server: a temporary one would end with this command
     print(f"sweep of {len(combinations)} jobs, at most {args.max_concurrent} at once", file=sys.stderr)
     from flows import server
 

@@ -19,6 +19,7 @@ import itertools
 import json
 import re
 import secrets
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -142,15 +143,11 @@ def final_reward(uri: str) -> float | None:
     fs, path = filesystem(uri)
     if not fs.exists(path):
         return None
-    if is_remote(uri):
-        from tasks.storage import staging_root
-
-        local = staging_root() / "sweep-metrics" / secrets.token_hex(4)
-        fs.get(path, str(local))
-        records = read_jsonl(local, lambda r: isinstance(r, dict) and "values" in r)
-        local.unlink()
-    else:
-        records = read_jsonl(path, lambda r: isinstance(r, dict) and "values" in r)
+    with tempfile.TemporaryDirectory() as scratch:
+        local = Path(path) if not is_remote(uri) else Path(scratch) / "metrics.jsonl"
+        if is_remote(uri):
+            fs.get(path, str(local))
+        records = read_jsonl(local, lambda r: isinstance(r, dict) and isinstance(r.get("values"), dict))
     reward = records[-1]["values"].get("reward") if records else None
     return reward if isinstance(reward, int | float) else None
 

@@ -139,6 +139,23 @@ def test_report_table_marks_the_best_and_the_failed():
     assert "failed (boom)" in second and "★" not in second
 
 
+def test_final_reward_and_report_on_s3(bucket, tmp_path):
+    import s3fs
+
+    from flows.sweep import final_reward, write_report
+
+    fs = s3fs.S3FileSystem()
+    records = [{"step": 1, "values": {"reward": 0.25}}, {"step": 2, "values": {"reward": 0.75, "loss": 0.1}}]
+    fs.pipe(f"{bucket}/runs/s-1/metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())
+    assert final_reward(f"s3://{bucket}/runs/s-1/metrics.jsonl") == 0.75
+    assert final_reward(f"s3://{bucket}/runs/s-2/metrics.jsonl") is None  # a job that never trained
+    assert final_reward(str(tmp_path / "none.jsonl")) is None
+    folder = write_report(f"s3://{bucket}/runs", "s-sweep-x", [row(1), row(2, status="failed")])
+    assert folder == f"s3://{bucket}/runs/sweeps/s-sweep-x"
+    assert json.loads(fs.cat(f"{bucket}/runs/sweeps/s-sweep-x/sweep.json"))["best"] == "s-1"
+    assert "★ best" in fs.cat(f"{bucket}/runs/sweeps/s-sweep-x/sweep.md").decode()
+
+
 def test_the_flow_parameters_have_descriptions():
     properties = parameter_schema(grpo_sweep).model_dump_for_openapi()["properties"]
     for name in ("spec", "grid", "max_concurrent", "deployment", "sweep_id"):
@@ -171,6 +188,30 @@ def test_sweep_rejected_before_anything_runs(make_spec, tmp_path, monkeypatch, a
     assert code == 2, err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_sweep_on_a_deployment_the_server_lacks_fails_every_row(make_spec, tmp_path):
+    from trainers.spec import load_spec
+
+    spec, _ = load_spec(make_spec("dep"))
+    grid = {"hyperparameters.seed": [1, 2]}
+    state = grpo_sweep(spec, grid, max_concurrent=2, deployment="no-such-deployment", return_state=True)
+    assert state.is_failed() and state.message.startswith("2 of 2 jobs failed")
+    [folder] = (tmp_path / "runs" / "sweeps").iterdir()
+    rows = json.loads((folder / "sweep.json").read_text())["jobs"]
+    assert [r["status"] for r in rows] == ["failed", "failed"] and all(r["job_id"] is None for r in rows)
+    assert all("ObjectNotFound" in r["message"] for r in rows), rows[0]["message"]
+    assert not list((tmp_path / "runs").glob("dep-*"))  # no job ran here
+
+
+def test_sweep_on_a_deployment_needs_a_server(make_spec, monkeypatch):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        code, _, err = cli("sweep", make_spec(), "--grid", "hyperparameters.seed=1,2", "--deployment", "retrain")
+    assert code == 2 and "PREFECT_API_URL is not set" in err
 
 
 # --- real sweeps
@@ -217,8 +258,8 @@ def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, mon
     failed = Path(rows[1]["output_dir"])
     assert json.loads((failed / "events.jsonl").read_text().splitlines()[-1])["event"] == "grpoflow.job.failed"
     assert "a negative scale" in (failed / "logs" / "train.log").read_text()
-    assert rows[1]["message"] and rows[1]["evaluation"] is None
-    print("failed row message:", rows[1]["message"])
+    assert "RewardFailed" in rows[1]["message"] and "a negative scale" in rows[1]["message"]
+    assert rows[1]["evaluation"] is None
     assert summary["best"] in (rows[0]["job_id"], rows[2]["job_id"])
 
     # Never more than 2 jobs at once, and 2 did run at once (the limit is a limit, not a queue of one).
