@@ -288,3 +288,48 @@ def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, mon
     assert yaml.safe_load((Path(rows[0]["output_dir"]) / "spec.yaml").read_text())["rewards"][1]["kwargs"] == {
         "scale": 1
     }
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_sweep_as_flow_runs_of_a_deployment(make_spec, tmp_path):
+    """With `deployment`, each job is a flow run of that grpo-pipeline deployment (here served by a process of its
+    own, as a worker would run it), named after its job id; a job its run rejects is a rejected row."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    from trainers.spec import load_spec
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    serve = "from flows.pipeline import grpo_pipeline; grpo_pipeline.serve(name='sweep-test', limit=2)"
+    server = subprocess.Popen([sys.executable, "-c", serve], env=env, cwd=Path(__file__).parents[2])
+    try:
+        with get_client(sync_client=True) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    client.read_deployment_by_name("grpo-pipeline/sweep-test")
+                    break
+                except ObjectNotFound:
+                    assert time.monotonic() < deadline and server.poll() is None, "the deployment was never served"
+                    time.sleep(1)
+        spec, _ = load_spec(make_spec("dep", hyperparameters={"max_steps": 2}))
+        grid = {"dataset.uri": [spec.dataset.uri, str(tmp_path / "missing.jsonl")]}
+        state = grpo_sweep(spec, grid, max_concurrent=2, deployment="sweep-test", return_state=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert state.is_failed() and state.message.startswith("1 of 2 jobs failed"), state.message
+    [folder] = (tmp_path / "runs" / "sweeps").iterdir()
+    rows = json.loads((folder / "sweep.json").read_text())["jobs"]
+    assert [r["status"] for r in rows] == ["completed", "rejected"]
+    assert "missing.jsonl" in rows[1]["message"]
+    job = tmp_path / "runs" / rows[0]["job_id"]
+    assert rows[0]["evaluation"] == json.loads((job / "evaluation.json").read_text())
+    assert rows[0]["final_reward"] is not None
