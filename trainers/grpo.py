@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+from trainers.agents import agent_args, tool_tokenizer
 from trainers.architecture import adapter_summary
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
@@ -247,6 +248,9 @@ def main(job_root: str) -> int:
         peft, quantization = lora_config(hp, model_path), quantization_config(hp)
     check_chat_template(tokenizer, dataset, hp.system_prompt, model_path)
     tokenizer.padding_side = "left"
+    agents = agent_args(spec)  # the spec's tools and environment (TRL's multi-turn rollouts), when set
+    if agents:
+        tokenizer = tool_tokenizer(tokenizer, spec.base_model)
     trainer = grpo_trainer_class(hp.skip_zero_variance_groups)(
         model=model,
         reward_funcs=reward_funcs,
@@ -256,6 +260,7 @@ def main(job_root: str) -> int:
         peft_config=peft,
         quantization_config=quantization,
         callbacks=[metrics_file_callback(job.metrics)],
+        **agents,
     )
     trainer.reward_func_names[: len(spec.rewards)] = [r.name for r in spec.rewards]  # TRL names a model by its path
 

@@ -3,9 +3,10 @@
 `grpoflow validate` runs it after the spec loads, and `grpoflow run` and `grpoflow submit` before anything starts or
 is sent. It loads no weights and needs no torch (a reward module may import it): the model folder or Hub cache holds
 config.json, the architecture's rules read from that config, the tokenizer has a chat template when the prompts need
-one, the dataset opens and has its columns (checked as the ingest checks it, nothing saved), and the rewards import
-and pass the dry run on a few rows. Two exceptions, both in the reward dry run: a reward model (`rewards[].model`, its
-files checked first) is loaded on CPU to score the sample, and an `llm_judge` calls its endpoint. By hand:
+one, the dataset opens and has its columns (checked as the ingest checks it, nothing saved), the rewards import
+and pass the dry run on a few rows, and the tools and environment import and pass theirs on a row. Two exceptions,
+both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU to score the
+sample, and an `llm_judge` calls its endpoint. By hand:
 
     python -m trainers.preflight examples/arithmetic.yaml
 
@@ -339,6 +340,39 @@ def check_chat_roles(p: Preflight) -> list[str]:
     return []
 
 
+def check_agents(p: Preflight) -> list[str]:
+    """`tools:` import and have schemas; `environment:` builds, resets on the first sampled row (as TRL passes it:
+    every column, the prompt as `prompt`) and its get_reward() returns a number; the prompts are chats, and the
+    chat template renders tool calls that TRL can parse (when the tokenizer is here to read)."""
+    from trainers.agents import AgentError, environment_problems, load_environment, load_tools, tool_template_problem
+
+    spec = p.spec
+    if not spec.tools and spec.environment is None:
+        return []
+    problems, factory = [], None
+    try:
+        load_tools(spec.tools)
+        factory = load_environment(spec.environment)
+    except AgentError as e:
+        problems.append(str(e))
+    if factory is not None and p.sample is not None and len(p.sample) > 0:
+        row = dict(p.sample[0])
+        row["prompt"] = _messages(p, row.pop(spec.dataset.prompt_column))
+        problems += environment_problems(factory, row)
+    if p.prompt_format == "text" and spec.hyperparameters.system_prompt is None:
+        problems.append(
+            "dataset.prompt_column: tools and environment need chat prompts (TRL's tool loop appends the calls and "
+            "their results as messages): give lists of messages, or set hyperparameters.system_prompt"
+        )
+    if (tokenizer := _tokenizer(p)) is not None:
+        has_parser = bool(
+            json.loads((_local_model_dir(p) / "tokenizer_config.json").read_text()).get("response_template")
+        )
+        if problem := tool_template_problem(tokenizer.chat_template, spec.base_model, has_parser):
+            problems.append(problem)
+    return problems
+
+
 # In order: a check may use what the ones before it found (the model's folder, the built rewards, the dataset rows).
 CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_model,
@@ -349,6 +383,7 @@ CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_chat_template,
     check_context_length,
     check_chat_roles,
+    check_agents,
     check_rewards_dry_run,
 )
 

@@ -540,6 +540,20 @@ class JobSpec(_Section):
     distributed: DistributedSpec = Field(
         DistributedSpec(), description="How training spreads over gpu_count GPUs: ddp (default), fsdp2, zero2, zero3."
     )
+    tools: list[FunctionRef] = Field(
+        [],
+        description="Tools the model may call during its rollouts, each 'package.module:function': a typed function "
+        "with a Google-style docstring (Args: a line per argument), whose JSON schema the model sees. A rollout runs "
+        "turn after turn until an answer without a tool call, or trl.max_tool_calling_iterations tool turns. Needs "
+        "chat prompts and a tool-calling chat template (Qwen2.5/Qwen3, Llama 3.1, ...; builtin:tiny gets Qwen2.5's).",
+    )
+    environment: FunctionRef | None = Field(
+        None,
+        description="An environment for multi-turn rollouts, 'package.module:Factory' (TRL's environment_factory): "
+        "one instance per rollout, reset(**row) with its dataset row before it (returning None or text appended to "
+        "the prompt); its public methods are more tools; an optional get_reward() scores the rollout beside the "
+        "rewards (weight 1, logged as rewards/CLASS/mean).",
+    )
     trl: dict[str, Any] = Field(
         {},
         description="Any other trl.GRPOConfig field, passed to TRL as given, e.g. {loss_type: dr_grpo, "

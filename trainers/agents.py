@@ -1,0 +1,254 @@
+"""Agents and tools: the spec's `tools:` and `environment:` imported as TRL's `GRPOTrainer` takes them.
+
+`tools` are `package.module:function` references, each a typed function with a Google-style docstring (its JSON schema
+is what the model sees, built by transformers' `get_json_schema`). `environment` is a `package.module:Factory`
+reference, TRL's `environment_factory`: a callable returning an object with `reset(**row)` (called with each dataset
+row before its rollout; it may return text appended to the last user message), public methods that become the
+rollout's tools, and optionally `get_reward()`, a number scored per rollout beside the spec's rewards (logged as
+rewards/<class name>/mean). The rollout ends when the model answers without a tool call, or after
+`trl.max_tool_calling_iterations` tool turns.
+
+Nothing here imports torch: preflight (trainers/preflight.py) runs `agent_problems` before any model loads.
+"""
+
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# The chat templates whose tool calls TRL 1.16 can parse (`trl.chat_template_utils.add_response_schema`), by their file
+# in trl/chat_templates/; tests/trainers/test_agents.py checks each against TRL itself.
+PARSEABLE_TEMPLATES = (
+    "qwen2_5",
+    "qwen3",
+    "qwen3_instruct_2507",
+    "qwen3_vl",
+    "qwen3_5_nothink",
+    "qwen3_5_think",
+    "qwen3_6",
+    "qwen3_8",
+    "llama3_1",
+    "llama3_2",
+    "glm4moe",
+    "gptoss",
+    "deepseek_r1_distill",
+    "lfm2_v2",
+    "lfm2_2_5",
+    "lfm2_2_5_v2",
+    "lfm2_2_5_vl",
+    "gemma4",
+    "gemma4_v2",
+    "gemma4_v3",
+    "gemma4_v4",
+    "gemma4_v5",
+    "nemotron_3_nano",
+    "nemotron_3_super",
+    "nemotron_3_ultra",
+    "nemotron_3_5_lightning",
+)
+# builtin:tiny is a Qwen2 with Qwen's chat tokens: for tool rollouts it gets Qwen2.5's tool-calling template.
+TINY_TOOL_TEMPLATE = "qwen2_5"
+# Methods of an environment that TRL does not expose as tools.
+ENVIRONMENT_HOOKS = ("reset", "get_reward")
+
+
+class AgentError(ValueError):
+    """A `tools:` or `environment:` entry that cannot be used; the message names the spec field."""
+
+
+def import_ref(ref: str, where: str) -> Any:
+    """Imports `package.module:name` and returns the object; `AgentError` naming `where` when it cannot."""
+    module_name, _, name = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # the user's module: any error in it is theirs
+        raise AgentError(f"{where}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    if not hasattr(module, name):
+        raise AgentError(f"{where}: module {module_name!r} has no {name!r}")
+    return getattr(module, name)
+
+
+def tool_schema(function: Callable, where: str) -> dict:
+    """The JSON schema the model sees for `function` (transformers' `get_json_schema`), or `AgentError` saying what
+    the function lacks (a docstring, a type hint, an argument's description)."""
+    try:
+        return _json_schema(function)
+    except Exception as e:  # DocstringParsingException, TypeHintParsingException
+        raise AgentError(
+            f"{where}: {getattr(function, '__name__', function)!r} is not usable as a tool: {e} (a tool needs type "
+            "hints on every argument and a Google-style docstring with an Args: line for each)"
+        ) from None
+
+
+def _json_schema(function: Callable) -> dict:
+    from transformers.utils import chat_template_utils
+
+    if "torch" in sys.modules:
+        return chat_template_utils.get_json_schema(function)
+    # get_json_schema imports torch only to map a torch.Tensor hint, which a tool whose module has not imported torch
+    # cannot have: preflight (no torch) asks it to skip that.
+    torch_available = chat_template_utils.is_torch_available
+    chat_template_utils.is_torch_available = lambda: False
+    try:
+        return chat_template_utils.get_json_schema(function)
+    finally:
+        chat_template_utils.is_torch_available = torch_available
+
+
+def load_tools(refs: list[str]) -> list[Callable]:
+    """The spec's `tools:` imported, each checked to be a function with a schema."""
+    tools = []
+    for i, ref in enumerate(refs):
+        where = f"tools[{i}]"
+        tool = import_ref(ref, where)
+        if not callable(tool):
+            raise AgentError(f"{where}: {ref!r} is a {type(tool).__name__}, not a function")
+        tool_schema(tool, where)
+        tools.append(tool)
+    return tools
+
+
+def load_environment(ref: str | None) -> Callable | None:
+    """The spec's `environment:` factory imported (None when unset); `AgentError` when it is not callable."""
+    if ref is None:
+        return None
+    factory = import_ref(ref, "environment")
+    if not callable(factory):
+        raise AgentError(f"environment: {ref!r} is a {type(factory).__name__}, not a class or function")
+    return factory
+
+
+def environment_tools(instance: Any) -> list[Callable]:
+    """The environment's methods TRL exposes as tools: the public functions of its class, but reset and get_reward."""
+    return [
+        getattr(instance, name)
+        for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if name not in ENVIRONMENT_HOOKS and not name.startswith("_")
+    ]
+
+
+def environment_problems(factory: Callable, row: dict) -> list[str]:
+    """The environment's dry run on one dataset row, as TRL drives it: the factory builds an instance, which has a
+    `reset`; each tool method has a schema; `reset(**row)` returns None or text; `get_reward()`, when defined,
+    returns a finite number. Returns one line per problem, each starting with "environment:"."""
+    try:
+        instance = factory()
+    except Exception as e:
+        return [f"environment: calling the factory failed ({type(e).__name__}: {e})"]
+    kind = type(instance).__name__
+    if not callable(getattr(instance, "reset", None)):
+        return [f"environment: the factory's {kind} has no reset method (TRL calls reset(**row) before each rollout)"]
+    problems = []
+    for method in environment_tools(instance):
+        try:
+            tool_schema(method, f"environment: {kind}.{method.__name__}")
+        except AgentError as e:
+            problems.append(str(e))
+    try:
+        observation = instance.reset(**row)
+    except Exception as e:
+        return [*problems, f"environment: {kind}.reset(**row) failed on a dataset row ({type(e).__name__}: {e})"]
+    if observation is not None and not isinstance(observation, str):
+        problems.append(
+            f"environment: {kind}.reset returned a {type(observation).__name__}; it must return None or text "
+            "(appended to the prompt's last user message)"
+        )
+    if callable(getattr(instance, "get_reward", None)) and (problem := _reward_problem(instance, kind)):
+        problems.append(problem)
+    return problems
+
+
+def _reward_problem(instance: Any, kind: str) -> str | None:
+    if inspect.iscoroutinefunction(instance.get_reward):
+        return None  # awaited on TRL's event loop; calling it here would need one
+    try:
+        reward = instance.get_reward()
+    except Exception as e:
+        return f"environment: {kind}.get_reward() failed after reset ({type(e).__name__}: {e})"
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        return f"environment: {kind}.get_reward() returned {reward!r}; it must return a finite number"
+    return None
+
+
+# --- chat templates -------------------------------------------------------------------------------------------------
+
+
+def trl_template(name: str) -> str:
+    """The text of TRL's chat template `name` (trl/chat_templates/NAME.jinja), read without importing TRL."""
+    spec = importlib.util.find_spec("trl")
+    return (Path(spec.submodule_search_locations[0]) / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def tool_template_problem(chat_template: str | None, model_id: str, response_template: bool = False) -> str | None:
+    """Why TRL cannot run tool rollouts through `chat_template`, or None: it must render a tool-calling conversation
+    (TRL's `supports_tool_calling`), and TRL must know how to parse its tool calls (a template it recognises, unless
+    the tokenizer carries its own `response_template`)."""
+    from trainers.tiny import CHAT_TEMPLATE
+
+    if chat_template == CHAT_TEMPLATE:
+        return None  # builtin:tiny: trainers.grpo gives it Qwen2.5's template
+    fix = "use a tool-calling chat model (Qwen2.5/Qwen3 or Llama 3.1 Instruct, ...)"
+    if not chat_template:
+        return f"base_model: the tokenizer of {model_id} has no chat template, so it cannot render tools; {fix}"
+    if not renders_tool_calls(chat_template):
+        return (
+            f"base_model: the chat template of {model_id} cannot render a tool call and its result (user -> assistant "
+            f"with tool_calls -> tool), which tools and environment need; {fix}"
+        )
+    if not response_template and chat_template not in {trl_template(name) for name in PARSEABLE_TEMPLATES}:
+        return (
+            f"base_model: TRL cannot parse tool calls in the chat template of {model_id} (it knows those of "
+            f"{', '.join(sorted({n.split('_')[0] for n in PARSEABLE_TEMPLATES}))}); {fix}, or set a response_template "
+            "on its tokenizer"
+        )
+    return None
+
+
+def renders_tool_calls(chat_template: str) -> bool:
+    """TRL's `supports_tool_calling` on the template text, rendered by transformers' own `render_jinja_template`
+    (which needs no torch): the tool call's name and arguments and the tool's answer all appear."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    name, key, value, content = "tool_name_a8f3e2b1", "tool_arg_key_b9d4f5c2", "tool_arg_val_d6e7a9f3", "tool_c4f9a8e2"
+    call = {"type": "function", "function": {"name": name, "arguments": {key: value}}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": name, "content": content},
+    ]
+    try:
+        rendered, _ = render_jinja_template([messages], chat_template=chat_template)
+    except Exception:  # the template refuses the roles, or indexes content as a list
+        return False
+    return all(s in rendered[0] for s in (name, key, value, content))
+
+
+def tool_tokenizer(tokenizer, model_id: str):
+    """The tokenizer ready for TRL's tool rollouts: builtin:tiny's template becomes Qwen2.5's (saved with the trained
+    model, so it keeps calling tools the same way); any other template TRL cannot use is a `SetupError`."""
+    from trainers.modeling import SetupError
+    from trainers.tiny import CHAT_TEMPLATE
+
+    if tokenizer.chat_template == CHAT_TEMPLATE:
+        tokenizer.chat_template = trl_template(TINY_TOOL_TEMPLATE)
+    has_parser = getattr(tokenizer, "response_template", None) is not None
+    if problem := tool_template_problem(tokenizer.chat_template, model_id, has_parser):
+        raise SetupError(problem)
+    return tokenizer
+
+
+def agent_args(spec) -> dict:
+    """`GRPOTrainer` keyword arguments for the spec's `tools:` and `environment:` (empty when neither is set), or a
+    `SetupError` naming the entry that cannot be imported."""
+    from trainers.modeling import SetupError
+
+    if not spec.tools and spec.environment is None:
+        return {}
+    try:
+        return {"tools": load_tools(spec.tools), "environment_factory": load_environment(spec.environment)}
+    except AgentError as e:
+        raise SetupError(str(e)) from None
