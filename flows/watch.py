@@ -37,13 +37,11 @@ Guarantees:
 
 import argparse
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -55,6 +53,7 @@ from prefect import flow, get_run_logger
 from prefect.events import emit_event
 from prefect.states import Completed
 
+from tasks.leases import LeaseHeld, S3Lease, conditional_put
 from tasks.storage import filesystem, is_remote, join
 from trainers.dataset import COMPRESSIONS, FORMATS
 from trainers.jobdir import write_json_atomic
@@ -178,50 +177,18 @@ class SharedState:
         self.fs, path = filesystem(uri)
         self.bucket, self.key, _ = self.fs.split_path(path)
         self.etag = None  # the state object's version this look read or last wrote
-        self.lease = None  # the ETag of our lease object
-
-    def _put(self, key: str, body: bytes, **condition) -> str | None:
-        """Writes `key` under `condition`; its new ETag, or None when the condition did not hold."""
-        try:
-            return self.fs.call_s3("put_object", Bucket=self.bucket, Key=key, Body=body, **condition)["ETag"]
-        except FileExistsError:  # If-None-Match failed
-            return None
-        except OSError as e:  # s3fs's PreconditionFailed (HTTP 412) for If-Match
-            if e.errno == errno.EINVAL and "pre-condition" in str(e).lower():
-                return None
-            raise
+        self.lease = S3Lease(uri + ".lock", LEASE_SECONDS)
 
     def acquire(self) -> None:
         """Takes the lease, waiting up to `LEASE_WAIT_S` seconds for another watcher's look to end."""
-        key, deadline = self.key + ".lock", time.monotonic() + LEASE_WAIT_S
-        while True:
-            mine = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}).encode()
-            self.lease = self._put(key, mine, IfNoneMatch="*")
-            if self.lease:
-                return
-            try:
-                info = self.fs.info(f"{self.bucket}/{key}", refresh=True)
-                held = json.loads(self.fs.cat_file(f"{self.bucket}/{key}"))
-            except FileNotFoundError:
-                continue  # released meanwhile
-            except ValueError:
-                held = {"at": 0}  # unreadable: taken over like an expired one
-            if time.time() - float(held.get("at", 0)) > LEASE_SECONDS:
-                self.lease = self._put(key, mine, IfMatch=info["ETag"])
-                if self.lease:
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"another watcher ({held.get('host')}, pid {held.get('pid')}) holds {self.uri}.lock"
-                )
-            time.sleep(0.5)
+        try:
+            self.lease.acquire(wait_s=LEASE_WAIT_S, what=self.uri)
+        except LeaseHeld as e:
+            raise TimeoutError(f"another watcher: {e}") from None
 
     def release(self) -> None:
         """Removes our lease (only ours: a lease another watcher took over stays)."""
-        try:
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key + ".lock", IfMatch=self.lease)
-        except (FileNotFoundError, OSError):
-            pass
+        self.lease.release()
 
     def load(self) -> dict:
         try:
@@ -234,7 +201,7 @@ class SharedState:
     def save(self, data: dict) -> None:
         body = json.dumps(data, indent=2).encode()
         condition = {"IfMatch": self.etag} if self.etag else {"IfNoneMatch": "*"}
-        etag = self._put(self.key, body, **condition)
+        etag = conditional_put(self.fs, self.bucket, self.key, body, **condition)
         if etag is None:
             raise LeaseLost(f"the watch state {self.uri} changed under this look (its lease expired): not written")
         self.etag = etag

@@ -21,6 +21,7 @@ from tasks import webhooks
 from tasks.artifacts import completed_message
 from tasks.checkpoint_sync import FileMirror, sync_checkpoints
 from tasks.events import emit
+from tasks.leases import LeaseHeld, S3Lease
 from tasks.stages import rejected
 from tasks.storage import filesystem, is_remote, join, staging_root
 from trainers.job_index import remember
@@ -69,12 +70,17 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
     live run holds (`trainers.joblock`) ends the task `Rejected`, naming that run; nothing is written or announced.
     """
     job = job_dir(spec.output_uri, job_id or new_job_id(spec.name))
+    try:
+        lock_remote(job, spec)  # first: two machines resuming one S3 job
+    except LeaseHeld as e:
+        return rejected(str(e))
     if job_id is not None and is_remote(spec.output_uri) and not job.root.exists():
         download_job(job, job_location(job, spec))
     job.root.mkdir(parents=True, exist_ok=True)
     try:
         JobLock(job.root).acquire()  # released by JobEnding, however the job ends
     except JobLocked as e:
+        unlock_remote(job)
         return rejected(str(e))
     mark_stale_flow_run(job)  # the earlier run of a resumed job, killed while its flow run showed Running
     record_flow_run(job)
@@ -86,6 +92,29 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
         {"name": spec.name, "base_model": spec.base_model, "output_dir": job_location(job, spec)},
     )
     return job
+
+
+# A remote job's lease (`tasks.leases`), renewed every quarter of this while its run lasts: a run on a lost machine
+# holds the job for at most this long.
+JOB_LEASE_TTL_S = 600.0
+JOB_LEASE = ".lease.json"  # at <output_uri>/<job_id>/; hidden names are neither uploaded nor downloaded
+_leases: dict[str, S3Lease] = {}  # job id -> the lease this process holds
+
+
+def lock_remote(job: JobDir, spec: JobSpec) -> None:
+    """With a remote output_uri, takes the job's lease on the store itself, which every machine sees (the local
+    `.lock` only guards the staging folder of this one); raises `LeaseHeld` naming the live holder."""
+    if not is_remote(spec.output_uri) or job.job_id in _leases:
+        return
+    lease = S3Lease(join(spec.output_uri, job.job_id, JOB_LEASE), JOB_LEASE_TTL_S)
+    lease.acquire(what=f"job {job.job_id}")
+    lease.heartbeat()
+    _leases[job.job_id] = lease
+
+
+def unlock_remote(job: JobDir) -> None:
+    if (lease := _leases.pop(job.job_id, None)) is not None:
+        lease.release()
 
 
 def record_flow_run(job: JobDir) -> None:
@@ -147,8 +176,8 @@ def download_job(job: JobDir, location: str) -> None:
         return
     for name, info in fs.find(remote, detail=True).items():
         rel = name.removeprefix(remote + "/")
-        if rel.split("/", 1)[0] == job.checkpoints.name or info.get("type") != "file":
-            continue
+        if rel.split("/", 1)[0] == job.checkpoints.name or info.get("type") != "file" or rel.startswith("."):
+            continue  # checkpoints come as needed; hidden names (the lease) are no job files
         (job.root / rel).parent.mkdir(parents=True, exist_ok=True)
         fs.get_file(name, str(job.root / rel))
         if isinstance(modified := info.get("LastModified"), datetime):
@@ -219,6 +248,7 @@ class JobEnding:
             self._announce("grpoflow.job.failed", {"reason": reason, "error": str(error)[-2000:]})
             upload_failed_job(self.job, self.spec)
         JobLock(self.job.root).release()
+        unlock_remote(self.job)
         return False
 
     def rejected(self, message: str) -> State:

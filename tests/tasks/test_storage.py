@@ -15,7 +15,7 @@ from prefect.filesystems import RemoteFileSystem
 from flows.cli import main
 from tasks import storage
 from tasks.checkpoint_sync import restore_checkpoint
-from tasks.job import create_job_task, job_dir, job_location, upload_job
+from tasks.job import create_job_task, job_dir, job_location, unlock_remote, upload_job
 from tests.conftest import arithmetic_rows
 from trainers.dataset import ingest_dataset, load_ingested
 from trainers.spec import SpecError, load_spec
@@ -87,6 +87,7 @@ def test_job_folder_staged_uploaded_and_resumed(bucket, tmp_path, monkeypatch):
     fs = s3fs.S3FileSystem()
     remote = f"{bucket}/runs/s3-job-1"
     assert {p.removeprefix(remote + "/") for p in fs.find(remote)} == {
+        ".lease.json",  # the run's lease (tasks.leases), held until the job ends: no second machine takes the job
         "spec.yaml",
         "events.jsonl",
         "metrics.jsonl",
@@ -101,15 +102,19 @@ def test_job_folder_staged_uploaded_and_resumed(bucket, tmp_path, monkeypatch):
     assert fs.cat(f"{remote}/events.jsonl").decode().endswith('"grpoflow.job.completed"}\n')
     assert fs.cat(f"{remote}/metrics.jsonl") == b'{"step": 1, "values": {}}\n'
 
-    # Resumed on a machine without the staging folder: the job folder comes back from S3 first.
+    # Resumed, once that run ended, on a machine without the staging folder: the job folder comes back from S3.
+    unlock_remote(job)
+    assert not fs.exists(f"{remote}/.lease.json")
     monkeypatch.setenv(storage.STAGING_ENV, str(tmp_path / "elsewhere"))
     resumed = create_job_task(spec, "s3-job-1")
+    assert not (resumed.root / ".lease.json").exists()  # the lease is no job file
     assert resumed.root == tmp_path / "elsewhere" / "s3-job-1"
     # Checkpoints come when training needs one: the newest intact, checked against its manifest.
     assert not resumed.checkpoints.exists()
     assert restore_checkpoint(resumed, job_location(resumed, spec)) == "checkpoint-1"
     assert (resumed.checkpoints / "checkpoint-1" / "trainer_state.json").exists()
     assert resumed.metrics.read_text() == '{"step": 1, "values": {}}\n'
+    unlock_remote(resumed)
 
 
 def test_local_output_is_not_uploaded(tmp_path):
