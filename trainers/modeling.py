@@ -206,12 +206,7 @@ def quantization_config(hp):
 def needs_cuda(spec) -> bool:
     """Whether the spec asks for something that runs only on a CUDA GPU (what `check_accelerators` checks)."""
     hp = spec.hyperparameters
-    return (
-        hp.use_unsloth
-        or hp.use_liger
-        or spec.generation.engine == "vllm"
-        or spec.distributed.strategy != "ddp"
-    )
+    return hp.use_unsloth or hp.use_liger or spec.generation.engine == "vllm" or spec.distributed.strategy != "ddp"
 
 
 def check_accelerators(spec) -> None:
