@@ -29,6 +29,10 @@ code moves between modules; grep for the function name.
 | prefect | `prefect.utilities.urls.url_for` and the UI's `/runs/flow-run/<id>` path | a flow run's link, with a fallback of the same form | `flow_run_url` (flows/deployments.py) |
 | prefect | `prefect.exceptions.TerminationSignal`, a `BaseException` | a cancelled run is reported as "cancelled" | `grpo_pipeline` (flows/pipeline.py) |
 | accelerate | `python -m accelerate.commands.launch --multi_gpu --num_processes N -m module ...` (the module behind `accelerate launch`) | the multi-GPU training child, with this interpreter | `child_command` (trainers/launch.py) |
+| accelerate, trl | `--config_file trl/accelerate_configs/{fsdp2,zero2,zero3}.yaml` (files TRL ships, found without importing TRL) and `Accelerator.distributed_type` / `is_fsdp2` / `state.deepspeed_plugin.zero_stage` | the sharded strategies' launch, and the check of what really runs | `accelerate_config`, `child_command` (trainers/launch.py), `applied_strategy` (trainers/grpo.py) |
+| trl | `GRPOTrainer.reward_func_names`, the list its metrics are named from (`rewards/<name>/mean`) | a reward model's metric carries the spec's name, not its path | `main` (trainers/grpo.py) |
+| transformers | `transformers.utils.chat_template_utils.is_torch_available`, read by `get_json_schema` | tool schemas in the preflight without importing torch | `tool_schema` (trainers/agents.py) |
+| trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
 | standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (tasks/webhooks.py) |
 """
 
@@ -497,6 +501,42 @@ def test_accelerate_launch_module_takes_the_child_command():
     assert (args.training_script, args.training_script_args) == ("trainers.grpo", ["runs/job"])
     # Run with `python -m`, so the module must start the launcher itself.
     assert 'if __name__ == "__main__"' in Path(launch.__file__).read_text()
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "zero2", "zero3"])
+def test_trl_ships_the_accelerate_configs_grpoflow_launches_with(strategy):
+    import yaml
+
+    from trainers.launch import accelerate_config
+
+    config = yaml.safe_load(accelerate_config(strategy).read_text())
+    if strategy == "fsdp2":
+        assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
+    else:
+        assert config["distributed_type"] == "DEEPSPEED"
+        assert config["deepspeed_config"]["zero_stage"] == int(strategy[-1])
+
+
+def test_accelerator_tells_the_strategy_it_runs():
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    assert {"NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"} <= set(DistributedType.__members__)
+    assert isinstance(Accelerator.is_fsdp2, property)
+
+
+def test_reward_func_names_name_the_reward_metrics():
+    import trl.trainer.grpo_trainer as grpo_trainer
+
+    source = inspect.getsource(grpo_trainer.GRPOTrainer)
+    assert "self.reward_func_names" in source and 'f"rewards/{reward_func_name}/mean"' in source
+
+
+def test_get_json_schema_asks_is_torch_available_through_chat_template_utils():
+    from transformers.utils import chat_template_utils
+
+    assert callable(chat_template_utils.is_torch_available)
+    assert "is_torch_available()" in inspect.getsource(chat_template_utils)
 
 
 def test_standardwebhooks_secret_forms():
