@@ -6,6 +6,7 @@
     grpoflow jobs
     grpoflow metrics JOB_ID --keys reward,reward_std --json
     grpoflow model JOB_ID --json
+    grpoflow sweep examples/arithmetic.yaml --grid trl.loss_type=grpo,dr_grpo --max-concurrent 1
 
 Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument, or a run
 whose training could not start (a setup problem, not retried).
