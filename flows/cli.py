@@ -258,6 +258,8 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         from tasks.stages import REJECTED
         from trainers.report import waited_since
 
+        _quiet_prefect_console()  # Prefect's logging is set up now (importing the flow did it)
+
         # The report's wall time is the one the user waited: from this command's start.
         with server.connected(temporary), waited_since(getattr(args, "started", None) or time.time()):
             try:
@@ -303,9 +305,7 @@ def _interrupt(signum, frame) -> None:
     if _STOPPED_BY:
         return
     _STOPPED_BY.append(signum)
-    for handler in logging.getLogger().handlers:  # the terminal's: Prefect's console handler sits on the root logger
-        if not any(isinstance(f, _QuietAfterStop) for f in handler.filters):
-            handler.addFilter(_QuietAfterStop())
+    _quiet_prefect_console()
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
@@ -315,7 +315,16 @@ class _QuietAfterStop(logging.Filter):
     kept out of the terminal. They still reach the Prefect API's logs (another handler) for the run's page."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (_STOPPED_BY and record.name.startswith("prefect") and record.levelno >= logging.INFO)
+        if not record.name.startswith("prefect") or record.levelno < logging.INFO:
+            return True
+        # Prefect's own SIGTERM handling reports "aborted by a termination signal" before grpoflow's handler runs.
+        return not (_STOPPED_BY or "termination signal" in record.getMessage())
+
+
+def _quiet_prefect_console() -> None:
+    for handler in logging.getLogger().handlers:  # the terminal's: Prefect's console handler sits on the root logger
+        if not any(isinstance(f, _QuietAfterStop) for f in handler.filters):
+            handler.addFilter(_QuietAfterStop())
 
 
 def _stop_on_signals() -> dict:
