@@ -77,7 +77,13 @@ def generation_args(spec: JobSpec) -> dict:
         "vllm_tensor_parallel_size": generation.tensor_parallel_size,
     }
     if generation.vllm_mode == "server":
-        args["vllm_server_base_url"] = generation.vllm_server_url or os.environ[VLLM_SERVER_URL_ENV]
+        url = generation.vllm_server_url or os.environ.get(VLLM_SERVER_URL_ENV)
+        if not url:
+            raise SetupError(
+                "generation.vllm_mode: server without vllm_server_url: the training task starts the server and passes "
+                f"its URL; a child started by hand needs {VLLM_SERVER_URL_ENV} (or set generation.vllm_server_url)"
+            )
+        args["vllm_server_base_url"] = url
     return args
 
 

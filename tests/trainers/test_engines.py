@@ -53,6 +53,13 @@ def test_a_server_of_the_jobs_own_is_passed_by_the_task(make_spec, tmp_path, mon
     assert grpo.grpo_config(spec, JobDir(tmp_path / "job")).vllm_server_base_url == "http://127.0.0.1:41234"
 
 
+def test_a_server_mode_child_without_its_url_says_so(make_spec, tmp_path, monkeypatch):
+    spec, _ = load_spec(make_spec("srv", generation={"engine": "vllm", "vllm_mode": "server"}))
+    monkeypatch.delenv(VLLM_SERVER_URL_ENV, raising=False)
+    with pytest.raises(SetupError, match=r"generation.vllm_mode: server without vllm_server_url"):
+        grpo.generation_args(spec)
+
+
 def test_vllm_server_sets_gpus_aside(make_spec):
     spec, _ = load_spec(
         make_spec(

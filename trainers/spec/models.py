@@ -488,10 +488,6 @@ class GenerationSpec(_Section):
         return value
 
 
-# The accelerate config TRL ships for each strategy (trl/accelerate_configs/), used by `accelerate launch`.
-STRATEGIES = {"ddp": "multi_gpu.yaml", "fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "zero3.yaml"}
-
-
 class DistributedSpec(_Section):
     """How training spreads over several GPUs (gpu_count > 1)."""
 
