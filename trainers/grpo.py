@@ -108,7 +108,7 @@ def owned_args(spec: JobSpec, job: JobDir) -> dict:
         "num_generations": hp.rollouts_per_prompt,
         # One step trains on prompts_per_step groups across all processes, each GPU an equal share (rules.py checks
         # that it divides); TRL bounds no batch, so no gradient accumulation is needed to reach K completions.
-        "per_device_train_batch_size": hp.rollouts_per_prompt * hp.prompts_per_step // spec.gpu_count,
+        "per_device_train_batch_size": hp.rollouts_per_prompt * hp.prompts_per_step // spec.processes,
         "gradient_accumulation_steps": 1,
         "max_completion_length": hp.max_response_length,
         "beta": hp.kl_coef,
@@ -117,7 +117,7 @@ def owned_args(spec: JobSpec, job: JobDir) -> dict:
         "data_seed": hp.seed,
         "reward_weights": [r.weight for r in spec.rewards],
         "bf16": use_bf16(),
-        "use_cpu": use_cpu(spec.gpu_count),
+        "use_cpu": use_cpu(spec.processes),
         "use_liger_kernel": hp.use_liger,
         "model_init_kwargs": {"dtype": torch_dtype()},
         "logging_steps": 1,
@@ -319,7 +319,7 @@ def evaluates_in_training(spec: JobSpec) -> bool:
     process start and model load: for a one-process full fine-tune, whose in-memory model is `merged/`. LoRA jobs
     are evaluated on `merged/` after the merge stage (the adapter on a 4-bit base is not the merged model)."""
     hp = spec.hyperparameters
-    return hp.lora_rank is None and not hp.use_unsloth and spec.gpu_count == 1
+    return hp.lora_rank is None and not hp.use_unsloth and spec.processes == 1
 
 
 def cli(argv=None) -> int:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainers.jobdir import JobDir
@@ -86,10 +87,36 @@ def check_gpu_count(gpu_count: int, gpus: list[str]) -> None:
         )
 
 
-def child_command(module: str, job: JobDir, gpu_count: int = 1, strategy: str = "ddp") -> list[str]:
+@dataclass(frozen=True)
+class Machines:
+    """Where this machine stands in a run over several (`distributed.num_machines`): how many, its rank (0 is the
+    main one), and the rank-0 machine's host and port, where the others meet it (accelerate's static rendezvous)."""
+
+    num_machines: int
+    machine_rank: int
+    main_process_ip: str
+    main_process_port: int = 29500
+
+    def args(self) -> list[str]:
+        return [
+            "--num_machines",
+            str(self.num_machines),
+            "--machine_rank",
+            str(self.machine_rank),
+            "--main_process_ip",
+            self.main_process_ip,
+            "--main_process_port",
+            str(self.main_process_port),
+        ]
+
+
+def child_command(
+    module: str, job: JobDir, gpu_count: int = 1, strategy: str = "ddp", machines: Machines | None = None
+) -> list[str]:
     """The command line of a training child; `accelerate launch` spreads it over several GPUs, with plain data
-    parallelism (ddp) or TRL's config for a sharded strategy (fsdp2, zero2, zero3)."""
-    if gpu_count == 1 and strategy == "ddp":
+    parallelism (ddp) or TRL's config for a sharded strategy (fsdp2, zero2, zero3), and with `machines` over several
+    machines: `gpu_count` processes on each, `num_machines * gpu_count` in all."""
+    if gpu_count == 1 and strategy == "ddp" and machines is None:
         return [sys.executable, "-m", module, str(job.root)]
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     if strategy == "ddp":
@@ -106,6 +133,9 @@ def child_command(module: str, job: JobDir, gpu_count: int = 1, strategy: str = 
         # The config's own mixed_precision (bf16) would otherwise win over the trainer's `bf16`, which follows the
         # machine (trainers.modeling.use_bf16), as it does with ddp.
         launch += ["--config_file", str(accelerate_config(strategy)), "--mixed_precision", "no"]
+    if machines is not None:
+        launch += machines.args()
+        gpu_count *= machines.num_machines  # accelerate's --num_processes counts every machine's
     return [*launch, "--num_processes", str(gpu_count), "-m", module, str(job.root)]
 
 
@@ -198,6 +228,7 @@ def run_child(
     result: Path | None = None,
     strategy: str = "ddp",
     env: dict | None = None,
+    machines: Machines | None = None,
 ) -> float:
     """Runs `python -m module JOB_DIR` to its end and returns its wall time in seconds.
 
@@ -211,6 +242,7 @@ def run_child(
         result (`Path`, *optional*): the file the child writes last; missing after exit 0 raises `ChildEndedEarly`.
         strategy (`str`, *optional*): the spec's `distributed.strategy` (ddp, fsdp2, zero2, zero3).
         env (`dict`, *optional*): variables added to the child's environment.
+        machines (`Machines`, *optional*): this machine's part in a run over several (`tasks.node`).
 
     Raises:
         `TrainingSetupError`: the child exited 2 (a setup problem). `RewardFailed`: it exited 3 (a reward failed).
@@ -221,7 +253,7 @@ def run_child(
     (job.root / EXIT_RECORD).unlink(missing_ok=True)  # an earlier attempt's
     given = (env or {}).get("CUDA_VISIBLE_DEVICES")
     check_gpu_count(gpu_count, [g for g in given.split(",") if g] if given is not None else visible_gpus())
-    proc = start_child(child_command(module, job, gpu_count, strategy), log_path, env)
+    proc = start_child(child_command(module, job, gpu_count, strategy, machines), log_path, env)
     try:
         while proc.poll() is None:
             if poll and (reason := poll()):

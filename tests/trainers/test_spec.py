@@ -916,8 +916,19 @@ ENGINE_CASES = [
     ),
     pytest.param(
         {"distributed.num_machines": 2},
-        "distributed.num_machines: several machines per job are not supported yet",
-        id="machines",
+        "distributed.num_machines: 2 machines share no disk, so the job folder must be on a store",
+        id="machines-local-output",
+    ),
+    pytest.param(
+        {"distributed.num_machines": 2, "output_uri": "s3://bucket/runs"},
+        {"distributed.num_machines": 2},
+        id="machines-on-s3",
+    ),
+    pytest.param(
+        {"distributed.num_machines": 3, "output_uri": "s3://bucket/runs"},
+        "distributed.num_machines: rollouts_per_prompt * prompts_per_step (8) must be a multiple of gpu_count * "
+        "num_machines (1 * 3)",
+        id="machines-uneven-share",
     ),
     pytest.param({"trl.use_vllm": True}, "trl.use_vllm: set by the spec; use generation.engine", id="trl-use_vllm"),
     pytest.param(

@@ -502,8 +502,10 @@ class DistributedSpec(_Section):
     num_machines: Int = Field(
         1,
         ge=1,
-        description="Machines the training stage spans; only 1 is supported so far (several machines per job is "
-        "planned on Kubernetes).",
+        description="Machines the training stage spans, each with gpu_count GPUs (one process per GPU, "
+        "num_machines * gpu_count in all). More than 1 runs the training stage as a Kubernetes indexed Job of that "
+        "many pods (accelerate launch --num_machines), created by the training task; it needs an s3:// output_uri, "
+        "as pods share no disk.",
     )
 
 
@@ -556,6 +558,11 @@ class JobSpec(_Section):
         "scale_rewards: none}; checked against the installed TRL's fields and types. The fields the spec sets "
         "(learning_rate, beta, num_generations, ...) are rejected, naming the spec key to use.",
     )
+
+    @property
+    def processes(self) -> int:
+        """The training processes of the whole run: gpu_count on each of distributed.num_machines machines."""
+        return self.gpu_count * self.distributed.num_machines
 
     @field_validator("output_uri")
     @classmethod

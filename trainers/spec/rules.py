@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from trainers.spec.trl_fields import trl_fields
+from trainers.uris import is_remote
 
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
@@ -212,9 +213,9 @@ def _engine_problems(data: dict, spec_model: type[BaseModel], gpus: int, unsloth
             )
     if engine != "transformers" and unsloth:
         problems.append(f"generation.engine: {engine!r} is not supported with use_unsloth (Unsloth generates itself)")
-    strategy = _lax(distributed, Distributed, "strategy")
+    strategy, machines = _lax(distributed, Distributed, "strategy"), _lax(distributed, Distributed, "num_machines")
     if strategy != "ddp":
-        if gpus < 2:
+        if gpus * (machines if _is_int(machines) and machines > 1 else 1) < 2:
             problems.append(
                 f"distributed.strategy: {strategy} shards training over several processes: it needs gpu_count > 1 "
                 f"(got gpu_count={gpus}); use ddp (the default) on one GPU"
@@ -224,11 +225,36 @@ def _engine_problems(data: dict, spec_model: type[BaseModel], gpus: int, unsloth
                 f"hyperparameters.load_in_4bit: a 4-bit QLoRA base cannot be sharded by {strategy}; use ddp or "
                 "drop load_in_4bit"
             )
-    machines = _lax(distributed, Distributed, "num_machines")
     if _is_int(machines) and machines > 1:
+        problems += _machine_problems(data, spec_model, machines, gpus, engine, unsloth, hp)
+    return problems
+
+
+def _machine_problems(
+    data: dict, spec_model: type[BaseModel], machines: int, gpus: int, engine: str, unsloth: bool, hp: dict
+) -> list[str]:
+    """`distributed.num_machines` > 1 (a Kubernetes indexed Job, tasks/multinode.py) against the rest of the spec."""
+    problems = []
+    output_uri = _lax(data, spec_model, "output_uri")
+    if not is_remote(output_uri):
         problems.append(
-            f"distributed.num_machines: several machines per job are not supported yet (got {machines}); "
-            "use gpu_count GPUs of one machine"
+            f"distributed.num_machines: {machines} machines share no disk, so the job folder must be on a store every "
+            f"pod reaches: set output_uri to s3://bucket/prefix (got the local {output_uri!r})"
+        )
+    Hyperparameters = spec_model.model_fields["hyperparameters"].annotation  # noqa: N806 (a model class)
+    single = [f for f in ("load_in_4bit", "use_liger") if _lax(hp, Hyperparameters, f)] + ["use_unsloth"] * unsloth
+    for flag in single:
+        problems.append(f"hyperparameters.{flag}: not supported with distributed.num_machines > 1 (got {machines})")
+    if engine == "vllm":
+        problems.append(
+            f"generation.engine: vllm is not supported with distributed.num_machines > 1 yet (got {machines}); use "
+            "transformers or paged"
+        )
+    completions = _lax(hp, Hyperparameters, "rollouts_per_prompt") * _lax(hp, Hyperparameters, "prompts_per_step")
+    if _is_int(gpus) and gpus >= 1 and completions % (gpus * machines):
+        problems.append(
+            f"distributed.num_machines: rollouts_per_prompt * prompts_per_step ({completions}) must be "
+            f"a multiple of gpu_count * num_machines ({gpus} * {machines}), as each process trains an equal share"
         )
     return problems
 
