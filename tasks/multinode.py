@@ -70,7 +70,7 @@ S3_KEYS = (
     "AWS_DEFAULT_REGION",
 )
 # Passed on to the pods as they are in the flow run (no secrets among them: those come from Secrets).
-PASSED_ENV = ("GRPOFLOW_STORAGE_BLOCK", "PREFECT_API_URL", "HF_HUB_OFFLINE", "HF_ENDPOINT", "AWS_ENDPOINT_URL")
+PASSED_ENV = ("GRPOFLOW_STORAGE_BLOCK", "PREFECT_API_URL", "HF_HUB_OFFLINE", "HF_ENDPOINT")
 POLL_S = 2.0
 FINISHED_JOB_TTL_S = 3600  # Kubernetes removes a Job the task could not (a lost worker) after this
 LABEL = "grpoflow.io/run"

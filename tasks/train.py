@@ -10,6 +10,10 @@ code 2), a failed reward (exit code 3), a child that exited 0 without its result
 With a remote `output_uri`, checkpoints survive losing the machine (`tasks.checkpoint_sync`): a background thread
 uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh machine (an
 empty staging folder) first gets the newest intact checkpoint from the remote job folder.
+
+With `distributed.num_machines` > 1 the child runs on that many Kubernetes pods instead (`tasks.multinode`: an
+indexed Job created, watched and deleted by this task; its rank 0 uploads the checkpoints), and the watcher reads
+the metrics back from the store.
 """
 
 import json
@@ -21,6 +25,7 @@ from prefect import get_run_logger, task
 from tasks.artifacts import StageProgress, StepRate, grpo_line
 from tasks.checkpoint_sync import CheckpointSync, restore_checkpoint
 from tasks.events import emit
+from tasks.multinode import run_on_machines
 from tasks.stages import resumable, retry_unless_final
 from tasks.storage import is_remote, join
 from trainers.health import FATAL, Alert, HealthMonitor
@@ -136,7 +141,7 @@ def trained(job: JobDir) -> tuple[str, ...]:
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
     sync = None
-    if is_remote(spec.output_uri):
+    if is_remote(spec.output_uri) and spec.distributed.num_machines == 1:  # several machines: their rank 0 uploads
         location = join(spec.output_uri, job.job_id)
         if restored := restore_checkpoint(job, location):
             get_run_logger().info("%s downloaded from %s: training resumes from it", restored, location)
@@ -144,17 +149,20 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
         sync.start()
     watcher = ProgressWatcher(job, spec)
     try:
-        with vllm_server(spec, job) as env:  # a vLLM server of the job's own, when its generation asks for one
-            seconds = run_child(
-                "trainers.grpo",
-                job,
-                spec.gpu_count,
-                "train.log",
-                poll=watcher.poll,
-                result=job.training_result,
-                strategy=spec.distributed.strategy,
-                env=env,
-            )
+        if spec.distributed.num_machines > 1:  # a Kubernetes indexed Job, one pod per machine
+            seconds = run_on_machines(job, spec, poll=watcher.poll)
+        else:
+            with vllm_server(spec, job) as env:  # a vLLM server of the job's own, when its generation asks for one
+                seconds = run_child(
+                    "trainers.grpo",
+                    job,
+                    spec.gpu_count,
+                    "train.log",
+                    poll=watcher.poll,
+                    result=job.training_result,
+                    strategy=spec.distributed.strategy,
+                    env=env,
+                )
     finally:
         watcher.progress.close()
         if sync is not None:

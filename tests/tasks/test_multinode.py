@@ -9,15 +9,21 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import s3fs
 
+from tasks import multinode
 from tasks.checkpoint_sync import FileMirror, newest_remote_checkpoint
+from tasks.train import train_task
+from tests.k8s_api_server import KubeApiServer, wait_for
+from tests.tasks.test_artifacts import flow_run_logs
 from trainers.jobdir import JobDir
-from trainers.launch import Machines, child_command
+from trainers.launch import Machines, TrainingSetupError, child_command
+from trainers.metrics import read_events, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = {
@@ -119,3 +125,135 @@ def kill_after_checkpoint(node: subprocess.Popen, location: str, timeout: float 
             return int(found[0].rsplit("-", 1)[1])
         time.sleep(0.2)
     raise AssertionError("no checkpoint reached the store")
+
+
+# --- the training task against a Kubernetes API on loopback ----------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path, s3_env, monkeypatch):
+    """The loopback Kubernetes API with the S3 Secret the pods take their credentials from, and the flow run's
+    environment pointing at it (KUBECONFIG, the image, the namespace, a free rendezvous port)."""
+    keys = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
+    secret = {k: v for k, v in s3_env.items() if k in keys} | {"AWS_ENDPOINT_URL_S3": s3_env["AWS_ENDPOINT_URL"]}
+    with KubeApiServer(tmp_path / "k8s", secrets={"grpoflow-s3": secret}) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
+        monkeypatch.setenv(multinode.IMAGE_ENV, "registry.example.com/ml/grpoflow:test")
+        monkeypatch.setenv(multinode.NAMESPACE_ENV, "ml")
+        monkeypatch.setenv(multinode.PORT_ENV, str(free_port()))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield api
+
+
+def run_train_task(job: JobDir, spec):
+    from prefect import flow
+
+    @flow
+    def train():
+        return train_task(job, spec)
+
+    return train(return_state=True)
+
+
+def assert_cleaned_up(api: KubeApiServer, jobs: int) -> None:
+    """Every Job and Service the task created is deleted, and no pod's process is left."""
+    created = [path for method, path in api.requests if method == "POST" and path.endswith("/jobs")]
+    deleted = [path for method, path in api.requests if method == "DELETE" and "/jobs/" in path]
+    assert len(created) == len(deleted) == jobs
+    assert api.jobs == {} and api.services == {}
+    assert wait_for(lambda: not api.live_processes(), 30), api.live_processes()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_train_task_runs_the_training_as_an_indexed_job(make_job, bucket, cluster):
+    job, spec = make_job("k8s", output_uri=f"s3://{bucket}/runs", **SPEC)
+    state = run_train_task(job, spec)
+    summary = state.result()
+    assert summary["global_step"] == 4 and summary["resumed_from"] is None
+    # The results came back into the task's own job folder; the metrics fed its progress events as they trained.
+    assert (job.merged / "model.safetensors").exists()
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2, 3, 4]
+    progress = [e["payload"]["step"] for e in read_events(job.events) if e["event"] == "grpoflow.training.progress"]
+    assert progress == [1, 2, 3, 4]
+    # Both pods' logs are in logs/train.log, one prefix each; rank 0 saw the gloo group of two.
+    log = (job.logs / "train.log").read_text()
+    assert "[rank 0] grpoflow: distributed: ddp over 2 process(es)" in log
+    assert "[rank 1] grpoflow: machine 1 done" in log
+    # The pods got the S3 credentials from the Secret (the task's own AWS variables never reach them).
+    for pod in cluster.started:
+        assert pod.env["AWS_ENDPOINT_URL_S3"] == cluster.secrets["grpoflow-s3"]["AWS_ENDPOINT_URL_S3"]
+        assert "AWS_ENDPOINT_URL" not in pod.env
+    assert sorted(p.index for p in cluster.started) == [0, 1]
+    assert_cleaned_up(cluster, jobs=1)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_killed_machine_fails_the_attempt_and_the_retry_resumes(make_job, bucket, cluster):
+    """Index 1 is SIGKILLed (its node lost) once a checkpoint reached the store: the attempt fails naming that pod
+    and its exit code, Prefect's retry creates a new Job, whose pods resume from the checkpoint on the store."""
+    job, spec = make_job(
+        "lost",
+        output_uri=f"s3://{bucket}/runs",
+        **{**SPEC, "hyperparameters": {**SPEC["hyperparameters"], "max_steps": 8}},
+    )
+    location, killed = f"s3://{bucket}/runs/{job.job_id}", {}
+
+    def kill_index_1():
+        fs = s3fs.S3FileSystem()
+        while not killed:
+            if found := newest_remote_checkpoint(fs, f"{location.removeprefix('s3://')}/checkpoints"):
+                [(_, name)] = list(cluster.jobs)
+                killed.update(pod=cluster.kill(name, 1).name, at=int(found[0].rsplit("-", 1)[1]))
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_index_1, daemon=True)
+    killer.start()
+    state = run_train_task(job, spec)
+    summary = state.result()
+    assert killed and 2 <= killed["at"] < 8
+    messages = flow_run_logs(state.state_details.flow_run_id)
+    failed = [m for m in messages if f"training pod {killed['pod']} exited with code 137" in m]
+    assert failed, messages
+    assert int(summary["resumed_from"].rsplit("-", 1)[1]) >= killed["at"]  # from the store, not from scratch
+    assert summary["global_step"] == 8
+    assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, 9))  # every step exactly once
+    assert remote_steps(location) == list(range(1, 9))
+    assert_cleaned_up(cluster, jobs=2)
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_pod_that_cannot_start_is_a_setup_error(make_job, bucket, cluster):
+    """A pod's exit 2 (here: the job folder is not on the store) is a TrainingSetupError with the pod's reason, not
+    retried; the Job and Service are deleted."""
+    job, spec = make_job("nofolder", output_uri=f"s3://{bucket}/runs", **SPEC)
+    original = multinode.upload_job
+    multinode.upload_job = lambda job, spec: None  # the task's upload skipped: the pods find no spec.yaml
+    try:
+        state = run_train_task(job, spec)
+    finally:
+        multinode.upload_job = original
+    with pytest.raises(TrainingSetupError, match=r"no spec.yaml at s3://.*: the training task uploads the job first"):
+        state.result()
+    assert_cleaned_up(cluster, jobs=1)  # once: a setup error is not retried
+
+
+def test_no_kubernetes_api_is_a_setup_error_naming_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    with pytest.raises(TrainingSetupError, match="in-cluster: KUBERNETES_SERVICE_HOST .* or set KUBECONFIG"):
+        multinode.Kube()
+
+
+def test_no_image_is_a_setup_error_naming_the_variable(cluster, monkeypatch):
+    monkeypatch.delenv(multinode.IMAGE_ENV)
+    kube = multinode.Kube()
+    try:
+        with pytest.raises(TrainingSetupError, match=f"set {multinode.IMAGE_ENV}"):
+            multinode.pod_settings(kube)
+    finally:
+        kube.close()
+    assert ("GET", f"/api/v1/namespaces/ml/pods/{os.environ.get('HOSTNAME', '')}") in cluster.requests or not (
+        os.environ.get("HOSTNAME")
+    )
