@@ -41,6 +41,7 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from tasks.job import upload_job
+from tasks.node import complete_checkpoint
 from tasks.storage import filesystem, join
 from trainers.jobdir import JobDir, write_text_atomic
 from trainers.launch import (
@@ -132,10 +133,13 @@ def _env(spec: JobSpec, settings: PodSettings) -> list[dict]:
     return env + secret
 
 
-def job_manifest(spec: JobSpec, location: str, name: str, settings: PodSettings) -> dict:
+def job_manifest(
+    spec: JobSpec, location: str, name: str, settings: PodSettings, checkpoint: str | None = None
+) -> dict:
     """The indexed Job: `distributed.num_machines` pods, each `gpu_count` GPUs, all started at once (parallelism =
     completions) and none restarted (backoffLimit 0): a lost rank breaks the rendezvous of the others, so the whole
-    attempt fails and Prefect's retry starts a new Job from the newest checkpoint."""
+    attempt fails and Prefect's retry starts a new Job from the newest checkpoint, `checkpoint` (None: from the
+    beginning), which every pod resumes from."""
     machines, gpus = spec.distributed.num_machines, spec.gpu_count
     command = [
         "python",
@@ -146,6 +150,8 @@ def job_manifest(spec: JobSpec, location: str, name: str, settings: PodSettings)
         main_host(name, settings.namespace),
         "--main-process-port",
         str(settings.port),
+        "--checkpoint",
+        checkpoint or "none",
     ]
     container = {
         "name": "trainer",
@@ -425,8 +431,12 @@ def run_on_machines(job: JobDir, spec: JobSpec, poll: Callable[[], str | None] |
         settings = pod_settings(kube)
         upload_job(job, spec)  # the pods start from the store: spec, dataset, sft, checkpoints
         name = run_name(job.job_id)
+        # Picked once for every pod, before any starts (a rank 0 that started would soon upload and prune).
+        checkpoint = complete_checkpoint(location, spec.distributed.num_machines)
+        if checkpoint:
+            logger.info("%s on %s: every machine resumes from it", checkpoint, location)
         try:
-            _run_job(kube, job, spec, location, name, settings, poll, logger)
+            _run_job(kube, job, spec, location, name, settings, poll, logger, checkpoint)
         finally:
             kube.delete(name, settings.namespace)
             logger.info("training Job %s and its Service deleted", name)
@@ -437,10 +447,10 @@ def run_on_machines(job: JobDir, spec: JobSpec, poll: Callable[[], str | None] |
     return round(time.monotonic() - started, 3)
 
 
-def _run_job(kube: Kube, job: JobDir, spec: JobSpec, location: str, name: str, settings, poll, logger) -> None:
+def _run_job(kube: Kube, job: JobDir, spec: JobSpec, location: str, name: str, settings, poll, logger, checkpoint):
     namespace = settings.namespace
     kube.call(kube.core.create_namespaced_service(namespace, service_manifest(name, settings)))
-    kube.call(kube.batch.create_namespaced_job(namespace, job_manifest(spec, location, name, settings)))
+    kube.call(kube.batch.create_namespaced_job(namespace, job_manifest(spec, location, name, settings, checkpoint)))
     logger.info(
         "training Job %s created in namespace %s: %d machines x %d GPUs, image %s",
         name,

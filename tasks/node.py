@@ -6,19 +6,26 @@ Its machine rank is the indexed Job's JOB_COMPLETION_INDEX (or `--machine-rank`)
 own staging folder (GRPOFLOW_STAGING_DIR), then the newest intact checkpoint, and runs the `trainers.grpo` child under
 `accelerate launch --num_machines N --machine_rank R --main_process_ip HOST` (`trainers.launch`), its output echoed
 to stdout (the pod's log) and kept in `logs/machine-R.log`. Rank 0 uploads each checkpoint as it is saved, with the
-metrics and logs, and at the end the training results (`tasks.checkpoint_sync.CheckpointSync`); the other ranks
-upload nothing. Exit code: 0 trained, 2 a setup problem and 3 a failed reward (the child's, which no retry cures),
-1 any other failure.
+metrics and logs, and at the end the training results (`tasks.checkpoint_sync.CheckpointSync`). The other machines'
+processes write files of their own into each checkpoint (their RNG state; with zero2/zero3 their DeepSpeed shards),
+which no other machine's disk holds: each such machine uploads them into the same remote checkpoint once rank 0's
+manifest says it is intact, with a manifest of its own (`grpoflow-checkpoint.machine-R.json`), and downloads them
+with the checkpoint on a retry (`MachineCheckpoints`). Exit code: 0 trained, 2 a setup problem and 3 a failed reward
+(the child's, which no retry cures), 1 any other failure.
 """
 
 import argparse
+import hashlib
+import json
 import os
+import shutil
 import sys
+import threading
 from pathlib import Path
 
-from tasks.checkpoint_sync import CheckpointSync, restore_checkpoint
+from tasks.checkpoint_sync import CHECK_S, CheckpointSync, download_checkpoint, remote_checkpoints, remote_manifest
 from tasks.job import download_job
-from tasks.storage import staging_root
+from tasks.storage import filesystem, join, staging_root
 from trainers.jobdir import JobDir
 from trainers.launch import (
     REWARD_FAILED_EXIT,
@@ -29,6 +36,87 @@ from trainers.launch import (
     run_child,
 )
 from trainers.spec import load_spec
+
+
+class MachineCheckpoints(threading.Thread):
+    """On a machine of rank > 0: uploads the files its processes wrote into each local `checkpoint-N` (those rank
+    0's manifest does not list) once rank 0's upload of that checkpoint is intact, then a manifest of this machine's
+    files; removes the local checkpoints rank 0 no longer keeps (its `save_total_limit`, which only rank 0 applies)."""
+
+    def __init__(self, job: JobDir, location: str, rank: int):
+        super().__init__(name=f"machine-{rank}-checkpoints", daemon=True)
+        self.job, self.rank, self.sent = job, rank, set()
+        self.fs, self.remote = filesystem(join(location, "checkpoints"))
+        self.remote = self.remote.rstrip("/")
+        self._stopping = threading.Event()
+
+    @staticmethod
+    def manifest_name(rank: int) -> str:
+        return f"grpoflow-checkpoint.machine-{rank}.json"
+
+    def run(self) -> None:
+        while True:
+            stopping = self._stopping.wait(CHECK_S)
+            try:
+                self.round()
+            except Exception as e:  # a store hiccup or a rotation race: the next round retries
+                print(f"grpoflow: machine {self.rank}: checkpoint upload failed (retried): {e}", flush=True)
+            if stopping:
+                return
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join()
+
+    def round(self) -> None:
+        if not self.job.checkpoints.exists():
+            return
+        local = sorted((p for p in self.job.checkpoints.glob("checkpoint-*") if p.name[11:].isdigit()), key=_step)
+        for path in local:
+            if path.name in self.sent or (main := remote_manifest(self.fs, f"{self.remote}/{path.name}")) is None:
+                continue
+            ours = {n: p for n, p in _files(path).items() if n not in main["files"] and not n.startswith("grpoflow-")}
+            entries = {}
+            for name, file in ours.items():
+                self.fs.put_file(str(file), f"{self.remote}/{path.name}/{name}")
+                entries[name] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+            manifest = json.dumps({"step": _step(path), "files": entries}).encode()
+            self.fs.pipe_file(f"{self.remote}/{path.name}/{self.manifest_name(self.rank)}", manifest)
+            self.sent.add(path.name)
+        kept = {r.rsplit("/", 1)[-1] for r in remote_checkpoints(self.fs, self.remote)}
+        newest_sent = max((int(n.rsplit("-", 1)[-1]) for n in self.sent), default=0)
+        for path in local[:-1]:  # the newest may be saving now
+            if path.name not in kept and (path.name in self.sent or _step(path) < newest_sent):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def restore(self, name: str) -> int:
+        """Downloads this machine's files of the remote checkpoint `name` into the local one; returns how many (0 and
+        a warning when the checkpoint has none of this machine's: its processes start that checkpoint without)."""
+        try:
+            manifest = json.loads(self.fs.cat_file(f"{self.remote}/{name}/{self.manifest_name(self.rank)}"))
+        except FileNotFoundError:
+            print(f"grpoflow: {name} on the store has no files of machine {self.rank}", flush=True)
+            return 0
+        for rel, entry in manifest["files"].items():
+            dest = self.job.checkpoints / name / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(f"{self.remote}/{name}/{rel}", str(dest))
+            if dest.stat().st_size != entry["size"] or _sha256(dest) != entry["sha256"]:
+                raise RuntimeError(f"{name}/{rel} of machine {self.rank} does not match its manifest")
+        return len(manifest["files"])
+
+
+def _step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[-1])
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    return {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class Echo:
@@ -50,25 +138,49 @@ class Echo:
         return None
 
 
-def prepare(location: str) -> JobDir:
-    """The job folder from the store in this machine's staging folder, with the newest intact checkpoint."""
+def complete_checkpoint(location: str, num_machines: int) -> str | None:
+    """The newest checkpoint under `<location>/checkpoints` that every machine can resume from: intact by rank 0's
+    manifest and with each other machine's own manifest (a machine lost before it uploaded its files leaves a
+    checkpoint the others cannot resume together). The training task picks it once, before any pod starts, so that
+    every machine resumes from the same one. None: start from the beginning."""
+    fs, remote = filesystem(join(location, "checkpoints"))
+    for candidate in remote_checkpoints(fs, remote.rstrip("/")):
+        names = {n.rsplit("/", 1)[-1] for n in fs.ls(candidate, detail=False)}
+        machines = all(MachineCheckpoints.manifest_name(rank) in names for rank in range(1, num_machines))
+        if machines and remote_manifest(fs, candidate) is not None:
+            return candidate.rsplit("/", 1)[-1]
+    return None
+
+
+def fetch_job(location: str) -> JobDir:
+    """The job folder from the store in this machine's staging folder, all but its checkpoints."""
     job = JobDir(staging_root() / location.rstrip("/").rsplit("/", 1)[-1])
     download_job(job, location)
     if not job.spec.exists():
         raise TrainingSetupError(f"grpoflow: no spec.yaml at {location}: the training task uploads the job first")
-    if restored := restore_checkpoint(job, location):
-        print(f"grpoflow: {restored} downloaded from {location}: training resumes from it", flush=True)
     return job
 
 
+def restore(job: JobDir, location: str, rank: int, checkpoint: str) -> None:
+    """Downloads `checkpoint`: rank 0's files (checked against its manifest) and this machine's own."""
+    fs, remote = filesystem(join(location, "checkpoints", checkpoint))
+    manifest = remote_manifest(fs, remote.rstrip("/"))
+    if manifest is None or not download_checkpoint(fs, remote.rstrip("/"), manifest, job.checkpoints / checkpoint):
+        raise RuntimeError(f"{checkpoint} at {location} is not intact (any more)")
+    own = MachineCheckpoints(job, location, rank).restore(checkpoint) if rank else 0
+    print(
+        f"grpoflow: {checkpoint} downloaded ({own} files of this machine's own): training resumes from it", flush=True
+    )
+
+
 def train(job: JobDir, location: str, machines: Machines) -> None:
-    """Runs this machine's part of the training; rank 0 mirrors the job folder to `location` meanwhile."""
+    """Runs this machine's part of the training; rank 0 mirrors the job folder to `location` meanwhile, the others
+    their own checkpoint files."""
     spec, _ = load_spec(job.spec)
     rank, log_name = machines.machine_rank, f"machine-{machines.machine_rank}.log"
     print(f"grpoflow: machine {rank} of {machines.num_machines}, {spec.gpu_count} process(es) here", flush=True)
-    sync = CheckpointSync(job, location) if rank == 0 else None
-    if sync is not None:
-        sync.start()
+    sync = CheckpointSync(job, location) if rank == 0 else MachineCheckpoints(job, location, rank)
+    sync.start()
     echo = Echo(job.logs / log_name)
     try:
         run_child(
@@ -83,8 +195,8 @@ def train(job: JobDir, location: str, machines: Machines) -> None:
         )
     finally:
         echo()
-        if sync is not None:
-            sync.stop()
+        sync.stop()
+        if rank == 0:
             print(f"grpoflow: uploads to {location}: {sync.summary()}", flush=True)
 
 
@@ -94,11 +206,20 @@ def main(argv=None) -> int:
     parser.add_argument("--main-process-ip", required=True, help="the host of machine 0 (the rendezvous)")
     parser.add_argument("--main-process-port", type=int, default=29500)
     parser.add_argument("--machine-rank", type=int, default=None, help="default: $JOB_COMPLETION_INDEX")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the checkpoint every machine resumes from, or none (default: the newest "
+        "every machine can resume from, `complete_checkpoint`)",
+    )
     args = parser.parse_args(argv)
     rank = args.machine_rank if args.machine_rank is not None else int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
     try:
-        job = prepare(args.location)
+        job = fetch_job(args.location)
         spec, _ = load_spec(job.spec)
+        checkpoint = args.checkpoint or complete_checkpoint(args.location, spec.distributed.num_machines) or "none"
+        if checkpoint != "none":
+            restore(job, args.location, rank, checkpoint)
         machines = Machines(spec.distributed.num_machines, rank, args.main_process_ip, args.main_process_port)
         train(job, args.location, machines)
     except TrainingSetupError as e:

@@ -6,14 +6,15 @@ are real local processes.
 
 What it serves (JSON, as the real API server does): create, read (and `/status`) and delete of Jobs
 (`/apis/batch/v1/namespaces/NS/jobs`) and Services (`/api/v1/namespaces/NS/services`), list pods by label
-(`?labelSelector=k=v`), read a pod and its log. Creating an indexed Job starts its `completions` pods at once: each
-is the container's `command` + `args` in a process tree of its own (`python` is this interpreter, the working folder
-the repository: the image's), with the container's `env` (values; `secretKeyRef` from `secrets`, as the kubelet
-resolves it; JOB_COMPLETION_INDEX and HOSTNAME as the Job controller and kubelet set them) and none of this
-process's AWS_*, KUBECONFIG or GRPOFLOW_* variables. Each volume mount is a folder of the pod's own (an env value or
-argument under a mount path is moved there), and the rendezvous host, `<job>-<i>.<subdomain>...`, is 127.0.0.1.
-The Job fails (condition Failed; the other pods stopped) once a pod exits non-zero (backoffLimit 0), and completes
-once every pod exited 0. Deleting it kills its pods. `kill(job, index)` SIGKILLs a pod's whole tree, as a node lost.
+(`?labelSelector=k=v`), read a pod (also those a test puts in `static_pods`) and its log. Creating an indexed Job
+starts its `completions` pods at once: each is the container's `command` + `args` in a process tree of its own
+(`python` is this interpreter, the working folder the repository: the image's), with the container's `env` (values;
+`secretKeyRef` from `secrets`, as the kubelet resolves it; JOB_COMPLETION_INDEX and HOSTNAME as the Job controller
+and kubelet set them) and none of this process's AWS_*, KUBECONFIG or GRPOFLOW_* variables. Each volume mount is a
+folder of the pod's own (an env value or argument under a mount path is moved there), and the rendezvous host,
+`<job>-<i>.<subdomain>...`, is 127.0.0.1. The Job fails (condition Failed; the other pods stopped) once a pod exits
+non-zero (backoffLimit 0), and completes once every pod exited 0. Deleting it kills its pods. `kill(job, index)`
+SIGKILLs a pod's whole tree, as a node lost.
 """
 
 import json
@@ -168,6 +169,7 @@ class KubeApiServer:
         self.services: dict[tuple[str, str], dict] = {}
         self.pods: dict[tuple[str, str], list[Pod]] = {}  # by job
         self.started: list[Pod] = []  # every pod ever started, deleted ones too
+        self.static_pods: dict[tuple[str, str], dict] = {}  # pods with no process: the flow run's own, say
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.RLock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -334,6 +336,8 @@ class KubeApiServer:
             selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
             items = [p.to_dict() for p in pods if all(p.labels.get(k) == v for k, v in selector.items())]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        if (namespace, name) in self.static_pods and not log:
+            return 200, self.static_pods[(namespace, name)]
         pod = next((p for p in pods if p.name == name), None)
         if pod is None:
             return 404, _status_body(404, "NotFound", f'pods "{name}" not found')

@@ -79,6 +79,7 @@ def test_the_job_and_service_are_valid_and_span_the_machines(machines, gpus, str
     command = container["command"]
     assert command[:4] == ["python", "-m", "tasks.node", LOCATION]
     assert command[command.index("--main-process-ip") + 1] == main_host(name, "ml") == f"{name}-0.{name}.ml.svc"
+    assert command[command.index("--checkpoint") + 1] == "none"  # a first attempt starts from the beginning
     assert container["ports"] == [{"name": "rendezvous", "containerPort": 29500}]
     # The scheduling and identity of the flow run's own pod; shared memory in memory; staging on its own volume.
     assert pod["serviceAccountName"] == "grpoflow-trainer" and pod["nodeSelector"] == SETTINGS.node_selector
@@ -104,7 +105,10 @@ def test_names_are_dns_labels_unique_per_attempt():
         # The pods' hostnames `<name>-<index>` are DNS labels too (at most 63 characters).
         assert len(f"{name}-999") <= 63 and name[0].isalpha() and name == name.lower()
     spec = spec_for(4, 8, "ddp")
-    validate(job_manifest(spec, LOCATION, first, SETTINGS))
+    resumed = job_manifest(spec, LOCATION, first, SETTINGS, checkpoint="checkpoint-40")
+    validate(resumed)
+    command = resumed["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--checkpoint") + 1] == "checkpoint-40"  # every pod resumes from the same one
     validate(service_manifest(first, SETTINGS))
 
 

@@ -5,7 +5,6 @@ its own process tree on loopback (gloo over 127.0.0.1) with its own staging fold
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import s3fs
 
 from tasks import multinode
 from tasks.checkpoint_sync import FileMirror, newest_remote_checkpoint
+from tasks.node import complete_checkpoint
 from tasks.train import train_task
 from tests.k8s_api_server import KubeApiServer, wait_for
 from tests.tasks.test_artifacts import flow_run_logs
@@ -115,16 +115,11 @@ def test_two_machines_train_one_job_on_loopback(make_job, bucket, s3_env, tmp_pa
     assert json.loads(fs.cat(f"{location}/training.json"))["global_step"] == 4
     assert newest_remote_checkpoint(fs, f"{location.removeprefix('s3://')}/checkpoints")[0].endswith("checkpoint-4")
     assert fs.exists(f"{location}/logs/machine-0.log") and not fs.exists(f"{location}/logs/machine-1.log")
-
-
-def kill_after_checkpoint(node: subprocess.Popen, location: str, timeout: float = 600) -> int:
-    fs, deadline = s3fs.S3FileSystem(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := newest_remote_checkpoint(fs, f"{location.removeprefix('s3://')}/checkpoints"):
-            os.kill(node.pid, signal.SIGKILL)
-            return int(found[0].rsplit("-", 1)[1])
-        time.sleep(0.2)
-    raise AssertionError("no checkpoint reached the store")
+    # The second machine's own checkpoint file (its process's RNG state) is on the store with a manifest of its own.
+    checkpoint = f"{location}/checkpoints/checkpoint-4"
+    own = json.loads(fs.cat(f"{checkpoint}/grpoflow-checkpoint.machine-1.json"))
+    assert list(own["files"]) == ["rng_state_1.pth"] and fs.exists(f"{checkpoint}/rng_state_1.pth")
+    assert "rng_state_1.pth" not in json.loads(fs.cat(f"{checkpoint}/grpoflow-checkpoint.json"))["files"]
 
 
 # --- the training task against a Kubernetes API on loopback ----------------------------------------------------------
@@ -201,11 +196,11 @@ def test_a_killed_machine_fails_the_attempt_and_the_retry_resumes(make_job, buck
     location, killed = f"s3://{bucket}/runs/{job.job_id}", {}
 
     def kill_index_1():
-        fs = s3fs.S3FileSystem()
         while not killed:
-            if found := newest_remote_checkpoint(fs, f"{location.removeprefix('s3://')}/checkpoints"):
+            # Once a checkpoint both machines can resume from is on the store (rank 0's files and machine 1's own).
+            if found := complete_checkpoint(location, 2):
                 [(_, name)] = list(cluster.jobs)
-                killed.update(pod=cluster.kill(name, 1).name, at=int(found[0].rsplit("-", 1)[1]))
+                killed.update(pod=cluster.kill(name, 1).name, at=int(found.rsplit("-", 1)[1]))
             time.sleep(0.2)
 
     killer = threading.Thread(target=kill_index_1, daemon=True)
@@ -220,6 +215,9 @@ def test_a_killed_machine_fails_the_attempt_and_the_retry_resumes(make_job, buck
     assert summary["global_step"] == 8
     assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, 9))  # every step exactly once
     assert remote_steps(location) == list(range(1, 9))
+    # The retry's second machine took its own files of the checkpoint too (its RNG state: only its disk had it).
+    log = (job.logs / "train.log").read_text()
+    assert f"[rank 1] grpoflow: {summary['resumed_from']} downloaded (1 files of this machine's own)" in log, log
     assert_cleaned_up(cluster, jobs=2)
 
 
@@ -248,12 +246,38 @@ def test_no_kubernetes_api_is_a_setup_error_naming_what_is_missing(tmp_path, mon
 
 def test_no_image_is_a_setup_error_naming_the_variable(cluster, monkeypatch):
     monkeypatch.delenv(multinode.IMAGE_ENV)
+    monkeypatch.setenv("HOSTNAME", "not-a-pod")  # e.g. a worker outside the cluster, with a kubeconfig
     kube = multinode.Kube()
     try:
         with pytest.raises(TrainingSetupError, match=f"set {multinode.IMAGE_ENV}"):
             multinode.pod_settings(kube)
     finally:
         kube.close()
-    assert ("GET", f"/api/v1/namespaces/ml/pods/{os.environ.get('HOSTNAME', '')}") in cluster.requests or not (
-        os.environ.get("HOSTNAME")
-    )
+    assert ("GET", "/api/v1/namespaces/ml/pods/not-a-pod") in cluster.requests  # it looked for its own pod
+
+
+def test_the_pods_take_image_and_scheduling_from_the_flow_runs_own_pod(cluster, monkeypatch):
+    """Without GRPOFLOW_IMAGE, a flow run in a pod (the grpo-k8s pool's) gives the training pods its own image,
+    service account, nodeSelector and tolerations: they land on the same kind of GPU node."""
+    monkeypatch.delenv(multinode.IMAGE_ENV)
+    monkeypatch.setenv("HOSTNAME", "flow-run-pod")
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    cluster.static_pods[("ml", "flow-run-pod")] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "flow-run-pod", "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "prefect-job", "image": "registry.example.com/ml/grpoflow:20261201"}],
+            "serviceAccountName": "grpoflow-trainer",
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "tolerations": [toleration],
+        },
+    }
+    kube = multinode.Kube()
+    try:
+        settings = multinode.pod_settings(kube)
+    finally:
+        kube.close()
+    assert settings.image == "registry.example.com/ml/grpoflow:20261201" and settings.namespace == "ml"
+    assert settings.service_account == "grpoflow-trainer" and settings.tolerations == [toleration]
+    assert settings.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
