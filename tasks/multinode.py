@@ -73,6 +73,11 @@ S3_KEYS = (
 # Passed on to the pods as they are in the flow run (no secrets among them: those come from Secrets).
 PASSED_ENV = ("GRPOFLOW_STORAGE_BLOCK", "PREFECT_API_URL", "HF_HUB_OFFLINE", "HF_ENDPOINT")
 POLL_S = 2.0
+START_TIMEOUT_ENV = "GRPOFLOW_K8S_START_TIMEOUT_S"
+START_TIMEOUT_S = (
+    1800.0  # the most the pods may wait to run (image pull, GPU nodes scaling up) before the attempt fails
+)
+LOG_BYTES_PER_S = 500_000  # a pod's log is read whole: a long one less often
 FINISHED_JOB_TTL_S = 3600  # Kubernetes removes a Job the task could not (a lost worker) after this
 LABEL = "grpoflow.io/run"
 
@@ -92,6 +97,9 @@ class PodSettings:
     node_selector: dict = field(default_factory=dict)
     tolerations: list = field(default_factory=list)
     env: dict = field(default_factory=dict)  # PASSED_ENV's values
+    # The flow run's own pod as the Job's owner: Kubernetes deletes the Job with it (a flow run's pod lost while the
+    # task could not delete the Job leaves no training running).
+    owner: dict | None = None
 
 
 def run_name(job_id: str) -> str:
@@ -181,7 +189,12 @@ def job_manifest(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": labels,
+            **({"ownerReferences": [settings.owner]} if settings.owner else {}),
+        },
         "spec": {
             "completionMode": "Indexed",
             "completions": machines,
@@ -298,6 +311,9 @@ def pod_settings(kube: Kube) -> PodSettings:
         node_selector=dict(own.spec.node_selector or {}) if own else {},
         tolerations=[serialize(t) for t in own.spec.tolerations or []] if own else [],
         env={k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)},
+        owner={"apiVersion": "v1", "kind": "Pod", "name": own.metadata.name, "uid": own.metadata.uid}
+        if own and own.metadata.uid
+        else None,
     )
 
 
@@ -313,6 +329,7 @@ class PodLogs:
         self.seen: dict[str, int] = {}  # pod -> lines written
         self.done: set[str] = set()  # pods that ended and whose log was read after
         self.tails: dict[str, list[str]] = {}
+        self.next_read: dict[str, float] = {}  # pod -> when its log is read again
 
     def poll(self, pods: list) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -323,10 +340,13 @@ class PodLogs:
             if name in self.done:
                 continue
             ended = pod.status.phase in ("Succeeded", "Failed")
+            if not ended and time.monotonic() < self.next_read.get(name, 0):
+                continue
             try:
                 text = self.kube.call(self.kube.core.read_namespaced_pod_log(name, self.namespace))
             except ApiException:  # not started yet
                 continue
+            self.next_read[name] = time.monotonic() + len(text) / LOG_BYTES_PER_S
             lines = text.splitlines()
             new, self.seen[name] = lines[self.seen.get(name, 0) :], len(lines)
             self.tails[name] = lines[-25:]
@@ -357,6 +377,48 @@ class MetricsMirror:
                 self.size = size
         except FileNotFoundError:
             pass
+
+
+class StartWatch:
+    """Until every pod runs: logs why one waits (once per reason: Unschedulable, ImagePullBackOff, ...) and fails the
+    attempt once they waited `timeout` seconds, naming the pods and their reasons."""
+
+    def __init__(self, timeout: float, logger):
+        self.timeout, self.logger, self.started, self.said, self.running = (
+            timeout,
+            logger,
+            time.monotonic(),
+            set(),
+            False,
+        )
+
+    def check(self, pods: list, machines: int) -> None:
+        if self.running:
+            return
+        waiting = {p.metadata.name: _waiting(p) for p in pods if p.status.phase in (None, "Pending")}
+        if len(pods) >= machines and not waiting:
+            self.running = True
+            return
+        for name, why in waiting.items():
+            if why and (name, why) not in self.said:
+                self.said.add((name, why))
+                self.logger.warning("training pod %s waits: %s", name, why)
+        if time.monotonic() - self.started > self.timeout:
+            whys = "; ".join(f"{n}: {w or 'pending'}" for n, w in waiting.items()) or "no pods created"
+            raise RuntimeError(
+                f"the training pods did not all run within {self.timeout:.0f} s ({START_TIMEOUT_ENV}): {whys}"
+            )
+
+
+def _waiting(pod) -> str | None:
+    """Why a pending pod waits: its container's waiting reason, else the scheduler's, or None."""
+    for status in pod.status.container_statuses or []:
+        if status.state and status.state.waiting and status.state.waiting.reason:
+            return f"{status.state.waiting.reason} {status.state.waiting.message or ''}".strip()
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return f"{condition.reason} {condition.message or ''}".strip()
+    return None
 
 
 def _terminated(pod):
@@ -460,11 +522,13 @@ def _run_job(kube: Kube, job: JobDir, spec: JobSpec, location: str, name: str, s
         settings.image,
     )
     logs, metrics = PodLogs(kube, namespace, job.logs / "train.log"), MetricsMirror(job, location)
+    waiting = StartWatch(float(os.environ.get(START_TIMEOUT_ENV) or START_TIMEOUT_S), logger)
     while True:
         status = kube.call(kube.batch.read_namespaced_job_status(name, namespace)).status
         pods = kube.call(kube.core.list_namespaced_pod(namespace, label_selector=f"{LABEL}={name}")).items
         logs.poll(pods)
         metrics.poll()
+        waiting.check(pods, spec.distributed.num_machines)
         if poll and (reason := poll()):
             raise TrainingStopped(reason)
         if (ended := _finished(status)) is not None:

@@ -58,7 +58,7 @@ def kill_tree(pid: int, sig: int) -> None:
 class Pod:
     """One pod of a Job: a process running the container's command."""
 
-    def __init__(self, job: dict, index: int, root: Path, secrets_: dict):
+    def __init__(self, job: dict, index: int, root: Path, secrets_: dict, pull_error: str | None = None):
         name = job["metadata"]["name"]
         spec = job["spec"]["template"]["spec"]
         [container] = spec["containers"]
@@ -102,6 +102,9 @@ class Pod:
         command = [sys.executable if c == "python" and i == 0 else local(c) for i, c in enumerate(command)]
         self.command, self.env = command, env
         self.started_at, self.finished_at, self.stopping = _now(), None, False
+        self.pull_error, self.proc = pull_error, None
+        if pull_error:  # the image never comes: the pod stays Pending, its container waiting
+            return
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -109,6 +112,8 @@ class Pod:
 
     @property
     def exit_code(self) -> int | None:
+        if self.proc is None:
+            return None
         code = self.proc.poll()
         if code is not None and self.finished_at is None:
             self.finished_at = _now()
@@ -116,6 +121,8 @@ class Pod:
 
     def stop(self) -> None:
         """What the kubelet does to a pod it deletes: SIGTERM, SIGKILL after the grace period."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None and not self.stopping:
             self.stopping = True
             kill_tree(self.proc.pid, signal.SIGTERM)
@@ -129,7 +136,9 @@ class Pod:
 
     def to_dict(self) -> dict:
         code = self.exit_code
-        if code is None:
+        if self.pull_error:
+            state, phase = {"waiting": {"reason": "ImagePullBackOff", "message": self.pull_error}}, "Pending"
+        elif code is None:
             state, phase = {"running": {"startedAt": self.started_at}}, "Running"
         else:
             reason = "Completed" if code == 0 else "Error"
@@ -164,6 +173,7 @@ class KubeApiServer:
 
     def __init__(self, root: Path, secrets: dict | None = None):
         self.root, self.secrets = root, secrets or {}
+        self.pull_error: str | None = None  # set: the pods of the Jobs created next never start (no image)
         root.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[tuple[str, str], dict] = {}
         self.services: dict[tuple[str, str], dict] = {}
@@ -215,6 +225,8 @@ class KubeApiServer:
         alive = []
         for pods in self.pods.values():
             for pod in pods:
+                if pod.proc is None:
+                    continue
                 try:
                     root = psutil.Process(pod.proc.pid)
                     alive += [p.pid for p in [root, *root.children(recursive=True)] if p.status() != "zombie"]
@@ -317,7 +329,8 @@ class KubeApiServer:
             body["_start"] = _now()
             self.jobs[key] = body
             root = self.root / "pods"
-            self.pods[key] = [Pod(body, i, root, self.secrets) for i in range(body["spec"]["completions"])]
+            completions = range(body["spec"]["completions"])
+            self.pods[key] = [Pod(body, i, root, self.secrets, self.pull_error) for i in completions]
             self.started += self.pods[key]
             return 201, _public(body)
         key = (namespace, name)
@@ -341,6 +354,8 @@ class KubeApiServer:
         pod = next((p for p in pods if p.name == name), None)
         if pod is None:
             return 404, _status_body(404, "NotFound", f'pods "{name}" not found')
+        if log and pod.proc is None:
+            return 400, _status_body(400, "BadRequest", f'container in pod "{name}" is waiting to start')
         return 200, pod.log.read_text(errors="replace") if log else pod.to_dict()
 
 

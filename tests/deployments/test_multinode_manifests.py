@@ -31,6 +31,7 @@ SETTINGS = PodSettings(
     node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
     tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     env={"PREFECT_API_URL": "http://prefect-server.prefect.svc:4200/api"},
+    owner={"apiVersion": "v1", "kind": "Pod", "name": "flow-run-pod", "uid": "5f0c6a1e-0000-4000-8000-000000000001"},
 )
 
 
@@ -76,6 +77,7 @@ def test_the_job_and_service_are_valid_and_span_the_machines(machines, gpus, str
     assert service["spec"]["selector"] == {LABEL: name}
     assert job["spec"]["template"]["metadata"]["labels"][LABEL] == name
     assert job["metadata"]["namespace"] == service["metadata"]["namespace"] == "ml"
+    assert job["metadata"]["ownerReferences"] == [SETTINGS.owner]  # deleted with the flow run's pod
     command = container["command"]
     assert command[:4] == ["python", "-m", "tasks.node", LOCATION]
     assert command[command.index("--main-process-ip") + 1] == main_host(name, "ml") == f"{name}-0.{name}.ml.svc"
@@ -118,6 +120,7 @@ def test_without_a_service_account_the_pod_names_none():
     validate(job)
     pod = job["spec"]["template"]["spec"]
     assert "serviceAccountName" not in pod and "nodeSelector" not in pod and "tolerations" not in pod
+    assert "ownerReferences" not in job["metadata"]
     assert job["metadata"]["namespace"] == "default"
 
 

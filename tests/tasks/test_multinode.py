@@ -281,3 +281,23 @@ def test_the_pods_take_image_and_scheduling_from_the_flow_runs_own_pod(cluster, 
     assert settings.image == "registry.example.com/ml/grpoflow:20261201" and settings.namespace == "ml"
     assert settings.service_account == "grpoflow-trainer" and settings.tolerations == [toleration]
     assert settings.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_pods_that_never_run_fail_the_attempt_naming_why(make_job, bucket, cluster, monkeypatch):
+    """Pods stuck Pending (an image that cannot be pulled, no GPU node) fail the attempt after
+    GRPOFLOW_K8S_START_TIMEOUT_S, naming each pod and its reason; the Job and Service are deleted."""
+    monkeypatch.setenv(multinode.START_TIMEOUT_ENV, "3")
+    monkeypatch.setattr(multinode.Kube, "own_pod", lambda self, namespace: None)
+    cluster.pull_error = 'failed to pull "registry.example.com/ml/grpoflow:test": not found'
+    job, spec = make_job("pending", output_uri=f"s3://{bucket}/runs", **SPEC)
+    from prefect import flow
+
+    @flow
+    def once():
+        return train_task.with_options(retries=0)(job, spec)
+
+    state = once(return_state=True)
+    with pytest.raises(RuntimeError, match=r"did not all run within 3 s .*-0-\w+: ImagePullBackOff failed to pull"):
+        state.result()
+    assert_cleaned_up(cluster, jobs=1)
