@@ -25,6 +25,7 @@ Where things come from (environment of the flow run, e.g. the work pool's `env` 
 | service account, nodeSelector, tolerations | GRPOFLOW_K8S_SERVICE_ACCOUNT, else the flow run's own pod's |
 | S3 credentials | the Secret GRPOFLOW_S3_SECRET (default `grpoflow-s3`, as the grpo-k8s pool's `s3_secret`) |
 | rendezvous port | GRPOFLOW_RENDEZVOUS_PORT (default 29500) |
+| how long the pods may wait to run | GRPOFLOW_K8S_START_TIMEOUT_S (default 1800) |
 """
 
 import asyncio
@@ -439,7 +440,7 @@ def failure(pods: list, logs: PodLogs, name: str) -> Exception:
     failed = [(t, p) for p in pods if (t := _terminated(p)) is not None and t.exit_code != 0]
     if not failed:
         return RuntimeError(f"training Job {name} failed without a failed pod (deleted, or its deadline passed)")
-    terminated, pod = min(failed, key=lambda f: f[0].finished_at or datetime.max)
+    terminated, pod = min(failed, key=lambda f: f[0].finished_at.timestamp() if f[0].finished_at else float("inf"))
     pod_name, code, tail = pod.metadata.name, terminated.exit_code, logs.tail(pod.metadata.name)
     # The node's last "grpoflow: " line is the one-line reason of a stop on purpose (its exit 2 or 3).
     reasons = [line.split("grpoflow: ", 1)[1] for line in tail.splitlines() if "grpoflow: " in line]

@@ -22,7 +22,7 @@ from tasks.train import train_task
 from tests.k8s_api_server import KubeApiServer, wait_for
 from tests.tasks.test_artifacts import flow_run_logs
 from trainers.jobdir import JobDir
-from trainers.launch import Machines, TrainingSetupError, child_command
+from trainers.launch import Machines, RewardFailed, TrainingSetupError, child_command
 from trainers.metrics import read_events, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,6 +219,19 @@ def test_a_killed_machine_fails_the_attempt_and_the_retry_resumes(make_job, buck
     log = (job.logs / "train.log").read_text()
     assert f"[rank 1] grpoflow: {summary['resumed_from']} downloaded (1 files of this machine's own)" in log, log
     assert_cleaned_up(cluster, jobs=2)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_reward_that_fails_on_the_pods_is_not_retried(make_job, bucket, cluster):
+    """A reward raising at training step 3 on every rank: the pods exit 3 (the child's record), the task raises
+    RewardFailed naming the reward and the step, and creates no second Job."""
+    rewards = [{"name": "mine", "function": "tests.bad_inputs.rewards.from_step3:raises_reward"}]
+    job, spec = make_job("fault", output_uri=f"s3://{bucket}/runs", rewards=rewards, **SPEC)
+    state = run_train_task(job, spec)
+    with pytest.raises(RewardFailed, match="reward 'mine' raised KeyError: 'solution' at training step 3"):
+        state.result()
+    assert_cleaned_up(cluster, jobs=1)
 
 
 @pytest.mark.usefixtures("prefect_server")
