@@ -1,9 +1,11 @@
 """What each pod of a several-machine training job runs (`tasks.multinode` puts this command in the Job's container):
 
     python -m tasks.node s3://bucket/runs/<job_id> --main-process-ip HOST [--main-process-port 29500]
+        [--checkpoint checkpoint-N | none]
 
 Its machine rank is the indexed Job's JOB_COMPLETION_INDEX (or `--machine-rank`). It downloads the job folder into its
-own staging folder (GRPOFLOW_STAGING_DIR), then the newest intact checkpoint, and runs the `trainers.grpo` child under
+own staging folder (GRPOFLOW_STAGING_DIR), then the checkpoint the task picked for every machine (default: the newest
+every machine uploaded its part of, `complete_checkpoint`), and runs the `trainers.grpo` child under
 `accelerate launch --num_machines N --machine_rank R --main_process_ip HOST` (`trainers.launch`), its output echoed
 to stdout (the pod's log) and kept in `logs/machine-R.log`. Rank 0 uploads each checkpoint as it is saved, with the
 metrics and logs, and at the end the training results (`tasks.checkpoint_sync.CheckpointSync`). The other machines'
@@ -46,6 +48,7 @@ class MachineCheckpoints(threading.Thread):
     def __init__(self, job: JobDir, location: str, rank: int):
         super().__init__(name=f"machine-{rank}-checkpoints", daemon=True)
         self.job, self.rank, self.sent = job, rank, set()
+        self.listed: dict[str, dict[str, int]] = {}  # checkpoint -> this machine's files in it, and their sizes
         self.fs, self.remote = filesystem(join(location, "checkpoints"))
         self.remote = self.remote.rstrip("/")
         self._stopping = threading.Event()
@@ -76,10 +79,15 @@ class MachineCheckpoints(threading.Thread):
             if path.name in self.sent or (main := remote_manifest(self.fs, f"{self.remote}/{path.name}")) is None:
                 continue
             ours = {n: p for n, p in _files(path).items() if n not in main["files"] and not n.startswith("grpoflow-")}
+            sizes = {n: p.stat().st_size for n, p in ours.items()}
+            if self.listed.get(path.name) != sizes:  # still being written: the same files and sizes a round later
+                self.listed[path.name] = sizes
+                continue
             entries = {}
             for name, file in ours.items():
+                sha = _sha256(file)
                 self.fs.put_file(str(file), f"{self.remote}/{path.name}/{name}")
-                entries[name] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+                entries[name] = {"size": sizes[name], "sha256": sha}
             manifest = json.dumps({"step": _step(path), "files": entries}).encode()
             self.fs.pipe_file(f"{self.remote}/{path.name}/{self.manifest_name(self.rank)}", manifest)
             self.sent.add(path.name)
