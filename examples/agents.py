@@ -24,13 +24,10 @@ _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.m
 
 
 def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression of numbers, +, -, * and / (with parentheses).
+    """Evaluate an arithmetic expression (numbers, + - * / and parentheses).
 
     Args:
-        expression: the expression, e.g. "12+30".
-
-    Returns:
-        The value, or a message saying why the expression cannot be evaluated.
+        expression: e.g. "12+30".
     """
     try:
         value = _evaluate(ast.parse(expression, mode="eval").body)
@@ -70,21 +67,14 @@ class Locker:
         self.note, self.code, self.unlocked = note, str(code), False
 
     def read_note(self) -> str:
-        """Read the note taped to the locker.
-
-        Returns:
-            The note's text.
-        """
+        """Read the note taped to the locker."""
         return self.note
 
     def unlock(self, code: str) -> str:
-        """Try a code on the locker.
+        """Try a code on the locker ("unlocked" or "wrong code").
 
         Args:
-            code: the code to try.
-
-        Returns:
-            "unlocked", or "wrong code".
+            code: the code.
         """
         self.unlocked = self.unlocked or str(code).strip() == self.code
         return "unlocked" if self.unlocked else "wrong code"

@@ -14,6 +14,7 @@ Nothing here imports torch: preflight (trainers/preflight.py) runs `agent_proble
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import sys
 from collections.abc import Callable
@@ -50,8 +51,9 @@ PARSEABLE_TEMPLATES = (
     "nemotron_3_ultra",
     "nemotron_3_5_lightning",
 )
-# builtin:tiny is a Qwen2 with Qwen's chat tokens: for tool rollouts it gets Qwen2.5's tool-calling template.
-TINY_TOOL_TEMPLATE = "qwen2_5"
+# builtin:tiny is a Qwen2 with Qwen's chat tokens: for tool rollouts it gets trainers.tiny.TOOL_CHAT_TEMPLATE, whose
+# tool calls are Qwen's, parsed with the response template TRL gives Qwen2.5/Qwen3 (trl.chat_template_utils).
+TINY_RESPONSE_TEMPLATE = "qwen3_template"
 # Methods of an environment that TRL does not expose as tools.
 ENVIRONMENT_HOOKS = ("reset", "get_reward")
 
@@ -190,7 +192,7 @@ def tool_template_problem(chat_template: str | None, model_id: str, response_tem
     from trainers.tiny import CHAT_TEMPLATE
 
     if chat_template == CHAT_TEMPLATE:
-        return None  # builtin:tiny: trainers.grpo gives it Qwen2.5's template
+        return None  # builtin:tiny: tool_tokenizer gives it TOOL_CHAT_TEMPLATE
     fix = "use a tool-calling chat model (Qwen2.5/Qwen3 or Llama 3.1 Instruct, ...)"
     if not chat_template:
         return f"base_model: the tokenizer of {model_id} has no chat template, so it cannot render tools; {fix}"
@@ -228,13 +230,17 @@ def renders_tool_calls(chat_template: str) -> bool:
 
 
 def tool_tokenizer(tokenizer, model_id: str):
-    """The tokenizer ready for TRL's tool rollouts: builtin:tiny's template becomes Qwen2.5's (saved with the trained
-    model, so it keeps calling tools the same way); any other template TRL cannot use is a `SetupError`."""
+    """The tokenizer ready for TRL's tool rollouts: builtin:tiny's template becomes its tool-calling one, with the
+    response template TRL parses its calls by (both saved with the trained model, so it keeps calling tools the same
+    way); any other template TRL cannot use is a `SetupError`."""
     from trainers.modeling import SetupError
-    from trainers.tiny import CHAT_TEMPLATE
+    from trainers.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE
 
     if tokenizer.chat_template == CHAT_TEMPLATE:
-        tokenizer.chat_template = trl_template(TINY_TOOL_TEMPLATE)
+        from trl import chat_template_utils
+
+        tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+        tokenizer.response_template = getattr(chat_template_utils, TINY_RESPONSE_TEMPLATE)
     has_parser = getattr(tokenizer, "response_template", None) is not None
     if problem := tool_template_problem(tokenizer.chat_template, model_id, has_parser):
         raise SetupError(problem)
@@ -252,3 +258,125 @@ def agent_args(spec) -> dict:
         return {"tools": load_tools(spec.tools), "environment_factory": load_environment(spec.environment)}
     except AgentError as e:
         raise SetupError(str(e)) from None
+
+
+# --- the SFT warm-up's conversations, rendered as the GRPO rollout will see them ----------------------------------
+
+
+def rollout_tools(tools: list[Callable], environment_factory: Callable | None) -> list[Callable]:
+    """The tools whose schemas TRL renders into each rollout's prompt, in its order: the spec's `tools:`, then the
+    public methods of one environment instance (`GRPOTrainer` probes one the same way)."""
+    listed = list(tools)
+    if environment_factory is not None:
+        listed += [method for method in environment_tools(environment_factory()) if method not in listed]
+    return listed
+
+
+def completion_messages(value: Any, where: str) -> list[dict]:
+    """An SFT target for a tool job as chat messages: text is one assistant answer; a list holds the rollout after the
+    prompt (assistant turns, with `tool_calls`, and the `tool` answers between them). Tool-call arguments may be a
+    JSON string (OpenAI's format) or an object (keys a columnar file filled with null are dropped). `AgentError`
+    naming `where` when the value is neither."""
+    if isinstance(value, str):
+        return [{"role": "assistant", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise AgentError(f"{where}: must be text or a non-empty list of messages, not {type(value).__name__}")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or message.get("role") not in ("assistant", "tool"):
+            role = message.get("role") if isinstance(message, dict) else type(message).__name__
+            raise AgentError(f"{where}[{i}]: role {role!r}; a completion holds assistant and tool messages only")
+        message = {k: v for k, v in message.items() if v is not None}
+        message.setdefault("content", "")
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                _tool_call(call, f"{where}[{i}].tool_calls[{j}]") for j, call in enumerate(message["tool_calls"])
+            ]
+        else:
+            message.pop("tool_calls", None)
+        messages.append(message)
+    if messages[0]["role"] != "assistant" or messages[-1]["role"] != "assistant":
+        raise AgentError(f"{where}: must start and end with an assistant message (the model's turns)")
+    return messages
+
+
+def _tool_call(call: Any, where: str) -> dict:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise AgentError(
+            f"{where}: a tool call is {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}"
+        )
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            raise AgentError(f"{where}: arguments {arguments!r} are not JSON") from None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise AgentError(f"{where}: arguments must be an object (or its JSON), not {type(arguments).__name__}")
+    arguments = {k: v for k, v in arguments.items() if v is not None}
+    return {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+def rollout_ids(tokenizer, prompt: list[dict], completion: list[dict], tools: list[Callable]) -> dict:
+    """One SFT row for a tool job, token for token as TRL's GRPO rollout builds it: the prompt rendered with the
+    tools' schemas and the generation prompt, then per assistant turn the tokens the model generates (up to and with
+    its end-of-turn token: the loss is on these) and, between turns, the tool answers and the next generation prompt
+    (context: labels -100, like the rollout's tool_mask 0). Returns `input_ids` and `labels`."""
+
+    def render(messages, generation_prompt):
+        return tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+        )
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    messages = [*prompt, *completion]
+    text = render(prompt, True)
+    input_ids = tokenizer.apply_chat_template(
+        prompt, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    labels = [-100] * len(input_ids)
+    eos = tokenizer.eos_token
+    for k in range(len(prompt), len(messages)):
+        if messages[k]["role"] != "assistant":
+            continue
+        before, through = render(messages[:k], True), render(messages[: k + 1], False)
+        if not before.startswith(text) or not through.startswith(before):
+            raise AgentError(
+                "sft.completion_column: the chat template renders a conversation differently from its beginning, so "
+                "the warm-up cannot rebuild the rollout turn by turn"
+            )
+        context = ids(before[len(text) :])
+        turn = through[len(before) :]
+        if eos and eos in turn:  # generation stops at the end-of-turn token; what follows is the next turn's context
+            turn = turn[: turn.index(eos) + len(eos)]
+        generated = ids(turn)
+        input_ids += context + generated
+        labels += [-100] * len(context) + generated
+        text = before + turn
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def sft_completion_problems(rows: list[dict], column: str) -> tuple[list[str], list[str]]:
+    """The SFT warm-up's targets of a tool job checked on sampled rows: each is text or a conversation that
+    `completion_messages` reads (problems); when none calls a tool, the warm-up would teach the model to answer
+    without its tools (a warning). Returns (problems, warnings), each line naming sft.completion_column."""
+    problems, calls = [], 0
+    for i, row in enumerate(rows):
+        try:
+            messages = completion_messages(row.get(column), f"sft.completion_column: row {i} of {column!r}")
+        except AgentError as e:
+            problems.append(str(e))
+            continue
+        calls += sum(bool(m.get("tool_calls")) for m in messages)
+    if problems or calls or not rows:
+        return problems, []
+    return [], [
+        f"sft.completion_column: none of {len(rows)} sampled completions of {column!r} calls a tool, so the warm-up "
+        "teaches the model to answer without its tools; give conversations (assistant turns with tool_calls, the "
+        "tool answers between them), e.g. examples/data/make_lockers.py"
+    ]

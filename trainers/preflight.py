@@ -342,9 +342,17 @@ def check_chat_roles(p: Preflight) -> list[str]:
 
 def check_agents(p: Preflight) -> list[str]:
     """`tools:` import and have schemas; `environment:` builds, resets on the first sampled row (as TRL passes it:
-    every column, the prompt as `prompt`) and its get_reward() returns a number; the prompts are chats, and the
-    chat template renders tool calls that TRL can parse (when the tokenizer is here to read)."""
-    from trainers.agents import AgentError, environment_problems, load_environment, load_tools, tool_template_problem
+    every column, the prompt as `prompt`) and its get_reward() returns a number; the SFT warm-up's completions are
+    text or tool-calling conversations; the prompts are chats, and the chat template renders tool calls that TRL can
+    parse (when the tokenizer is here to read)."""
+    from trainers.agents import (
+        AgentError,
+        environment_problems,
+        load_environment,
+        load_tools,
+        sft_completion_problems,
+        tool_template_problem,
+    )
 
     spec = p.spec
     if not spec.tools and spec.environment is None:
@@ -359,6 +367,10 @@ def check_agents(p: Preflight) -> list[str]:
         row = dict(p.sample[0])
         row["prompt"] = _messages(p, row.pop(spec.dataset.prompt_column))
         problems += environment_problems(factory, row)
+    if spec.sft.enabled and p.sample is not None and spec.sft.completion_column in p.sample.column_names:
+        sft_problems, sft_warnings = sft_completion_problems(list(p.sample), spec.sft.completion_column)
+        problems += sft_problems
+        p.warnings += sft_warnings
     if p.prompt_format == "text" and spec.hyperparameters.system_prompt is None:
         problems.append(
             "dataset.prompt_column: tools and environment need chat prompts (TRL's tool loop appends the calls and "

@@ -7,6 +7,10 @@ Runs without Prefect, as its own process:
 Writes full weights and the tokenizer to `sft/` (a LoRA job trains LoRA adapters here too and merges them in), so
 GRPO starts from an ordinary model folder. A chat prompt (or a string prompt with a system prompt) gets an assistant
 message as completion; the loss is on the completion tokens only.
+
+A job with `tools:` or `environment:` learns the rollout GRPO will run: each row's prompt is rendered with the tools'
+schemas (the ones TRL's rollout lists) and its completion may be a whole conversation (assistant turns with tool calls,
+the tools' answers between them), tokenized as TRL's tool loop concatenates it; the loss is on the model's turns only.
 """
 
 import argparse
@@ -14,10 +18,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
+from trainers.exits import exit_now
 from trainers.jobdir import JobDir, replace_dir
 from trainers.launch import SETUP_ERROR_EXIT, record_exit
 from trainers.metrics import metrics_file_callback
 from trainers.modeling import (
+    SetupError,
     check_accelerators,
     check_chat_template,
     check_model,
@@ -49,6 +56,21 @@ def sft_dataset(dataset, spec: JobSpec):
     return dataset.select_columns(["prompt", "completion"])
 
 
+def tool_sft_dataset(dataset, spec: JobSpec, tokenizer, tools: list):
+    """Tokenized rows (`input_ids`, `labels`) for a tool job: each prompt with its completion column's conversation,
+    as TRL's GRPO rollout renders and concatenates them (`trainers.agents.rollout_ids`)."""
+    from trainers.agents import completion_messages, rollout_ids
+
+    dataset = prepare_prompts(dataset, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
+    column = spec.sft.completion_column
+
+    def to_ids(row, index):
+        completion = completion_messages(row[column], f"sft.completion_column: row {index} of {column!r}")
+        return rollout_ids(tokenizer, row["prompt"], completion, tools)
+
+    return dataset.map(to_ids, with_indices=True, remove_columns=dataset.column_names)
+
+
 def sft_config(spec: JobSpec, output_dir: Path):
     from trl import SFTConfig
 
@@ -69,6 +91,8 @@ def sft_config(spec: JobSpec, output_dir: Path):
         report_to="none",
         disable_tqdm=True,
         gradient_checkpointing=False,
+        # A tool job's rows are whole rollouts, tokenized here: TRL's default cut (1024 tokens) would drop their ends.
+        **({"max_length": None} if spec.tools or spec.environment is not None else {}),
     )
 
 
@@ -77,18 +101,23 @@ def main(job_root: str) -> int:
     spec, _ = load_spec(job.spec)
     check_accelerators(spec)  # what GRPO will need, before a warm-up that would be for nothing
 
-    # --- data
+    # --- model, tokenizer and data
     from datasets import load_from_disk
-
-    dataset = sft_dataset(load_from_disk(str(job.dataset))["train"], spec)
-
-    # --- model and trainer
     from trl import SFTTrainer
 
     model_path = resolve_model_path(spec.base_model)
     check_model(model_path)
     tokenizer = load_tokenizer(model_path)
-    check_chat_template(tokenizer, dataset, spec.hyperparameters.system_prompt, spec.base_model)
+    rows = load_from_disk(str(job.dataset))["train"]
+    if agents := agent_args(spec):  # GRPO's tool rollouts: the warm-up renders its rows as they will be
+        tokenizer = tool_tokenizer(tokenizer, spec.base_model)
+        try:
+            dataset = tool_sft_dataset(rows, spec, tokenizer, rollout_tools(**agents))
+        except AgentError as e:
+            raise SetupError(str(e)) from None
+    else:
+        dataset = sft_dataset(rows, spec)
+        check_chat_template(tokenizer, dataset, spec.hyperparameters.system_prompt, spec.base_model)
     work = job.root / ".sft-work"
     trainer = SFTTrainer(
         model=model_path,
@@ -132,4 +161,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    exit_now(cli())  # without the teardown of torch and TRL (trainers/exits.py)

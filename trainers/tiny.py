@@ -21,6 +21,41 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# For tool rollouts (trainers.agents.tool_tokenizer): the same turns, plus the tools in the system turn and the calls
+# in Qwen's format, which TRL parses with its Qwen response template. It lists each tool as `name(arguments)`, not its
+# JSON schema: a byte-level model reads one token a character, and Qwen2.5's template with the schemas of
+# examples/agents.py is ~1,400 tokens, beyond the 512 positions and slow to train on CPU; this one is ~100. Without
+# tools it renders exactly as CHAT_TEMPLATE.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n' }}{%- endif %}"
+    "{{- 'Tools:' }}"
+    "{%- for tool in tools %}"
+    "{%- set tool = tool.function if tool.function is defined else tool %}"
+    "{{- ' ' + tool.name + '(' + (tool.parameters.properties | list | join(', ')) + ')' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls %}"
+    "{%- set call = call.function if call.function is defined else call %}"
+    '{{- \'<tool_call>\n{"name": "\' + call.name + \'", "arguments": \' }}'
+    "{{- (call.arguments | tojson) + '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
 TINY_CONFIG = dict(
     hidden_size=96,
     intermediate_size=256,

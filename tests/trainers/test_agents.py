@@ -10,15 +10,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from examples.agents import Locker, calculator
-from trainers import grpo
+from examples.agents import Locker, calculator, tool_use_reward
+from trainers import grpo, sft
 from trainers.agents import (
     PARSEABLE_TEMPLATES,
     AgentError,
     agent_args,
+    completion_messages,
     environment_problems,
     load_tools,
+    rollout_ids,
+    rollout_tools,
+    sft_completion_problems,
     tool_template_problem,
+    tool_tokenizer,
     trl_template,
 )
 from trainers.dataset import ingest_dataset
@@ -27,7 +32,7 @@ from trainers.metrics import read_metrics
 from trainers.modeling import SetupError, load_tokenizer
 from trainers.preflight import preflight
 from trainers.spec import SpecError, load_spec, to_yaml
-from trainers.tiny import CHAT_TEMPLATE, build_tiny
+from trainers.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agents.yaml"
@@ -121,9 +126,11 @@ def test_environment_dry_run(factory, message):
 
 
 def test_template_checks():
-    # builtin:tiny's own template is swapped for Qwen2.5's; TRL's Qwen2.5 template passes; one that drops tool
-    # calls (Phi-3's) and one TRL cannot parse are refused, naming base_model.
+    # builtin:tiny's own template is swapped for its tool template (parsed with the response template it gets);
+    # TRL's Qwen2.5 template passes; one that drops tool calls (Phi-3's) and one TRL cannot parse are refused, naming
+    # base_model.
     assert tool_template_problem(CHAT_TEMPLATE, "builtin:tiny") is None
+    assert tool_template_problem(TOOL_CHAT_TEMPLATE, "builtin:tiny", response_template=True) is None
     assert tool_template_problem(trl_template("qwen2_5"), "m") is None
     assert "cannot render a tool call" in tool_template_problem(trl_template("phi3"), "m")
     assert "TRL cannot parse tool calls" in tool_template_problem("{{ messages }}", "m")
@@ -212,26 +219,26 @@ def test_agent_args(tmp_path):
 
 
 def test_a_template_that_cannot_call_tools_is_a_setup_error(tmp_path):
-    from trainers.agents import tool_tokenizer
-
     tokenizer = load_tokenizer(str(build_tiny()))
     tokenizer.chat_template = trl_template("phi3")
     with pytest.raises(SetupError, match="base_model: the chat template of m cannot render a tool call"):
         tool_tokenizer(tokenizer, "m")
 
 
+def tiny_tool_tokenizer():
+    return tool_tokenizer(load_tokenizer(str(build_tiny())), "builtin:tiny")
+
+
 def test_builtin_tiny_tool_calls_parse_as_trl_reads_them():
-    # The template builtin:tiny gets for tool rollouts renders the tools' schemas into the prompt, and TRL parses a
-    # completion in its format into the tool call that its loop then runs.
-    from trl.chat_template_utils import add_response_schema, parse_response
+    # The template builtin:tiny gets for tool rollouts lists the tools in the prompt, and TRL parses a completion in
+    # its format into the tool call that its loop then runs.
+    from trl.chat_template_utils import parse_response
 
-    from trainers.agents import tool_tokenizer
-
-    tokenizer = add_response_schema(tool_tokenizer(load_tokenizer(str(build_tiny())), "builtin:tiny"))
+    tokenizer = tiny_tool_tokenizer()
     locker = Locker()
     tools = [calculator, locker.read_note, locker.unlock]
     prompt = tokenizer.apply_chat_template(ROW["prompt"], tools=tools, add_generation_prompt=True, tokenize=False)
-    assert '"name": "read_note"' in prompt and '"name": "calculator"' in prompt
+    assert prompt.startswith("<|im_start|>system\nTools: calculator(expression) read_note() unlock(code)<|im_end|>")
     prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     text = '<tool_call>\n{"name": "unlock", "arguments": {"code": "3"}}\n</tool_call><|im_end|>'
     message = parse_response(tokenizer, tokenizer(text, add_special_tokens=False)["input_ids"], prefix, tools)
@@ -241,30 +248,174 @@ def test_builtin_tiny_tool_calls_parse_as_trl_reads_them():
     assert locker.unlock(**call["function"]["arguments"]) == "unlocked" and locker.get_reward() == 1.0
 
 
+def test_builtin_tiny_tool_template_is_one_trl_can_train_on():
+    # Without tools it renders as builtin:tiny's own template (a tool job's held-out evaluation, its other prompts);
+    # TRL requires a multi-turn template to preserve prefixes and to render tool calls and results.
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+
+    tokenizer = tiny_tool_tokenizer()
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "5"},
+    ]
+    for generation_prompt in (True, False):
+        kwargs = {"tokenize": False, "add_generation_prompt": generation_prompt}
+        plain = tokenizer.apply_chat_template(chat, chat_template=CHAT_TEMPLATE, **kwargs)
+        assert tokenizer.apply_chat_template(chat, **kwargs) == plain
+        assert tokenizer.apply_chat_template(chat[1:], **kwargs) == plain[plain.index("<|im_start|>user") :]
+    assert is_chat_template_prefix_preserving(tokenizer) and supports_tool_calling(tokenizer)
+
+
+# --- the SFT warm-up's conversations --------------------------------------------------------------------------------
+
+CONVERSATION = [
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "read_note", "arguments": "{}"}}],
+    },
+    {"role": "tool", "name": "read_note", "content": "The code is 1+2."},
+    {
+        "role": "assistant",
+        "content": None,
+        "name": None,
+        "tool_calls": [
+            {"type": "function", "function": {"name": "unlock", "arguments": {"code": "3", "expression": None}}}
+        ],
+    },
+    {"role": "tool", "name": "unlock", "content": "unlocked"},
+    {"role": "assistant", "content": "It is open.", "tool_calls": None},
+]
+
+
+def test_completion_messages():
+    # Text is one answer; a conversation's arguments are read from OpenAI's JSON string, and the nulls a columnar
+    # file fills missing keys with are dropped.
+    assert completion_messages("42", "c") == [{"role": "assistant", "content": "42"}]
+    messages = completion_messages(CONVERSATION, "c")
+    assert [m.get("tool_calls", [{}])[0].get("function") for m in messages[::2]] == [
+        {"name": "read_note", "arguments": {}},
+        {"name": "unlock", "arguments": {"code": "3"}},
+        None,
+    ]
+    assert messages[2] == {"role": "assistant", "content": "", "tool_calls": messages[2]["tool_calls"]}
+    assert messages[4] == {"role": "assistant", "content": "It is open."}
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (None, "c: must be text or a non-empty list of messages, not NoneType"),
+        ([], "c: must be text or a non-empty list of messages"),
+        ([{"role": "user", "content": "hi"}], "c[0]: role 'user'; a completion holds assistant and tool messages"),
+        (CONVERSATION[:2], "c: must start and end with an assistant message"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}], "arguments '{' are"),
+        ([{"role": "assistant", "tool_calls": [{"name": "f"}]}], "c[0].tool_calls[0]: a tool call is"),
+    ],
+)
+def test_bad_completions_name_the_row(value, message):
+    with pytest.raises(AgentError) as caught:
+        completion_messages(value, "c")
+    assert message in str(caught.value)
+
+
+def test_sft_completion_checks():
+    assert sft_completion_problems([{"completion": CONVERSATION}], "completion") == ([], [])
+    problems, warnings = sft_completion_problems([{"completion": "42"}, {"completion": 3}], "completion")
+    assert (
+        problems
+        == ["sft.completion_column: row 1 of 'completion': must be text or a non-empty list of messages, not int"]
+        and warnings == []
+    )
+    problems, [warning] = sft_completion_problems([{"completion": "42"}], "completion")
+    assert problems == [] and "none of 1 sampled completions of 'completion' calls a tool" in warning
+
+
+def test_sft_rows_are_the_rollout_token_for_token(tmp_path):
+    # A warm-up row is what TRL's GRPO rollout builds for the same conversation: the prompt as GRPOTrainer tokenizes
+    # it (with the same tools' schemas), each model turn, then the tool answers as its tool loop appends them
+    # (_get_tool_suffix_ids); the loss covers exactly the tokens the rollout's tool_mask marks as the model's.
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import parse_response
+
+    tokenizer = tiny_tool_tokenizer()
+    messages = completion_messages(CONVERSATION, "c")
+    row = rollout_ids(tokenizer, ROW["prompt"], messages, rollout_tools([calculator], Locker))
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        bf16=False,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        report_to="none",
+        max_completion_length=64,
+    )
+    trainer = GRPOTrainer(
+        model=str(build_tiny()),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=config,
+        train_dataset=Dataset.from_list([ROW] * 2),
+        processing_class=tokenizer,
+        tools=[calculator],
+        environment_factory=Locker,
+    )
+    trainer._batch_environments = [None]
+    [prompt_ids], _, _ = trainer._tokenize_prompts([ROW["prompt"]])
+    expected, mask = list(prompt_ids), [0] * len(prompt_ids)
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            turn = tokenizer.apply_chat_template(
+                [*ROW["prompt"], *messages[: i + 1]], tools=trainer.tools, tokenize=False
+            )
+            generated = tokenizer(
+                turn[turn.rindex("<|im_start|>assistant\n") + 22 :].removesuffix("\n"), add_special_tokens=False
+            )["input_ids"]
+            parsed = parse_response(tokenizer, generated, prefix=expected, tools=trainer.tools)
+            assert parsed.get("tool_calls") == message.get("tool_calls") and parsed["content"] == message["content"]
+            expected, mask = expected + generated, mask + [1] * len(generated)
+        elif messages[i - 1]["role"] == "assistant":
+            suffix = trainer._get_tool_suffix_ids([m for m in messages[i:] if m["role"] == "tool"][:1])
+            expected, mask = expected + suffix, mask + [0] * len(suffix)
+    assert row["input_ids"] == expected
+    assert row["labels"] == [t if m else -100 for t, m in zip(expected, mask, strict=True)]
+
+
+ROLLOUTS = []  # (completion, note) for each rollout that recorded_tool_use scored
+
+
+def recorded_tool_use(completions: list, note: list, **kwargs) -> list[float]:
+    """examples.agents.tool_use_reward, recording what TRL passed it."""
+    ROLLOUTS.extend(zip(completions, note, strict=True))
+    return tool_use_reward(completions)
+
+
 @pytest.mark.slow
-def test_example_trains_with_tools_and_environment(tmp_path):
-    # The example as `grpoflow run` trains it: GRPO with the tools and the environment handed to TRL. builtin:tiny,
-    # untrained, writes no tool call; what shows here is that TRL ran its tool loop (it logs tools/* only then) and
-    # scored each rollout with the environment's get_reward beside the spec's reward.
-    spec, _ = load_spec(example(tmp_path))
+def test_example_calls_tools_after_the_warm_up(tmp_path):
+    # The example as `grpoflow run` trains it, at its smallest: the SFT warm-up on the worked conversations, rendered
+    # as the rollout will be, then GRPO with the tools and the environment handed to TRL. The warmed-up model writes
+    # tool calls that TRL parses and runs (tools/call_frequency), and the tool's answer is fed back into the rollout:
+    # read_note's answer is the row's own note, which only the environment, reset with that row, could give.
+    ROLLOUTS.clear()
+    rewards = [{"function": f"{__name__}:recorded_tool_use"}]
+    spec, _ = load_spec(example(tmp_path, rewards=rewards, hyperparameters={"max_steps": 1}))
     job = JobDir(tmp_path / "runs" / "lockers-20261201-000000-abcdef")
     job.root.mkdir(parents=True)
     job.spec.write_text(to_yaml(spec))
     ingest_dataset(spec.dataset.uri, job.dataset, prompt_column="prompt", holdout=0, seed=spec.hyperparameters.seed)
+    assert sft.main(str(job.root)) == 0
     assert grpo.main(str(job.root)) == 0
 
-    records = read_metrics(job.metrics)
-    assert [r["step"] for r in records] == [1, 2]
-    for record in records:
-        values = record["values"]
-        assert {"tools/call_frequency", "tools/failure_frequency"} <= values.keys(), values
-        assert {"rewards/Locker/mean", "rewards/tool_use_reward/mean"} <= values.keys(), values
-        assert values["completions/mean_length"] > 0
-    # The trained model keeps the tool-calling template it was trained with.
-    template = job.merged / "chat_template.jinja"
-    saved = (
-        template.read_text()
-        if template.is_file()
-        else json.loads((job.merged / "tokenizer_config.json").read_text()).get("chat_template")
-    )
-    assert saved == trl_template("qwen2_5")
+    [record] = read_metrics(job.metrics)
+    values = record["values"]
+    assert values["tools/call_frequency"] > 0 and values["tools/failure_frequency"] < 1, values
+    assert {"rewards/Locker/mean", "rewards/recorded_tool_use/mean"} <= values.keys(), values
+    answered = [
+        (completion, note)
+        for completion, note in ROLLOUTS
+        if [m["role"] for m in completion[:2]] == ["assistant", "tool"] and completion[1]["name"] == "read_note"
+    ]
+    assert answered and all(completion[1]["content"] == note for completion, note in answered), ROLLOUTS
+    # The trained model keeps the tool-calling template, and the parser, it was trained with.
+    tokenizer = load_tokenizer(str(job.merged))
+    assert tokenizer.chat_template == TOOL_CHAT_TEMPLATE and tokenizer.response_template is not None

@@ -543,7 +543,7 @@ class JobSpec(_Section):
         description="Tools the model may call during its rollouts, each 'package.module:function': a typed function "
         "with a Google-style docstring (Args: a line per argument), whose JSON schema the model sees. A rollout runs "
         "turn after turn until an answer without a tool call, or trl.max_tool_calling_iterations tool turns. Needs "
-        "chat prompts and a tool-calling chat template (Qwen2.5/Qwen3, Llama 3.1, ...; builtin:tiny gets Qwen2.5's).",
+        "chat prompts and a tool-calling chat template (Qwen2.5/Qwen3, Llama 3.1, ...; builtin:tiny gets its own).",
     )
     environment: FunctionRef | None = Field(
         None,
