@@ -153,7 +153,10 @@ def complete_checkpoint(location: str, num_machines: int) -> str | None:
     every machine resumes from the same one. None: start from the beginning."""
     fs, remote = filesystem(join(location, "checkpoints"))
     for candidate in remote_checkpoints(fs, remote.rstrip("/")):
-        names = {n.rsplit("/", 1)[-1] for n in fs.ls(candidate, detail=False)}
+        try:
+            names = {n.rsplit("/", 1)[-1] for n in fs.ls(candidate, detail=False)}
+        except FileNotFoundError:  # removed since the listing (rank 0's rotation)
+            continue
         machines = all(MachineCheckpoints.manifest_name(rank) in names for rank in range(1, num_machines))
         if machines and remote_manifest(fs, candidate) is not None:
             return candidate.rsplit("/", 1)[-1]

@@ -183,6 +183,9 @@ def test_train_task_runs_the_training_as_an_indexed_job(make_job, bucket, cluste
     assert_cleaned_up(cluster, jobs=1)
 
 
+STEPS = 40
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_a_killed_machine_fails_the_attempt_and_the_retry_resumes(make_job, bucket, cluster):
@@ -191,14 +194,21 @@ def test_a_killed_machine_fails_the_attempt_and_the_retry_resumes(make_job, buck
     job, spec = make_job(
         "lost",
         output_uri=f"s3://{bucket}/runs",
-        **{**SPEC, "hyperparameters": {**SPEC["hyperparameters"], "max_steps": 8}},
+        # Steps of a tenth of a second: enough of them that the kill lands mid-run, and the checkpoints kept (not
+        # rotated away within a second, before the second machine's files of them reach the store).
+        **{
+            **SPEC,
+            "hyperparameters": {**SPEC["hyperparameters"], "max_steps": STEPS},
+            "checkpoint_every": 4,
+            "trl": {"save_total_limit": STEPS},
+        },
     )
     location, killed = f"s3://{bucket}/runs/{job.job_id}", {}
 
     def kill_index_1():
         while not killed:
             # Once a checkpoint both machines can resume from is on the store (rank 0's files and machine 1's own).
-            if found := complete_checkpoint(location, 2):
+            if (found := complete_checkpoint(location, 2)) and len(cluster.jobs) == 1:
                 [(_, name)] = list(cluster.jobs)
                 killed.update(pod=cluster.kill(name, 1).name, at=int(found.rsplit("-", 1)[1]))
             time.sleep(0.2)
@@ -207,14 +217,14 @@ def test_a_killed_machine_fails_the_attempt_and_the_retry_resumes(make_job, buck
     killer.start()
     state = run_train_task(job, spec)
     summary = state.result()
-    assert killed and 2 <= killed["at"] < 8
+    assert killed and 2 <= killed["at"] < STEPS
     messages = flow_run_logs(state.state_details.flow_run_id)
     failed = [m for m in messages if f"training pod {killed['pod']} exited with code 137" in m]
     assert failed, messages
     assert int(summary["resumed_from"].rsplit("-", 1)[1]) >= killed["at"]  # from the store, not from scratch
-    assert summary["global_step"] == 8
-    assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, 9))  # every step exactly once
-    assert remote_steps(location) == list(range(1, 9))
+    assert summary["global_step"] == STEPS
+    assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, STEPS + 1))  # every step exactly once
+    assert remote_steps(location) == list(range(1, STEPS + 1))
     # The retry's second machine took its own files of the checkpoint too (its RNG state: only its disk had it).
     log = (job.logs / "train.log").read_text()
     assert f"[rank 1] grpoflow: {summary['resumed_from']} downloaded (1 files of this machine's own)" in log, log
