@@ -272,6 +272,14 @@ def rollout_tools(tools: list[Callable], environment_factory: Callable | None) -
     return listed
 
 
+def rollout_chat_template(tokenizer) -> str | None:
+    """The chat template GRPOTrainer renders tool rollouts with: None (the tokenizer's own) when it preserves prefixes,
+    else TRL's training variant of it, as `GRPOTrainer.__init__` picks it."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+
+
 def completion_messages(value: Any, where: str) -> list[dict]:
     """An SFT target for a tool job as chat messages: text is one assistant answer; a list holds the rollout after the
     prompt (assistant turns, with `tool_calls`, and the `tool` answers between them). Tool-call arguments may be a
@@ -320,15 +328,19 @@ def _tool_call(call: Any, where: str) -> dict:
     return {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
-def rollout_ids(tokenizer, prompt: list[dict], completion: list[dict], tools: list[Callable]) -> dict:
+def rollout_ids(
+    tokenizer, prompt: list[dict], completion: list[dict], tools: list[Callable], chat_template: str | None = None
+) -> dict:
     """One SFT row for a tool job, token for token as TRL's GRPO rollout builds it: the prompt rendered with the
     tools' schemas and the generation prompt, then per assistant turn the tokens the model generates (up to and with
     its end-of-turn token: the loss is on these) and, between turns, the tool answers and the next generation prompt
-    (context: labels -100, like the rollout's tool_mask 0). Returns `input_ids` and `labels`."""
+    (context: labels -100, like the rollout's tool_mask 0). `chat_template` is the one GRPOTrainer renders with when
+    it replaces the tokenizer's (`rollout_chat_template`). Returns `input_ids` and `labels`."""
+    options = {"tools": tools or None, "chat_template": chat_template}
 
     def render(messages, generation_prompt):
         return tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+            messages, add_generation_prompt=generation_prompt, tokenize=False, **options
         )
 
     def ids(text):
@@ -337,7 +349,7 @@ def rollout_ids(tokenizer, prompt: list[dict], completion: list[dict], tools: li
     messages = [*prompt, *completion]
     text = render(prompt, True)
     input_ids = tokenizer.apply_chat_template(
-        prompt, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=True
+        prompt, add_generation_prompt=True, tokenize=True, return_dict=True, **options
     )["input_ids"]
     labels = [-100] * len(input_ids)
     eos = tokenizer.eos_token

@@ -59,14 +59,15 @@ def sft_dataset(dataset, spec: JobSpec):
 def tool_sft_dataset(dataset, spec: JobSpec, tokenizer, tools: list):
     """Tokenized rows (`input_ids`, `labels`) for a tool job: each prompt with its completion column's conversation,
     as TRL's GRPO rollout renders and concatenates them (`trainers.agents.rollout_ids`)."""
-    from trainers.agents import completion_messages, rollout_ids
+    from trainers.agents import completion_messages, rollout_chat_template, rollout_ids
 
     dataset = prepare_prompts(dataset, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     column = spec.sft.completion_column
+    template = rollout_chat_template(tokenizer)
 
     def to_ids(row, index):
         completion = completion_messages(row[column], f"sft.completion_column: row {index} of {column!r}")
-        return rollout_ids(tokenizer, row["prompt"], completion, tools)
+        return rollout_ids(tokenizer, row["prompt"], completion, tools, template)
 
     return dataset.map(to_ids, with_indices=True, remove_columns=dataset.column_names)
 

@@ -19,6 +19,7 @@ from trainers.agents import (
     completion_messages,
     environment_problems,
     load_tools,
+    rollout_chat_template,
     rollout_ids,
     rollout_tools,
     sft_completion_problems,
@@ -332,17 +333,25 @@ def test_sft_completion_checks():
     assert problems == [] and "none of 1 sampled completions of 'completion' calls a tool" in warning
 
 
-def test_sft_rows_are_the_rollout_token_for_token(tmp_path):
+@pytest.mark.parametrize("template", ["builtin:tiny", "qwen3"])
+def test_sft_rows_are_the_rollout_token_for_token(tmp_path, template):
     # A warm-up row is what TRL's GRPO rollout builds for the same conversation: the prompt as GRPOTrainer tokenizes
     # it (with the same tools' schemas), each model turn, then the tool answers as its tool loop appends them
-    # (_get_tool_suffix_ids); the loss covers exactly the tokens the rollout's tool_mask marks as the model's.
+    # (_get_tool_suffix_ids); the loss covers exactly the tokens the rollout's tool_mask marks as the model's. Qwen3's
+    # template drops earlier turns' reasoning, so it does not preserve prefixes: TRL renders with its training
+    # variant, and so does the warm-up.
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
-    from trl.chat_template_utils import parse_response
+    from trl.chat_template_utils import add_response_schema, parse_response
 
     tokenizer = tiny_tool_tokenizer()
+    if template != "builtin:tiny":
+        tokenizer.chat_template, tokenizer.response_template = trl_template(template), None
+        add_response_schema(tokenizer)
     messages = completion_messages(CONVERSATION, "c")
-    row = rollout_ids(tokenizer, ROW["prompt"], messages, rollout_tools([calculator], Locker))
+    chat_template = rollout_chat_template(tokenizer)
+    assert (chat_template is None) == (template == "builtin:tiny")
+    row = rollout_ids(tokenizer, ROW["prompt"], messages, rollout_tools([calculator], Locker), chat_template)
     config = GRPOConfig(
         output_dir=str(tmp_path),
         bf16=False,
@@ -360,13 +369,14 @@ def test_sft_rows_are_the_rollout_token_for_token(tmp_path):
         tools=[calculator],
         environment_factory=Locker,
     )
+    assert trainer.chat_template == chat_template
     trainer._batch_environments = [None]
     [prompt_ids], _, _ = trainer._tokenize_prompts([ROW["prompt"]])
     expected, mask = list(prompt_ids), [0] * len(prompt_ids)
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
             turn = tokenizer.apply_chat_template(
-                [*ROW["prompt"], *messages[: i + 1]], tools=trainer.tools, tokenize=False
+                [*ROW["prompt"], *messages[: i + 1]], tools=trainer.tools, chat_template=chat_template, tokenize=False
             )
             generated = tokenizer(
                 turn[turn.rindex("<|im_start|>assistant\n") + 22 :].removesuffix("\n"), add_special_tokens=False
@@ -379,6 +389,36 @@ def test_sft_rows_are_the_rollout_token_for_token(tmp_path):
             expected, mask = expected + suffix, mask + [0] * len(suffix)
     assert row["input_ids"] == expected
     assert row["labels"] == [t if m else -100 for t, m in zip(expected, mask, strict=True)]
+
+
+def test_sft_warm_up_rows_of_the_example(tmp_path):
+    # trainers.sft's rows for the example: every row is its whole rollout, the loss on the model's four turns; a row
+    # whose completion cannot be read names itself.
+    from datasets import Dataset
+
+    from trainers.sft import tool_sft_dataset
+
+    spec, _ = load_spec(example(tmp_path))
+    rows = [json.loads(line) for line in (ROOT / "examples/data/lockers.jsonl").read_text().splitlines()[:3]]
+    tokenizer = tiny_tool_tokenizer()
+    dataset = tool_sft_dataset(Dataset.from_list(rows), spec, tokenizer, rollout_tools([calculator], Locker))
+    assert dataset.column_names == ["input_ids", "labels"]
+    for row, ids, labels in zip(rows, dataset["input_ids"], dataset["labels"], strict=True):
+        learned = tokenizer.decode([t for t, label in zip(ids, labels, strict=True) if label != -100])
+        assert learned.count("<|im_end|>") == 4 and row["note"] not in learned  # the note is read_note's answer
+        assert f'"expression": "{row["note"][12:-1]}"' in learned and f'"code": "{row["code"]}"' in learned
+        assert len(ids) < 512  # builtin:tiny's positions
+    rows[2]["completion"] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(AgentError, match="sft.completion_column: row 2 of 'completion'"):
+        tool_sft_dataset(Dataset.from_list(rows), spec, tokenizer, [calculator])
+
+
+def test_preflight_warns_when_no_sft_completion_calls_a_tool(tmp_path):
+    rows = tmp_path / "answers.jsonl"
+    rows.write_text(json.dumps({**ROW, "completion": "It is open."}) + "\n")
+    warnings = []
+    assert preflight(load_spec(example(tmp_path, dataset={"uri": str(rows)}))[0], warnings) == []
+    assert any(w.startswith("sft.completion_column: none of 1 sampled completions") for w in warnings), warnings
 
 
 ROLLOUTS = []  # (completion, note) for each rollout that recorded_tool_use scored
