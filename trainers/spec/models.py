@@ -265,7 +265,11 @@ class SFTSpec(_Section):
     """The optional supervised format warm-up before GRPO."""
 
     enabled: bool = Field(False, description="Run the SFT warm-up.")
-    completion_column: str = Field("completion", description="Column holding the target completions.")
+    completion_column: str = Field(
+        "completion",
+        description="Column holding the target completions: text, or with tools/environment the rollout after the "
+        "prompt as messages (assistant turns with tool_calls, the tool answers between them, a final answer).",
+    )
     max_steps: Int = Field(200, ge=1, description="SFT training steps.")
     learning_rate: float = Field(
         2e-5, gt=0, description="SFT learning rate (TRL's default; a tiny model from scratch wants far more, ~3e-3)."
