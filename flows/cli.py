@@ -246,14 +246,16 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         if done := resumed_job_done(spec, args.resume):
             print_result(args, done)
             return EXIT_OK
-    preflight(args, spec)  # before the server starts: a job that cannot run never becomes a flow run
-    check_this_machine(spec)
     from flows import server
 
-    # Without a configured Prefect API, the temporary server boots while the pipeline's modules import.
+    # Without a configured Prefect API, the temporary server boots while the preflight runs and the pipeline's
+    # modules import (its boot is the longest of the three); a job that cannot run stops it before it answered, and
+    # never becomes a flow run.
     previous, temporary = _stop_on_signals(), None
     try:
         temporary = server.start_if_needed()
+        preflight(args, spec)
+        check_this_machine(spec)
         from flows.pipeline import grpo_pipeline
         from tasks.stages import REJECTED
         from trainers.report import waited_since
@@ -910,5 +912,13 @@ def main(argv=None) -> int:
         return 128 + signal.SIGINT
 
 
+def entry() -> None:
+    """The `grpoflow` command: `main()`, then the end of the process without Python's module teardown
+    (`trainers.exits`)."""
+    from trainers.exits import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -2,8 +2,9 @@
 
 It is Prefect's own ephemeral server (the same uvicorn command, app and settings as
 `prefect.server.api.server.SubprocessASGIServer`), started by grpoflow instead of by Prefect's client so that it
-boots while this process still imports the pipeline (Prefect, datasets, the tasks): the two overlap on a multi-core
-machine instead of adding up, and this process never imports the server's own modules (FastAPI, SQLAlchemy, ~2.6 s).
+boots while this process still runs the preflight and imports the pipeline (Prefect, datasets, the tasks): they
+overlap on a multi-core machine instead of adding up, and this process never imports the server's own modules
+(FastAPI, SQLAlchemy, ~2.6 s).
 The flow then talks to it as to any running server, through `PREFECT_API_URL` set for this process and its children.
 With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode turned off, nothing is started.
 """
@@ -79,11 +80,6 @@ class TemporaryServer:
         command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory"]
         command += ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
         command += ["--log-level", "error", "--lifespan", "on"]
-        print(
-            f"grpoflow: temporary Prefect server on http://127.0.0.1:{self.port} "
-            "(set PREFECT_API_URL to use a running one)",
-            file=sys.stderr,
-        )
         # Its own session: the terminal's Ctrl-C reaches only grpoflow, which then ends the job through this server
         # and stops it last. And it dies with grpoflow (SIGKILL included), never orphaned.
         self.process = subprocess.Popen(
@@ -106,6 +102,12 @@ class TemporaryServer:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
+                        # Said once it answers: a job the preflight rejects stops it unannounced.
+                        print(
+                            f"grpoflow: temporary Prefect server on http://127.0.0.1:{self.port} "
+                            "(set PREFECT_API_URL to use a running one)",
+                            file=sys.stderr,
+                        )
                         return self.api_url
             except (OSError, urllib.error.URLError):
                 pass

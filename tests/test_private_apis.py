@@ -34,6 +34,7 @@ code moves between modules; grep for the function name.
 | transformers | `transformers.utils.chat_template_utils.is_torch_available`, read by `get_json_schema` | tool schemas in the preflight without importing torch | `tool_schema` (trainers/agents.py) |
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
 | standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (tasks/webhooks.py) |
+| python | `threading._shutdown()` (threading's exit hooks, then the join of non-daemon threads) and `atexit._run_exitfuncs()`, the first steps of the interpreter's exit | a process ends after them without the module teardown | `exit_now` (trainers/exits.py) |
 """
 
 import ast
@@ -581,3 +582,11 @@ def test_peft_all_linear_rule_on_a_meta_model():
     assert callable(_maybe_include_all_linear_layers) and LoraConfig(target_modules="all-linear")
     targets = default_lora_targets(resolve_model_path("builtin:tiny"))
     assert sorted(targets) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+
+
+def test_interpreter_exit_steps_exist():
+    import atexit
+    import threading
+
+    assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
+    assert isinstance(threading._threading_atexits, list)  # the hooks `_shutdown` runs before its join

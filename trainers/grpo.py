@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainers.agents import agent_args, tool_tokenizer
 from trainers.architecture import adapter_summary
+from trainers.exits import exit_now
 from trainers.jobdir import JobDir, write_json_atomic
 from trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
 from trainers.metrics import metrics_file_callback, truncate_metrics
@@ -344,4 +345,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    exit_now(cli())  # without the teardown of torch and TRL (trainers/exits.py)

@@ -97,3 +97,19 @@ def test_a_server_that_cannot_start_ends_the_run_with_a_message(tmp_path, make_s
     assert "grpoflow: the temporary Prefect server exited with code 3 before it answered (3 tries" in proc.stderr
     assert "Traceback (most recent call last)" not in proc.stderr.split("grpoflow: the temporary")[1]
     assert not (tmp_path / "runs").exists()  # no job folder: nothing ran
+
+
+def test_a_job_the_preflight_rejects_stops_the_server_booting_beside_it(tmp_path, make_spec):
+    # The server starts before the preflight (they overlap); a rejected job stops it unannounced, leaves no process.
+    spec = make_spec("s", dataset={"uri": str(tmp_path / "no-such-data.jsonl")})
+    script = (
+        "import json, psutil; from flows.cli import main; "
+        f"code = main(['run', {str(spec)!r}]); "
+        "print(json.dumps({'code': code, 'left': [p.cmdline() for p in psutil.Process().children(recursive=True)]}))"
+    )
+    proc = run(script, tmp_path)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"code": 2, "left": []}, proc.stderr[-3000:]
+    assert "dataset" in proc.stderr and "not found" in proc.stderr
+    assert "temporary Prefect server" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
