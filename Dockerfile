@@ -5,9 +5,10 @@
 # torch comes with the base image; keep its version equal to the Makefile's TORCH_VERSION (a test checks).
 FROM pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 
-# qlora and math are the GPU extras constraints.txt pins; vllm and deepspeed are not pinned there (their builds follow
-# CUDA and torch closely), so they are opt-in: --build-arg EXTRAS=qlora,math,deepspeed.
-ARG EXTRAS=qlora,math
+# qlora, math and kubernetes (distributed.num_machines > 1) are the extras constraints.txt pins; vllm and deepspeed are
+# not pinned there (their builds follow CUDA and torch closely), so they are opt-in:
+# --build-arg EXTRAS=qlora,math,kubernetes,deepspeed.
+ARG EXTRAS=qlora,math,kubernetes
 # What a project of `grpoflow init` installs (from the package index pip uses, or a wheel in the project's wheels/
 # folder); grpoflow's own checkout installs itself.
 ARG GRPOFLOW_VERSION=0.1.0

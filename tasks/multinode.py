@@ -236,7 +236,13 @@ class Kube:
     run where a loop already runs). `Kube()` connects; `close()` ends the loop."""
 
     def __init__(self):
-        from kubernetes_asyncio.client import BatchV1Api, CoreV1Api
+        try:
+            from kubernetes_asyncio.client import BatchV1Api, CoreV1Api
+        except ImportError:
+            raise TrainingSetupError(
+                "grpoflow: distributed.num_machines > 1 creates a Kubernetes Job through kubernetes_asyncio, which is "
+                "not installed here: pip install 'grpoflow[kubernetes]' (the image's default extras have it)"
+            ) from None
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kubernetes-api", daemon=True)

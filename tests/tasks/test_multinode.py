@@ -267,6 +267,12 @@ def test_no_kubernetes_api_is_a_setup_error_naming_what_is_missing(tmp_path, mon
         multinode.Kube()
 
 
+def test_no_kubernetes_client_is_a_setup_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes_asyncio.client", None)  # as if not installed
+    with pytest.raises(TrainingSetupError, match=r"pip install 'grpoflow\[kubernetes\]'"):
+        multinode.Kube()
+
+
 def test_no_image_is_a_setup_error_naming_the_variable(cluster, monkeypatch):
     monkeypatch.delenv(multinode.IMAGE_ENV)
     monkeypatch.setenv("HOSTNAME", "not-a-pod")  # e.g. a worker outside the cluster, with a kubeconfig
