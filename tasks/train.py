@@ -32,6 +32,7 @@ from trainers.health import FATAL, Alert, HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.launch import run_child
 from trainers.metrics import read_events, read_metrics
+from trainers.report import prepare_plotting
 from trainers.spec import JobSpec
 from trainers.vllm_server import vllm_server
 
@@ -148,6 +149,7 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
         sync = CheckpointSync(job, location, get_run_logger())
         sync.start()
     watcher = ProgressWatcher(job, spec)
+    prepare_plotting()  # while the child trains: the report's plots need matplotlib next
     try:
         if spec.distributed.num_machines > 1:  # a Kubernetes indexed Job, one pod per machine
             seconds = run_on_machines(job, spec, poll=watcher.poll)

@@ -14,9 +14,8 @@ import json
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
-
-from matplotlib.figure import Figure
 
 from trainers.health import Alert, verdict
 from trainers.jobdir import JobDir, write_text_atomic
@@ -64,7 +63,7 @@ def _plot_file(key: str) -> str:
     return key.replace("/", "_") + ".png"
 
 
-def _save_png(fig: Figure, path: Path) -> None:
+def _save_png(fig, path: Path) -> None:
     # A temp file beside the target, then a rename: a reader (or a crash) never sees half a PNG.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -76,7 +75,15 @@ def _save_png(fig: Figure, path: Path) -> None:
         raise
 
 
+def prepare_plotting() -> None:
+    """Imports matplotlib (~0.7 s) in a background thread, for a process that waits on a training child anyway (the
+    flow's training task): the report after it then draws at once. Idempotent; `_plot` imports it too."""
+    threading.Thread(target=lambda: __import__("matplotlib.figure"), name="import-matplotlib", daemon=True).start()
+
+
 def _plot(steps: list[int], values: list[float], key: str, path: Path) -> None:
+    from matplotlib.figure import Figure  # not at import: the CLI and the flow import this module long before a plot
+
     # Fixed margins: a constrained layout would take as long as drawing the figure itself.
     fig = Figure(figsize=(7, 3.5))
     fig.subplots_adjust(left=0.11, right=0.98, top=0.9, bottom=0.15)
