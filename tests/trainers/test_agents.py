@@ -432,13 +432,14 @@ def recorded_tool_use(completions: list, note: list, **kwargs) -> list[float]:
 
 @pytest.mark.slow
 def test_example_calls_tools_after_the_warm_up(tmp_path):
-    # The example as `grpoflow run` trains it, at its smallest: the SFT warm-up on the worked conversations, rendered
+    # The example as `grpoflow run` trains it, at its smallest (80 warm-up steps: after 60 no call parses yet, after
+    # 80 the rollouts make ~2 calls each; one GRPO step): the SFT warm-up on the worked conversations, rendered
     # as the rollout will be, then GRPO with the tools and the environment handed to TRL. The warmed-up model writes
     # tool calls that TRL parses and runs (tools/call_frequency), and the tool's answer is fed back into the rollout:
     # read_note's answer is the row's own note, which only the environment, reset with that row, could give.
     ROLLOUTS.clear()
     rewards = [{"function": f"{__name__}:recorded_tool_use"}]
-    spec, _ = load_spec(example(tmp_path, rewards=rewards, hyperparameters={"max_steps": 1}))
+    spec, _ = load_spec(example(tmp_path, rewards=rewards, sft={"max_steps": 80}, hyperparameters={"max_steps": 1}))
     job = JobDir(tmp_path / "runs" / "lockers-20261201-000000-abcdef")
     job.root.mkdir(parents=True)
     job.spec.write_text(to_yaml(spec))
