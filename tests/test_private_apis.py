@@ -33,6 +33,7 @@ code moves between modules; grep for the function name.
 | trl | `GRPOTrainer.reward_func_names`, the list its metrics are named from (`rewards/<name>/mean`) | a reward model's metric carries the spec's name, not its path | `main` (trainers/grpo.py) |
 | transformers | `transformers.utils.chat_template_utils.is_torch_available`, read by `get_json_schema` | tool schemas in the preflight without importing torch | `tool_schema` (trainers/agents.py) |
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
+| trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py) |
 | standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (tasks/webhooks.py) |
 | python | `threading._shutdown()` (threading's exit hooks, then the join of non-daemon threads) and `atexit._run_exitfuncs()`, the first steps of the interpreter's exit | a process ends after them without the module teardown | `exit_now` (trainers/exits.py) |
 """
@@ -590,3 +591,13 @@ def test_interpreter_exit_steps_exist():
 
     assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
     assert isinstance(threading._threading_atexits, list)  # the hooks `_shutdown` runs before its join
+
+
+def test_trl_qwen_response_template_and_training_template_helpers():
+    # That the schema parses builtin:tiny's calls is test_builtin_tiny_tool_calls_parse_as_trl_reads_them
+    # (tests/trainers/test_agents.py); here, that TRL still has the names.
+    from trl import chat_template_utils
+
+    assert isinstance(chat_template_utils.qwen3_template, dict) and chat_template_utils.qwen3_template
+    assert callable(chat_template_utils.is_chat_template_prefix_preserving)
+    assert callable(chat_template_utils.get_training_chat_template)
