@@ -99,18 +99,33 @@ def test_run_rejects_a_reward_that_raises(tmp_path, make_spec, monkeypatch):
 # --- the preflight: a job that cannot run is rejected before Prefect starts
 
 
+class BootingServer:
+    """What `flows.server.start_if_needed` returns while the temporary server boots: `run` must stop it, never wait
+    for it (connect), when the preflight rejects the job."""
+
+    calls: list[str] = []
+
+    def wait(self):
+        self.calls.append("wait")
+        raise AssertionError("a flow run was started for a job the preflight should have rejected")
+
+    def stop(self):
+        self.calls.append("stop")
+
+
 def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypatch):
     import flows.server
 
-    def no_server(*args, **kwargs):
-        raise AssertionError("the Prefect server started for a job the preflight should have rejected")
-
-    monkeypatch.setattr(flows.server, "start_if_needed", no_server)
+    # The temporary server boots beside the preflight (it is the longer of the two); a rejected job stops it.
+    booting = BootingServer()
+    booting.calls = []
+    monkeypatch.setattr(flows.server, "start_if_needed", lambda: booting)
     spec = make_spec(base_model=str(tmp_path / "no-such-model"))
     for command in ("validate", "run"):
         code, out, err = cli(command, spec, "--json")
         assert code == 2 and out == "", err
         assert f"base_model: {tmp_path / 'no-such-model'} does not exist" in err and "Traceback" not in err
+    assert booting.calls == ["stop"]  # by run, once; validate starts none
     assert not (tmp_path / "runs").exists()
     # The escape, for a spec whose paths are a worker's: the spec's own checks only.
     code, out, _ = cli("validate", spec, "--json", "--no-preflight")
