@@ -1,5 +1,5 @@
-"""A Kubernetes API on 127.0.0.1 for the tests of `tasks/multinode.py`: the endpoints its client calls, whose pods
-are real local processes.
+"""A Kubernetes API on 127.0.0.1 for the tests of `tasks/multinode.py`: the endpoints its client (`tasks/kube.py`)
+calls, whose pods are real local processes.
 
     with KubeApiServer(tmp_path, secrets={"grpoflow-s3": {...}}) as api:
         api.kubeconfig  # a kubeconfig file pointing at it (KUBECONFIG=...)

@@ -8,7 +8,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from tasks.multinode import (
+from tasks.kube import (
     LABEL,
     S3_KEYS,
     STAGING_MOUNT,

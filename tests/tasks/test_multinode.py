@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
+from tasks import kube as k8s
 from tasks import multinode
 from tasks.checkpoint_sync import FileMirror, newest_remote_checkpoint
 from tasks.node import complete_checkpoint
@@ -133,9 +134,9 @@ def cluster(tmp_path, s3_env, monkeypatch):
     secret = {k: v for k, v in s3_env.items() if k in keys} | {"AWS_ENDPOINT_URL_S3": s3_env["AWS_ENDPOINT_URL"]}
     with KubeApiServer(tmp_path / "k8s", secrets={"grpoflow-s3": secret}) as api:
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
-        monkeypatch.setenv(multinode.IMAGE_ENV, "registry.example.com/ml/grpoflow:test")
-        monkeypatch.setenv(multinode.NAMESPACE_ENV, "ml")
-        monkeypatch.setenv(multinode.PORT_ENV, str(free_port()))
+        monkeypatch.setenv(k8s.IMAGE_ENV, "registry.example.com/ml/grpoflow:test")
+        monkeypatch.setenv(k8s.NAMESPACE_ENV, "ml")
+        monkeypatch.setenv(k8s.PORT_ENV, str(free_port()))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         yield api
 
@@ -264,22 +265,22 @@ def test_no_kubernetes_api_is_a_setup_error_naming_what_is_missing(tmp_path, mon
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
     with pytest.raises(TrainingSetupError, match="in-cluster: KUBERNETES_SERVICE_HOST .* or set KUBECONFIG"):
-        multinode.Kube()
+        k8s.Kube()
 
 
 def test_no_kubernetes_client_is_a_setup_error_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "kubernetes_asyncio.client", None)  # as if not installed
     with pytest.raises(TrainingSetupError, match=r"pip install 'grpoflow\[kubernetes\]'"):
-        multinode.Kube()
+        k8s.Kube()
 
 
 def test_no_image_is_a_setup_error_naming_the_variable(cluster, monkeypatch):
-    monkeypatch.delenv(multinode.IMAGE_ENV)
+    monkeypatch.delenv(k8s.IMAGE_ENV)
     monkeypatch.setenv("HOSTNAME", "not-a-pod")  # e.g. a worker outside the cluster, with a kubeconfig
-    kube = multinode.Kube()
+    kube = k8s.Kube()
     try:
-        with pytest.raises(TrainingSetupError, match=f"set {multinode.IMAGE_ENV}"):
-            multinode.pod_settings(kube)
+        with pytest.raises(TrainingSetupError, match=f"set {k8s.IMAGE_ENV}"):
+            k8s.pod_settings(kube)
     finally:
         kube.close()
     assert ("GET", "/api/v1/namespaces/ml/pods/not-a-pod") in cluster.requests  # it looked for its own pod
@@ -288,7 +289,7 @@ def test_no_image_is_a_setup_error_naming_the_variable(cluster, monkeypatch):
 def test_the_pods_take_image_and_scheduling_from_the_flow_runs_own_pod(cluster, monkeypatch):
     """Without GRPOFLOW_IMAGE, a flow run in a pod (the grpo-k8s pool's) gives the training pods its own image,
     service account, nodeSelector and tolerations: they land on the same kind of GPU node."""
-    monkeypatch.delenv(multinode.IMAGE_ENV)
+    monkeypatch.delenv(k8s.IMAGE_ENV)
     monkeypatch.setenv("HOSTNAME", "flow-run-pod")
     toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     cluster.static_pods[("ml", "flow-run-pod")] = {
@@ -302,9 +303,9 @@ def test_the_pods_take_image_and_scheduling_from_the_flow_runs_own_pod(cluster, 
             "tolerations": [toleration],
         },
     }
-    kube = multinode.Kube()
+    kube = k8s.Kube()
     try:
-        settings = multinode.pod_settings(kube)
+        settings = k8s.pod_settings(kube)
     finally:
         kube.close()
     assert settings.image == "registry.example.com/ml/grpoflow:20261201" and settings.namespace == "ml"
@@ -317,7 +318,7 @@ def test_pods_that_never_run_fail_the_attempt_naming_why(make_job, bucket, clust
     """Pods stuck Pending (an image that cannot be pulled, no GPU node) fail the attempt after
     GRPOFLOW_K8S_START_TIMEOUT_S, naming each pod and its reason; the Job and Service are deleted."""
     monkeypatch.setenv(multinode.START_TIMEOUT_ENV, "3")
-    monkeypatch.setattr(multinode.Kube, "own_pod", lambda self, namespace: None)
+    monkeypatch.setattr(k8s.Kube, "own_pod", lambda self, namespace: None)
     cluster.pull_error = 'failed to pull "registry.example.com/ml/grpoflow:test": not found'
     job, spec = make_job("pending", output_uri=f"s3://{bucket}/runs", **SPEC)
     from prefect import flow
