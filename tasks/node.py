@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tasks.checkpoint_sync import CHECK_S, CheckpointSync, download_checkpoint, remote_checkpoints, remote_manifest
@@ -38,6 +39,10 @@ from trainers.launch import (
     run_child,
 )
 from trainers.spec import load_spec
+
+# How long a machine of rank > 0 waits, after its child exited, for rank 0's upload of the newest checkpoint (its own
+# part goes up after it).
+FINAL_WAIT_S = 120.0
 
 
 class MachineCheckpoints(threading.Thread):
@@ -58,29 +63,45 @@ class MachineCheckpoints(threading.Thread):
         return f"grpoflow-checkpoint.machine-{rank}.json"
 
     def run(self) -> None:
+        while not self._stopping.wait(CHECK_S):
+            self._round()
+        # The child exited: nothing writes into the checkpoints any more, but rank 0 may still be uploading its part
+        # of the newest one, which this machine's part waits for (up to FINAL_WAIT_S).
+        deadline = time.monotonic() + FINAL_WAIT_S
         while True:
-            stopping = self._stopping.wait(CHECK_S)
-            try:
-                self.round()
-            except Exception as e:  # a store hiccup or a rotation race: the next round retries
-                print(f"grpoflow: machine {self.rank}: checkpoint upload failed (retried): {e}", flush=True)
-            if stopping:
+            self._round(final=True)
+            local = self._local()
+            if not local or local[-1].name in self.sent or time.monotonic() > deadline:
                 return
+            time.sleep(CHECK_S)
+
+    def _round(self, final: bool = False) -> None:
+        try:
+            self.round(final)
+        except Exception as e:  # a store hiccup or a rotation race: the next round retries
+            print(f"grpoflow: machine {self.rank}: checkpoint upload failed (retried): {e}", flush=True)
 
     def stop(self) -> None:
         self._stopping.set()
         self.join()
 
-    def round(self) -> None:
+    def _local(self) -> list[Path]:
         if not self.job.checkpoints.exists():
+            return []
+        return sorted((p for p in self.job.checkpoints.glob("checkpoint-*") if p.name[11:].isdigit()), key=_step)
+
+    def round(self, final: bool = False) -> None:
+        """One look: uploads this machine's part of each checkpoint rank 0 completed; `final` (the child exited) takes
+        the files as they are, without waiting a round for them to stop changing."""
+        local = self._local()
+        if not local:
             return
-        local = sorted((p for p in self.job.checkpoints.glob("checkpoint-*") if p.name[11:].isdigit()), key=_step)
         for path in local:
             if path.name in self.sent or (main := remote_manifest(self.fs, f"{self.remote}/{path.name}")) is None:
                 continue
             ours = {n: p for n, p in _files(path).items() if n not in main["files"] and not n.startswith("grpoflow-")}
             sizes = {n: p.stat().st_size for n, p in ours.items()}
-            if self.listed.get(path.name) != sizes:  # still being written: the same files and sizes a round later
+            if not final and self.listed.get(path.name) != sizes:  # still being written: the same a round later
                 self.listed[path.name] = sizes
                 continue
             entries = {}
