@@ -1,4 +1,4 @@
-"""What each pod of a several-machine training job runs (`tasks.multinode` puts this command in the Job's container):
+"""What each pod of a several-machine training job runs (the container command of `tasks.kube.job_manifest`):
 
     python -m tasks.node s3://bucket/runs/<job_id> --main-process-ip HOST [--main-process-port 29500]
         [--checkpoint checkpoint-N | none]
