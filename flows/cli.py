@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from trainers import collector
+
 EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
 # The demo's spec, data and reward module ship as package data: found from any install, not only a checkout.
 EXAMPLES = Path(str(files("examples")))
@@ -256,11 +258,18 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         temporary = server.start_if_needed()
         preflight(args, spec)
         check_this_machine(spec)
+        # What the flow's start imports (Prefect's flow and task engines; FastAPI's encoder, for its parameters), here
+        # where the collector is paused and a temporary server may still be booting.
+        import fastapi.encoders  # noqa: F401
+        import prefect.flow_engine  # noqa: F401
+        import prefect.task_engine  # noqa: F401
+
         from flows.pipeline import grpo_pipeline
         from tasks.stages import REJECTED
         from trainers.report import waited_since
 
         _quiet_prefect_console()  # Prefect's logging is set up now (importing the flow did it)
+        collector.resume()
 
         # The report's wall time is the one the user waited: from this command's start.
         with server.connected(temporary), waited_since(getattr(args, "started", None) or time.time()):
@@ -886,6 +895,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The commands that keep the garbage collector paused (`entry`) through their imports (trainers.collector).
+COLLECTOR_PAUSED = {"run", "demo"}
+
+
 def main(argv=None) -> int:
     from flows.server import ServerError
     from trainers.spec import SpecError
@@ -894,6 +907,8 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.started = started
+        if args.command not in COLLECTOR_PAUSED:
+            collector.resume()
         return args.func(args)
     except SpecError as e:
         print(f"grpoflow: {e}", file=sys.stderr)
@@ -910,6 +925,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before `run` handles it (loading the spec, the preflight), or another command
         print("grpoflow: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    finally:
+        collector.resume()
 
 
 def entry() -> None:
@@ -917,6 +934,7 @@ def entry() -> None:
     (`trainers.exits`)."""
     from trainers.exits import exit_now
 
+    collector.pause()  # `run` and `demo` resume it before their flow, every other command at its start
     exit_now(main())
 
 

@@ -1,10 +1,12 @@
 """The temporary Prefect server `grpoflow run` uses when no Prefect API is configured.
 
-It is Prefect's own ephemeral server (the same uvicorn command, app and settings as
-`prefect.server.api.server.SubprocessASGIServer`), started by grpoflow instead of by Prefect's client so that it
-boots while this process still runs the preflight and imports the pipeline (Prefect, datasets, the tasks): they
-overlap on a multi-core machine instead of adding up, and this process never imports the server's own modules
-(FastAPI, SQLAlchemy, ~2.6 s).
+It is Prefect's own ephemeral server (the app `prefect.server.api.server.SubprocessASGIServer` runs, with the same
+settings), started by grpoflow instead of by Prefect's client so that it boots while this process still imports
+Prefect, runs the preflight and imports the pipeline (Prefect, datasets, the tasks): on a multi-core machine they
+overlap instead of adding up, and this process never imports the server's own modules (FastAPI, SQLAlchemy, ~2.6 s).
+Its boot is the longest of the three, so it starts first: before Prefect's import (~1.5 s) whenever the environment
+and the active profile configure no API (`_configured_elsewhere`), Prefect's reading of its settings then confirming
+that it is needed. What the server process does differently from `uvicorn --factory ...create_app` is in `serve`.
 The flow then talks to it as to any running server, through `PREFECT_API_URL` set for this process and its children.
 With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode turned off, nothing is started.
 """
@@ -12,13 +14,13 @@ With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode t
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +29,20 @@ from pathlib import Path
 # or the app itself failing to start (then every try fails the same way): a few tries, not until the timeout.
 STARTUP_FAILED_EXIT = 3
 MAX_LAUNCHES = 3
+
+# The environment Prefect's `SubprocessASGIServer` gives its server: the UI off, the app built as ephemeral.
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+# What a temporary server skips unless the environment asks for it: writing Prefect's catalogue of block types into
+# the database at each start, which first imports every installed Prefect collection to hash the catalogue
+# (prefect-kubernetes: ~1.3 s). A run writes no block; the next `prefect server start` on this PREFECT_HOME registers
+# the catalogue as usual.
+SERVER_DEFAULTS = {  # the names Prefect reads each setting from, the value
+    ("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "PREFECT_API_BLOCKS_REGISTER_ON_START"): "false",
+    ("PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION", "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION"): "false",
+}
+# Where the environment or a profile configures the API, or turns Prefect's ephemeral server off.
+API_KEYS = ("PREFECT_API_URL",)
+EPHEMERAL_KEYS = ("PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")
 
 
 class ServerError(RuntimeError):
@@ -52,18 +68,8 @@ class TemporaryServer:
     """A Prefect server on a free loopback port, in a child process; `wait()` until it answers, `stop()` at the end."""
 
     def __init__(self):
-        from prefect.settings import get_current_settings
-
-        settings = get_current_settings()
-        self.timeout_s = settings.server.ephemeral.startup_timeout_seconds
-        # What Prefect's ephemeral server passes on: the settings from the active profile, the UI off.
-        self._env = {
-            **os.environ,
-            **settings.to_environment_variables(exclude_unset=True),
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-        }
+        defaults = {names[0]: value for names, value in SERVER_DEFAULTS.items() if not set(names) & set(os.environ)}
+        self._env = {**defaults, **os.environ, **SERVER_ENV}
         self._env.pop("PREFECT_API_URL", None)
         self.process: subprocess.Popen | None = None
         self.launches = 0
@@ -76,19 +82,23 @@ class TemporaryServer:
     def _launch(self) -> None:
         self.launches += 1
         self.port = _free_port()
-        prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
-        command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory"]
-        command += ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
-        command += ["--log-level", "error", "--lifespan", "on"]
         # Its own session: the terminal's Ctrl-C reaches only grpoflow, which then ends the job through this server
         # and stops it last. And it dies with grpoflow (SIGKILL included), never orphaned.
         self.process = subprocess.Popen(
-            command, env=self._env, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent
+            # -P: the user's folder is not on its path (a `flows` package of their own stays theirs).
+            [sys.executable, "-P", "-m", "flows.server", str(self.port)],
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def wait(self) -> str:
         """Blocks until the server answers /health; returns its API URL. Raises ServerError if it never does."""
-        deadline = time.monotonic() + self.timeout_s
+        from prefect.settings import get_current_settings
+
+        timeout_s = get_current_settings().server.ephemeral.startup_timeout_seconds
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code == STARTUP_FAILED_EXIT and self.launches < MAX_LAUNCHES:
@@ -114,7 +124,7 @@ class TemporaryServer:
             time.sleep(0.1)
         self.stop()
         raise ServerError(
-            f"the temporary Prefect server did not answer within {self.timeout_s:g} s; raise "
+            f"the temporary Prefect server did not answer within {timeout_s:g} s; raise "
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a running server"
         )
 
@@ -132,12 +142,40 @@ class TemporaryServer:
 
 def start_if_needed() -> TemporaryServer | None:
     """Starts a temporary server when Prefect has no API URL and ephemeral mode is on (Prefect's default)."""
+    early = None if _configured_elsewhere() else TemporaryServer()
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
     if settings.api.url or not settings.server.ephemeral.enabled:
+        if early is not None:  # configured where only Prefect looks (.env, prefect.toml, pyproject.toml)
+            early.stop()
         return None
-    return TemporaryServer()
+    return early or TemporaryServer()
+
+
+def _configured_elsewhere() -> bool:
+    """Whether the environment or the active profile names a Prefect API or turns ephemeral mode off: a look that
+    imports nothing, at where a Prefect API is usually configured, to start the server before Prefect's import.
+    Prefect's own reading of its settings decides in every case."""
+    if any(os.environ.get(key) for key in API_KEYS) or any(_off(os.environ.get(key)) for key in EPHEMERAL_KEYS):
+        return True
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        profiles = {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return True
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active") or "ephemeral"
+    profile = (profiles.get("profiles") or {}).get(active)
+    if not isinstance(profile, dict):
+        return active != "ephemeral"  # Prefect's built-in profiles: only "ephemeral" configures no API
+    return any(profile.get(key) for key in API_KEYS) or any(_off(profile.get(key)) for key in EPHEMERAL_KEYS)
+
+
+def _off(value) -> bool:
+    return value is not None and str(value).strip().lower() in ("0", "false", "f", "no", "n", "off")
 
 
 @contextlib.contextmanager
@@ -146,13 +184,15 @@ def connected(server: TemporaryServer | None):
     if server is None:
         yield
         return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     url = server.wait()
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
     try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        # No flow run heartbeats: they let a server detect crashed runs, and this server ends with this process.
+        # Without them the flow's end does not wait for the heartbeat thread's next wake (up to 1 s).
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             try:
                 yield
             finally:
@@ -172,3 +212,22 @@ def drain_workers(timeout_s: float = 10.0) -> None:
 
     for worker in (APILogWorker, EventsWorker):
         worker.drain_all(timeout=timeout_s)
+
+
+def serve(port: int) -> None:
+    """The server process: Prefect's app, as `uvicorn --factory prefect.server.api.server:create_app` serves it
+    (the factory reads the `SERVER_ENV` variables), its modules imported and the app built with the garbage collector
+    paused (`trainers.collector`: ~1 s of a ~4.5 s boot)."""
+    from trainers import collector
+
+    collector.pause()
+    import uvicorn
+    from prefect.server.api.server import create_app
+
+    app = create_app()
+    collector.resume()
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", lifespan="on")
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

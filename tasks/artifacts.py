@@ -14,6 +14,7 @@ each one's history. An artifact that cannot be created is a warning in the log, 
 """
 
 import base64
+import functools
 import logging
 import re
 import shutil
@@ -47,8 +48,25 @@ BAR_WIDTH = 24
 def artifact_key(spec: JobSpec, kind: str) -> str:
     """`<base>-<kind>`: base is the Prefect deployment's name for a deployment's run, else the spec's name, in the
     letters Prefect allows (a spec named `arithmetic_demo.v2` outside a deployment: `arithmetic-demo-v2-report`)."""
-    base = _NOT_KEY.sub("-", (deployment.name or spec.name).lower()).strip("-") or "grpo"
+    base = _NOT_KEY.sub("-", (_deployment_name() or spec.name).lower()).strip("-") or "grpo"
     return f"{base}-{kind}"
+
+
+def _deployment_name() -> str | None:
+    # `prefect.runtime.deployment.name` asks the API for the flow run at each call when the run context holds no
+    # deployment id (a flow run's own field it does not look at): a run the context shows outside any deployment
+    # needs no question, and a deployment's name is asked once per flow run.
+    flow_run = getattr(FlowRunContext.get(), "flow_run", None)
+    if flow_run is None:
+        return deployment.name
+    if flow_run.deployment_id is None:
+        return None
+    return _name_of_deployment_run(flow_run.id)
+
+
+@functools.lru_cache(maxsize=16)
+def _name_of_deployment_run(flow_run_id) -> str | None:
+    return deployment.name
 
 
 def _in_run() -> bool:

@@ -20,9 +20,12 @@ code moves between modules; grep for the function name.
 | datasets | `Dataset._fingerprint` | the ingest cache key of a Hub dataset, and `state.json` | `_fingerprint`, `_write_splits` (the dataset ingest module) |
 | datasets | `save_to_disk`'s layout: `state.json` keys, `dataset_dict.json`, one Arrow IPC stream per split | the ingest writes the folder by hand (~20x faster) and `load_from_disk` reads it | `_write_splits` (the dataset ingest module) |
 | datasets | `Dataset(pyarrow.Table, info=...)` and `Dataset.data.table` | the holdout split taken with Arrow, not `train_test_split` | `_split` / holdout (the dataset ingest module) |
-| prefect | `PREFECT__SERVER_EPHEMERAL`, `PREFECT__SERVER_FINAL`, `PREFECT_UI_ENABLED`: the environment `SubprocessASGIServer` gives its server | the temporary server is Prefect's ephemeral server, started by grpoflow | `TemporaryServer.__init__` (flows/server.py) |
-| prefect | `uvicorn --factory prefect.server.api.server:create_app` (the server's private module) | the same command line | `TemporaryServer._launch` (flows/server.py) |
-| prefect | settings `server.ephemeral.enabled` / `.startup_timeout_seconds`, `api.url`, `to_environment_variables(exclude_unset=True)`; env names `PREFECT_SERVER_ANALYTICS_ENABLED`, `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` | when to start a server, how long to wait, no telemetry | `start_if_needed`, `TemporaryServer` (flows/server.py), flows/__init__.py, tasks/__init__.py |
+| prefect | `PREFECT__SERVER_EPHEMERAL`, `PREFECT__SERVER_FINAL`, `PREFECT_UI_ENABLED`: the environment `SubprocessASGIServer` gives its server | the temporary server is Prefect's ephemeral server, started by grpoflow | `SERVER_ENV`, `TemporaryServer` (flows/server.py) |
+| prefect | `prefect.server.api.server:create_app` (the server's private module), called with no arguments as `SubprocessASGIServer`'s `uvicorn --factory` command calls it, served with its `--log-level error --lifespan on` | the temporary server's app | `serve` (flows/server.py) |
+| prefect | settings `server.ephemeral.enabled` / `.startup_timeout_seconds`, `api.url`, `server.register_blocks_on_start`, `server.memoize_block_auto_registration`, `flows.heartbeat_frequency` (None: no heartbeats); env names `PREFECT_SERVER_ANALYTICS_ENABLED`, `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` and the aliases in `SERVER_DEFAULTS`, `API_KEYS`, `EPHEMERAL_KEYS` | when to start a server, how long to wait, what a temporary server skips, no telemetry | `start_if_needed`, `TemporaryServer`, `connected` (flows/server.py), flows/__init__.py, tasks/__init__.py |
+| prefect | `profiles.toml`: `PREFECT_PROFILES_PATH` (default `$PREFECT_HOME/profiles.toml`), its `active` key and `[profiles.<name>]` tables, `PREFECT_PROFILE`, and the built-in profiles where only `ephemeral` sets no API | whether a temporary server is likely needed, read before Prefect's import (Prefect's settings decide) | `_configured_elsewhere` (flows/server.py) |
+| prefect | the create_app lifespan's `_memoize_block_auto_registration` wrapper imports every installed collection before it reads `memoize_block_auto_registration` | both settings off skip the block catalogue | `SERVER_DEFAULTS` (flows/server.py) |
+| prefect | `prefect.runtime.deployment.name` reads the flow run from the API when `FlowRunContext` (not its `flow_run`) has no `deployment_id` | artifact keys read the run's own `deployment_id` first | `_deployment_name` (tasks/artifacts.py) |
 | prefect | `temporary_settings(updates={PREFECT_API_URL: ...})` and `PREFECT_API_URL.value()` (the legacy setting objects) | point the client at the temporary server; read the API URL | `connected` (flows/server.py), `api_url` (flows/deployments.py) |
 | prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (flows/server.py) |
 | prefect | `prefect.workers.base.BaseWorker.get_worker_class_from_type` (None when not installed) | a pool's default base job template | `default_template` (flows/deployments.py) |
@@ -373,11 +376,9 @@ def _list_string_literals(fn) -> set[str]:
 def test_temporary_server_environment_is_the_one_prefects_ephemeral_server_gets():
     from prefect.server.api.server import SubprocessASGIServer, create_app
 
-    from flows.server import TemporaryServer
+    from flows.server import SERVER_ENV
 
-    ours = _prefect_env_literals(TemporaryServer.__init__)
-    assert ours == {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    assert _prefect_env_literals(SubprocessASGIServer._run_uvicorn_command) == ours
+    assert _prefect_env_literals(SubprocessASGIServer._run_uvicorn_command) == SERVER_ENV
     # ...and the app factory still reads the two private variables from the environment.
     read = {
         node.args[0].value
@@ -387,16 +388,62 @@ def test_temporary_server_environment_is_the_one_prefects_ephemeral_server_gets(
     assert {"PREFECT__SERVER_EPHEMERAL", "PREFECT__SERVER_FINAL"} <= read
 
 
-def test_temporary_server_command_is_prefects_uvicorn_command():
+def test_temporary_server_serves_the_app_prefects_uvicorn_command_serves():
     from prefect.server.api.server import SubprocessASGIServer, create_app
 
-    from flows.server import TemporaryServer
+    from flows.server import serve
 
-    ours = _list_string_literals(TemporaryServer._launch)
-    assert "prefect.server.api.server:create_app" in ours and "--factory" in ours
-    assert ours == _list_string_literals(SubprocessASGIServer._run_uvicorn_command)
-    # uvicorn --factory calls it with no arguments.
+    theirs = _list_string_literals(SubprocessASGIServer._run_uvicorn_command)
+    assert {"--factory", "prefect.server.api.server:create_app", "--log-level", "error", "--lifespan", "on"} <= theirs
+    # uvicorn --factory calls it with no arguments, as `serve` does, and serves it with the same options.
     assert all(p.default is not inspect.Parameter.empty for p in inspect.signature(create_app).parameters.values())
+    source = inspect.getsource(serve)
+    assert "create_app()" in source and 'log_level="error", lifespan="on"' in source
+
+
+def test_the_block_catalogue_settings_and_their_names():
+    from prefect.server.api.server import _memoize_block_auto_registration
+    from prefect.settings import Settings
+
+    from flows.server import SERVER_DEFAULTS
+
+    fields = {"register_blocks_on_start", "memoize_block_auto_registration"}
+    for names, value in SERVER_DEFAULTS.items():
+        [field] = [f for f in fields if names[0].lower().endswith(f)]
+        aliases = Settings.model_fields["server"].annotation.model_fields[field].validation_alias.choices
+        assert [a for a in aliases if isinstance(a, str)] == [n.lower() for n in names], field
+        assert getattr(Settings().server, field) is True  # the defaults the temporary server turns off
+        assert value == "false"
+    # The wrapper reads the memoize setting before it loads the collections, so turning it off skips that import.
+    source = inspect.getsource(_memoize_block_auto_registration)
+    assert source.index("PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION") < source.index("load_prefect_collections()")
+
+
+def test_flow_run_heartbeats_turn_off_with_none(monkeypatch):
+    from prefect.flow_engine import FlowRunEngine
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+
+    monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
+    assert get_current_settings().flows.heartbeat_frequency is not None  # on by default: the test could fail
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        assert get_current_settings().flows.heartbeat_frequency is None
+        assert FlowRunEngine.heartbeat_seconds.fget(object()) is None  # the engine's reading: no heartbeat thread
+
+
+def test_profiles_toml_layout_and_the_default_profile():
+    import tomllib
+
+    import prefect.settings.profiles as profiles
+    from prefect.settings import Settings
+
+    shipped = tomllib.loads(Path(profiles.DEFAULT_PROFILES_PATH).read_text())
+    assert shipped["active"] == "ephemeral"
+    without_api = {name for name, table in shipped["profiles"].items() if "PREFECT_API_URL" not in table}
+    # `_configured_elsewhere` counts only "ephemeral" (it turns the ephemeral server on) as configuring no API.
+    assert "ephemeral" in without_api and "local" not in without_api
+    assert shipped["profiles"]["ephemeral"] == {"PREFECT_SERVER_EPHEMERAL_ENABLED": "true"}
+    # (tests/flows/test_server.py checks `_configured_elsewhere` against Prefect's reading of real profile files)
+    assert Settings(home="/tmp/h").profiles_path == Path("/tmp/h/profiles.toml")
 
 
 @pytest.mark.parametrize(
@@ -425,17 +472,6 @@ def test_prefect_settings_read_the_environment_variables_grpoflow_sets(monkeypat
     assert read(Settings()) != expected, "the default must differ, or this test could not fail"
     monkeypatch.setenv(name, raw)
     assert read(Settings()) == expected
-
-
-def test_to_environment_variables_passes_on_what_is_set_and_only_that(monkeypatch):
-    from prefect.settings import Settings
-
-    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    env = Settings().to_environment_variables(exclude_unset=True)
-    assert env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "180"
-    assert "PREFECT_API_URL" not in env
-    assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
 
 
 def test_temporary_settings_with_the_legacy_api_url_setting():

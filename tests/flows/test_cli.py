@@ -132,6 +132,41 @@ def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypa
     assert code == 0 and json.loads(out)["base_model"] == str(tmp_path / "no-such-model")
 
 
+def test_run_imports_with_the_collector_paused_and_runs_its_flow_with_it_on(tmp_path, make_spec, monkeypatch):
+    import gc
+
+    import flows.pipeline
+    import flows.server
+    from prefect.states import Failed
+
+    from trainers import collector
+
+    seen = {}
+
+    def no_server():
+        seen["importing"] = gc.isenabled()
+
+    def pipeline(spec, job_id=None, return_state=False):
+        seen["flow"] = gc.isenabled()
+        return Failed(data=RuntimeError("the flow ran"))
+
+    monkeypatch.setattr(flows.server, "start_if_needed", no_server)
+    monkeypatch.setattr(flows.pipeline, "grpo_pipeline", pipeline)
+    collector.pause()  # as the `grpoflow` command (entry) does before main()
+    try:
+        code, _, err = cli("run", make_spec())
+        assert code == 1 and "the flow ran" in err
+        assert seen == {"importing": False, "flow": True}
+        assert gc.isenabled()
+        # A run the preflight rejects ends with it on too.
+        collector.pause()
+        code, _, _ = cli("run", make_spec(base_model=str(tmp_path / "no-such-model")))
+        assert code == 2 and gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 # --- run: a setup problem in the training child ends the run at once (exit 2); a crash is retried
 
 

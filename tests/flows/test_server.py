@@ -27,9 +27,13 @@ def hello():
 temporary = server.start_if_needed()
 assert temporary is not None
 with server.connected(temporary):
+    from prefect.settings import get_current_settings
+
     inside = os.environ["PREFECT_API_URL"]
+    heartbeat = get_current_settings().flows.heartbeat_frequency
     state = hello(return_state=True)
 url = temporary.api_url
+block_types = httpx.post(f"{url}/block_types/filter", json={}).json()
 # Leaving `connected` drained Prefect's log and event workers: the server has the flow's log line before it stops.
 flow_run = str(state.state_details.flow_run_id)
 logs = httpx.post(f"{url}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run]}}}).json()
@@ -42,6 +46,8 @@ print(json.dumps({
     "after": os.environ.get("PREFECT_API_URL"),
     "messages": [log["message"] for log in logs],
     "server_exit": process.returncode,
+    "heartbeat": heartbeat,
+    "block_types": len(block_types),
 }))
 """
 
@@ -70,6 +76,10 @@ def test_a_flow_runs_against_the_temporary_server_and_its_logs_arrive(tmp_path):
     assert "hello from the flow" in out["messages"]
     assert out["server_exit"] is not None  # stopped, not left behind
     assert "grpoflow: temporary Prefect server on http://127.0.0.1:" in proc.stderr
+    # What a temporary server skips: flow run heartbeats (no one outlives it to detect a crash from them) and the
+    # block catalogue (~1.3 s of its boot; the next `prefect server start` on this home registers it).
+    assert out["heartbeat"] is None
+    assert out["block_types"] == 0
 
 
 @pytest.mark.parametrize(
@@ -84,6 +94,67 @@ def test_nothing_is_started_when_prefect_is_configured_otherwise(tmp_path, env):
     proc = run(NOTHING_TO_START, tmp_path, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "True"
+    assert "temporary Prefect server" not in proc.stderr
+
+
+LOOKS = """
+import json
+from flows import server
+early = server._configured_elsewhere()
+from prefect.settings import get_current_settings
+settings = get_current_settings()
+print(json.dumps([early, bool(settings.api.url) or not settings.server.ephemeral.enabled]))
+"""
+
+API = 'PREFECT_API_URL = "http://127.0.0.1:9/api"'
+
+
+@pytest.mark.parametrize(
+    "profiles, env, configured",
+    [
+        (None, {}, False),  # no profiles file: Prefect's built-in "ephemeral" profile
+        ('active = "ephemeral"\n[profiles.ephemeral]\nPREFECT_SERVER_EPHEMERAL_ENABLED = "true"\n', {}, False),
+        ('active = "mine"\n[profiles.mine]\nPREFECT_SERVER_ALLOW_EPHEMERAL_MODE = "true"\n', {}, False),
+        (f'active = "mine"\n[profiles.mine]\n{API}\n', {}, True),
+        ('active = "mine"\n[profiles.mine]\nPREFECT_SERVER_EPHEMERAL_ENABLED = "false"\n', {}, True),
+        (f'active = "ephemeral"\n[profiles.mine]\n{API}\n', {"PREFECT_PROFILE": "mine"}, True),
+        (None, {"PREFECT_SERVER_EPHEMERAL_ENABLED": "false"}, True),
+        (None, {"PREFECT_API_URL": "http://127.0.0.1:9/api"}, True),
+    ],
+    ids=[
+        "none",
+        "ephemeral",
+        "allow-alias",
+        "api-url",
+        "ephemeral-off",
+        "PREFECT_PROFILE",
+        "env-off",
+        "env-url",
+    ],
+)
+def test_the_early_look_agrees_with_prefects_settings(tmp_path, profiles, env, configured):
+    # `_configured_elsewhere` decides whether the server starts before Prefect's import: it must read the
+    # environment and the active profile as Prefect does (Prefect's own reading decides in the end either way).
+    if profiles is not None:
+        (tmp_path / "prefect-home").mkdir()
+        (tmp_path / "prefect-home" / "profiles.toml").write_text(profiles)
+    proc = run(LOOKS, tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [configured, configured]
+
+
+def test_a_server_started_early_stops_when_prefect_finds_an_api_the_early_look_does_not_read(tmp_path):
+    # prefect.toml in the working folder: only Prefect's settings read it. The server started before Prefect's
+    # import is stopped unannounced, and no process is left.
+    (tmp_path / "prefect.toml").write_text('[api]\nurl = "http://127.0.0.1:9/api"\n')
+    script = (
+        "import json, psutil\nfrom flows import server\nassert not server._configured_elsewhere()\n"
+        "result = server.start_if_needed()\n"
+        "print(json.dumps([result is None, [p.cmdline() for p in psutil.Process().children(recursive=True)]]))"
+    )
+    proc = run(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, []]
     assert "temporary Prefect server" not in proc.stderr
 
 

@@ -127,7 +127,7 @@ def test_a_signal_ends_the_run_cleanly(tmp_path, request, receiver, sig, own_ser
         job = wait_for_step(tmp_path, proc)
         procs, kept = tree(proc), set(checkpoints(job))
         if not own_server:
-            assert any("uvicorn" in " ".join(p.cmdline()) for p in procs)  # the temporary server, to be stopped
+            assert any("flows.server" in " ".join(p.cmdline()) for p in procs)  # the temporary server, to be stopped
         assert any("trainers.grpo" in " ".join(p.cmdline()) for p in procs)  # the training child
         proc.send_signal(sig)
         signalled = time.monotonic()

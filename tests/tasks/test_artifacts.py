@@ -102,6 +102,35 @@ def test_keys_are_prefect_keys(make_spec):
 
 
 @pytest.mark.usefixtures("prefect_server")
+def test_a_deployments_run_keys_its_artifacts_by_the_deployments_name(make_spec, monkeypatch):
+    import prefect.runtime.deployment
+    from prefect import task
+    from prefect.flow_engine import run_flow
+
+    spec, _ = load_spec(make_spec("art"))
+    asked = []
+    read_flow_run = prefect.runtime.deployment._get_flow_run
+    monkeypatch.setattr(prefect.runtime.deployment, "_get_flow_run", lambda i: asked.append(i) or read_flow_run(i))
+
+    @task
+    def in_a_task():
+        return artifact_key(spec, "evaluation")
+
+    @flow
+    def keyed():
+        return [artifact_key(spec, "report"), in_a_task(), artifact_key(spec, "training-progress")]
+
+    with get_client(sync_client=True) as client:
+        deployment_id = client.create_deployment(flow_id=client.create_flow(keyed), name="Nightly Retrain")
+        flow_run = client.create_flow_run_from_deployment(deployment_id)
+    keys = run_flow(keyed, flow_run=flow_run)
+    assert keys == ["nightly-retrain-report", "nightly-retrain-evaluation", "nightly-retrain-training-progress"]
+    # Outside a deployment (the flow's own call), the spec's name, with no question to the API.
+    assert keyed() == ["art-report", "art-evaluation", "art-training-progress"]
+    assert asked == []
+
+
+@pytest.mark.usefixtures("prefect_server")
 def test_artifacts_read_back_from_the_server(tmp_path, make_spec):
     spec, _ = load_spec(make_spec("art"))
     job = JobDir(tmp_path / "runs" / "art-20261201-000000-abcdef")
