@@ -135,10 +135,10 @@ def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypa
 def test_run_imports_with_the_collector_paused_and_runs_its_flow_with_it_on(tmp_path, make_spec, monkeypatch):
     import gc
 
-    import flows.pipeline
-    import flows.server
     from prefect.states import Failed
 
+    import flows.pipeline
+    import flows.server
     from trainers import collector
 
     seen = {}
