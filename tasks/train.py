@@ -32,7 +32,7 @@ from trainers.health import FATAL, Alert, HealthMonitor
 from trainers.jobdir import JobDir
 from trainers.launch import run_child
 from trainers.metrics import read_events, read_metrics
-from trainers.report import prepare_plotting
+from trainers.report import draw_ahead, prepare_plotting
 from trainers.spec import JobSpec
 from trainers.vllm_server import vllm_server
 
@@ -69,10 +69,13 @@ class ProgressWatcher:
         stop, before = None, self.last_step
         # By step, not by line: a resuming child truncates metrics.jsonl to its checkpoint and writes those steps
         # again (bit for bit the same values: see the resume test), which are then not handled twice.
-        for record in read_metrics(self.job.metrics):
+        records = read_metrics(self.job.metrics)
+        for record in records:
             if record["step"] > self.last_step:
                 stop = self._handle(record) or stop
                 self.last_step = record["step"]
+        if self.last_step > before and self.last_step >= self.spec.hyperparameters.max_steps:
+            draw_ahead(records, self.job.root)  # the report's plots, while the child scores and saves
         return stop or self._watch_stall(self.last_step - before)
 
     def _watch_stall(self, new_steps: int) -> str | None:
