@@ -130,7 +130,8 @@ def breakdown(events: list[dict], started: datetime, wall_s: float) -> dict:
 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
-    steps, repeats = STEPS, 1 if args.quick else 2
+    # Three runs a side: their median stands one outlier (a side's runs here scatter by ~1 s on a 2-core machine).
+    steps, repeats = STEPS, 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         root = Path(tmp)
         # A first run creates the Prefect database in its PREFECT_HOME (once per machine for a user): measured

@@ -242,20 +242,20 @@ def resumed_job_done(spec, job_id: str) -> dict | None:
 
 
 def cmd_run(args, extra_overrides: list[str] = ()) -> int:
-    spec = load(args, extra_overrides)
-    if getattr(args, "resume", None):
-        check_resume(spec, args.resume)
-        if done := resumed_job_done(spec, args.resume):
-            print_result(args, done)
-            return EXIT_OK
     from flows import server
 
-    # Without a configured Prefect API, the temporary server boots while the preflight runs and the pipeline's
-    # modules import (its boot is the longest of the three); a job that cannot run stops it before it answered, and
-    # never becomes a flow run.
+    # Without a configured Prefect API, the temporary server boots while the spec loads, the preflight runs and the
+    # pipeline's modules import (its boot is the longest of them); a job that cannot run stops it before it answered,
+    # and never becomes a flow run.
     previous, temporary = _stop_on_signals(), None
     try:
         temporary = server.start_if_needed()
+        spec = load(args, extra_overrides)
+        if getattr(args, "resume", None):
+            check_resume(spec, args.resume)
+            if done := resumed_job_done(spec, args.resume):
+                print_result(args, done)
+                return EXIT_OK
         preflight(args, spec)
         check_this_machine(spec)
         # What the flow's start imports (Prefect's flow and task engines; FastAPI's encoder, for its parameters), here

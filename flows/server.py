@@ -142,6 +142,8 @@ class TemporaryServer:
 
 def start_if_needed() -> TemporaryServer | None:
     """Starts a temporary server when Prefect has no API URL and ephemeral mode is on (Prefect's default)."""
+    if any(os.environ.get(key) for key in API_KEYS):
+        return None  # Prefect's settings read the environment first: nothing to import to know
     early = None if _configured_elsewhere() else TemporaryServer()
     from prefect.settings import get_current_settings
 

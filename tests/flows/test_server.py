@@ -170,9 +170,20 @@ def test_a_server_that_cannot_start_ends_the_run_with_a_message(tmp_path, make_s
     assert not (tmp_path / "runs").exists()  # no job folder: nothing ran
 
 
-def test_a_job_the_preflight_rejects_stops_the_server_booting_beside_it(tmp_path, make_spec):
-    # The server starts before the preflight (they overlap); a rejected job stops it unannounced, leaves no process.
-    spec = make_spec("s", dataset={"uri": str(tmp_path / "no-such-data.jsonl")})
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"dataset": {"uri": "no-such-data.jsonl"}}, "not found"),  # the preflight's
+        ({"hyperparameters": {"learning_rate": -1}}, "learning_rate"),  # the spec's own (it loads beside the boot)
+    ],
+    ids=["preflight", "spec"],
+)
+def test_a_job_that_cannot_run_stops_the_server_booting_beside_it(tmp_path, make_spec, changes, message):
+    # The server starts first (its boot overlaps loading the spec and the preflight); a rejected job stops it
+    # unannounced and leaves no process.
+    if "dataset" in changes:
+        changes = {"dataset": {"uri": str(tmp_path / changes["dataset"]["uri"])}}
+    spec = make_spec("s", **changes)
     script = (
         "import json, psutil; from flows.cli import main; "
         f"code = main(['run', {str(spec)!r}]); "
@@ -181,6 +192,6 @@ def test_a_job_the_preflight_rejects_stops_the_server_booting_beside_it(tmp_path
     proc = run(script, tmp_path)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"code": 2, "left": []}, proc.stderr[-3000:]
-    assert "dataset" in proc.stderr and "not found" in proc.stderr
+    assert message in proc.stderr
     assert "temporary Prefect server" not in proc.stderr
     assert not (tmp_path / "runs").exists()
