@@ -127,13 +127,19 @@ def plot_metrics(records: list[dict], out_dir: Path, keys: tuple[str, ...] = PLO
     return _draw(series, out_dir)
 
 
+# One drawing at a time in a process (a sweep's jobs, a plot drawn ahead beside a report): matplotlib's font cache is
+# shared by all figures.
+_DRAWING = threading.Lock()
+
+
 def _draw(series: dict[str, tuple[list[int], list[float]]], out_dir: Path) -> list[Path]:
     paths = []
-    for key, (steps, values) in series.items():
-        if values:
-            path = out_dir / _plot_file(key)
-            _plot(steps, values, key, path)
-            paths.append(path)
+    with _DRAWING:
+        for key, (steps, values) in series.items():
+            if values:
+                path = out_dir / _plot_file(key)
+                _plot(steps, values, key, path)
+                paths.append(path)
     return paths
 
 
