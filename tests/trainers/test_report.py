@@ -155,7 +155,7 @@ def test_plots_drawn_ahead_are_the_reports_when_the_series_match(tmp_path, monke
     for path in paths:
         assert_png(path)
     assert list((tmp_path / "tmp").iterdir()) == []  # the temporary folder is gone
-    assert not report._AHEAD
+    assert (tmp_path / "job").resolve() not in report._AHEAD
 
 
 def test_plots_drawn_ahead_of_other_series_are_drawn_again(tmp_path, monkeypatch):
@@ -172,4 +172,4 @@ def test_plots_drawn_ahead_of_other_series_are_drawn_again(tmp_path, monkeypatch
     assert plot_metrics(records, tmp_path / "job") == [tmp_path / "job" / "reward.png"]
     assert drawn == ["reward"]
     assert_png(tmp_path / "job" / "reward.png")
-    assert not folder.exists() and not report._AHEAD
+    assert not folder.exists() and (tmp_path / "job").resolve() not in report._AHEAD
