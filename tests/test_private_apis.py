@@ -401,7 +401,7 @@ def test_temporary_server_serves_the_app_prefects_uvicorn_command_serves():
     assert "create_app()" in source and 'log_level="error", lifespan="on"' in source
 
 
-def test_the_block_catalogue_settings_and_their_names():
+def test_the_block_catalogue_settings_and_their_names(monkeypatch):
     from prefect.server.api.server import _memoize_block_auto_registration
     from prefect.settings import Settings
 
@@ -413,7 +413,8 @@ def test_the_block_catalogue_settings_and_their_names():
         aliases = Settings.model_fields["server"].annotation.model_fields[field].validation_alias.choices
         assert [a for a in aliases if isinstance(a, str)] == [n.lower() for n in names], field
         assert getattr(Settings().server, field) is True  # the defaults the temporary server turns off
-        assert value == "false"
+        monkeypatch.setenv(names[0], value)
+        assert getattr(Settings().server, field) is False  # and the temporary server's value turns it off
     # The wrapper reads the memoize setting before it loads the collections, so turning it off skips that import.
     source = inspect.getsource(_memoize_block_auto_registration)
     assert source.index("PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION") < source.index("load_prefect_collections()")
