@@ -23,8 +23,8 @@ def test_pause_then_resume_freezes_what_exists_and_turns_the_collector_back_on()
     assert gc.isenabled()
     assert gc.get_freeze_count() >= len(made)
     frozen = gc.get_freeze_count()
-    collector.resume()  # a second call changes nothing
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    collector.resume()  # a second call freezes nothing more (frozen objects can still be freed meanwhile)
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen
 
 
 @pytest.mark.usefixtures("restore_collector")
