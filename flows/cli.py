@@ -272,7 +272,11 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         collector.resume()
 
         # The report's wall time is the one the user waited: from this command's start.
-        with server.connected(temporary), waited_since(getattr(args, "started", None) or time.time()):
+        with (
+            server.connected(temporary),
+            server.heartbeats_unjoined(),
+            waited_since(getattr(args, "started", None) or time.time()),
+        ):
             try:
                 state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
             except BaseException:
@@ -900,9 +904,6 @@ COLLECTOR_PAUSED = {"run", "demo"}
 
 
 def main(argv=None) -> int:
-    from flows.server import ServerError
-    from trainers.spec import SpecError
-
     started = time.time()
     try:
         args = build_parser().parse_args(argv)
@@ -910,23 +911,31 @@ def main(argv=None) -> int:
         if args.command not in COLLECTOR_PAUSED:
             collector.resume()
         return args.func(args)
-    except SpecError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_REJECTED
-    except UsageError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_REJECTED
-    except UnknownJob as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except ServerError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:  # Ctrl-C before `run` handles it (loading the spec, the preflight), or another command
         print("grpoflow: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except Exception as e:
+        code = _user_error_code(e)
+        if code is None:
+            raise
+        print(f"grpoflow: {e}", file=sys.stderr)
+        return code
     finally:
         collector.resume()
+
+
+def _user_error_code(error: Exception) -> int | None:
+    """The exit code of an error whose message is all the user needs (a spec or command to fix, a job or server to
+    look at); None for any other. The spec's modules are imported here, not before the command: `run` starts its
+    temporary server before it loads them (~0.3 s)."""
+    from flows.server import ServerError
+    from trainers.spec import SpecError
+
+    if isinstance(error, (SpecError, UsageError)):
+        return EXIT_REJECTED
+    if isinstance(error, (UnknownJob, ServerError)):
+        return EXIT_FAILED
+    return None
 
 
 def entry() -> None:

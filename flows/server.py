@@ -14,6 +14,7 @@ With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -206,6 +207,23 @@ def connected(server: TemporaryServer | None):
             os.environ["PREFECT_API_URL"] = previous
 
 
+@contextlib.contextmanager
+def heartbeats_unjoined():
+    """Inside: a flow run's end does not wait for its heartbeat thread. Prefect's sync engine joins that thread when
+    the run's code returns, and the thread sleeps in 1 s slices between its checks of the stop signal: 0-1 s at the
+    end of every `grpoflow run` against a running server (~0.5 s on average). Prefect's async engine starts the same
+    thread with `join_on_exit=False`; here the sync engine does too. The thread still sends every heartbeat while
+    the run lasts (how a server detects a crashed run), and ends by itself at its next check, sending nothing more."""
+    from prefect import flow_engine
+
+    send = flow_engine._send_heartbeats
+    flow_engine._send_heartbeats = functools.partial(send, join_on_exit=False)
+    try:
+        yield
+    finally:
+        flow_engine._send_heartbeats = send
+
+
 def drain_workers(timeout_s: float = 10.0) -> None:
     """Sends the logs and events Prefect still queues to the server, before the server goes away (as Prefect's own
     ephemeral server gets them at exit, because it stops last)."""
@@ -219,7 +237,8 @@ def drain_workers(timeout_s: float = 10.0) -> None:
 def serve(port: int) -> None:
     """The server process: Prefect's app, as `uvicorn --factory prefect.server.api.server:create_app` serves it
     (the factory reads the `SERVER_ENV` variables), its modules imported and the app built with the garbage collector
-    paused (`trainers.collector`: ~1 s of a ~4.5 s boot)."""
+    paused (`trainers.collector`: ~1 s of a ~4.5 s boot), and handed straight to the in-process clients that ask the
+    factory for it again (`_reuse_app`)."""
     from trainers import collector
 
     collector.pause()
@@ -227,8 +246,27 @@ def serve(port: int) -> None:
     from prefect.server.api.server import create_app
 
     app = create_app()
+    _reuse_app(app)
     collector.resume()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", lifespan="on")
+
+
+def _reuse_app(app) -> None:
+    """Prefect's in-process clients (the Actions service builds two as the server starts) call `create_app()` with no
+    arguments to reach the app being served. The factory's cache returns it, but only after hashing every setting and
+    re-reading the logging configuration: ~0.2 s a call, ~0.4 s of the boot. Here a call with no arguments, under the
+    settings the app was built with, returns that app at once; any other call goes to the factory."""
+    import prefect.server.api.server as server
+    from prefect.settings import get_current_settings
+
+    factory, settings = server.create_app, get_current_settings()
+
+    def create_app(*args, **kwargs):
+        if not args and not kwargs and get_current_settings() is settings:
+            return app
+        return factory(*args, **kwargs)
+
+    server.create_app = create_app
 
 
 if __name__ == "__main__":

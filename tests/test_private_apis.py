@@ -24,6 +24,8 @@ code moves between modules; grep for the function name.
 | prefect | `prefect.server.api.server:create_app` (the server's private module), called with no arguments as `SubprocessASGIServer`'s `uvicorn --factory` command calls it, served with its `--log-level error --lifespan on` | the temporary server's app | `serve` (flows/server.py) |
 | prefect | settings `server.ephemeral.enabled` / `.startup_timeout_seconds`, `api.url`, `server.register_blocks_on_start`, `server.memoize_block_auto_registration`, `flows.heartbeat_frequency` (None: no heartbeats); env names `PREFECT_SERVER_ANALYTICS_ENABLED`, `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` and the aliases in `SERVER_DEFAULTS`, `API_KEYS`, `EPHEMERAL_KEYS` | when to start a server, how long to wait, what a temporary server skips, no telemetry | `start_if_needed`, `TemporaryServer`, `connected` (flows/server.py), flows/__init__.py, tasks/__init__.py |
 | prefect | `profiles.toml`: `PREFECT_PROFILES_PATH` (default `$PREFECT_HOME/profiles.toml`), its `active` key and `[profiles.<name>]` tables, `PREFECT_PROFILE`, and the built-in profiles where only `ephemeral` sets no API | whether a temporary server is likely needed, read before Prefect's import (Prefect's settings decide) | `_configured_elsewhere` (flows/server.py) |
+| prefect | the server's in-process clients (`prefect.server.api.clients.BaseClient`, `prefect.server.events.clients.PrefectServerEventsAPIClient`) import `create_app` from its module when built and call it with no arguments for the app being served | the temporary server hands them its app without the factory's settings hash and logging setup | `_reuse_app` (flows/server.py) |
+| prefect | `prefect.flow_engine._send_heartbeats(engine, join_on_exit=)`, looked up from its module by the sync engine's `run_context` at each run; its thread sleeps in 1 s slices | a flow run's end does not wait for the heartbeat thread | `heartbeats_unjoined` (flows/server.py) |
 | prefect | the create_app lifespan's `_memoize_block_auto_registration` wrapper imports every installed collection before it reads `memoize_block_auto_registration` | both settings off skip the block catalogue | `SERVER_DEFAULTS` (flows/server.py) |
 | prefect | `prefect.runtime.deployment.name` reads the flow run from the API when `FlowRunContext` (not its `flow_run`) has no `deployment_id` | artifact keys read the run's own `deployment_id` first | `_deployment_name` (tasks/artifacts.py) |
 | prefect | `temporary_settings(updates={PREFECT_API_URL: ...})` and `PREFECT_API_URL.value()` (the legacy setting objects) | point the client at the temporary server; read the API URL | `connected` (flows/server.py), `api_url` (flows/deployments.py) |
@@ -45,6 +47,8 @@ import ast
 import inspect
 import json
 import os
+import subprocess
+import sys
 import textwrap
 import uuid
 from collections import defaultdict
@@ -429,6 +433,81 @@ def test_flow_run_heartbeats_turn_off_with_none(monkeypatch):
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         assert get_current_settings().flows.heartbeat_frequency is None
         assert FlowRunEngine.heartbeat_seconds.fget(object()) is None  # the engine's reading: no heartbeat thread
+
+
+REUSED_APP = """
+import json
+from prefect.server.api.server import create_app
+from prefect.server.api.clients import OrchestrationClient
+from prefect.server.events.clients import PrefectServerEventsAPIClient
+from prefect.settings import PREFECT_SERVER_API_DEFAULT_LIMIT, temporary_settings
+from flows.server import _reuse_app
+
+app = create_app()
+_reuse_app(app)
+served = [client._http_client._transport.app is app for client in (OrchestrationClient(), PrefectServerEventsAPIClient())]
+with temporary_settings(updates={PREFECT_SERVER_API_DEFAULT_LIMIT: 7}):
+    other_settings = create_app() is app
+print(json.dumps([served, create_app() is app, create_app(ignore_cache=True) is app, other_settings]))
+"""
+
+
+def test_the_servers_in_process_clients_ask_the_factory_for_the_app_when_built(tmp_path):
+    # In a child process, with the temporary server's environment: settings are read once per process.
+    from flows.server import SERVER_DEFAULTS, SERVER_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {names[0]: value for names, value in SERVER_DEFAULTS.items()} | SERVER_ENV
+    env |= {"PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-c", REUSED_APP], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    served, again, ignoring_cache, other_settings = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert served == [True, True]  # both clients got the app being served, from the module's name at call time
+    assert again is True
+    # Everything else is still the factory's: a new app when asked for one, or for other settings.
+    assert ignoring_cache is False and other_settings is False
+
+
+def test_the_sync_engine_looks_up_send_heartbeats_at_each_run_and_joins_its_thread(prefect_server, monkeypatch):
+    import threading
+    import time
+
+    from prefect import flow, flow_engine
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.server import heartbeats_unjoined
+
+    joined, sent = [], []
+    join, emit = threading.Thread.join, flow_engine.FlowRunEngine._emit_flow_run_heartbeat
+
+    def recording_join(thread, timeout=None):
+        args = getattr(thread, "_args", ())  # the heartbeat thread runs heartbeat_loop in a copied context
+        if args and getattr(args[0], "__name__", "") == "heartbeat_loop":
+            joined.append(thread)
+        return join(thread, timeout)
+
+    def recording_emit(engine, *args):
+        sent.append(engine.flow_run.id)
+        return emit(engine, *args)
+
+    monkeypatch.setattr(threading.Thread, "join", recording_join)
+    monkeypatch.setattr(flow_engine.FlowRunEngine, "_emit_flow_run_heartbeat", recording_emit)
+    original = flow_engine._send_heartbeats
+
+    @flow
+    def until_a_heartbeat(before: int) -> int:
+        deadline = time.monotonic() + 30
+        while len(sent) == before and time.monotonic() < deadline:  # the thread's first heartbeat, at its start
+            time.sleep(0.01)
+        return len(sent)
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        assert until_a_heartbeat(0) == 1
+        assert len(joined) == 1  # Prefect's sync engine joins the heartbeat thread as the run ends: the wait
+        with heartbeats_unjoined():
+            assert until_a_heartbeat(1) == 2  # heartbeats still go out...
+        assert len(joined) == 1  # ...and the run's end no longer waits for the thread
+    assert flow_engine._send_heartbeats is original
 
 
 def test_profiles_toml_layout_and_the_default_profile():

@@ -158,6 +158,22 @@ def test_a_server_started_early_stops_when_prefect_finds_an_api_the_early_look_d
     assert "temporary Prefect server" not in proc.stderr
 
 
+def test_run_starts_the_server_before_it_imports_prefect_or_the_spec_modules(tmp_path, make_spec):
+    # Its boot is the longest part of a run's start: it starts first, and the rest imports beside it.
+    script = (
+        "import json, sys\nfrom flows import server\nfrom flows.cli import main\nseen = []\n"
+        "def launch(self):\n"
+        "    seen.append([name for name in ('prefect', 'trainers.spec') if name in sys.modules])\n"
+        "    raise KeyboardInterrupt\n"
+        "server.TemporaryServer._launch = launch\n"
+        f"code = main(['run', {str(make_spec('s'))!r}])\n"
+        "print(json.dumps({'code': code, 'seen': seen}))"
+    )
+    proc = run(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"code": 130, "seen": [[]]}
+
+
 @pytest.mark.slow
 def test_a_server_that_cannot_start_ends_the_run_with_a_message(tmp_path, make_spec):
     # Its database cannot be created: uvicorn exits at startup (code 3, as for a taken port), a few times over.
