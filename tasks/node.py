@@ -205,13 +205,13 @@ def restore(job: JobDir, location: str, rank: int, checkpoint: str) -> None:
     )
 
 
-def train(job: JobDir, location: str, machines: Machines) -> None:
-    """Runs this machine's part of the training; rank 0 mirrors the job folder to `location` meanwhile, the others
-    their own checkpoint files."""
+def train(job: JobDir, location: str, machines: Machines, restored: str | None = None) -> None:
+    """Runs this machine's part of the training; rank 0 mirrors the job folder to `location` meanwhile (all but
+    `restored`, the checkpoint every machine resumed from), the others their own checkpoint files."""
     spec, _ = load_spec(job.spec)
     rank, log_name = machines.machine_rank, f"machine-{machines.machine_rank}.log"
     print(f"grpoflow: machine {rank} of {machines.num_machines}, {spec.gpu_count} process(es) here", flush=True)
-    sync = CheckpointSync(job, location) if rank == 0 else MachineCheckpoints(job, location, rank)
+    sync = CheckpointSync(job, location, on_store=restored) if rank == 0 else MachineCheckpoints(job, location, rank)
     sync.start()
     echo = Echo(job.logs / log_name)
     try:
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
         if checkpoint != "none":
             restore(job, args.location, rank, checkpoint)
         machines = Machines(spec.distributed.num_machines, rank, args.main_process_ip, args.main_process_port)
-        train(job, args.location, machines)
+        train(job, args.location, machines, restored=None if checkpoint == "none" else checkpoint)
     except TrainingSetupError as e:
         print(f"grpoflow: {str(e).removeprefix('grpoflow: ')}", flush=True)
         return SETUP_ERROR_EXIT
