@@ -582,7 +582,7 @@ def cmd_sweep(args) -> int:
         temporary = server.start_if_needed()
         from flows.sweep import grpo_sweep
 
-        with server.connected(temporary):
+        with server.connected(temporary), server.heartbeats_unjoined():
             state = grpo_sweep(spec, grid, args.max_concurrent, args.deployment, sweep_id=sweep_id, return_state=True)
     except KeyboardInterrupt:
         if not _STOPPED_BY:
