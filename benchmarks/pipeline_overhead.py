@@ -20,6 +20,7 @@ runs each side N times (default 3) and reports the medians; `--quick` runs the e
 own).
 """
 
+import argparse
 import json
 import os
 import signal
@@ -131,11 +132,17 @@ def breakdown(events: list[dict], started: datetime, wall_s: float) -> dict:
     }
 
 
+def _at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of runs, 1 or more")
+    return int(text)
+
+
 def main(argv=None) -> dict:
     p = parser(__doc__)
-    p.add_argument("--repeats", type=int, default=3, help="runs a side, their median reported (default 3)")
+    # Three runs a side by default: their median stands one outlier (runs scatter by ~1 s on a 2-core machine).
+    p.add_argument("--repeats", type=_at_least_one, default=3, help="runs a side, their median reported (default 3)")
     args = p.parse_args(argv)
-    # Three runs a side: their median stands one outlier (a side's runs here scatter by ~1 s on a 2-core machine).
     steps, repeats = STEPS, 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         root = Path(tmp)

@@ -119,3 +119,13 @@ def check_gpu(data):
     assert set(engines) == {"transformers", "paged"} and all(e["tokens_per_s"] > 0 for e in engines.values())
     assert data["generation"]["paged_vs_transformers"] > 0
     assert data["cpu_check"] is not cuda and isinstance(data["target_met"], bool)
+
+
+@pytest.mark.parametrize("repeats", ["0", "-1", "two"])
+def test_pipeline_overhead_rejects_a_repeat_count_that_is_not_a_run(repeats, capsys):
+    from benchmarks import pipeline_overhead
+
+    with pytest.raises(SystemExit) as exited:  # argparse: exit 2, before any run starts
+        pipeline_overhead.main(["--repeats", repeats])
+    assert exited.value.code == 2
+    assert f"{repeats!r} is not a whole number of runs, 1 or more" in capsys.readouterr().err
