@@ -1,6 +1,6 @@
 """What uploading every checkpoint while GRPO trains costs: seconds per training step with a local output_uri (no
-upload) and with an s3:// one (each checkpoint, metrics, events and logs uploaded by `tasks.checkpoint_sync` as the
-child trains).
+upload) and with an s3:// one (each checkpoint, metrics, events and logs uploaded by `grpoflow.cluster.checkpoint_sync`
+as the child trains).
 
     python -m benchmarks.checkpoint_upload [--quick] [--checkpoint-every N] [--json PATH]
 
@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
 
         def run(side: str, output_uri: str, i: int) -> dict:
             env = bench_env(**s3, GRPOFLOW_STAGING_DIR=str(work / f"staging-{i}"))
-            command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--output-uri", output_uri]
+            command = [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--output-uri", output_uri]
             timing = run_child(command, work / f"{side}-{i}.log", env)
             # The one job of the run: staged locally either way (an s3:// job runs in its staging folder).
             local = work / (f"staging-{i}" if output_uri.startswith("s3://") else f"runs-{i}")

@@ -3,9 +3,9 @@
 
     python -m benchmarks.generation [--quick]
 
-Each side is grpoflow's training child (`python -m trainers.grpo`) on a fresh copy of one job folder (the demo's
-arithmetic prompts, no SFT warm-up, 8 rollouts of up to 24 tokens per step), the sides alternating. The figure is
-the median seconds per step after the first (TRL's own `step_time`; the first step pays one-off costs) and the
+Each side is grpoflow's training child (`python -m grpoflow.trainers.grpo`) on a fresh copy of one job folder (the
+demo's arithmetic prompts, no SFT warm-up, 8 rollouts of up to 24 tokens per step), the sides alternating. The figure
+is the median seconds per step after the first (TRL's own `step_time`; the first step pays one-off costs) and the
 completion tokens per second. The faster engine is the one a CPU job should default to: the spec's default
 (`generation.engine` in trainers/spec/models.py) is checked against it.
 """
@@ -24,9 +24,9 @@ def prepare_job(root: Path, steps: int):
     """A job folder as the pipeline leaves it before training, its engine set per run."""
     import yaml
 
-    from trainers.dataset import ingest_dataset
-    from trainers.jobdir import JobDir, write_text_atomic
-    from trainers.spec import load_spec, to_yaml
+    from grpoflow.trainers.dataset import ingest_dataset
+    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+    from grpoflow.trainers.spec import load_spec, to_yaml
 
     data = yaml.safe_load(SPEC.read_text())
     data["dataset"]["uri"] = str(SPEC.parent / "data" / "arithmetic.jsonl")
@@ -46,16 +46,16 @@ def prepare_job(root: Path, steps: int):
 def run_engine(template, data: dict, engine: str, tag: str) -> dict:
     import sys
 
-    from trainers.jobdir import JobDir, write_text_atomic
-    from trainers.metrics import read_metrics
-    from trainers.spec import load_spec, to_yaml
+    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+    from grpoflow.trainers.metrics import read_metrics
+    from grpoflow.trainers.spec import load_spec, to_yaml
 
     job = JobDir(template.root.parent / tag)
     shutil.rmtree(job.root, ignore_errors=True)
     shutil.copytree(template.root, job.root)
     spec, _ = load_spec({**data, "generation": {"engine": engine}})
     write_text_atomic(job.spec, to_yaml(spec))
-    child = run_child([sys.executable, "-m", "trainers.grpo", str(job.root)], job.root / "child.log")
+    child = run_child([sys.executable, "-m", "grpoflow.trainers.grpo", str(job.root)], job.root / "child.log")
     records = read_metrics(job.metrics)
     later = records[1:] or records
     step_s = median(r["values"].get("step_time") for r in later)
@@ -71,7 +71,7 @@ def run_engine(template, data: dict, engine: str, tag: str) -> dict:
 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
-    from trainers.spec import JobSpec
+    from grpoflow.trainers.spec import JobSpec
 
     steps, repeats = (3, 1) if args.quick else (6, 3)
     root = Path(__import__("tempfile").mkdtemp(prefix="bench-generation-"))

@@ -10,10 +10,10 @@ built from its config with random weights in bf16, so nothing is downloaded; the
 byte-level one (ids it does not know decode to nothing, which the reward tolerates). The workload is the
 `long-prompt` shape (~270-token prompts) with 64-token completions, K = 8, no zero-variance groups.
 
-Training: as benchmark 1's first part, both sides run in this process, alternating (grpoflow's `trainers.grpo.main`
-on a job folder prepared as the pipeline prepares it, and `benchmarks.bare_trl`), after a discarded one-step run of
-each; grpoflow runs without a checkpoint within the run, like the script. steps/s is TRL's own train_runtime on each
-side, tokens/s TRL's count of prompt and completion tokens over it, and peak GPU memory
+Training: as benchmark 1's first part, both sides run in this process, alternating (grpoflow's
+`grpoflow.trainers.grpo.main` on a job folder prepared as the pipeline prepares it, and `benchmarks.bare_trl`), after a
+discarded one-step run of each; grpoflow runs without a checkpoint within the run, like the script. steps/s is TRL's
+own train_runtime on each side, tokens/s TRL's count of prompt and completion tokens over it, and peak GPU memory
 `torch.cuda.max_memory_allocated` during the run less what was allocated before it started (the model's weights
 count, as they load inside the run).
 
@@ -79,7 +79,7 @@ def build_model(path: Path, shape: dict, cpu_check: bool) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-    from trainers.tiny import build_tokenizer
+    from grpoflow.trainers.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     if cpu_check:

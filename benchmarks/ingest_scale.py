@@ -3,8 +3,8 @@
     python -m benchmarks.ingest_scale [--quick] [--json PATH]
 
 Each run is its own child process, so its peak RSS (`ru_maxrss`) is its own; the sides alternate. grpoflow's side is
-the whole stage, `trainers.dataset.ingest_dataset`: load through `datasets`, validate with Arrow compute (prompt column
-present, no null or empty prompt, `answer` present without nulls, full UTF-8 validation), save with
+the whole stage, `grpoflow.trainers.dataset.ingest_dataset`: load through `datasets`, validate with Arrow compute
+(prompt column present, no null or empty prompt, `answer` present without nulls, full UTF-8 validation), save with
 `save_to_disk`. pandas' side is the closest equivalent: `read_json(lines=True)` (or `read_parquet`), the same null
 and empty checks, `to_parquet`. Both go from file to file, with no holdout split. Time and RSS are the stage's
 own (imports excluded from the time; RSS after imports is reported beside the peak). Rows per CPU-second is
@@ -56,7 +56,7 @@ def _rss_mb() -> float:
 def child(side: str, source: str, dest: str, result: str) -> None:
     """One side's run, in its own process: imports, then the timed stage, then its figures to `result`."""
     if side == "grpoflow":
-        from trainers.dataset import ingest_dataset
+        from grpoflow.trainers.dataset import ingest_dataset
 
         def stage():
             return ingest_dataset(source, Path(dest), required_columns={"answer": "reward 'exact_answer'"}).num_train

@@ -6,11 +6,12 @@
 Each run is the demo's spec with the variant's change (`trl.loss_type`, `sft.enabled`) and the seed
 (`hyperparameters.seed`, which also draws the held-out prompts, as in `grpoflow run --set hyperparameters.seed=N`),
 run through the pipeline's own stages without Prefect: the job folder as the ingest stage leaves it (resolved
-spec.yaml, the dataset with its held-out split), then `trainers.sft` (when the warm-up is on) and `trainers.grpo` as
-child processes started by `trainers.launch.run_child`, as the pipeline's tasks start them. The held-out figures are
-the training child's own evaluation (`evaluation.json`'s): `before` is the model GRPO started from (after SFT when it
-ran), `after` the GRPO result, the gain after - before. The table gives each variant's mean, standard deviation and
-range over the seeds. It is a benchmark, not a test: the figures are reported, never asserted.
+spec.yaml, the dataset with its held-out split), then `grpoflow.trainers.sft` (when the warm-up is on) and
+`grpoflow.trainers.grpo` as child processes started by `grpoflow.trainers.launch.run_child`, as the pipeline's tasks
+start them. The held-out figures are the training child's own evaluation (`evaluation.json`'s): `before` is the model
+GRPO started from (after SFT when it ran), `after` the GRPO result, the gain after - before. The table gives each
+variant's mean, standard deviation and range over the seeds. It is a benchmark, not a test: the figures are reported,
+never asserted.
 
 The whole benchmark (4 variants x 3 seeds, the demo's 600 SFT and 300 GRPO steps each) takes about half an hour on a
 2-core CPU. `--quick` runs one seed of 20 SFT steps and 3 GRPO steps on 8 held-out prompts: it checks the script.
@@ -60,9 +61,9 @@ def variant_spec(variant: str, seed: int, output_root: Path, quick: bool) -> dic
 def prepare_job(data: dict, root: Path):
     """A job folder as the pipeline's ingest stage leaves it: the resolved spec.yaml and the ingested dataset (the
     demo's, whose columns the rewards and SFT need are known to be there: no reward dry run)."""
-    from trainers.dataset import ingest_dataset
-    from trainers.jobdir import JobDir, write_text_atomic
-    from trainers.spec import load_spec, to_yaml
+    from grpoflow.trainers.dataset import ingest_dataset
+    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+    from grpoflow.trainers.spec import load_spec, to_yaml
 
     spec, _ = load_spec(data)
     job = JobDir(root / spec.name)
@@ -80,12 +81,12 @@ def prepare_job(data: dict, root: Path):
 
 def run_one(variant: str, seed: int, root: Path, quick: bool) -> dict:
     """One job: SFT (when on) and GRPO children; returns its held-out figures and stage times."""
-    from trainers.launch import run_child
+    from grpoflow.trainers.launch import run_child
 
     spec, job = prepare_job(variant_spec(variant, seed, root, quick), root)
     started = time.monotonic()
-    sft_s = run_child("trainers.sft", job, 1, "sft.log") if spec.sft.enabled else None
-    grpo_s = run_child("trainers.grpo", job, 1, "grpo.log", result=job.training_result)
+    sft_s = run_child("grpoflow.trainers.sft", job, 1, "sft.log") if spec.sft.enabled else None
+    grpo_s = run_child("grpoflow.trainers.grpo", job, 1, "grpo.log", result=job.training_result)
     evaluation = json.loads(job.training_result.read_text())["evaluation"]
     return {
         "variant": variant,

@@ -1,6 +1,6 @@
 """Runs a module as `python -m MODULE ARGS...` would, then prints its peak GPU memory (for benchmark 6).
 
-    python -m benchmarks.peak_gpu trainers.grpo runs/<job_id>
+    python -m benchmarks.peak_gpu grpoflow.trainers.grpo runs/<job_id>
 
 Both sides of the GPU benchmark start through it, so the wrapper costs them the same. The last line it prints is
 `BENCH_PEAK_GPU_MB=<torch.cuda.max_memory_allocated in MiB>`.

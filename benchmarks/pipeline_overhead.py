@@ -96,7 +96,7 @@ def run_pipeline(root: Path, tag: str, steps: int, api_url: str | None, home: Pa
     env = bench_env(**extra)
     if not api_url:
         env.pop("PREFECT_API_URL", None)
-    command = [sys.executable, "-m", "flows.cli", "run", str(SPEC), "--json", "--output-uri", str(out)]
+    command = [sys.executable, "-m", "grpoflow.flows.cli", "run", str(SPEC), "--json", "--output-uri", str(out)]
     command += ["--set", f"sft.max_steps={steps}", "--set", f"hyperparameters.max_steps={steps}"]
     started = datetime.now().astimezone()
     child = run_child(command, out / "run.log", env=env)

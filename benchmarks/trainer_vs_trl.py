@@ -13,13 +13,14 @@ ratios beside each median: what the machine's noise lets the median resolve.
 
 Two parts, each alternating its sides (A B C, C B A, ...):
 
-1. steps/s, in this process (`trainers.grpo.main` and `bare_trl.main`), so that many short alternating runs fit:
+1. steps/s, in this process (`grpoflow.trainers.grpo.main` and `bare_trl.main`), so that many short alternating runs
+fit:
    grpoflow as the spec's defaults run it (a checkpoint every max_steps / 10 steps), and
    grpoflow with no checkpoint within the run, like the TRL script (TRL's default is one every 500 steps). The
    difference between the two is the price of checkpoints, which depends on checkpoint_every, not on grpoflow; so
    a third side runs the TRL script with the spec's default schedule given by hand (`save_steps` = max_steps / 10),
    the like-for-like baseline of grpoflow's defaults.
-2. startup, on the real path: `python -m trainers.grpo JOB_DIR` and `python -m benchmarks.bare_trl` as child
+2. startup, on the real path: `python -m grpoflow.trainers.grpo JOB_DIR` and `python -m benchmarks.bare_trl` as child
    processes; startup is the process wall time minus train_runtime (imports, model load, final save).
 """
 
@@ -149,9 +150,9 @@ def project_spec(w: Workload, output_root: Path) -> dict:
 
 def prepare_job(w: Workload, root: Path):
     """A job folder as the pipeline leaves it before training: the resolved spec.yaml and the ingested dataset."""
-    from trainers.dataset import ingest_dataset
-    from trainers.jobdir import JobDir, write_text_atomic
-    from trainers.spec import load_spec, to_yaml
+    from grpoflow.trainers.dataset import ingest_dataset
+    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+    from grpoflow.trainers.spec import load_spec, to_yaml
 
     spec, _ = load_spec(project_spec(w, root))
     job = JobDir(root / f"template-{w.name}")
@@ -163,10 +164,10 @@ def prepare_job(w: Workload, root: Path):
 
 def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> dict:
     """One run of grpoflow's training stage on a fresh copy of `template`: a child process through `launcher`, or
-    in this process (`trainers.grpo.main`) when `launcher` is None."""
-    from trainers.grpo import main as train_in_process
-    from trainers.jobdir import JobDir
-    from trainers.metrics import read_metrics
+    in this process (`grpoflow.trainers.grpo.main`) when `launcher` is None."""
+    from grpoflow.trainers.grpo import main as train_in_process
+    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.trainers.metrics import read_metrics
 
     job = JobDir(root / tag)
     shutil.copytree(template.root, job.root)  # a fresh folder: never resume from another repeat's checkpoints
@@ -176,7 +177,7 @@ def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> d
             train_in_process(str(job.root))
         child = {"train_cpu_s": cpu[0], **_shares(parts, cpu[0])}
     else:
-        child = run_child([*launcher, "trainers.grpo", str(job.root)], job.root / "child.log")
+        child = run_child([*launcher, "grpoflow.trainers.grpo", str(job.root)], job.root / "child.log")
         child |= _peak_gpu(job.root / "child.log")
     result = json.loads(job.training_result.read_text())
     records = read_metrics(job.metrics)
@@ -201,7 +202,7 @@ def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> d
 def run_bare(w: Workload, root: Path, tag: str, launcher: list[str] | None) -> dict:
     """One run of the hand-written TRL script: a child process through `launcher`, or in this process."""
     from benchmarks import bare_trl
-    from trainers.tiny import resolve_model_path
+    from grpoflow.trainers.tiny import resolve_model_path
 
     out = root / tag
     out.mkdir(parents=True)

@@ -6,8 +6,8 @@ model's tools, beside the spec's `tools:` (`calculator`). A rollout that reads t
 unlocks scores 1.0 from `Locker.get_reward` (logged as rewards/Locker/mean). `tool_use_reward` is a shaping reward
 for a model still learning the call format. Referenced from a spec by import path, from the repository root:
 
-    tools: [examples.agents:calculator]
-    environment: examples.agents:Locker
+    tools: [grpoflow.examples.agents:calculator]
+    environment: grpoflow.examples.agents:Locker
 
 A tool is a typed function with a Google-style docstring: transformers' `get_json_schema` turns it into the JSON
 schema the model sees, so its docstring holds no example (the model would read it). Check the examples with

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import yaml
 
-from trainers import collector
+from grpoflow.trainers import collector
 
 EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
 # The demo's spec, data and reward module ship as package data: found from any install, not only a checkout.
-EXAMPLES = Path(str(files("examples")))
+EXAMPLES = Path(str(files("grpoflow.examples")))
 DEMO_SPEC = EXAMPLES / "arithmetic.yaml"
 
 
@@ -59,10 +59,10 @@ def output_root(args) -> Path | None:
 
 def local_root(root: str) -> Path:
     """The local folder holding the job folders of output root `root` (for `s3://...`, a copy of their files)."""
-    from tasks.storage import is_remote, mirror_job_files
+    from grpoflow.integrations.storage import is_remote, mirror_job_files
 
     if is_remote(root):
-        from trainers.uris import unopenable
+        from grpoflow.trainers.uris import unopenable
 
         if reason := unopenable(root):
             raise UsageError(f"cannot read output root {root}: {reason}")
@@ -72,8 +72,8 @@ def local_root(root: str) -> Path:
 
 def search_roots(args) -> list[str]:
     """Where to look for jobs: `--output-uri` alone when given; else `./runs` and every output root in the job index
-    (`trainers.job_index`: each `grpoflow run` records where its job went)."""
-    from trainers.job_index import known_roots
+    (`grpoflow.trainers.job_index`: each `grpoflow run` records where its job went)."""
+    from grpoflow.trainers.job_index import known_roots
 
     explicit = output_uri(args)
     if explicit:
@@ -82,7 +82,7 @@ def search_roots(args) -> list[str]:
 
 
 def load(args, extra_overrides: list[str] = ()):
-    from trainers.spec import load_spec
+    from grpoflow.trainers.spec import load_spec
 
     overrides = [*extra_overrides, *(args.set or [])]
     root = output_uri(args)
@@ -97,9 +97,9 @@ def load(args, extra_overrides: list[str] = ()):
 def find_job(args, job_id: str):
     """The job folder of `job_id` (a local copy for a remote job) and its location (the folder or URL): under
     `--output-uri` when given, else in `./runs`, else where the job index says `grpoflow run` put it."""
-    from tasks.storage import is_remote, join
-    from trainers.job_index import index_dir, locate
-    from trainers.jobdir import JobDir
+    from grpoflow.integrations.storage import is_remote, join
+    from grpoflow.trainers.job_index import index_dir, locate
+    from grpoflow.trainers.jobdir import JobDir
 
     job_id_arg(job_id)
     explicit, indexed = output_uri(args), locate(job_id)
@@ -116,7 +116,7 @@ def find_job(args, job_id: str):
 
 def job_id_arg(job_id: str, option: str = "") -> str:
     """`job_id` when it names a job folder; a `UsageError` (exit 2) otherwise. `option` prefixes the message."""
-    from trainers.jobdir import check_job_id
+    from grpoflow.trainers.jobdir import check_job_id
 
     try:
         return check_job_id(job_id)
@@ -125,7 +125,7 @@ def job_id_arg(job_id: str, option: str = "") -> str:
 
 
 def job_status(job) -> str:
-    from trainers.metrics import read_events
+    from grpoflow.trainers.metrics import read_events
 
     status = "unknown"
     for record in read_events(job.events):
@@ -144,9 +144,9 @@ def preflight(args, spec) -> None:
     for a spec whose paths and Hub cache are a worker's, not this machine's."""
     if getattr(args, "no_preflight", False):
         return
-    from tasks.storage import storage_options
-    from trainers.preflight import preflight as check
-    from trainers.spec import SpecError
+    from grpoflow.integrations.storage import storage_options
+    from grpoflow.trainers.preflight import preflight as check
+    from grpoflow.trainers.spec import SpecError
 
     warnings = []
     problems = check(spec, warnings, storage_options(spec.dataset.uri))
@@ -160,8 +160,8 @@ def check_this_machine(spec) -> None:
     """`run` trains on this machine: what the spec needs of it (a CUDA GPU and vllm for generation.engine vllm,
     DeepSpeed for zero2/zero3, Liger, Unsloth) is checked before anything starts (exit 2), as the training child
     would check it after the ingest. Specs that need none of these do not import torch here."""
-    from trainers.modeling import SetupError, check_accelerators, needs_cuda
-    from trainers.spec import SpecError
+    from grpoflow.trainers.modeling import SetupError, check_accelerators, needs_cuda
+    from grpoflow.trainers.spec import SpecError
 
     if needs_cuda(spec):
         try:
@@ -171,7 +171,7 @@ def check_this_machine(spec) -> None:
 
 
 def cmd_validate(args) -> int:
-    from trainers.spec import resolved_dict, to_yaml
+    from grpoflow.trainers.spec import resolved_dict, to_yaml
 
     spec = load(args)
     preflight(args, spec)
@@ -182,8 +182,8 @@ def cmd_validate(args) -> int:
 def check_resume(spec, job_id: str) -> None:
     """A resumed job must run the spec it started with: its stages' records are only valid for that spec. The job
     is looked for under the spec's output_uri, local or remote (`s3://...`)."""
-    from tasks.storage import filesystem, is_remote, join, storage_options
-    from trainers.spec import load_spec, resolved_dict
+    from grpoflow.integrations.storage import filesystem, is_remote, join, storage_options
+    from grpoflow.trainers.spec import load_spec, resolved_dict
 
     root = spec.output_uri if is_remote(spec.output_uri) else str(Path(spec.output_uri).expanduser().resolve())
     saved = join(root, job_id_arg(job_id, "--resume"), "spec.yaml")
@@ -191,7 +191,7 @@ def check_resume(spec, job_id: str) -> None:
     if not fs.exists(path):
         raise UsageError(f"--resume: unknown job {job_id!r} under {root}")
     if not is_remote(root):
-        from trainers.joblock import JobLock, JobLocked
+        from grpoflow.trainers.joblock import JobLock, JobLocked
 
         try:
             JobLock(Path(root) / job_id).check()
@@ -226,12 +226,12 @@ def print_result(args, result: dict) -> dict:
 
 def resumed_job_done(spec, job_id: str) -> dict | None:
     """The result of a completed job that a resume would not change (every stage's record up to date), else None."""
-    from tasks.storage import is_remote
+    from grpoflow.integrations.storage import is_remote
 
     if is_remote(spec.output_uri):  # its folder is not here to check: the flow run finds every stage done
         return None
-    from flows.pipeline import completed_before
-    from trainers.jobdir import JobDir
+    from grpoflow.flows.pipeline import completed_before
+    from grpoflow.trainers.jobdir import JobDir
 
     job = JobDir(Path(spec.output_uri).expanduser().resolve() / job_id)
     if not completed_before(job, spec):
@@ -242,7 +242,7 @@ def resumed_job_done(spec, job_id: str) -> dict | None:
 
 
 def cmd_run(args, extra_overrides: list[str] = ()) -> int:
-    from flows import server
+    from grpoflow.flows import server
 
     # Without a configured Prefect API, the temporary server boots while the spec loads, the preflight runs and the
     # pipeline's modules import (its boot is the longest of them); a job that cannot run stops it before it answered,
@@ -264,9 +264,9 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         import prefect.flow_engine  # noqa: F401
         import prefect.task_engine  # noqa: F401
 
-        from flows.pipeline import grpo_pipeline
-        from tasks.stages import REJECTED
-        from trainers.report import waited_since
+        from grpoflow.flows.pipeline import grpo_pipeline
+        from grpoflow.integrations.stages import REJECTED
+        from grpoflow.trainers.report import waited_since
 
         _quiet_prefect_console()  # Prefect's logging is set up now (importing the flow did it)
         collector.resume()
@@ -296,7 +296,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
         return EXIT_REJECTED
     if not state.is_completed():
-        from trainers.launch import TrainingSetupError
+        from grpoflow.trainers.launch import TrainingSetupError
 
         error = state.result(raise_on_failure=False)
         if isinstance(error, TrainingSetupError):  # the child's SetupError: a fix of the spec or machine, not a retry
@@ -315,8 +315,8 @@ _STOPPED_BY: list[int] = []
 
 
 def _interrupt(signum, frame) -> None:
-    """The first SIGINT or SIGTERM becomes a KeyboardInterrupt, which the job's end (tasks.job.JobEnding) turns
-    into job.failed (reason cancelled); further ones are ignored so that the end runs to completion."""
+    """The first SIGINT or SIGTERM becomes a KeyboardInterrupt, which the job's end (grpoflow.tasks.job.JobEnding)
+    turns into job.failed (reason cancelled); further ones are ignored so that the end runs to completion."""
     if _STOPPED_BY:
         return
     _STOPPED_BY.append(signum)
@@ -357,7 +357,7 @@ def _restore_signals(previous: dict) -> None:
 def _stopped() -> int:
     """One line for a run a signal stopped (its job ended cancelled, checkpoints kept); the flow run is marked
     Cancelled. Exit code 128 + the signal's number, as a shell reports it."""
-    from tasks.job import cancel_interrupted_runs
+    from grpoflow.tasks.job import cancel_interrupted_runs
 
     name = signal.Signals(_STOPPED_BY[0]).name
     try:
@@ -378,7 +378,7 @@ def _stopped() -> int:
 
 def _say_if_not_promoted(spec, job_id: str, stream) -> None:
     """One line when the promotion gate (evaluation.gate) kept the model from publish and deploy: the run completed."""
-    from tasks.job import job_dir
+    from grpoflow.tasks.job import job_dir
 
     gate = job_dir(spec.output_uri, job_id).root / "gate.json"
     decision = json.loads(gate.read_text()) if gate.exists() else {"promote": True}
@@ -397,7 +397,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_init(args) -> int:
-    from flows.project import ProjectError, init_project
+    from grpoflow.flows.project import ProjectError, init_project
 
     try:
         written = init_project(Path(args.dir))
@@ -412,9 +412,9 @@ def cmd_init(args) -> int:
 
 
 def cmd_jobs(args) -> int:
-    from tasks.storage import is_remote
-    from trainers.jobdir import JobDir
-    from trainers.metrics import read_metrics
+    from grpoflow.integrations.storage import is_remote
+    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.trainers.metrics import read_metrics
 
     explicit = output_uri(args) is not None
     rows, elsewhere, looked = [], [], []
@@ -444,7 +444,7 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_metrics(args) -> int:
-    from trainers.metrics import read_metrics
+    from grpoflow.trainers.metrics import read_metrics
 
     job, _ = find_job(args, args.job_id)
     keys = [k for k in (args.keys or "").split(",") if k]
@@ -460,7 +460,7 @@ def cmd_metrics(args) -> int:
     if args.json:
         print(json.dumps({"metrics": records}))
         return EXIT_OK
-    from trainers.markdown import number
+    from grpoflow.trainers.markdown import number
 
     for r in records:
         print(f"step {r['step']:>5}  " + "  ".join(f"{k}={number(v)}" for k, v in r["values"].items()))
@@ -468,7 +468,7 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from tasks.storage import join
+    from grpoflow.integrations.storage import join
 
     job, location = find_job(args, args.job_id)  # a remote job's weights stay remote: location is its URL
     if not job.model_json.exists():
@@ -484,7 +484,7 @@ def cmd_model(args) -> int:
 def cmd_deployments_apply(args) -> int:
     import asyncio
 
-    from flows.deployments import (
+    from grpoflow.flows.deployments import (
         DeploymentError,
         ServerNotSet,
         api_url,
@@ -493,7 +493,7 @@ def cmd_deployments_apply(args) -> int:
         ensure_pools,
         load_pools,
     )
-    from flows.project import ProjectError, project_files
+    from grpoflow.flows.project import ProjectError, project_files
 
     project = Path(args.project).resolve()
     try:
@@ -517,7 +517,7 @@ def cmd_deployments_apply(args) -> int:
 def cmd_submit(args) -> int:
     import asyncio
 
-    from flows.deployments import (
+    from grpoflow.flows.deployments import (
         DeploymentError,
         ServerNotSet,
         api_url,
@@ -554,14 +554,14 @@ def cmd_submit(args) -> int:
 def cmd_sweep(args) -> int:
     """`grpoflow sweep SPEC --grid k=v1,v2 ...`: every combination validated (and preflighted) first, then one job
     per combination (flows/sweep.py), then the comparison report. Exit 0 all completed, 1 some failed, 2 rejected."""
-    from flows.sweep import combination_name, combination_spec, grid_overrides, new_sweep_id, parse_grid
-    from trainers.spec import SpecError
+    from grpoflow.flows.sweep import combination_name, combination_spec, grid_overrides, new_sweep_id, parse_grid
+    from grpoflow.trainers.spec import SpecError
 
     grid = parse_grid(args.grid or [])
     spec = load(args)
     combinations = grid_overrides(spec, grid)
     if args.deployment:
-        from flows.deployments import ServerNotSet, api_url
+        from grpoflow.flows.deployments import ServerNotSet, api_url
 
         try:
             api_url()  # jobs on a server's deployment need that server: a temporary one would end with this command
@@ -575,12 +575,12 @@ def cmd_sweep(args) -> int:
         except SpecError as e:
             raise SpecError([f"combination {combination_name(values)}: {p}" for p in e.problems]) from None
     print(f"sweep of {len(combinations)} jobs, at most {args.max_concurrent} at once", file=sys.stderr)
-    from flows import server
+    from grpoflow.flows import server
 
     sweep_id, previous, temporary = new_sweep_id(spec.name), _stop_on_signals(), None
     try:
         temporary = server.start_if_needed()
-        from flows.sweep import grpo_sweep
+        from grpoflow.flows.sweep import grpo_sweep
 
         with server.connected(temporary), server.heartbeats_unjoined():
             state = grpo_sweep(spec, grid, args.max_concurrent, args.deployment, sweep_id=sweep_id, return_state=True)
@@ -598,9 +598,9 @@ def cmd_sweep(args) -> int:
 
 def _sweep_result(args, spec, sweep_id: str, state) -> int:
     """Prints the sweep's report (`--json`: sweep.json with its folder) and returns the exit code of its state."""
-    from flows.sweep import report_dir, table_rows
-    from tasks.stages import REJECTED
-    from tasks.storage import filesystem, join
+    from grpoflow.flows.sweep import report_dir, table_rows
+    from grpoflow.integrations.stages import REJECTED
+    from grpoflow.integrations.storage import filesystem, join
 
     if state.name == REJECTED:
         print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
@@ -628,9 +628,9 @@ def _sweep_result(args, spec, sweep_id: str, state) -> int:
 
 
 def cmd_publish(args) -> int:
-    from tasks.publish import publish_and_record
-    from trainers.publish import PublishError, is_user_error
-    from trainers.spec import PublishSpec
+    from grpoflow.tasks.publish import publish_and_record
+    from grpoflow.trainers.publish import PublishError, is_user_error
+    from grpoflow.trainers.spec import PublishSpec
 
     job, _ = find_job(args, args.job_id)
     try:
@@ -648,10 +648,10 @@ def cmd_publish(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    from tasks.events import emit
-    from tasks.register import registered_payload
-    from trainers.registry import RegistrationError, register
-    from trainers.spec import load_spec
+    from grpoflow.integrations.events import emit
+    from grpoflow.tasks.register import registered_payload
+    from grpoflow.trainers.registry import RegistrationError, register
+    from grpoflow.trainers.spec import load_spec
 
     if args.rollback:
         if args.job_id:
@@ -689,7 +689,7 @@ def _version_line(version: dict, current: int | None) -> str:
 
 
 def cmd_rollback(args) -> int:
-    from trainers.registry import RegistrationError, rollback
+    from grpoflow.trainers.registry import RegistrationError, rollback
 
     try:
         restored, replaced = rollback(registry_root(args), args.rollback)
@@ -705,7 +705,7 @@ def cmd_rollback(args) -> int:
 
 
 def cmd_deployments_list(args) -> int:
-    from trainers.registry import list_deployments
+    from grpoflow.trainers.registry import list_deployments
 
     root = registry_root(args)
     records = list_deployments(root)
@@ -722,8 +722,8 @@ def cmd_deployments_list(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from flows.serve import serve
-    from trainers.registry import RegistrationError, read_deployment
+    from grpoflow.flows.serve import serve
+    from grpoflow.trainers.registry import RegistrationError, read_deployment
 
     root = (output_root(args) or Path("runs")).resolve()
     try:
@@ -899,7 +899,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The commands that keep the garbage collector paused (`entry`) through their imports (trainers.collector).
+# The commands that keep the garbage collector paused (`entry`) through their imports (grpoflow.trainers.collector).
 COLLECTOR_PAUSED = {"run", "demo"}
 
 
@@ -928,8 +928,8 @@ def _user_error_code(error: Exception) -> int | None:
     """The exit code of an error whose message is all the user needs (a spec or command to fix, a job or server to
     look at); None for any other. The spec's modules are imported here, not before the command: `run` starts its
     temporary server before it loads them (~0.3 s)."""
-    from flows.server import ServerError
-    from trainers.spec import SpecError
+    from grpoflow.flows.server import ServerError
+    from grpoflow.trainers.spec import SpecError
 
     if isinstance(error, (SpecError, UsageError)):
         return EXIT_REJECTED
@@ -940,8 +940,8 @@ def _user_error_code(error: Exception) -> int | None:
 
 def entry() -> None:
     """The `grpoflow` command: `main()`, then the end of the process without Python's module teardown
-    (`trainers.exits`)."""
-    from trainers.exits import exit_now
+    (`grpoflow.trainers.exits`)."""
+    from grpoflow.trainers.exits import exit_now
 
     collector.pause()  # `run` and `demo` resume it before their flow, every other command at its start
     exit_now(main())

@@ -3,9 +3,9 @@
 `apply` deploys a project (`grpoflow init DIR` writes one; grpoflow's checkout is one too, under deployments/): it
 creates the work pools of its work-pools/pools.yaml that the server lacks (and their queues), then runs
 `prefect deploy --all` on its prefect.yaml from the project folder, which is where workers will run the flows. The
-deployments' entrypoints are module paths (`flows.pipeline:grpo_pipeline`), found in grpoflow however it was installed.
-`submit` validates a spec locally (a rejected spec never reaches the server), then starts a run of a deployment of
-the `grpo-pipeline` flow with the spec as its `spec` parameter.
+deployments' entrypoints are module paths (`grpoflow.flows.pipeline:grpo_pipeline`), found in grpoflow however it was
+installed. `submit` validates a spec locally (a rejected spec never reaches the server), then starts a run of a
+deployment of the `grpo-pipeline` flow with the spec as its `spec` parameter.
 
     PREFECT_API_URL=http://127.0.0.1:4200/api grpoflow deployments apply
     grpoflow submit examples/arithmetic.yaml --deployment retrain --wait
@@ -24,7 +24,7 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
 
-from trainers.spec import JobSpec
+from grpoflow.trainers.spec import JobSpec
 
 # grpoflow's own checkout, a project too (its prefect.yaml is under deployments/); `apply` deploys the current folder.
 PROJECT_DIR = Path(__file__).resolve().parent.parent

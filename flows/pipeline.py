@@ -2,7 +2,7 @@
 -> publish -> register.
 
 Each stage is one Prefect task (`tasks/`), emitting its `grpoflow.*` event; this flow only chains them, and
-`tasks.job.JobEnding` ends the job (its last event, webhooks, uploads) however it ends. Run it with
+`grpoflow.tasks.job.JobEnding` ends the job (its last event, webhooks, uploads) however it ends. Run it with
 `grpoflow run SPEC.yaml`, or as the `grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
 """
 
@@ -13,19 +13,19 @@ from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
-from tasks.evaluate import evaluate_task
-from tasks.gate import gate_task
-from tasks.ingest import ingest_task
-from tasks.job import JobEnding, create_job_task, job_location, new_job_id
-from tasks.merge import merge_task
-from tasks.publish import publish_task
-from tasks.register import register_task
-from tasks.sft import sft_task
-from tasks.stages import REJECTED, rejected, stage_done
-from tasks.train import train_task
-from trainers.jobdir import JobDir
-from trainers.metrics import read_events
-from trainers.spec import JobSpec
+from grpoflow.integrations.stages import REJECTED, rejected, stage_done
+from grpoflow.tasks.evaluate import evaluate_task
+from grpoflow.tasks.gate import gate_task
+from grpoflow.tasks.ingest import ingest_task
+from grpoflow.tasks.job import JobEnding, create_job_task, job_location, new_job_id
+from grpoflow.tasks.merge import merge_task
+from grpoflow.tasks.publish import publish_task
+from grpoflow.tasks.register import register_task
+from grpoflow.tasks.sft import sft_task
+from grpoflow.tasks.train import train_task
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_events
+from grpoflow.trainers.spec import JobSpec
 
 
 def job_run_name() -> str:

@@ -12,8 +12,8 @@ import shutil
 from importlib.resources import files
 from pathlib import Path
 
-TEMPLATE = Path(str(files("flows") / "templates" / "project"))
-EXAMPLES = Path(str(files("examples")))
+TEMPLATE = Path(str(files("grpoflow.flows") / "templates" / "project"))
+EXAMPLES = Path(str(files("grpoflow.examples")))
 # The files whose `{project_name}` / `{project_dir}` are filled in (the others are copied as they are).
 FILLED = ("README.md", "prefect.yaml")
 

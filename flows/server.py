@@ -57,8 +57,8 @@ def _free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    # Linux: SIGTERM to the server when the process that started it dies, however it dies (as trainers.launch does
-    # for training children).
+    # Linux: SIGTERM to the server when the process that started it dies, however it dies (as grpoflow.trainers.launch
+    # does for training children).
     if sys.platform == "linux":
         import ctypes
 
@@ -87,7 +87,7 @@ class TemporaryServer:
         # and stops it last. And it dies with grpoflow (SIGKILL included), never orphaned.
         self.process = subprocess.Popen(
             # -P: the user's folder is not on its path (a `flows` package of their own stays theirs).
-            [sys.executable, "-P", "-m", "flows.server", str(self.port)],
+            [sys.executable, "-P", "-m", "grpoflow.flows.server", str(self.port)],
             env=self._env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
@@ -237,9 +237,9 @@ def drain_workers(timeout_s: float = 10.0) -> None:
 def serve(port: int) -> None:
     """The server process: Prefect's app, as `uvicorn --factory prefect.server.api.server:create_app` serves it
     (the factory reads the `SERVER_ENV` variables), its modules imported and the app built with the garbage collector
-    paused (`trainers.collector`: ~1 s of a ~4.5 s boot), and handed straight to the in-process clients that ask the
-    factory for it again (`_reuse_app`)."""
-    from trainers import collector
+    paused (`grpoflow.trainers.collector`: ~1 s of a ~4.5 s boot), and handed straight to the in-process clients that
+    ask the factory for it again (`_reuse_app`)."""
+    from grpoflow.trainers import collector
 
     collector.pause()
     import uvicorn

@@ -33,12 +33,12 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.pipeline import grpo_pipeline
-from tasks.artifacts import score_change
-from tasks.stages import REJECTED, rejected
-from tasks.storage import filesystem, is_remote, join
-from trainers.metrics import read_jsonl
-from trainers.spec import JobSpec, SpecError, apply_overrides, load_spec
+from grpoflow.flows.pipeline import grpo_pipeline
+from grpoflow.integrations.artifacts import score_change
+from grpoflow.integrations.stages import REJECTED, rejected
+from grpoflow.integrations.storage import filesystem, is_remote, join
+from grpoflow.trainers.metrics import read_jsonl
+from grpoflow.trainers.spec import JobSpec, SpecError, apply_overrides, load_spec
 
 _NOT_KEY = re.compile(r"[^a-z0-9]+")  # Prefect artifact keys: lowercase letters, digits and dashes
 BEST = "★ best"
@@ -171,7 +171,7 @@ def _run_deployment(spec: JobSpec, deployment: str):
     """Runs the job as a flow run of `deployment` on the server and waits for it; returns (final state, job id)."""
     from prefect.deployments import run_deployment
 
-    from flows.deployments import deployment_name, run_parameters
+    from grpoflow.flows.deployments import deployment_name, run_parameters
 
     flow_run = run_deployment(deployment_name(deployment), parameters=run_parameters(spec), timeout=None)
     return flow_run.state, flow_run.name

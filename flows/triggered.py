@@ -2,22 +2,22 @@
 `grpo-pipeline/on-new-data` (a trigger on `grpoflow.dataset.landed`, see deployments/prefect.yaml).
 
 It loads the spec file (a path relative to the project root the worker runs in, or a URL such as
-`s3://bucket/spec.yaml`), sets `dataset.uri` from the event, validates, and runs `flows.pipeline.grpo_pipeline` in this
-same flow run. It carries the pipeline's flow name, so its deployments are listed under `grpo-pipeline` as
-shared/DESIGN.md names them; `grpo-pipeline/retrain` deploys `grpo_pipeline` itself, whose `spec` parameter is the job
-spec object (the UI's form). By hand:
+`s3://bucket/spec.yaml`), sets `dataset.uri` from the event, validates, and runs
+`grpoflow.flows.pipeline.grpo_pipeline` in this same flow run. It carries the pipeline's flow name, so its deployments
+are listed under `grpo-pipeline` as shared/DESIGN.md names them; `grpo-pipeline/retrain` deploys `grpo_pipeline`
+itself, whose `spec` parameter is the job spec object (the UI's form). By hand:
 
-    python -c 'from flows.triggered import grpo_pipeline_from_file as f; f("deployments/default-spec.yaml")'
+    python -c 'from grpoflow.flows.triggered import grpo_pipeline_from_file as f; f("deployments/default-spec.yaml")'
 """
 
 import json
 
 from prefect import flow, get_run_logger
 
-from flows.pipeline import grpo_pipeline
-from tasks.stages import rejected
-from tasks.storage import storage_options
-from trainers.spec import SpecError, load_spec
+from grpoflow.flows.pipeline import grpo_pipeline
+from grpoflow.integrations.stages import rejected
+from grpoflow.integrations.storage import storage_options
+from grpoflow.trainers.spec import SpecError, load_spec
 
 DEFAULT_SPEC = "deployments/default-spec.yaml"
 

@@ -1,11 +1,11 @@
 """The data watcher: emits one `grpoflow.dataset.landed` event per new dataset file version in a folder or bucket.
 
-It lists a local folder or `s3://bucket/prefix` (recursively, through fsspec; see `tasks.storage` for credentials)
-and emits, for each dataset file (`.jsonl`, `.json`, `.csv`, `.parquet`, compressed text too) it has not emitted
-before, an event with resource `grpoflow.dataset.<uri>` and payload `{"uri", "size", "etag", "mtime", "version",
-"spec"}`; the `grpo-pipeline/on-new-data` deployment's trigger starts a run on it. By hand, one look:
+It lists a local folder or `s3://bucket/prefix` (recursively, through fsspec; see `grpoflow.integrations.storage` for
+credentials) and emits, for each dataset file (`.jsonl`, `.json`, `.csv`, `.parquet`, compressed text too) it has not
+emitted before, an event with resource `grpoflow.dataset.<uri>` and payload `{"uri", "size", "etag", "mtime",
+"version", "spec"}`; the `grpo-pipeline/on-new-data` deployment's trigger starts a run on it. By hand, one look:
 
-    python -m flows.watch data/incoming --spec deployments/default-spec.yaml
+    python -m grpoflow.flows.watch data/incoming --spec deployments/default-spec.yaml
 
 How it runs, deployed (`watch-new-data/watch`): one flow run an hour, which keeps looking every `poll_seconds` (30)
 for `watch_minutes` (55): a file is announced within about half a minute of settling, and the runs list holds 24
@@ -53,10 +53,10 @@ from prefect import flow, get_run_logger
 from prefect.events import emit_event
 from prefect.states import Completed
 
-from tasks.leases import LeaseHeld, S3Lease, conditional_put
-from tasks.storage import filesystem, is_remote, join
-from trainers.dataset import COMPRESSIONS, FORMATS
-from trainers.jobdir import write_json_atomic
+from grpoflow.integrations.leases import LeaseHeld, S3Lease, conditional_put
+from grpoflow.integrations.storage import filesystem, is_remote, join
+from grpoflow.trainers.dataset import COMPRESSIONS, FORMATS
+from grpoflow.trainers.jobdir import write_json_atomic
 
 EVENT = "grpoflow.dataset.landed"
 STATE_DIR_ENV = "GRPOFLOW_WATCH_STATE_DIR"

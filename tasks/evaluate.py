@@ -1,5 +1,5 @@
-"""Evaluation and report task: held-out before/after scores (`trainers.evaluate`), health verdict, report.md with
-PNG plots (`trainers.report`), and both as Prefect artifacts (`tasks.artifacts`)."""
+"""Evaluation and report task: held-out before/after scores (`grpoflow.trainers.evaluate`), health verdict, report.md
+with PNG plots (`grpoflow.trainers.report`), and both as Prefect artifacts (`grpoflow.integrations.artifacts`)."""
 
 import json
 import os
@@ -7,17 +7,17 @@ import time
 
 from prefect import get_run_logger, task
 
-from tasks.artifacts import evaluation_artifact, report_artifact
-from tasks.job import job_location
-from tasks.stages import resumable
-from trainers.evaluate import evaluate
-from trainers.health import HealthMonitor
-from trainers.jobdir import JobDir
-from trainers.markdown import number
-from trainers.metrics import read_metrics
-from trainers.modeling import start_model
-from trainers.report import RUN_STARTED_ENV, write_report
-from trainers.spec import JobSpec
+from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact
+from grpoflow.integrations.stages import resumable
+from grpoflow.tasks.job import job_location
+from grpoflow.trainers.evaluate import evaluate
+from grpoflow.trainers.health import HealthMonitor
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.markdown import number
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.modeling import start_model
+from grpoflow.trainers.report import RUN_STARTED_ENV, write_report
+from grpoflow.trainers.spec import JobSpec
 
 
 def times(sft: dict | None, training: dict, evaluation: dict | None, wall_seconds: float) -> list[tuple]:
@@ -62,8 +62,8 @@ def evaluate_and_report(
 ) -> dict | None:
     """Scores the start model and the GRPO result on the held-out prompts, then writes the report.
 
-    A one-process full fine-tune was already scored by its training child (`trainers.grpo.evaluates_in_training`);
-    its `evaluation.json` is then taken as it is.
+    A one-process full fine-tune was already scored by its training child
+    (`grpoflow.trainers.grpo.evaluates_in_training`); its `evaluation.json` is then taken as it is.
 
     Args:
         job (`JobDir`), spec (`JobSpec`): the job.

@@ -1,15 +1,16 @@
-"""Ingest task: loads and checks the dataset into the job folder (`trainers.dataset`), dry-runs the rewards on it
-(`trainers.rewards`), and emits `grpoflow.dataset.ingested`. A bad dataset or reward ends the task `Rejected`."""
+"""Ingest task: loads and checks the dataset into the job folder (`grpoflow.trainers.dataset`), dry-runs the rewards on
+it (`grpoflow.trainers.rewards`), and emits `grpoflow.dataset.ingested`. A bad dataset or reward ends the task
+`Rejected`."""
 
 from prefect import task
 
-from tasks.events import emit
-from tasks.stages import rejected, resumable, retry_unless_final
-from tasks.storage import storage_options
-from trainers.dataset import DatasetError, ingest_dataset, load_ingested
-from trainers.jobdir import JobDir
-from trainers.rewards import RewardError, build_reward, dry_run_job_rewards, required_columns
-from trainers.spec import JobSpec
+from grpoflow.integrations.events import emit
+from grpoflow.integrations.stages import rejected, resumable, retry_unless_final
+from grpoflow.integrations.storage import storage_options
+from grpoflow.trainers.dataset import DatasetError, ingest_dataset, load_ingested
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.rewards import RewardError, build_reward, dry_run_job_rewards, required_columns
+from grpoflow.trainers.spec import JobSpec
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)

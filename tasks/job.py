@@ -1,6 +1,6 @@
 """Job bookkeeping tasks: create the job folder (id, resolved spec.yaml), end the job (`JobEnding`: its last event,
 the webhook flush, the uploads), and upload the folder when `output_uri` is remote (`s3://...`: the job runs in a
-local staging folder, see `tasks.storage`)."""
+local staging folder, see `grpoflow.integrations.storage`)."""
 
 import json
 import logging
@@ -17,17 +17,17 @@ from prefect.exceptions import ObjectNotFound, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, State
 
-from tasks import webhooks
-from tasks.artifacts import completed_message
-from tasks.checkpoint_sync import FileMirror, sync_checkpoints
-from tasks.events import emit
-from tasks.leases import LeaseHeld, S3Lease
-from tasks.stages import rejected
-from tasks.storage import filesystem, is_remote, join, staging_root
-from trainers.job_index import remember
-from trainers.jobdir import JobDir, check_job_id, write_text_atomic
-from trainers.joblock import JobLock, JobLocked, _alive, _me
-from trainers.spec import JobSpec, to_yaml
+from grpoflow.cluster.checkpoint_sync import FileMirror, sync_checkpoints
+from grpoflow.integrations import webhooks
+from grpoflow.integrations.artifacts import completed_message
+from grpoflow.integrations.events import emit
+from grpoflow.integrations.leases import LeaseHeld, S3Lease
+from grpoflow.integrations.stages import rejected
+from grpoflow.integrations.storage import filesystem, is_remote, join, staging_root
+from grpoflow.trainers.job_index import remember
+from grpoflow.trainers.jobdir import JobDir, check_job_id, write_text_atomic
+from grpoflow.trainers.joblock import JobLock, JobLocked, _alive, _me
+from grpoflow.trainers.spec import JobSpec, to_yaml
 
 logger = logging.getLogger(__name__)
 # The most a job's end waits for its webhook deliveries (a bounded wait: the last events, e.g. job.completed, would
@@ -67,7 +67,8 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
 
     An existing folder is reused only when `job_id` is given (a resumed job); a new id never collides. A resumed job
     with a remote output_uri whose staging folder is gone (another machine) is downloaded first. A folder another
-    live run holds (`trainers.joblock`) ends the task `Rejected`, naming that run; nothing is written or announced.
+    live run holds (`grpoflow.trainers.joblock`) ends the task `Rejected`, naming that run; nothing is written or
+    announced.
     """
     job = job_dir(spec.output_uri, job_id or new_job_id(spec.name))
     try:
@@ -94,8 +95,8 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
     return job
 
 
-# A remote job's lease (`tasks.leases`), renewed every quarter of this while its run lasts: a run on a lost machine
-# holds the job for at most this long.
+# A remote job's lease (`grpoflow.integrations.leases`), renewed every quarter of this while its run lasts: a run on a
+# lost machine holds the job for at most this long.
 JOB_LEASE_TTL_S = 600.0
 JOB_LEASE = ".lease.json"  # at <output_uri>/<job_id>/; hidden names are neither uploaded nor downloaded
 _leases: dict[str, S3Lease] = {}  # job id -> the lease this process holds
@@ -168,8 +169,8 @@ def discard_job(job: JobDir) -> None:
 
 def download_job(job: JobDir, location: str) -> None:
     """Copies the remote job folder at `location` into the local `job.root`, all but `checkpoints/`: the training
-    task takes the newest intact one (`tasks.checkpoint_sync.restore_checkpoint`) when it needs one. Each file keeps
-    its remote modification time, so the uploads that follow skip what is already there."""
+    task takes the newest intact one (`grpoflow.cluster.checkpoint_sync.restore_checkpoint`) when it needs one. Each
+    file keeps its remote modification time, so the uploads that follow skip what is already there."""
     fs, remote = filesystem(location)
     remote = remote.rstrip("/")
     if not fs.exists(remote):
@@ -189,8 +190,9 @@ def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str |
     remote; a no-op for a local output_uri. Returns the remote location, or None.
 
     Files already uploaded unchanged (the training task's `CheckpointSync` sends most while GRPO trains) are skipped;
-    checkpoints go up as `tasks.checkpoint_sync.upload_checkpoint` sends them (a manifest last), and the remote keeps
-    only those the local folder still has. A second upload after the last events were appended is cheap with `names`.
+    checkpoints go up as `grpoflow.cluster.checkpoint_sync.upload_checkpoint` sends them (a manifest last), and the
+    remote keeps only those the local folder still has. A second upload after the last events were appended is cheap
+    with `names`.
     """
     if not is_remote(spec.output_uri):
         return None

@@ -2,11 +2,11 @@
 
 from prefect import task
 
-from tasks.events import emit
-from tasks.stages import resumable
-from trainers.jobdir import JobDir
-from trainers.merge import merge_adapter, write_model_json
-from trainers.spec import JobSpec
+from grpoflow.integrations.events import emit
+from grpoflow.integrations.stages import resumable
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.merge import merge_adapter, write_model_json
+from grpoflow.trainers.spec import JobSpec
 
 
 @task(name="merge", retries=1, retry_delay_seconds=5)

@@ -1,5 +1,5 @@
-"""Publish task: pushes the job's model to the Hugging Face Hub (`trainers.publish`), writes `published.json` and
-emits `grpoflow.model.published`. Here the Hub token may also come from the Prefect Secret block `hf-token`.
+"""Publish task: pushes the job's model to the Hugging Face Hub (`grpoflow.trainers.publish`), writes `published.json`
+and emits `grpoflow.model.published`. Here the Hub token may also come from the Prefect Secret block `hf-token`.
 
     grpoflow publish JOB_ID --repo-id my-org/my-model [--artifact merged|adapter]
 """
@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from huggingface_hub import get_token
 from prefect import get_run_logger, task
 
-from tasks.artifacts import link_artifact
-from tasks.events import emit
-from trainers.jobdir import JobDir, write_json_atomic
-from trainers.publish import TOKEN_SECRET_BLOCK, PublishError, publish
-from trainers.spec import JobSpec, PublishSpec
+from grpoflow.integrations.artifacts import link_artifact
+from grpoflow.integrations.events import emit
+from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.publish import TOKEN_SECRET_BLOCK, PublishError, publish
+from grpoflow.trainers.spec import JobSpec, PublishSpec
 
 
 def _secret_block_token() -> str | None:
@@ -31,8 +31,8 @@ def _secret_block_token() -> str | None:
 
 
 def publish_and_record(job: JobDir, target: PublishSpec, spec: JobSpec | None = None) -> dict:
-    """`trainers.publish.publish` with the token found as huggingface_hub finds it, else in the Prefect Secret block
-    `hf-token`; then `published.json` in the job folder and the `grpoflow.model.published` event."""
+    """`grpoflow.trainers.publish.publish` with the token found as huggingface_hub finds it, else in the Prefect Secret
+    block `hf-token`; then `published.json` in the job folder and the `grpoflow.model.published` event."""
     result = publish(job, target, token=get_token() or _secret_block_token(), spec=spec)
     write_json_atomic(job.root / "published.json", {**result, "published_at": datetime.now(UTC).isoformat()})
     emit(job, "grpoflow.model.published", result)

@@ -1,13 +1,13 @@
-"""Register task: the spec's serving deployment of the job's merged weights (`trainers.registry`), announced with
-`grpoflow.deployment.registered`. The registry keeps every version of a name (`grpoflow deployments list`)."""
+"""Register task: the spec's serving deployment of the job's merged weights (`grpoflow.trainers.registry`), announced
+with `grpoflow.deployment.registered`. The registry keeps every version of a name (`grpoflow deployments list`)."""
 
 from prefect import task
 
-from tasks.artifacts import deployment_link, link_artifact
-from tasks.events import emit
-from trainers.jobdir import JobDir
-from trainers.registry import register
-from trainers.spec import JobSpec
+from grpoflow.integrations.artifacts import deployment_link, link_artifact
+from grpoflow.integrations.events import emit
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.registry import register
+from grpoflow.trainers.spec import JobSpec
 
 
 def registered_payload(record: dict) -> dict:

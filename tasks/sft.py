@@ -1,16 +1,16 @@
-"""SFT warm-up task: runs `trainers.sft` as a child process (`trainers.launch`), tails its `sft_metrics.jsonl` into
-progress lines (`sft step n/N loss ...`, the UI's progress artifact, a terminal bar) and emits
+"""SFT warm-up task: runs `grpoflow.trainers.sft` as a child process (`grpoflow.trainers.launch`), tails its
+`sft_metrics.jsonl` into progress lines (`sft step n/N loss ...`, the UI's progress artifact, a terminal bar) and emits
 `grpoflow.sft.completed`."""
 
 from prefect import get_run_logger, task
 
-from tasks.artifacts import StageProgress, StepRate, sft_line
-from tasks.events import emit
-from tasks.stages import resumable, retry_unless_final
-from trainers.jobdir import JobDir
-from trainers.launch import run_child
-from trainers.metrics import read_metrics
-from trainers.spec import JobSpec
+from grpoflow.integrations.artifacts import StageProgress, StepRate, sft_line
+from grpoflow.integrations.events import emit
+from grpoflow.integrations.stages import resumable, retry_unless_final
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import run_child
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.spec import JobSpec
 
 
 class SFTWatcher:
@@ -39,7 +39,12 @@ def sft_task(job: JobDir, spec: JobSpec) -> dict:
     watcher = SFTWatcher(job, spec)
     try:
         seconds = run_child(
-            "trainers.sft", job, spec.gpu_count, "sft.log", poll=watcher.poll, strategy=spec.distributed.strategy
+            "grpoflow.trainers.sft",
+            job,
+            spec.gpu_count,
+            "sft.log",
+            poll=watcher.poll,
+            strategy=spec.distributed.strategy,
         )
     finally:
         watcher.progress.close()

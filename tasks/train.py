@@ -1,4 +1,5 @@
-"""GRPO training task: runs `trainers.grpo` as its own child process (`trainers.launch`) and watches it.
+"""GRPO training task: runs `grpoflow.trainers.grpo` as its own child process (`grpoflow.trainers.launch`) and watches
+it.
 
 The child writes `metrics.jsonl`; this task tails it to log progress, emit `grpoflow.training.progress` events and
 run the health monitor, which emits `grpoflow.training.alert` and, with `stop_on_alert` (or always, for a non-finite
@@ -7,12 +8,12 @@ median step time, and stops the run at twice that. A crash of the child (SIGKILL
 and Prefect's retries start a new child that resumes from the newest checkpoint; a setup problem (the child's exit
 code 2), a failed reward (exit code 3), a child that exited 0 without its result, or a stop is not retried.
 
-With a remote `output_uri`, checkpoints survive losing the machine (`tasks.checkpoint_sync`): a background thread
-uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh machine (an
-empty staging folder) first gets the newest intact checkpoint from the remote job folder.
+With a remote `output_uri`, checkpoints survive losing the machine (`grpoflow.cluster.checkpoint_sync`): a background
+thread uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh machine
+(an empty staging folder) first gets the newest intact checkpoint from the remote job folder.
 
-With `distributed.num_machines` > 1 the child runs on that many Kubernetes pods instead (`tasks.multinode`: an
-indexed Job created, watched and deleted by this task; its rank 0 uploads the checkpoints), and the watcher reads
+With `distributed.num_machines` > 1 the child runs on that many Kubernetes pods instead (`grpoflow.cluster.multinode`:
+an indexed Job created, watched and deleted by this task; its rank 0 uploads the checkpoints), and the watcher reads
 the metrics back from the store.
 """
 
@@ -22,25 +23,25 @@ import time
 
 from prefect import get_run_logger, task
 
-from tasks.artifacts import StageProgress, StepRate, grpo_line
-from tasks.checkpoint_sync import CheckpointSync, restore_checkpoint
-from tasks.events import emit
-from tasks.multinode import run_on_machines
-from tasks.stages import resumable, retry_unless_final
-from tasks.storage import is_remote, join
-from trainers.health import FATAL, Alert, HealthMonitor
-from trainers.jobdir import JobDir
-from trainers.launch import run_child
-from trainers.metrics import read_events, read_metrics
-from trainers.report import draw_ahead, prepare_plotting
-from trainers.spec import JobSpec
-from trainers.vllm_server import vllm_server
+from grpoflow.cluster.checkpoint_sync import CheckpointSync, restore_checkpoint
+from grpoflow.cluster.multinode import run_on_machines
+from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line
+from grpoflow.integrations.events import emit
+from grpoflow.integrations.stages import resumable, retry_unless_final
+from grpoflow.integrations.storage import is_remote, join
+from grpoflow.trainers.health import FATAL, Alert, HealthMonitor
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import run_child
+from grpoflow.trainers.metrics import read_events, read_metrics
+from grpoflow.trainers.report import draw_ahead, prepare_plotting
+from grpoflow.trainers.spec import JobSpec
+from grpoflow.trainers.vllm_server import vllm_server
 
 
 class ProgressWatcher:
     """Turns new lines of `metrics.jsonl` into a progress line per step (log, terminal bar, the UI's progress
-    artifact: `tasks.artifacts.StageProgress`), `grpoflow.training.progress` events every `max_steps // 20` steps,
-    and health alerts."""
+    artifact: `grpoflow.integrations.artifacts.StageProgress`), `grpoflow.training.progress` events every `max_steps //
+    20` steps, and health alerts."""
 
     def __init__(self, job: JobDir, spec: JobSpec):
         hp = spec.hyperparameters
@@ -159,7 +160,7 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
         else:
             with vllm_server(spec, job) as env:  # a vLLM server of the job's own, when its generation asks for one
                 seconds = run_child(
-                    "trainers.grpo",
+                    "grpoflow.trainers.grpo",
                     job,
                     spec.gpu_count,
                     "train.log",

@@ -19,7 +19,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 # `grpoflow run` going on beside the tests never locks it. Set before anything imports prefect.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-# The tests' jobs are indexed apart from the user's (`trainers.job_index`).
+# The tests' jobs are indexed apart from the user's (`grpoflow.trainers.job_index`).
 os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-index-")
 
 
@@ -50,7 +50,7 @@ def cli(*argv) -> tuple[int, str, str]:
 
     Redirects sys.stdout/sys.stderr rather than using capsys: Prefect's log handler keeps the first stderr it sees.
     """
-    from flows.cli import main
+    from grpoflow.flows.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -111,9 +111,9 @@ def make_spec(tmp_path, dataset_file):
 def make_job(tmp_path, make_spec):
     """A job folder as create-job and ingest leave it (the resolved spec.yaml and dataset/) for `make_spec`'s spec
     with `changes`; returns (JobDir, JobSpec)."""
-    from trainers.dataset import ingest_dataset
-    from trainers.jobdir import JobDir
-    from trainers.spec import load_spec, to_yaml
+    from grpoflow.trainers.dataset import ingest_dataset
+    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.trainers.spec import load_spec, to_yaml
 
     def make(name: str = "j", **changes):
         spec, _ = load_spec(make_spec(name, **changes))

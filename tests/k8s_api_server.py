@@ -1,4 +1,4 @@
-"""A Kubernetes API on 127.0.0.1 for the tests of `tasks/multinode.py`: the endpoints its client (`tasks/kube.py`)
+"""A Kubernetes API on 127.0.0.1 for the tests of `cluster/multinode.py`: the endpoints its client (`cluster/kube.py`)
 calls, whose pods are real local processes.
 
     with KubeApiServer(tmp_path, secrets={"grpoflow-s3": {...}}) as api:

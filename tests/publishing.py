@@ -10,10 +10,10 @@ import torch
 from huggingface_hub import constants
 from safetensors.torch import save_file
 
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.spec import load_spec, to_yaml
+from grpoflow.trainers.tiny import build_tiny
 from tests.hub_server import HubServer
-from trainers.jobdir import JobDir
-from trainers.spec import load_spec, to_yaml
-from trainers.tiny import build_tiny
 
 TOKEN = "hf_TestTokenThatMustNeverLeak0123456789"
 READ_ONLY = "hf_ReadOnlyTokenThatMustNeverLeak98765"
@@ -50,7 +50,7 @@ def hub(request, monkeypatch):
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         # With hf_xet installed (as in production), upload_folder takes its streamed pipeline; without, create_commit.
         monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", request.param == "single-commit")
-        monkeypatch.setattr("trainers.publish.RETRY_DELAYS_S", (0.05, 0.05))
+        monkeypatch.setattr("grpoflow.trainers.publish.RETRY_DELAYS_S", (0.05, 0.05))
         yield server
 
 

@@ -27,7 +27,7 @@ code moves between modules; grep for the function name.
 | prefect | the server's in-process clients (`prefect.server.api.clients.BaseClient`, `prefect.server.events.clients.PrefectServerEventsAPIClient`) import `create_app` from its module when built and call it with no arguments for the app being served | the temporary server hands them its app without the factory's settings hash and logging setup | `_reuse_app` (flows/server.py) |
 | prefect | `prefect.flow_engine._send_heartbeats(engine, join_on_exit=)`, looked up from its module by the sync engine's `run_context` at each run; its thread sleeps in 1 s slices | a flow run's end does not wait for the heartbeat thread | `heartbeats_unjoined` (flows/server.py) |
 | prefect | the create_app lifespan's `_memoize_block_auto_registration` wrapper imports every installed collection before it reads `memoize_block_auto_registration` | both settings off skip the block catalogue | `SERVER_DEFAULTS` (flows/server.py) |
-| prefect | `prefect.runtime.deployment.name` reads the flow run from the API when `FlowRunContext` (not its `flow_run`) has no `deployment_id` | artifact keys read the run's own `deployment_id` first | `_deployment_name` (tasks/artifacts.py) |
+| prefect | `prefect.runtime.deployment.name` reads the flow run from the API when `FlowRunContext` (not its `flow_run`) has no `deployment_id` | artifact keys read the run's own `deployment_id` first | `_deployment_name` (integrations/artifacts.py) |
 | prefect | `temporary_settings(updates={PREFECT_API_URL: ...})` and `PREFECT_API_URL.value()` (the legacy setting objects) | point the client at the temporary server; read the API URL | `connected` (flows/server.py), `api_url` (flows/deployments.py) |
 | prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (flows/server.py) |
 | prefect | `prefect.workers.base.BaseWorker.get_worker_class_from_type` (None when not installed) | a pool's default base job template | `default_template` (flows/deployments.py) |
@@ -39,7 +39,7 @@ code moves between modules; grep for the function name.
 | transformers | `transformers.utils.chat_template_utils.is_torch_available`, read by `get_json_schema` | tool schemas in the preflight without importing torch | `tool_schema` (trainers/agents.py) |
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
 | trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py) |
-| standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (tasks/webhooks.py) |
+| standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (integrations/webhooks.py) |
 | python | `threading._shutdown()` (threading's exit hooks, then the join of non-daemon threads) and `atexit._run_exitfuncs()`, the first steps of the interpreter's exit | a process ends after them without the module teardown | `exit_now` (trainers/exits.py) |
 """
 
@@ -70,7 +70,7 @@ def one_step(tmp_path_factory):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainers.tiny import resolve_model_path
+    from grpoflow.trainers.tiny import resolve_model_path
 
     seen = {"reward_kwargs": [], "prepared": [], "save_calls": 0, "at_step_end": None}
 
@@ -177,7 +177,7 @@ def test_training_step_bookkeeping_that_a_skipped_step_repeats(one_step):
 def test_the_flags_skip_blocker_reads(one_step, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainers.tiny import resolve_model_path
+    from grpoflow.trainers.tiny import resolve_model_path
 
     _, _, untrained, _ = one_step
     assert untrained["_entropy_bonus_enabled"] is False
@@ -224,7 +224,7 @@ def test_trl_reward_helpers_agree_with_grpoflows_copies():
 
     from trl.trainer.utils import get_callable_name, is_async_callable
 
-    from trainers.rewards import _is_async, _named
+    from grpoflow.trainers.rewards import _is_async, _named
 
     async def async_reward(completions, **kwargs):
         return [0.0]
@@ -380,7 +380,7 @@ def _list_string_literals(fn) -> set[str]:
 def test_temporary_server_environment_is_the_one_prefects_ephemeral_server_gets():
     from prefect.server.api.server import SubprocessASGIServer, create_app
 
-    from flows.server import SERVER_ENV
+    from grpoflow.flows.server import SERVER_ENV
 
     assert _prefect_env_literals(SubprocessASGIServer._run_uvicorn_command) == SERVER_ENV
     # ...and the app factory still reads the two private variables from the environment.
@@ -395,7 +395,7 @@ def test_temporary_server_environment_is_the_one_prefects_ephemeral_server_gets(
 def test_temporary_server_serves_the_app_prefects_uvicorn_command_serves():
     from prefect.server.api.server import SubprocessASGIServer, create_app
 
-    from flows.server import serve
+    from grpoflow.flows.server import serve
 
     theirs = _list_string_literals(SubprocessASGIServer._run_uvicorn_command)
     assert {"--factory", "prefect.server.api.server:create_app", "--log-level", "error", "--lifespan", "on"} <= theirs
@@ -409,7 +409,7 @@ def test_the_block_catalogue_settings_and_their_names(monkeypatch):
     from prefect.server.api.server import _memoize_block_auto_registration
     from prefect.settings import Settings
 
-    from flows.server import SERVER_DEFAULTS
+    from grpoflow.flows.server import SERVER_DEFAULTS
 
     fields = {"register_blocks_on_start", "memoize_block_auto_registration"}
     for names, value in SERVER_DEFAULTS.items():
@@ -441,7 +441,7 @@ from prefect.server.api.server import create_app
 from prefect.server.api.clients import OrchestrationClient
 from prefect.server.events.clients import PrefectServerEventsAPIClient
 from prefect.settings import PREFECT_SERVER_API_DEFAULT_LIMIT, temporary_settings
-from flows.server import _reuse_app
+from grpoflow.flows.server import _reuse_app
 
 app = create_app()
 _reuse_app(app)
@@ -454,7 +454,7 @@ print(json.dumps([served, create_app() is app, create_app(ignore_cache=True) is 
 
 def test_the_servers_in_process_clients_ask_the_factory_for_the_app_when_built(tmp_path):
     # In a child process, with the temporary server's environment: settings are read once per process.
-    from flows.server import SERVER_DEFAULTS, SERVER_ENV
+    from grpoflow.flows.server import SERVER_DEFAULTS, SERVER_ENV
 
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env |= {names[0]: value for names, value in SERVER_DEFAULTS.items()} | SERVER_ENV
@@ -475,7 +475,7 @@ def test_the_sync_engine_looks_up_send_heartbeats_at_each_run_and_joins_its_thre
     from prefect import flow, flow_engine
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.server import heartbeats_unjoined
+    from grpoflow.flows.server import heartbeats_unjoined
 
     joined, sent = [], []
     join, emit = threading.Thread.join, flow_engine.FlowRunEngine._emit_flow_run_heartbeat
@@ -613,10 +613,10 @@ def test_accelerate_launch_module_takes_the_child_command():
     import accelerate.commands.launch as launch
 
     args = launch.launch_command_parser().parse_args(
-        ["--multi_gpu", "--num_processes", "2", "-m", "trainers.grpo", "runs/job"]
+        ["--multi_gpu", "--num_processes", "2", "-m", "grpoflow.trainers.grpo", "runs/job"]
     )
     assert args.multi_gpu and args.num_processes == 2 and args.module
-    assert (args.training_script, args.training_script_args) == ("trainers.grpo", ["runs/job"])
+    assert (args.training_script, args.training_script_args) == ("grpoflow.trainers.grpo", ["runs/job"])
     # Run with `python -m`, so the module must start the launcher itself.
     assert 'if __name__ == "__main__"' in Path(launch.__file__).read_text()
 
@@ -625,7 +625,7 @@ def test_accelerate_launch_module_takes_the_child_command():
 def test_trl_ships_the_accelerate_configs_grpoflow_launches_with(strategy):
     import yaml
 
-    from trainers.launch import accelerate_config
+    from grpoflow.trainers.launch import accelerate_config
 
     config = yaml.safe_load(accelerate_config(strategy).read_text())
     if strategy == "fsdp2":
@@ -678,7 +678,7 @@ def test_standardwebhooks_secret_forms():
 def test_trainer_load_from_checkpoint_and_state(tmp_path):
     from transformers import AutoModelForCausalLM, Trainer, TrainerState
 
-    from trainers.tiny import resolve_model_path
+    from grpoflow.trainers.tiny import resolve_model_path
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:tiny"))
     assert "resume_from_checkpoint" in inspect.signature(Trainer._load_from_checkpoint).parameters
@@ -692,8 +692,8 @@ def test_peft_all_linear_rule_on_a_meta_model():
     from peft import LoraConfig
     from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
 
-    from trainers.architecture import default_lora_targets
-    from trainers.tiny import resolve_model_path
+    from grpoflow.trainers.architecture import default_lora_targets
+    from grpoflow.trainers.tiny import resolve_model_path
 
     # grpoflow's default targets are what PEFT's private rule picks on builtin:tiny (a Qwen2): the 7 projections.
     assert callable(_maybe_include_all_linear_layers) and LoraConfig(target_modules="all-linear")

@@ -5,7 +5,7 @@ The model is built on the meta device from its `config.json` (a 7B config takes 
 whatever the architecture calls them (q/k/v/o_proj and gate/up/down_proj for Llama, c_attn/c_fc/c_proj for GPT-2,
 query_key_value/dense/dense_h_to_4h/dense_4h_to_h for GPT-NeoX and Falcon, qkv_proj/gate_up_proj for Phi-3...).
 
-    python -m trainers.architecture MODEL_PATH     # prints the model's default LoRA targets
+    python -m grpoflow.trainers.architecture MODEL_PATH     # prints the model's default LoRA targets
 """
 
 import functools
@@ -49,7 +49,7 @@ def default_lora_targets(model_path: str, local_only: bool = False) -> list[str]
     output head), as the last component of their names.
 
     Args:
-        model_path (`str`): a local model folder or a hub id (what `trainers.tiny.resolve_model_path` gives).
+        model_path (`str`): a local model folder or a hub id (what `grpoflow.trainers.tiny.resolve_model_path` gives).
         local_only (`bool`, *optional*, defaults to `False`): read the config from local files only.
 
     Returns:
@@ -135,6 +135,6 @@ def adapter_summary(model) -> dict:
 
 
 if __name__ == "__main__":
-    from trainers.tiny import resolve_model_path
+    from grpoflow.trainers.tiny import resolve_model_path
 
     print(", ".join(default_lora_targets(resolve_model_path(sys.argv[1]))))

@@ -6,9 +6,10 @@ quarter of the imports' time (measured: Prefect's server modules 4.4 s -> 3.3 s;
 start 3.3 s -> 2.95 s). `pause()` before the imports; `resume()` after them freezes what exists then out of later
 passes (it stays alive for the process anyway) and turns the collector back on.
 
-The `grpoflow` command (`flows.cli.entry`) pauses it first thing; `run` and `demo` resume it once their flow's
+The `grpoflow` command (`grpoflow.flows.cli.entry`) pauses it first thing; `run` and `demo` resume it once their flow's
 modules are imported, every other command as it starts. The temporary Prefect server pauses it while its app is built
-(`flows.server.serve`). `main()` called in a process of its own choosing (a test) finds it running and leaves it so.
+(`grpoflow.flows.server.serve`). `main()` called in a process of its own choosing (a test) finds it running and leaves
+it so.
 """
 
 import gc

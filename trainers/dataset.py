@@ -8,7 +8,7 @@ fails is the file read again, line by line, to name the lines at fault.
 
 Pure functions, no Prefect: `tasks/ingest.py` wraps `ingest_dataset` in a Prefect task. By hand:
 
-    python -c 'from pathlib import Path; from trainers.dataset import ingest_dataset;
+    python -c 'from pathlib import Path; from grpoflow.trainers.dataset import ingest_dataset;
                print(ingest_dataset("examples/data/arithmetic.jsonl", Path("/tmp/job/dataset"), holdout=0.1))'
 """
 
@@ -38,9 +38,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets.features.features import require_storage_embed
 
-from trainers.jobdir import replace_dir
-from trainers.spec import REPO_ID_PATTERN
-from trainers.uris import url_scheme
+from grpoflow.trainers.jobdir import replace_dir
+from grpoflow.trainers.spec import REPO_ID_PATTERN
+from grpoflow.trainers.uris import url_scheme
 
 SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}

@@ -1,6 +1,6 @@
 """Held-out evaluation: greedy completions on the prompts held out of training, scored by one of the spec's rewards.
 
-    python -m trainers.evaluate runs/<job_id>
+    python -m grpoflow.trainers.evaluate runs/<job_id>
 
 `before` scores the model GRPO started from (the SFT output when the warm-up ran, else the base model) and `after`
 the GRPO result (`merged/`); both go to `evaluation.json`. With a 0/1 reward such as `exact_answer` the score is
@@ -11,11 +11,11 @@ import argparse
 import time
 from pathlib import Path
 
-from trainers.exits import exit_now
-from trainers.jobdir import JobDir, write_json_atomic
-from trainers.modeling import load_tokenizer, prepare_prompts, start_model
-from trainers.rewards import build_reward, call_reward, trl_columns
-from trainers.spec import JobSpec, load_spec
+from grpoflow.trainers.exits import exit_now
+from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.modeling import load_tokenizer, prepare_prompts, start_model
+from grpoflow.trainers.rewards import build_reward, call_reward, trl_columns
+from grpoflow.trainers.spec import JobSpec, load_spec
 
 
 def load_for_generation(model_path: str):
@@ -23,7 +23,7 @@ def load_for_generation(model_path: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainers.modeling import torch_dtype
+    from grpoflow.trainers.modeling import torch_dtype
 
     tokenizer = load_tokenizer(model_path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -90,7 +90,7 @@ def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float | None:
 
 def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:
     """`reward` on `completions` of `rows`' prompts, called as in training: the other columns, `completion_ids` from
-    `tokenizer`, TRL's logging hooks (see `trainers.rewards.call_reward`)."""
+    `tokenizer`, TRL's logging hooks (see `grpoflow.trainers.rewards.call_reward`)."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     columns = trl_columns({c: list(rows[c]) for c in rows.column_names})

@@ -2,7 +2,7 @@
 
 Runs without Prefect, as its own process (what a GPU worker or `accelerate launch` executes):
 
-    python -m trainers.grpo runs/<job_id>
+    python -m grpoflow.trainers.grpo runs/<job_id>
 
 It reads `spec.yaml` and `dataset/` from the job folder, starts from `sft/` when the SFT warm-up ran (else the
 base model), writes `metrics.jsonl` every step and `checkpoints/` every `checkpoint_every` steps, resumes from the
@@ -18,13 +18,13 @@ import time
 import traceback
 from pathlib import Path
 
-from trainers.agents import agent_args, tool_tokenizer
-from trainers.architecture import adapter_summary
-from trainers.exits import exit_now
-from trainers.jobdir import JobDir, write_json_atomic
-from trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
-from trainers.metrics import metrics_file_callback, truncate_metrics
-from trainers.modeling import (
+from grpoflow.trainers.agents import agent_args, tool_tokenizer
+from grpoflow.trainers.architecture import adapter_summary
+from grpoflow.trainers.exits import exit_now
+from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
+from grpoflow.trainers.metrics import metrics_file_callback, truncate_metrics
+from grpoflow.trainers.modeling import (
     SetupError,
     check_accelerators,
     check_chat_template,
@@ -40,9 +40,9 @@ from trainers.modeling import (
     use_bf16,
     use_cpu,
 )
-from trainers.rewards import RewardError, build_reward, guarded_reward
-from trainers.spec import JobSpec, load_spec
-from trainers.vllm_server import VLLM_SERVER_URL_ENV
+from grpoflow.trainers.rewards import RewardError, build_reward, guarded_reward
+from grpoflow.trainers.spec import JobSpec, load_spec
+from grpoflow.trainers.vllm_server import VLLM_SERVER_URL_ENV
 
 
 def tracking_args(spec: JobSpec, job: JobDir) -> dict:
@@ -242,7 +242,7 @@ def main(job_root: str) -> int:
     ]
 
     # --- model and trainer
-    from trainers.zero_variance import grpo_trainer_class
+    from grpoflow.trainers.zero_variance import grpo_trainer_class
 
     model_path = start_model(spec, job)
     check_model(model_path)
@@ -307,7 +307,7 @@ def main(job_root: str) -> int:
 
     # --- held-out evaluation, here when the trained model in memory is exactly what merged/ holds
     if evaluates_in_training(spec):
-        from trainers.evaluate import evaluate
+        from grpoflow.trainers.evaluate import evaluate
 
         summary["evaluated_in_training"] = True
         summary["evaluation"] = evaluate(job, spec, model_path, after=(trainer.model, tokenizer))
@@ -327,7 +327,7 @@ def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job_dir", help="the job folder (holds spec.yaml and dataset/)")
     args = parser.parse_args(argv)
-    print(f"grpoflow: trainers.grpo started on {args.job_dir}", flush=True)  # one line per child start
+    print(f"grpoflow: grpoflow.trainers.grpo started on {args.job_dir}", flush=True)  # one line per child start
     try:
         return main(args.job_dir)
     except RewardError as e:

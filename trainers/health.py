@@ -229,7 +229,7 @@ class HealthMonitor:
         """Feed a whole series through `update`, in step order, and return every alert.
 
         Args:
-            records (`list[dict]`): the records of `metrics.jsonl` (see `trainers.metrics.read_metrics`).
+            records (`list[dict]`): the records of `metrics.jsonl` (see `grpoflow.trainers.metrics.read_metrics`).
 
         Returns:
             `list[Alert]`: the alerts in the order they fired.

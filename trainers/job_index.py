@@ -9,7 +9,7 @@ race on a shared file; a location whose job folder is gone is skipped by the rea
 import os
 from pathlib import Path
 
-from trainers.jobdir import check_job_id, write_text_atomic
+from grpoflow.trainers.jobdir import check_job_id, write_text_atomic
 
 INDEX_ENV = "GRPOFLOW_JOB_INDEX"
 

@@ -171,7 +171,7 @@ def get_llm_judge_reward(
     request = {"model": model, "temperature": temperature, "max_tokens": max_tokens}
 
     async def llm_judge_reward(completions: list, prompts: list | None = None, **kwargs) -> list[float | None]:
-        from trainers.rewards import completion_text
+        from grpoflow.trainers.rewards import completion_text
 
         columns = {k: v for k, v in kwargs.items() if isinstance(v, list) and len(v) == len(completions)}
         texts = [
@@ -246,7 +246,7 @@ def parse_score(reply: str, pattern: re.Pattern | None, max_score: float | None)
     >>> parse_score("2 steps; final score=[4]", re.compile(r"score=\\[(\\d+)\\]"), 5)
     0.8
     """
-    from trainers.rewards import NUMBER
+    from grpoflow.trainers.rewards import NUMBER
 
     match = pattern.search(reply) if pattern else NUMBER.search(reply)
     if match is None:

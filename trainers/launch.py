@@ -1,8 +1,8 @@
 """Training children: the SFT and GRPO stages each run as their own process, started, watched and stopped here.
 
-`run_child("trainers.grpo", job, gpu_count, "train.log", poll)` starts `python -m trainers.grpo JOB_DIR` (under
-`accelerate launch` when gpu_count > 1, with TRL's accelerate config for the spec's `distributed.strategy`) in its own
-process group with its output in `logs/`, calls `poll()` every
+`run_child("grpoflow.trainers.grpo", job, gpu_count, "train.log", poll)` starts `python -m grpoflow.trainers.grpo
+JOB_DIR` (under `accelerate launch` when gpu_count > 1, with TRL's accelerate config for the spec's
+`distributed.strategy`) in its own process group with its output in `logs/`, calls `poll()` every
 half second while it runs (a reason it returns stops the child), and turns its exit code into the outcome: exit 2 is
 a setup problem no retry can fix (`TrainingSetupError`), exit 3 a reward that failed during training (`RewardFailed`:
 the user's reward raised, hung or returned a bad value; a retry would meet it again), exit 0 without the child's
@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainers.jobdir import JobDir
+from grpoflow.trainers.jobdir import JobDir
 
 SETUP_ERROR_EXIT = 2
 REWARD_FAILED_EXIT = 3
 POLL_SECONDS = 0.5
-STAGE_NAMES = {"trainers.sft": "SFT warm-up", "trainers.grpo": "training"}  # for messages
+STAGE_NAMES = {"grpoflow.trainers.sft": "SFT warm-up", "grpoflow.trainers.grpo": "training"}  # for messages
 # The accelerate config TRL ships for each `distributed.strategy` (trl/accelerate_configs/); ddp needs none.
 ACCELERATE_CONFIGS = {"fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "zero3.yaml"}
 # Where a child records why it stopped on purpose (exit 2 or 3): `accelerate launch` turns any failed rank into
@@ -131,7 +131,7 @@ def child_command(
                 "'grpoflow[deepspeed]'"
             )
         # The config's own mixed_precision (bf16) would otherwise win over the trainer's `bf16`, which follows the
-        # machine (trainers.modeling.use_bf16), as it does with ddp.
+        # machine (grpoflow.trainers.modeling.use_bf16), as it does with ddp.
         launch += ["--config_file", str(accelerate_config(strategy)), "--mixed_precision", "no"]
     if machines is not None:
         launch += machines.args()
@@ -233,7 +233,7 @@ def run_child(
     """Runs `python -m module JOB_DIR` to its end and returns its wall time in seconds.
 
     Args:
-        module (`str`): the trainer module, `"trainers.sft"` or `"trainers.grpo"`.
+        module (`str`): the trainer module, `"grpoflow.trainers.sft"` or `"grpoflow.trainers.grpo"`.
         job (`JobDir`): the job folder, the child's only argument.
         gpu_count (`int`): processes to launch (one per GPU).
         log_name (`str`): the child's output file under `logs/`.
@@ -242,7 +242,7 @@ def run_child(
         result (`Path`, *optional*): the file the child writes last; missing after exit 0 raises `ChildEndedEarly`.
         strategy (`str`, *optional*): the spec's `distributed.strategy` (ddp, fsdp2, zero2, zero3).
         env (`dict`, *optional*): variables added to the child's environment.
-        machines (`Machines`, *optional*): this machine's part in a run over several (`tasks.node`).
+        machines (`Machines`, *optional*): this machine's part in a run over several (`grpoflow.cluster.node`).
 
     Raises:
         `TrainingSetupError`: the child exited 2 (a setup problem). `RewardFailed`: it exited 3 (a reward failed).

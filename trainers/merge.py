@@ -1,6 +1,6 @@
 """Merge stage: folds a LoRA adapter into its base model with PEFT (`merge_and_unload`) and writes `model.json`.
 
-    python -m trainers.merge runs/<job_id>
+    python -m grpoflow.trainers.merge runs/<job_id>
 
 The base is loaded unquantized even for QLoRA jobs, so `merged/` holds ordinary 16/32-bit weights that load with
 `AutoModelForCausalLM.from_pretrained`. A full fine-tune already saved `merged/`; only `model.json` is written.
@@ -10,8 +10,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from trainers.exits import exit_now
-from trainers.jobdir import JobDir, replace_dir, write_json_atomic
+from grpoflow.trainers.exits import exit_now
+from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
 
 
 def list_files(folder: Path) -> list[str]:
@@ -29,7 +29,7 @@ def merge_adapter(adapter_dir: Path, out_dir: Path, dtype=None) -> None:
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoTokenizer
 
-    from trainers.modeling import torch_dtype
+    from grpoflow.trainers.modeling import torch_dtype
 
     model = AutoPeftModelForCausalLM.from_pretrained(str(adapter_dir), dtype=dtype or torch_dtype())
     merged = model.merge_and_unload()

@@ -8,7 +8,7 @@ and pass the dry run on a few rows, and the tools and environment import and pas
 both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU to score the
 sample, and an `llm_judge` calls its endpoint. By hand:
 
-    python -m trainers.preflight examples/arithmetic.yaml
+    python -m grpoflow.trainers.preflight examples/arithmetic.yaml
 
 Each check is a function of a `Preflight` (the spec and what the earlier checks found) returning problems, one line
 each, naming the spec field ("base_model: ..."); `CHECKS` runs them all, in order, so every problem is reported at
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainers.modeling import cached_hub_file, chat_template_problem, is_local_model, model_problem
-from trainers.spec import LIGER_UNSUPPORTED, JobSpec, model_family
-from trainers.tiny import is_builtin, resolve_model_path
+from grpoflow.trainers.modeling import cached_hub_file, chat_template_problem, is_local_model, model_problem
+from grpoflow.trainers.spec import LIGER_UNSUPPORTED, JobSpec, model_family
+from grpoflow.trainers.tiny import is_builtin, resolve_model_path
 
 
 @dataclass
@@ -100,7 +100,7 @@ def check_lora_targets(p: Preflight) -> list[str]:
         and not is_builtin(p.spec.base_model)
     ):
         return []  # a full fine-tune; every projection; or a Hub model not here to look at
-    from trainers.architecture import lora_target_problem
+    from grpoflow.trainers.architecture import lora_target_problem
 
     problem = lora_target_problem(str(p.model_dir or resolve_model_path(p.spec.base_model)), hp.lora_target_modules)
     return [problem] if problem else []
@@ -142,7 +142,7 @@ def _reward_field(p: Preflight, message: str) -> str:
 def check_rewards_build(p: Preflight) -> list[str]:
     """Each reward imports (a custom function) or exists (a built-in) and takes its kwargs; a reward model is here,
     offline, and is a sequence classifier (its files read, no weights loaded)."""
-    from trainers.rewards import RewardError, build_reward, reward_model_problem
+    from grpoflow.trainers.rewards import RewardError, build_reward, reward_model_problem
 
     problems = []
     for i, reward in enumerate(p.spec.rewards):
@@ -163,9 +163,9 @@ def _built_spec(p: Preflight) -> JobSpec:
 
 def check_dataset(p: Preflight) -> list[str]:
     """The dataset opens and has the prompt column and every column the rewards and the SFT warm-up read."""
-    from trainers.dataset import DatasetError
-    from trainers.dataset import check_dataset as load_and_check
-    from trainers.rewards import required_columns
+    from grpoflow.trainers.dataset import DatasetError
+    from grpoflow.trainers.dataset import check_dataset as load_and_check
+    from grpoflow.trainers.rewards import required_columns
 
     spec = p.spec
     try:
@@ -186,7 +186,7 @@ def check_dataset(p: Preflight) -> list[str]:
 
 def check_rewards_dry_run(p: Preflight) -> list[str]:
     """The rewards that built pass the dry run on a few of the dataset's rows, shaped as TRL will pass them."""
-    from trainers.rewards import RewardError, dry_run_job_rewards
+    from grpoflow.trainers.rewards import RewardError, dry_run_job_rewards
 
     if p.sample is None or not p.rewards:
         return []
@@ -207,7 +207,7 @@ def _local_model_dir(p: Preflight) -> Path | None:
         return p.model_dir
     if p.spec.base_model != "builtin:tiny":
         return None
-    from trainers.tiny import TINY_VERSION, cache_root
+    from grpoflow.trainers.tiny import TINY_VERSION, cache_root
 
     # Its cached folder when it was built, without building it (which needs torch): otherwise nothing to read.
     folder = cache_root() / f"builtin-tiny-{TINY_VERSION}"
@@ -345,7 +345,7 @@ def check_agents(p: Preflight) -> list[str]:
     every column, the prompt as `prompt`) and its get_reward() returns a number; the SFT warm-up's completions are
     text or tool-calling conversations; the prompts are chats, and the chat template renders tool calls that TRL can
     parse (when the tokenizer is here to read)."""
-    from trainers.agents import (
+    from grpoflow.trainers.agents import (
         AgentError,
         environment_problems,
         load_environment,
@@ -424,7 +424,7 @@ def preflight(spec: JobSpec, warnings: list[str] | None = None, storage_options:
 
 
 def main(argv: list[str]) -> int:
-    from trainers.spec import SpecError, load_spec
+    from grpoflow.trainers.spec import SpecError, load_spec
 
     try:
         spec, warnings = load_spec(argv[0], argv[1:])

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 
 # The version fields repeated at the top level of `<name>.json`, where the one-record files had them.
 CURRENT_FIELDS = ("job_id", "artifact_path", "artifact_type", "metric", "score", "status", "smoke", "error")
@@ -179,8 +179,8 @@ def smoke_prompt(job: JobDir):
     """A prompt from the job's own data (held-out first), as the model will see it, for the smoke inference."""
     from datasets import load_from_disk
 
-    from trainers.modeling import to_prompt
-    from trainers.spec import load_spec
+    from grpoflow.trainers.modeling import to_prompt
+    from grpoflow.trainers.spec import load_spec
 
     spec, _ = load_spec(job.spec)
     splits = load_from_disk(str(job.dataset))
@@ -190,7 +190,7 @@ def smoke_prompt(job: JobDir):
 
 def smoke_test(model_dir: Path, prompt, max_new_tokens: int = 16) -> dict:
     """Loads the weights and generates one completion: the proof a deployment can serve."""
-    from trainers.evaluate import generate
+    from grpoflow.trainers.evaluate import generate
 
     started = time.monotonic()
     completion = generate(str(model_dir), [prompt], max_new_tokens)[0]

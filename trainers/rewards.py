@@ -12,7 +12,7 @@ so TRL logs it as `rewards/<name>/mean`:
       - name: short
         kwargs: {max_chars: 120}                # built-in factories take their arguments from kwargs
       - name: close
-        function: examples.rewards.arithmetic:close_answer_reward
+        function: grpoflow.examples.rewards.arithmetic:close_answer_reward
 
 `dry_run_rewards` calls each reward on a few dataset rows before training, so a broken reward fails the job in
 seconds with a message that names it, instead of after the model has loaded.
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainers.judge import get_llm_judge_reward
+from grpoflow.trainers.judge import get_llm_judge_reward
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # The thousands-separated form goes first so "1,234" is one number; the lookbehind keeps the "-" of "5-3" an operator.
@@ -242,7 +242,7 @@ REWARDS: dict[str, Callable] = {
 def reward_model_folder(model: str) -> Path | None:
     """The folder holding a reward model's config.json: the local folder, or its snapshot in the local Hugging Face
     cache; None when neither holds it. Nothing is downloaded."""
-    from trainers.modeling import cached_hub_file, is_local_model
+    from grpoflow.trainers.modeling import cached_hub_file, is_local_model
 
     if is_local_model(model):
         folder = Path(model).expanduser()
@@ -255,7 +255,7 @@ def reward_model_problem(model: str) -> str | None:
     """Why `model` cannot be a reward model here, found offline from its files (no weights loaded, no download): a
     missing folder or uncached Hub id, no weights or tokenizer, or a config.json whose `architectures` is not a
     `...ForSequenceClassification` (TRL would bolt an untrained score head onto it). None when it is fine."""
-    from trainers.modeling import WEIGHT_FILES, is_local_model
+    from grpoflow.trainers.modeling import WEIGHT_FILES, is_local_model
 
     folder = reward_model_folder(model)
     if folder is None:
@@ -361,7 +361,7 @@ def build_reward(
         RewardError: unknown built-in, import failure, bad kwargs, or something that is not callable.
 
     A built-in is picked by its name, so to use one twice (say, two length penalties) under other names, point
-    `function` at its factory: `function: trainers.rewards:get_length_penalty_reward` with `kwargs`.
+    `function` at its factory: `function: grpoflow.trainers.rewards:get_length_penalty_reward` with `kwargs`.
 
     Example:
     ```python
@@ -428,7 +428,7 @@ def _import_callable(name: str, function: str) -> Callable:
     if not sep or not module_name or not attr:
         raise RewardError(f"reward {name!r}: function {function!r} must look like 'package.module:callable'")
     # Console scripts do not put the working directory on sys.path; appending it lets a spec name a reward module
-    # that sits next to it (examples.rewards.arithmetic) without shadowing installed packages.
+    # that sits next to it (grpoflow.examples.rewards.arithmetic) without shadowing installed packages.
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
@@ -756,7 +756,7 @@ def dry_run_job_rewards(spec, rewards: list[Callable], dataset) -> list[str]:
         RewardError: see `dry_run_rewards`; also for a malformed `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`, or a reward
             model that fails to load.
     """
-    from trainers.modeling import prepare_prompts
+    from grpoflow.trainers.modeling import prepare_prompts
 
     timeout = dry_run_timeout()
     rows = dataset.select(range(min(DRY_RUN_ROWS, len(dataset))))

@@ -2,7 +2,7 @@
 
 Runs without Prefect, as its own process:
 
-    python -m trainers.sft runs/<job_id>
+    python -m grpoflow.trainers.sft runs/<job_id>
 
 Writes full weights and the tokenizer to `sft/` (a LoRA job trains LoRA adapters here too and merges them in), so
 GRPO starts from an ordinary model folder. A chat prompt (or a string prompt with a system prompt) gets an assistant
@@ -18,12 +18,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
-from trainers.exits import exit_now
-from trainers.jobdir import JobDir, replace_dir
-from trainers.launch import SETUP_ERROR_EXIT, record_exit
-from trainers.metrics import metrics_file_callback
-from trainers.modeling import (
+from grpoflow.trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
+from grpoflow.trainers.exits import exit_now
+from grpoflow.trainers.jobdir import JobDir, replace_dir
+from grpoflow.trainers.launch import SETUP_ERROR_EXIT, record_exit
+from grpoflow.trainers.metrics import metrics_file_callback
+from grpoflow.trainers.modeling import (
     SetupError,
     check_accelerators,
     check_chat_template,
@@ -36,8 +36,8 @@ from trainers.modeling import (
     use_bf16,
     use_cpu,
 )
-from trainers.spec import JobSpec, load_spec
-from trainers.tiny import resolve_model_path
+from grpoflow.trainers.spec import JobSpec, load_spec
+from grpoflow.trainers.tiny import resolve_model_path
 
 
 def sft_dataset(dataset, spec: JobSpec):
@@ -58,8 +58,8 @@ def sft_dataset(dataset, spec: JobSpec):
 
 def tool_sft_dataset(dataset, spec: JobSpec, tokenizer, tools: list):
     """Tokenized rows (`input_ids`, `labels`) for a tool job: each prompt with its completion column's conversation,
-    as TRL's GRPO rollout renders and concatenates them (`trainers.agents.rollout_ids`)."""
-    from trainers.agents import completion_messages, rollout_chat_template, rollout_ids
+    as TRL's GRPO rollout renders and concatenates them (`grpoflow.trainers.agents.rollout_ids`)."""
+    from grpoflow.trainers.agents import completion_messages, rollout_chat_template, rollout_ids
 
     dataset = prepare_prompts(dataset, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     column = spec.sft.completion_column
@@ -151,7 +151,7 @@ def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job_dir", help="the job folder (holds spec.yaml and dataset/)")
     args = parser.parse_args(argv)
-    print(f"grpoflow: trainers.sft started on {args.job_dir}", flush=True)  # one line per child start
+    print(f"grpoflow: grpoflow.trainers.sft started on {args.job_dir}", flush=True)  # one line per child start
     try:
         return main(args.job_dir)
     except Exception as e:

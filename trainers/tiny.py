@@ -3,7 +3,7 @@
 It is built offline and deterministically (fixed seed, no download) on first use and cached, so tests and the demo
 never touch the Hugging Face Hub. Everything downstream loads it with plain `from_pretrained` from the cached folder.
 
-    python -m trainers.tiny            # builds (if needed) and prints the folder
+    python -m grpoflow.trainers.tiny            # builds (if needed) and prints the folder
 """
 
 import os
@@ -21,11 +21,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-# For tool rollouts (trainers.agents.tool_tokenizer): the same turns, plus the tools in the system turn and the calls
-# in Qwen's format, which TRL parses with its Qwen response template. It lists each tool as `name(arguments)`, not its
-# JSON schema: a byte-level model reads one token a character, and Qwen2.5's template with the schemas of
-# examples/agents.py is ~1,400 tokens, beyond the 512 positions and slow to train on CPU; this one is ~100. Without
-# tools it renders exactly as CHAT_TEMPLATE.
+# For tool rollouts (grpoflow.trainers.agents.tool_tokenizer): the same turns, plus the tools in the system turn and
+# the calls in Qwen's format, which TRL parses with its Qwen response template. It lists each tool as
+# `name(arguments)`, not its JSON schema: a byte-level model reads one token a character, and Qwen2.5's template with
+# the schemas of examples/agents.py is ~1,400 tokens, beyond the 512 positions and slow to train on CPU; this one is
+# ~100. Without tools it renders exactly as CHAT_TEMPLATE.
 TOOL_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\n' }}"

@@ -6,7 +6,7 @@ for it: the training child keeps the first `gpu_count` visible GPUs, the server 
 weights to it. No Prefect here and no torch: the task process only counts GPUs and starts processes.
 
     with vllm_server(spec, job) as env:   # {} for every other spec
-        run_child("trainers.grpo", job, ..., env=env)
+        run_child("grpoflow.trainers.grpo", job, ..., env=env)
 """
 
 import importlib.util
@@ -15,11 +15,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from trainers.jobdir import JobDir
-from trainers.launch import TrainingSetupError, start_child, stop_child, visible_gpus
-from trainers.modeling import start_model
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import TrainingSetupError, start_child, stop_child, visible_gpus
+from grpoflow.trainers.modeling import start_model
 
-VLLM_SERVER_URL_ENV = "GRPOFLOW_VLLM_SERVER_URL"  # read by trainers.grpo's generation_args
+VLLM_SERVER_URL_ENV = "GRPOFLOW_VLLM_SERVER_URL"  # read by grpoflow.trainers.grpo's generation_args
 
 
 def starts_server(spec) -> bool:

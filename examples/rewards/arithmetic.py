@@ -4,7 +4,7 @@ Reference it from a job spec by its import path; the module is found from the di
 
     rewards:
       - name: close_answer
-        function: examples.rewards.arithmetic:close_answer_reward
+        function: grpoflow.examples.rewards.arithmetic:close_answer_reward
         weight: 1.0
 
 A custom reward has TRL's signature: `completions` (strings, or message lists for chat prompts), dataset columns
@@ -13,7 +13,7 @@ as keyword lists (here `answer`), and `**kwargs` for the rest TRL passes. Check 
     python -m doctest -v examples/rewards/arithmetic.py
 """
 
-from trainers.rewards import completion_text, extract_answer, parse_number
+from grpoflow.trainers.rewards import completion_text, extract_answer, parse_number
 
 
 def close_answer_reward(completions: list, answer: list, **kwargs) -> list[float | None]:

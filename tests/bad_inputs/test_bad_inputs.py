@@ -1,12 +1,12 @@
 """The bad-input corpus (cases.yaml): every rejected input exits 2, names its culprit, shows no traceback, and leaves
 no job folder behind.
 
-Each case runs `flows.cli.main` in-process with stdout and stderr redirected (not capsys: Prefect's log handler keeps
-the first stderr it sees). Cases marked `flow` (`grpoflow run` on a bad dataset, reward or dataset URI) get the
-session's Prefect server, though `run`'s preflight (trainers/preflight.py) now rejects them before Prefect starts, as
-it rejects everything else. No case trains: the SFT and GRPO tasks are replaced by a guard that fails the run, so an
-input that wrongly got through shows up as exit 1 with "reached training". Each case's time until the user was told
-is recorded as the `seconds_until_told` property (see `--junitxml`), never asserted.
+Each case runs `grpoflow.flows.cli.main` in-process with stdout and stderr redirected (not capsys: Prefect's log
+handler keeps the first stderr it sees). Cases marked `flow` (`grpoflow run` on a bad dataset, reward or dataset URI)
+get the session's Prefect server, though `run`'s preflight (trainers/preflight.py) now rejects them before Prefect
+starts, as it rejects everything else. No case trains: the SFT and GRPO tasks are replaced by a guard that fails the
+run, so an input that wrongly got through shows up as exit 1 with "reached training". Each case's time until the user
+was told is recorded as the `seconds_until_told` property (see `--junitxml`), never asserted.
 """
 
 import contextlib
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
+from grpoflow.flows.cli import main
 
 HERE = Path(__file__).parent
 CASES = yaml.safe_load((HERE / "cases.yaml").read_text())
@@ -119,7 +119,7 @@ def file_as_root(case: Path) -> dict:
 
 def tiny_model_copy(case: Path, leave_out: tuple[str, ...]) -> Path:
     """builtin:tiny's folder copied to {case}/model, less the files in `leave_out`."""
-    from trainers.tiny import build_tiny
+    from grpoflow.trainers.tiny import build_tiny
 
     shutil.copytree(build_tiny(), case / "model", ignore=lambda folder, names: [n for n in names if n in leave_out])
     return case / "model"
@@ -201,13 +201,13 @@ def fill(text: str, values: dict) -> str:
 
 
 def no_training(monkeypatch) -> None:
-    import flows.pipeline
+    import grpoflow.flows.pipeline
 
     def reached_training(*args, **kwargs):
         raise AssertionError("a rejected input reached training")
 
     for name in ("sft_task", "train_task"):
-        monkeypatch.setattr(flows.pipeline, name, reached_training)
+        monkeypatch.setattr(grpoflow.flows.pipeline, name, reached_training)
 
 
 def params():

@@ -13,16 +13,16 @@ from safetensors.torch import load_file
 
 from benchmarks.trainer_vs_trl import NO_CHECKPOINTS, Workload, prepare_job
 from benchmarks.workloads import write_dataset
-from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
-from trainers.tiny import resolve_model_path
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.tiny import resolve_model_path
 
 pytestmark = pytest.mark.gpu
 
 
 def train(tmp_path, **hyperparameters) -> JobDir:
-    """Two GRPO steps of grpoflow's training stage (`trainers.grpo.main`) on a job folder prepared without Prefect."""
-    from trainers.grpo import main
+    """Two GRPO steps of the training stage (`grpoflow.trainers.grpo.main`) on a job folder made without Prefect."""
+    from grpoflow.trainers.grpo import main
 
     dataset = write_dataset(tmp_path / "prompts.jsonl", "demo-shaped", 2, zero_variance_share=0.0)
     w = Workload("gpu-test", dataset, max_steps=2, max_response_length=16, **hyperparameters, **NO_CHECKPOINTS)

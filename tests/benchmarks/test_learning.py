@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.common import REPO_ROOT, bench_env
 from benchmarks.learning import SEEDS, VARIANTS, summarize, table, variant_spec
-from trainers.spec import load_spec
+from grpoflow.trainers.spec import load_spec
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from prefect.utilities.templating import apply_values
 
-from flows.deployments import PREFECT_FILE, PROJECT_DIR, image_deployments
-from flows.project import TEMPLATE
+from grpoflow.flows.deployments import PREFECT_FILE, PROJECT_DIR, image_deployments
+from grpoflow.flows.project import TEMPLATE
 
 HADOLINT = Path(sys.executable).parent / "hadolint"
 DOCKERFILE = PROJECT_DIR / "Dockerfile"

@@ -27,7 +27,7 @@ from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 from prefect.utilities.templating import apply_values
 from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
-from flows.deployments import (
+from grpoflow.flows.deployments import (
     PREFECT_FILE,
     PROJECT_DIR,
     deploy_all,
@@ -37,7 +37,7 @@ from flows.deployments import (
     run_job_variables,
     submit,
 )
-from trainers.spec import load_spec
+from grpoflow.trainers.spec import load_spec
 
 GPU = "nvidia.com/gpu"
 POOL = "grpo-k8s"

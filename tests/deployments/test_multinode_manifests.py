@@ -1,4 +1,4 @@
-"""The Kubernetes objects of a several-machine training job (`tasks/multinode.py`): the indexed Job and its headless
+"""The Kubernetes objects of a several-machine training job (`cluster/multinode.py`): the indexed Job and its headless
 Service for 2 and 4 machines, 1 and 8 GPUs each, ddp and zero3, validated offline against the Kubernetes API's
 OpenAPI schema (kubernetes-validate, strict: an unknown field is an error, as with `kubectl apply --validate=strict`)
 for an old and the newest known API version, as tests/deployments/test_k8s.py does for the flow run's Job."""
@@ -8,7 +8,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from tasks.kube import (
+from grpoflow.cluster.kube import (
     LABEL,
     S3_KEYS,
     STAGING_MOUNT,
@@ -18,7 +18,7 @@ from tasks.kube import (
     run_name,
     service_manifest,
 )
-from trainers.spec import load_spec
+from grpoflow.trainers.spec import load_spec
 
 GPU = "nvidia.com/gpu"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -79,7 +79,7 @@ def test_the_job_and_service_are_valid_and_span_the_machines(machines, gpus, str
     assert job["metadata"]["namespace"] == service["metadata"]["namespace"] == "ml"
     assert job["metadata"]["ownerReferences"] == [SETTINGS.owner]  # deleted with the flow run's pod
     command = container["command"]
-    assert command[:4] == ["python", "-m", "tasks.node", LOCATION]
+    assert command[:4] == ["python", "-m", "grpoflow.cluster.node", LOCATION]
     assert command[command.index("--main-process-ip") + 1] == main_host(name, "ml") == f"{name}-0.{name}.ml.svc"
     assert command[command.index("--checkpoint") + 1] == "none"  # a first attempt starts from the beginning
     assert container["ports"] == [{"name": "rendezvous", "containerPort": 29500}]

@@ -19,10 +19,10 @@ from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
-from flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, run_parameters
-from flows.project import TEMPLATE
-from trainers.rewards import REWARDS
-from trainers.spec import load_spec
+from grpoflow.flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, run_parameters
+from grpoflow.flows.project import TEMPLATE
+from grpoflow.trainers.rewards import REWARDS
+from grpoflow.trainers.spec import load_spec
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_trigger_parameters(deployments, payload, expected):
 def test_the_sweep_form(deployments):
     """The sweep's form: the job spec, the grid and the limits, each with its description; its default grid is a
     valid sweep of its default spec, run on the retrain deployment."""
-    from flows.sweep import grid_overrides
+    from grpoflow.flows.sweep import grid_overrides
 
     sweep = deployments["grpo-sweep/sweep"]
     properties = schema_of(sweep)["properties"]

@@ -17,7 +17,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.server.schemas.actions import WorkPoolCreate
 from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
-from flows.deployments import default_template, load_pools
+from grpoflow.flows.deployments import default_template, load_pools
 
 GPU = "nvidia.com/gpu"
 ADDED_VARIABLES = {"gpu_count", "node_selector", "tolerations", "shm_size", "s3_secret"}

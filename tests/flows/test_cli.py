@@ -100,8 +100,8 @@ def test_run_rejects_a_reward_that_raises(tmp_path, make_spec, monkeypatch):
 
 
 class BootingServer:
-    """What `flows.server.start_if_needed` returns while the temporary server boots: `run` must stop it, never wait
-    for it (connect), when the preflight rejects the job."""
+    """What `grpoflow.flows.server.start_if_needed` returns while the temporary server boots: `run` must stop it, never
+    wait for it (connect), when the preflight rejects the job."""
 
     calls: list[str] = []
 
@@ -114,12 +114,12 @@ class BootingServer:
 
 
 def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypatch):
-    import flows.server
+    import grpoflow.flows.server
 
     # The temporary server boots beside the preflight (it is the longer of the two); a rejected job stops it.
     booting = BootingServer()
     booting.calls = []
-    monkeypatch.setattr(flows.server, "start_if_needed", lambda: booting)
+    monkeypatch.setattr(grpoflow.flows.server, "start_if_needed", lambda: booting)
     spec = make_spec(base_model=str(tmp_path / "no-such-model"))
     for command in ("validate", "run"):
         code, out, err = cli(command, spec, "--json")
@@ -137,9 +137,9 @@ def test_run_imports_with_the_collector_paused_and_runs_its_flow_with_it_on(tmp_
 
     from prefect.states import Failed
 
-    import flows.pipeline
-    import flows.server
-    from trainers import collector
+    import grpoflow.flows.pipeline
+    import grpoflow.flows.server
+    from grpoflow.trainers import collector
 
     seen = {}
 
@@ -150,8 +150,8 @@ def test_run_imports_with_the_collector_paused_and_runs_its_flow_with_it_on(tmp_
         seen["flow"] = gc.isenabled()
         return Failed(data=RuntimeError("the flow ran"))
 
-    monkeypatch.setattr(flows.server, "start_if_needed", no_server)
-    monkeypatch.setattr(flows.pipeline, "grpo_pipeline", pipeline)
+    monkeypatch.setattr(grpoflow.flows.server, "start_if_needed", no_server)
+    monkeypatch.setattr(grpoflow.flows.pipeline, "grpo_pipeline", pipeline)
     collector.pause()  # as the `grpoflow` command (entry) does before main()
     try:
         code, _, err = cli("run", make_spec())
@@ -170,7 +170,7 @@ def test_run_imports_with_the_collector_paused_and_runs_its_flow_with_it_on(tmp_
 # --- run: a setup problem in the training child ends the run at once (exit 2); a crash is retried
 
 
-def child_starts(tmp_path, module: str = "trainers.grpo", log: str = "train.log") -> int:
+def child_starts(tmp_path, module: str = "grpoflow.trainers.grpo", log: str = "train.log") -> int:
     """How many times the training child started: its first line, once per start, in the job's logs/."""
     logs = (tmp_path / "runs").glob(f"*/logs/{log}")
     return sum(path.read_text().count(f"grpoflow: {module} started on") for path in logs)
@@ -178,10 +178,10 @@ def child_starts(tmp_path, module: str = "trainers.grpo", log: str = "train.log"
 
 @pytest.mark.usefixtures("prefect_server")
 def test_run_a_setup_problem_starts_the_child_once_and_exits_2(tmp_path, make_spec, monkeypatch):
-    import flows.cli
+    import grpoflow.flows.cli
 
     # What the preflight cannot see from where it ran (a worker's machine): the child's own check meets it.
-    monkeypatch.setattr(flows.cli, "preflight", lambda args, spec: None)
+    monkeypatch.setattr(grpoflow.flows.cli, "preflight", lambda args, spec: None)
     code, _, err = cli("run", make_spec(base_model=str(tmp_path / "no-such-model")))
     assert code == 2, err
     assert f"grpoflow: cannot train: base_model: {tmp_path / 'no-such-model'} does not exist" in err
@@ -286,7 +286,7 @@ def test_metrics_unknown_key(finished_job):
 # cannot start without importing prefect.server.api.server.
 NO_PREFECT_PROBE = """
 import contextlib, io, json, sys
-from flows.cli import main
+from grpoflow.flows.cli import main
 codes = []
 for argv in json.loads(sys.argv[1]):
     with contextlib.redirect_stdout(io.StringIO()):
@@ -300,9 +300,9 @@ def test_reading_and_model_commands_start_no_prefect(tmp_path, make_spec):
     import subprocess
     import sys
 
+    from grpoflow.trainers.dataset import ingest_dataset
     from tests.hub_server import HubServer
     from tests.publishing import REPO, TOKEN, make_job
-    from trainers.dataset import ingest_dataset
 
     job = make_job(tmp_path / "runs")
     ingest_dataset(str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(10))), job.dataset, holdout=2)

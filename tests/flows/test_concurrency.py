@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainers.jobdir import JobDir
-from trainers.metrics import read_events, read_metrics
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_events, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def test_two_runs_at_once(make_spec, tmp_path):
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "run", str(spec), "--json"],
+            [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -50,14 +50,17 @@ def test_two_resumes_of_one_job_at_once(make_spec, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     first = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", str(spec), "--json"], capture_output=True, env=env, text=True
+        [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--json"],
+        capture_output=True,
+        env=env,
+        text=True,
     )
     assert first.returncode == 0, first.stderr[-3000:]
     job = JobDir(Path(json.loads(first.stdout.strip().splitlines()[-1])["output_dir"]))
     # Unfinished again, as if killed after its first checkpoint: two steps are left to train.
     for name in ("training.json", "report.md", "checkpoints/checkpoint-2", "checkpoints/checkpoint-3"):
         shutil.rmtree(job.root / name) if (job.root / name).is_dir() else (job.root / name).unlink()
-    command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--resume", job.job_id, "--json"]
+    command = [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--resume", job.job_id, "--json"]
     runs = [
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True) for _ in "ab"
     ]

@@ -38,11 +38,11 @@ from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, Flow
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from standardwebhooks import Webhook
 
-from flows.cli import main
-from flows.deployments import PROJECT_DIR
-from flows.watch import EVENT
+from grpoflow.flows.cli import main
+from grpoflow.flows.deployments import PROJECT_DIR
+from grpoflow.flows.watch import EVENT
+from grpoflow.trainers.metrics import read_metrics
 from tests.conftest import arithmetic_rows, write_jsonl
-from trainers.metrics import read_metrics
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 CANARY_HF_TOKEN = "hf_canaryWorkerTokenQ7x2Lm9"
@@ -151,7 +151,7 @@ class Stack:
         """A command typed in a shell with PREFECT_API_URL set, e.g. `grpoflow submit ...`."""
         command = [str(a) for a in argv]
         if command[0] == "grpoflow":
-            command = [sys.executable, "-m", "flows.cli", *command[1:]]
+            command = [sys.executable, "-m", "grpoflow.flows.cli", *command[1:]]
         elif command[0] == "prefect":
             command[0] = PREFECT
         return subprocess.run(command, env=self.env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=timeout)

@@ -15,17 +15,18 @@ import subprocess
 import sys
 import sysconfig
 import time
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flows.deployments import PROJECT_DIR
-from flows.project import init_project
+from grpoflow.flows.deployments import PROJECT_DIR
+from grpoflow.flows.project import init_project
+from grpoflow.trainers.spec import load_spec
 from tests.conftest import cli
 from tests.flows.test_deployments import free_port, stop, wait_healthy
-from trainers.spec import load_spec
 
 # --- init, without a server ----------------------------------------------------------------------------------------
 
@@ -85,7 +86,9 @@ def test_apply_outside_a_project(tmp_path):
 
 # --- a non-editable install into a fresh venv ------------------------------------------------------------------------
 
-SOURCES = ("pyproject.toml", "README.md", "trainers", "tasks", "flows", "examples")
+# The folders the build backend maps onto `grpoflow.*` (pyproject.toml's package-dir): what a wheel is built from.
+PACKAGE_DIRS = tomllib.loads((PROJECT_DIR / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+SOURCES = ("pyproject.toml", "README.md", *sorted(set(PACKAGE_DIRS.values())))
 
 
 def fresh_venv(tmp: Path) -> Path:

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from flows.cli import main
-from trainers.jobdir import JobDir
-from trainers.metrics import read_events, read_metrics
-from trainers.tiny import build_tiny
+from grpoflow.flows.cli import main
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_events, read_metrics
+from grpoflow.trainers.tiny import build_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -160,7 +160,7 @@ def test_what_the_prefect_ui_shows(make_spec):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    from tests.tasks.test_artifacts import flow_run_artifacts
+    from tests.integrations.test_artifacts import flow_run_artifacts
 
     code, result = run(make_spec("ui", hyperparameters={"max_steps": 2}, deploy={"name": "ui-demo"}))
     assert code == 0

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from grpoflow.trainers.job_index import locate
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_events
 from tests.conftest import cli
-from trainers.job_index import locate
-from trainers.jobdir import JobDir
-from trainers.metrics import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -60,7 +60,7 @@ def test_resume_after_sft_replaced_retrains_on_it(make_spec):
     stamps = {p: p.stat().st_mtime_ns for p in (job.training_result, job.model_json, job.evaluation, job.report)}
 
     # Other SFT weights in sft/ (a user's own warm-up, say): the base model, whose weights differ from the SFT's.
-    from trainers.tiny import build_tiny
+    from grpoflow.trainers.tiny import build_tiny
 
     weights = job.sft / "model.safetensors"
     before = weights.read_bytes()

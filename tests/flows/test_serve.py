@@ -13,9 +13,9 @@ import openai
 import pytest
 import torch
 
-from flows.serve import _Stream, make_server, vllm_command
-from trainers.modeling import load_tokenizer
-from trainers.tiny import build_tiny
+from grpoflow.flows.serve import _Stream, make_server, vllm_command
+from grpoflow.trainers.modeling import load_tokenizer
+from grpoflow.trainers.tiny import build_tiny
 
 MESSAGES = [{"role": "user", "content": "What is 2+3?"}]
 
@@ -265,7 +265,17 @@ def test_grpoflow_serve_streams_a_registered_deployment(tmp_path):
     with socket.socket() as probe:  # a free port, released for the server to take
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "flows.cli", "--output-uri", str(tmp_path), "serve", "tiny", "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "grpoflow.flows.cli",
+        "--output-uri",
+        str(tmp_path),
+        "serve",
+        "tiny",
+        "--port",
+        str(port),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)

@@ -17,7 +17,7 @@ FLOW_SCRIPT = """
 import json, os
 import httpx
 from prefect import flow, get_run_logger
-from flows import server
+from grpoflow.flows import server
 
 @flow
 def hello():
@@ -52,7 +52,7 @@ print(json.dumps({
 """
 
 NOTHING_TO_START = """
-from flows import server
+from grpoflow.flows import server
 print(server.start_if_needed() is None)
 """
 
@@ -99,7 +99,7 @@ def test_nothing_is_started_when_prefect_is_configured_otherwise(tmp_path, env):
 
 LOOKS = """
 import json
-from flows import server
+from grpoflow.flows import server
 early = server._configured_elsewhere()
 from prefect.settings import get_current_settings
 settings = get_current_settings()
@@ -161,9 +161,9 @@ def test_a_server_started_early_stops_when_prefect_finds_an_api_the_early_look_d
 def test_run_starts_the_server_before_it_imports_prefect_or_the_spec_modules(tmp_path, make_spec):
     # Its boot is the longest part of a run's start: it starts first, and the rest imports beside it.
     script = (
-        "import json, sys\nfrom flows import server\nfrom flows.cli import main\nseen = []\n"
+        "import json, sys\nfrom flows import server\nfrom grpoflow.flows.cli import main\nseen = []\n"
         "def launch(self):\n"
-        "    seen.append([name for name in ('prefect', 'trainers.spec') if name in sys.modules])\n"
+        "    seen.append([name for name in ('prefect', 'grpoflow.trainers.spec') if name in sys.modules])\n"
         "    raise KeyboardInterrupt\n"
         "server.TemporaryServer._launch = launch\n"
         f"code = main(['run', {str(make_spec('s'))!r}])\n"
@@ -178,7 +178,7 @@ def test_run_starts_the_server_before_it_imports_prefect_or_the_spec_modules(tmp
 def test_a_server_that_cannot_start_ends_the_run_with_a_message(tmp_path, make_spec):
     # Its database cannot be created: uvicorn exits at startup (code 3, as for a taken port), a few times over.
     bad_db = f"sqlite+aiosqlite:///{tmp_path / 'no-such-dir' / 'prefect.db'}"
-    script = f"import sys; from flows.cli import main; sys.exit(main(['run', {str(make_spec('s'))!r}]))"
+    script = f"import sys; from grpoflow.flows.cli import main; sys.exit(main(['run', {str(make_spec('s'))!r}]))"
     proc = run(script, tmp_path, PREFECT_API_DATABASE_CONNECTION_URL=bad_db)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "grpoflow: the temporary Prefect server exited with code 3 before it answered (3 tries" in proc.stderr
@@ -201,7 +201,7 @@ def test_a_job_that_cannot_run_stops_the_server_booting_beside_it(tmp_path, make
         changes = {"dataset": {"uri": str(tmp_path / changes["dataset"]["uri"])}}
     spec = make_spec("s", **changes)
     script = (
-        "import json, psutil; from flows.cli import main; "
+        "import json, psutil; from grpoflow.flows.cli import main; "
         f"code = main(['run', {str(spec)!r}]); "
         "print(json.dumps({'code': code, 'left': [p.cmdline() for p in psutil.Process().children(recursive=True)]}))"
     )

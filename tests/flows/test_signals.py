@@ -59,7 +59,14 @@ def run_env(tmp_path: Path, api_url: str | None = None) -> dict:
 
 
 def start_run(tmp_path: Path, env: dict, max_steps: int = STEPS, webhook: str | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "flows.cli", "run", str(spec_file(tmp_path, max_steps, webhook)), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "grpoflow.flows.cli",
+        "run",
+        str(spec_file(tmp_path, max_steps, webhook)),
+        "--json",
+    ]
     out, err = (tmp_path / "run.out").open("ab"), (tmp_path / "run.err").open("ab")
     return subprocess.Popen(command, env=env, stdout=out, stderr=err, cwd=Path(__file__).parents[2])
 
@@ -127,8 +134,10 @@ def test_a_signal_ends_the_run_cleanly(tmp_path, request, receiver, sig, own_ser
         job = wait_for_step(tmp_path, proc)
         procs, kept = tree(proc), set(checkpoints(job))
         if not own_server:
-            assert any("flows.server" in " ".join(p.cmdline()) for p in procs)  # the temporary server, to be stopped
-        assert any("trainers.grpo" in " ".join(p.cmdline()) for p in procs)  # the training child
+            assert any(
+                "grpoflow.flows.server" in " ".join(p.cmdline()) for p in procs
+            )  # the temporary server, to be stopped
+        assert any("grpoflow.trainers.grpo" in " ".join(p.cmdline()) for p in procs)  # the training child
         proc.send_signal(sig)
         signalled = time.monotonic()
         code = proc.wait(timeout=60)
@@ -245,7 +254,15 @@ def test_resume_after_sigkill_marks_the_flow_run_crashed(tmp_path, prefect_serve
         record = json.loads((job / "flow_run.json").read_text())
         assert flow_run_state(prefect_server, record["flow_run_id"]) == "RUNNING"  # what a SIGKILL leaves
 
-        command = [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "spec.yaml"), "--resume", job.name]
+        command = [
+            sys.executable,
+            "-m",
+            "grpoflow.flows.cli",
+            "run",
+            str(tmp_path / "spec.yaml"),
+            "--resume",
+            job.name,
+        ]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         assert flow_run_state(prefect_server, record["flow_run_id"]) == "CRASHED"

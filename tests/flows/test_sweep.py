@@ -9,9 +9,9 @@ import yaml
 from prefect.artifacts import Artifact
 from prefect.utilities.callables import parameter_schema
 
-from flows.sweep import best_row, grid_overrides, grpo_sweep, parse_grid, report_markdown
+from grpoflow.flows.sweep import best_row, grid_overrides, grpo_sweep, parse_grid, report_markdown
+from grpoflow.trainers.spec import SpecError
 from tests.conftest import cli
-from trainers.spec import SpecError
 
 BASE = {
     "name": "s",
@@ -142,7 +142,7 @@ def test_report_table_marks_the_best_and_the_failed():
 def test_final_reward_and_report_on_s3(bucket, tmp_path):
     import s3fs
 
-    from flows.sweep import final_reward, write_report
+    from grpoflow.flows.sweep import final_reward, write_report
 
     fs = s3fs.S3FileSystem()
     records = [{"step": 1, "values": {"reward": 0.25}}, {"step": 2, "values": {"reward": 0.75, "loss": 0.1}}]
@@ -178,12 +178,12 @@ def test_the_flow_parameters_have_descriptions():
     ],
 )
 def test_sweep_rejected_before_anything_runs(make_spec, tmp_path, monkeypatch, args, message):
-    import flows.server
+    import grpoflow.flows.server
 
     def no_server(*args, **kwargs):
         raise AssertionError("the Prefect server started for a sweep that should have been rejected")
 
-    monkeypatch.setattr(flows.server, "start_if_needed", no_server)
+    monkeypatch.setattr(grpoflow.flows.server, "start_if_needed", no_server)
     code, out, err = cli("sweep", make_spec(), *args)
     assert code == 2, err
     assert message in err and "Traceback" not in err
@@ -192,7 +192,7 @@ def test_sweep_rejected_before_anything_runs(make_spec, tmp_path, monkeypatch, a
 
 @pytest.mark.usefixtures("prefect_server")
 def test_sweep_on_a_deployment_the_server_lacks_fails_every_row(make_spec, tmp_path):
-    from trainers.spec import load_spec
+    from grpoflow.trainers.spec import load_spec
 
     spec, _ = load_spec(make_spec("dep"))
     grid = {"hyperparameters.seed": [1, 2]}
@@ -304,10 +304,10 @@ def test_sweep_as_flow_runs_of_a_deployment(make_spec, tmp_path):
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL
 
-    from trainers.spec import load_spec
+    from grpoflow.trainers.spec import load_spec
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
-    serve = "from flows.pipeline import grpo_pipeline; grpo_pipeline.serve(name='sweep-test', limit=2)"
+    serve = "from grpoflow.flows.pipeline import grpo_pipeline; grpo_pipeline.serve(name='sweep-test', limit=2)"
     server = subprocess.Popen([sys.executable, "-c", serve], env=env, cwd=Path(__file__).parents[2])
     try:
         with get_client(sync_client=True) as client:

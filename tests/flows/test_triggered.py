@@ -6,8 +6,8 @@ import pytest
 import s3fs
 import yaml
 
-from flows.triggered import DEFAULT_SPEC, grpo_pipeline_from_file
-from tasks.stages import REJECTED
+from grpoflow.flows.triggered import DEFAULT_SPEC, grpo_pipeline_from_file
+from grpoflow.integrations.stages import REJECTED
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -16,7 +16,7 @@ from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.settings import PREFECT_API_URL
 
-from flows.watch import (
+from grpoflow.flows.watch import (
     EVENT,
     FileVersion,
     LeaseLost,
@@ -144,7 +144,7 @@ def test_a_restarted_watcher_does_not_announce_again(tmp_path):
     assert saved["uri"] == str(incoming) and saved["emitted"] == {str(data): [first["version"]]}
     # A new process (a restarted worker) on the same state folder: nothing to announce.
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    command = [sys.executable, "-m", "flows.watch", str(incoming), "--state-dir", state]
+    command = [sys.executable, "-m", "grpoflow.flows.watch", str(incoming), "--state-dir", state]
     restarted = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert restarted.returncode == 0, restarted.stderr
     assert json.loads(restarted.stdout.splitlines()[-1]) == []
@@ -268,7 +268,7 @@ def test_two_watcher_processes_on_one_s3_state(bucket):
     """Two watcher processes (two pods) keep looking at one prefix, sharing an s3:// state, while files land."""
     fs, prefix, state = s3fs.S3FileSystem(), f"s3://{bucket}/incoming", f"s3://{bucket}/watch-state"
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    command = [sys.executable, "-m", "flows.watch", prefix, "--state-dir", state, "--settle-seconds", "0"]
+    command = [sys.executable, "-m", "grpoflow.flows.watch", prefix, "--state-dir", state, "--settle-seconds", "0"]
     command += ["--minutes", "0.25", "--poll-seconds", "0.3"]
     watchers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     uris = []
@@ -285,12 +285,12 @@ def test_two_watcher_processes_on_one_s3_state(bucket):
 
 @pytest.mark.usefixtures("prefect_server")
 def test_a_dead_watchers_lease_is_taken_over(bucket, monkeypatch):
-    import flows.watch
+    import grpoflow.flows.watch
 
     fs, prefix, state = s3fs.S3FileSystem(), f"s3://{bucket}/incoming", f"s3://{bucket}/watch-state"
     fs.pipe(f"{bucket}/incoming/prompts.jsonl", ROW)
     lease = state_path(prefix, state) + ".lock"
-    monkeypatch.setattr(flows.watch, "LEASE_WAIT_S", 1.0)
+    monkeypatch.setattr(grpoflow.flows.watch, "LEASE_WAIT_S", 1.0)
     # A live watcher's look: this one waits, then gives up naming it (the flow's next look tries again).
     fs.pipe(lease, json.dumps({"host": "pod-a", "pid": 7, "at": time.time()}).encode())
     with pytest.raises(TimeoutError, match=r"another watcher: .* is held by pid 7 on pod-a"):

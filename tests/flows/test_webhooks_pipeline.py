@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook
 
-from tasks import webhooks
+from grpoflow.integrations import webhooks
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_events
 from tests.conftest import cli
-from trainers.jobdir import JobDir
-from trainers.metrics import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 SECRET = "whsec_" + "c2VjcmV0LWZvci10aGUtcGlwZWxpbmUtdGVzdA=="
@@ -84,7 +84,7 @@ class Records(logging.Handler):
 
 @pytest.fixture
 def warnings_of_webhooks():
-    """The warnings `tasks.webhooks` logs (on its own logger: a pipeline run reconfigures the root logger's)."""
+    """The warnings `grpoflow.integrations.webhooks` logs (its own logger: a pipeline run reconfigures the root's)."""
     handler, logger = Records(), logging.getLogger(webhooks.__name__)
     logger.addHandler(handler)
     yield handler.messages

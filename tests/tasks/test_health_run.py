@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import EXAMPLES, main
-from trainers.jobdir import JobDir
-from trainers.metrics import read_events, read_metrics
+from grpoflow.flows.cli import EXAMPLES, main
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_events, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 

@@ -5,13 +5,13 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
-from tasks.ingest import ingest_task
-from tasks.stages import REJECTED
+from grpoflow.integrations.stages import REJECTED
+from grpoflow.tasks.ingest import ingest_task
+from grpoflow.trainers.dataset import load_ingested
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_events
+from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import write_jsonl
-from trainers.dataset import load_ingested
-from trainers.jobdir import JobDir
-from trainers.metrics import read_events
-from trainers.spec import load_spec, to_yaml
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -12,10 +12,10 @@ from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventResourceFilter
 from prefect.exceptions import TerminationSignal
 
-from tasks.job import JobEnding, create_job_task, job_dir, new_job_id
-from tasks.stages import REJECTED
-from trainers.metrics import read_events
-from trainers.spec import load_spec
+from grpoflow.integrations.stages import REJECTED
+from grpoflow.tasks.job import JobEnding, create_job_task, job_dir, new_job_id
+from grpoflow.trainers.metrics import read_events
+from grpoflow.trainers.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -9,10 +9,10 @@ from peft import LoraConfig, get_peft_model
 from prefect import flow
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tasks.merge import merge_task
-from trainers.metrics import read_events
-from trainers.modeling import LORA_TARGETS
-from trainers.tiny import build_tiny
+from grpoflow.tasks.merge import merge_task
+from grpoflow.trainers.metrics import read_events
+from grpoflow.trainers.modeling import LORA_TARGETS
+from grpoflow.trainers.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

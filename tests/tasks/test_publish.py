@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from tasks.publish import publish_task
+from grpoflow.tasks.publish import publish_task
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.publish import PublishError
+from grpoflow.trainers.spec import load_spec
 from tests.publishing import REPO, TOKEN, WRONG, assert_no_token_in
-from trainers.jobdir import JobDir
-from trainers.publish import PublishError
-from trainers.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("hf_home")
 

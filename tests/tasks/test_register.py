@@ -5,11 +5,11 @@ import shutil
 
 import pytest
 
+from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.spec import load_spec, to_yaml
+from grpoflow.trainers.tiny import build_tiny
 from tests.conftest import arithmetic_rows, cli, write_jsonl
-from trainers.dataset import ingest_dataset
-from trainers.jobdir import JobDir
-from trainers.spec import load_spec, to_yaml
-from trainers.tiny import build_tiny
 
 
 @pytest.fixture

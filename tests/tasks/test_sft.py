@@ -9,10 +9,10 @@ import torch
 from prefect import flow
 from transformers import AutoModelForCausalLM
 
-from tasks.sft import sft_task
-from tests.tasks.test_artifacts import flow_run_artifacts, flow_run_logs
-from trainers.launch import TrainingSetupError
-from trainers.metrics import read_events
+from grpoflow.tasks.sft import sft_task
+from grpoflow.trainers.launch import TrainingSetupError
+from grpoflow.trainers.metrics import read_events
+from tests.integrations.test_artifacts import flow_run_artifacts, flow_run_logs
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -13,18 +13,18 @@ import psutil
 import pytest
 import torch
 
-from tasks.train import train_task
-from tests.tasks.test_artifacts import flow_run_artifacts, flow_run_logs
-from trainers.grpo import intact_checkpoint
-from trainers.jobdir import JobDir
-from trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
-from trainers.metrics import read_events, read_metrics
+from grpoflow.tasks.train import train_task
+from grpoflow.trainers.grpo import intact_checkpoint
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
+from grpoflow.trainers.metrics import read_events, read_metrics
+from tests.integrations.test_artifacts import flow_run_artifacts, flow_run_logs
 
 
 def training_child(job_root: Path) -> psutil.Process | None:
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "trainers.grpo" in cmdline and str(job_root) in cmdline:
+        if "grpoflow.trainers.grpo" in cmdline and str(job_root) in cmdline:
             return proc
     return None
 
@@ -59,7 +59,8 @@ def test_train_task_runs_the_child_and_announces_each_step(make_job):
     assert "reward" in events(job)[0]["payload"]
     assert events(job)[-1]["payload"]["global_step"] == 2
     assert (job.logs / "train.log").exists()  # the child's output
-    # Every step is one line in the fixed format (tests/tasks/test_artifacts.py), and the UI's progress bar ends full.
+    # Every step is one line in the fixed format (tests/integrations/test_artifacts.py), and the UI's progress bar ends
+    # full.
     flow_run_id = state.state_details.flow_run_id
     lines = [m for m in flow_run_logs(flow_run_id) if m.startswith("step ")]
     assert [m.split()[1] for m in lines] == ["1/2", "2/2"] and all(" reward_std " in m and " ETA " in m for m in lines)
@@ -70,7 +71,7 @@ def test_train_task_runs_the_child_and_announces_each_step(make_job):
 def test_train_task_is_a_retried_prefect_task():
     from prefect import Task
 
-    from tasks.stages import retry_unless_final
+    from grpoflow.integrations.stages import retry_unless_final
 
     assert isinstance(train_task, Task) and train_task.name == "train"
     assert train_task.retries == 2 and train_task.retry_condition_fn is retry_unless_final
@@ -99,7 +100,7 @@ FAST = {"max_steps": 4, "rollouts_per_prompt": 2, "max_response_length": 4}
 
 
 def child_starts(job: JobDir) -> int:
-    return (job.logs / "train.log").read_text().count("grpoflow: trainers.grpo started")
+    return (job.logs / "train.log").read_text().count("grpoflow: grpoflow.trainers.grpo started")
 
 
 def run_train(job: JobDir, spec, expected: type[Exception]) -> Exception:
@@ -176,7 +177,10 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, kill_at):
     )
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     run = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", str(spec), "--json"], stdout=subprocess.PIPE, env=env, text=True
+        [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--json"],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 900  # reached in ~30 s; far more only on a machine that is very busy
@@ -218,7 +222,9 @@ def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec):
         evaluation={"holdout": 0},
     )
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(spec)], env=env, stdout=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec)], env=env, stdout=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 900  # reached in ~30 s; far more only on a machine that is very busy
         job = None

@@ -1,5 +1,5 @@
-"""Agents and tools (`trainers.agents`): the spec's `tools:` and `environment:` checked before any model load (rules,
-preflight's dry run), builtin:tiny's tool-calling template parsed as TRL parses it, and the example
+"""Agents and tools (`grpoflow.trainers.agents`): the spec's `tools:` and `environment:` checked before any model load
+(rules, preflight's dry run), builtin:tiny's tool-calling template parsed as TRL parses it, and the example
 (examples/agents.yaml) trained for real with TRL's tool loop and the environment's reward."""
 
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from examples.agents import Locker, calculator, tool_use_reward
-from trainers import grpo, sft
-from trainers.agents import (
+from grpoflow.examples.agents import Locker, calculator, tool_use_reward
+from grpoflow.trainers import grpo, sft
+from grpoflow.trainers.agents import (
     PARSEABLE_TEMPLATES,
     AgentError,
     agent_args,
@@ -27,13 +27,13 @@ from trainers.agents import (
     tool_tokenizer,
     trl_template,
 )
-from trainers.dataset import ingest_dataset
-from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
-from trainers.modeling import SetupError, load_tokenizer
-from trainers.preflight import preflight
-from trainers.spec import SpecError, load_spec, to_yaml
-from trainers.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
+from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.modeling import SetupError, load_tokenizer
+from grpoflow.trainers.preflight import preflight
+from grpoflow.trainers.spec import SpecError, load_spec, to_yaml
+from grpoflow.trainers.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agents.yaml"
@@ -92,9 +92,15 @@ class Unschemed(Locker):
     [
         # A module that does not exist, and a name the module lacks: each names its entry.
         (["examples.no_such_module:f"], "tools[0]: cannot import 'examples.no_such_module'"),
-        (["examples.agents:calculator", "examples.agents:nothing"], "tools[1]: module 'examples.agents' has no"),
+        (
+            ["grpoflow.examples.agents:calculator", "grpoflow.examples.agents:nothing"],
+            "tools[1]: module 'grpoflow.examples.agents' has no",
+        ),
         # Not a function.
-        (["examples.agents:_OPERATORS"], "tools[0]: 'examples.agents:_OPERATORS' is a dict, not a function"),
+        (
+            ["grpoflow.examples.agents:_OPERATORS"],
+            "tools[0]: 'grpoflow.examples.agents:_OPERATORS' is a dict, not a function",
+        ),
         # No docstring, no type hints: transformers cannot build the schema the model would see.
         ([f"{__name__}:no_docstring"], "tools[0]: 'no_docstring' is not usable as a tool"),
         ([f"{__name__}:no_hints"], "tools[0]: 'no_hints' is not usable as a tool"),
@@ -107,7 +113,7 @@ def test_bad_tools_name_their_entry(refs, message):
 
 
 def test_good_tools_load():
-    assert load_tools(["examples.agents:calculator"]) == [calculator]
+    assert load_tools(["grpoflow.examples.agents:calculator"]) == [calculator]
 
 
 @pytest.mark.parametrize(
@@ -157,7 +163,10 @@ def test_parseable_templates_are_trls():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"tools": ["examples.agents:calculator"] * 2}, "tools[1]: 'examples.agents:calculator' is listed twice"),
+        (
+            {"tools": ["grpoflow.examples.agents:calculator"] * 2},
+            "tools[1]: 'grpoflow.examples.agents:calculator' is listed twice",
+        ),
         ({"tools": ["calculator"]}, "tools[0]: must be 'package.module:callable'"),
         ({"hyperparameters": {"use_unsloth": True}}, "hyperparameters.use_unsloth: not supported with tools"),
         (
@@ -174,16 +183,21 @@ def test_spec_rules(tmp_path, changes, message):
 
 def test_example_passes_preflight(tmp_path):
     spec, _ = load_spec(example(tmp_path))
-    assert spec.tools == ["examples.agents:calculator"] and spec.environment == "examples.agents:Locker"
+    assert (
+        spec.tools == ["grpoflow.examples.agents:calculator"] and spec.environment == "grpoflow.examples.agents:Locker"
+    )
     assert preflight(spec) == []
 
 
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"environment": "examples.agents:calculator"}, "environment: calling the factory failed"),
+        ({"environment": "grpoflow.examples.agents:calculator"}, "environment: calling the factory failed"),
         ({"environment": f"{__name__}:NoReset"}, "environment: the factory's NoReset has no reset method"),
-        ({"tools": ["examples.agents:nothing"]}, "tools[0]: module 'examples.agents' has no 'nothing'"),
+        (
+            {"tools": ["grpoflow.examples.agents:nothing"]},
+            "tools[0]: module 'grpoflow.examples.agents' has no 'nothing'",
+        ),
     ],
 )
 def test_preflight_rejects(tmp_path, changes, message):
@@ -201,7 +215,7 @@ def test_preflight_needs_chat_prompts(tmp_path):
 
 def test_preflight_imports_no_torch(tmp_path):
     code = (
-        "import sys; from trainers.preflight import preflight; from trainers.spec import load_spec; "
+        "import sys; from grpoflow.trainers.preflight import preflight; from grpoflow.trainers.spec import load_spec; "
         f"assert preflight(load_spec({example(tmp_path)!r})[0]) == []; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -392,11 +406,11 @@ def test_sft_rows_are_the_rollout_token_for_token(tmp_path, template):
 
 
 def test_sft_warm_up_rows_of_the_example(tmp_path):
-    # trainers.sft's rows for the example: every row is its whole rollout, the loss on the model's four turns; a row
-    # whose completion cannot be read names itself.
+    # grpoflow.trainers.sft's rows for the example: every row is its whole rollout, the loss on the model's four turns;
+    # a row whose completion cannot be read names itself.
     from datasets import Dataset
 
-    from trainers.sft import tool_sft_dataset
+    from grpoflow.trainers.sft import tool_sft_dataset
 
     spec, _ = load_spec(example(tmp_path))
     rows = [json.loads(line) for line in (ROOT / "examples/data/lockers.jsonl").read_text().splitlines()[:3]]
@@ -425,7 +439,7 @@ ROLLOUTS = []  # (completion, note) for each rollout that recorded_tool_use scor
 
 
 def recorded_tool_use(completions: list, note: list, **kwargs) -> list[float]:
-    """examples.agents.tool_use_reward, recording what TRL passed it."""
+    """grpoflow.examples.agents.tool_use_reward, recording what TRL passed it."""
     ROLLOUTS.extend(zip(completions, note, strict=True))
     return tool_use_reward(completions)
 

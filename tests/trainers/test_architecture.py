@@ -1,5 +1,5 @@
-"""LoRA on any causal LM (`trainers.architecture`): a matrix of architectures, each a tiny random model built offline
-from its transformers config (tests/architectures.py), with its family's kind of tokenizer.
+"""LoRA on any causal LM (`grpoflow.trainers.architecture`): a matrix of architectures, each a tiny random model built
+offline from its transformers config (tests/architectures.py), with its family's kind of tokenizer.
 
 Fast: the default targets are every attention and MLP projection (a hand-written list per architecture), a missing
 name is rejected naming the modules the model has, and a real PEFT wrap puts adapters on exactly those modules.
@@ -23,16 +23,21 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.pytorch_utils import Conv1D
 
+from grpoflow.trainers import grpo
+from grpoflow.trainers.architecture import (
+    adapter_summary,
+    default_lora_targets,
+    lora_target_problem,
+    resolve_lora_targets,
+)
+from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.merge import merge_adapter
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.modeling import lora_config
+from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.architectures import ARCHITECTURES, tiny_model
 from tests.conftest import arithmetic_rows, write_jsonl
-from trainers import grpo
-from trainers.architecture import adapter_summary, default_lora_targets, lora_target_problem, resolve_lora_targets
-from trainers.dataset import ingest_dataset
-from trainers.jobdir import JobDir
-from trainers.merge import merge_adapter
-from trainers.metrics import read_metrics
-from trainers.modeling import lora_config
-from trainers.spec import load_spec, to_yaml
 
 REPO = Path(__file__).parents[2]
 LLAMA = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -202,11 +207,16 @@ def grpo_job(tmp_path: Path, name: str, **hyperparameters) -> JobDir:
 
 
 def train_child(job: JobDir) -> tuple[dict, str]:
-    """Runs `python -m trainers.grpo JOB` as the training task does; returns training.json and the child's log."""
+    """Runs `python -m grpoflow.trainers.grpo JOB` as the training task does; returns training.json and the child's
+    log."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "trainers.grpo", str(job.root)], cwd=REPO, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "grpoflow.trainers.grpo", str(job.root)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(f"{job.root.name}: training child {time.monotonic() - started:.1f} s")

@@ -4,7 +4,7 @@ import gc
 
 import pytest
 
-from trainers import collector
+from grpoflow.trainers import collector
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import trainers.dataset
-from trainers.dataset import DatasetError, ingest_dataset, load_ingested
+import grpoflow.trainers.dataset
+from grpoflow.trainers.dataset import DatasetError, ingest_dataset, load_ingested
 
 ROWS = [{"prompt": f"What is {i}+7?", "answer": str(i + 7)} for i in range(10)]
 CHAT = [
@@ -422,9 +422,9 @@ def test_the_scan_names_the_first_long_line_whatever_the_chunking(
     expected = next((i + 1 for i, n in enumerate(lines) if n > limit), None)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainers.dataset, "SCAN_CHUNK", chunk)
+        mp.setattr(grpoflow.trainers.dataset, "SCAN_CHUNK", chunk)
         try:
-            trainers.dataset._check_lines(trainers.dataset._resolve(str(source), None), limit, None)
+            grpoflow.trainers.dataset._check_lines(grpoflow.trainers.dataset._resolve(str(source), None), limit, None)
             found = None
         except DatasetError as e:
             found = int(str(e).split("line ")[1].split(" ")[0])

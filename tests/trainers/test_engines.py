@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from trainers import grpo
-from trainers.jobdir import JobDir
-from trainers.launch import RewardFailed, TrainingSetupError, child_command, record_exit
-from trainers.metrics import read_metrics
-from trainers.modeling import SetupError, check_accelerators
-from trainers.spec import load_spec
-from trainers.vllm_server import VLLM_SERVER_URL_ENV, server_command, split_gpus, starts_server, vllm_server
+from grpoflow.trainers import grpo
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import RewardFailed, TrainingSetupError, child_command, record_exit
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.modeling import SetupError, check_accelerators
+from grpoflow.trainers.spec import load_spec
+from grpoflow.trainers.vllm_server import VLLM_SERVER_URL_ENV, server_command, split_gpus, starts_server, vllm_server
 
-real_child_command = child_command  # before a test replaces trainers.launch.child_command
+real_child_command = child_command  # before a test replaces grpoflow.trainers.launch.child_command
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
 
 
@@ -105,19 +105,24 @@ def test_child_command_per_strategy():
 
     job = JobDir(Path("/runs/j"))
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
-    assert child_command("trainers.grpo", job, 1) == [sys.executable, "-m", "trainers.grpo", "/runs/j"]
-    assert child_command("trainers.grpo", job, 2, "ddp") == [
+    assert child_command("grpoflow.trainers.grpo", job, 1) == [
+        sys.executable,
+        "-m",
+        "grpoflow.trainers.grpo",
+        "/runs/j",
+    ]
+    assert child_command("grpoflow.trainers.grpo", job, 2, "ddp") == [
         *launch,
         "--multi_gpu",
         "--num_processes",
         "2",
         "-m",
-        "trainers.grpo",
+        "grpoflow.trainers.grpo",
         "/runs/j",
     ]
     config = Path(trl.__file__).parent / "accelerate_configs" / "fsdp2.yaml"
     assert config.is_file()
-    assert child_command("trainers.grpo", job, 4, "fsdp2") == [
+    assert child_command("grpoflow.trainers.grpo", job, 4, "fsdp2") == [
         *launch,
         "--config_file",
         str(config),
@@ -126,7 +131,7 @@ def test_child_command_per_strategy():
         "--num_processes",
         "4",
         "-m",
-        "trainers.grpo",
+        "grpoflow.trainers.grpo",
         "/runs/j",
     ]
 
@@ -134,7 +139,7 @@ def test_child_command_per_strategy():
 @pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is not None, reason="deepspeed installed")
 def test_zero_without_deepspeed_is_refused_before_launch():
     with pytest.raises(TrainingSetupError, match=r"distributed.strategy: zero3 needs the deepspeed package"):
-        child_command("trainers.grpo", JobDir(Path("/runs/j")), 2, "zero3")
+        child_command("grpoflow.trainers.grpo", JobDir(Path("/runs/j")), 2, "zero3")
 
 
 @no_cuda
@@ -166,7 +171,7 @@ def test_engines_without_cuda_are_a_setup_error(make_spec, changes, message):
 
 @no_cuda
 def test_grpoflow_run_refuses_vllm_here_before_anything_starts(make_spec, tmp_path, capsys):
-    from flows.cli import main
+    from grpoflow.flows.cli import main
 
     path = make_spec("vllm", generation={"engine": "vllm"})
     assert main(["run", str(path)]) == 2
@@ -180,8 +185,8 @@ def test_grpoflow_run_refuses_vllm_here_before_anything_starts(make_spec, tmp_pa
 STOPPING_CHILD = """
 import sys
 from pathlib import Path
-from trainers.jobdir import JobDir
-from trainers.launch import record_exit
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import record_exit
 code, message = int(sys.argv[2]), sys.argv[3]
 print(f"grpoflow: {message}", file=sys.stderr)
 sys.exit(record_exit(JobDir(Path(sys.argv[1])), code, message))
@@ -198,7 +203,7 @@ sys.exit(record_exit(JobDir(Path(sys.argv[1])), code, message))
 def test_a_ranks_stop_on_purpose_is_not_retried(tmp_path, monkeypatch, code, error, message):
     # `accelerate launch` ends with its own exit code 1 when a rank exits 2 or 3 (1 reads as a crash, retried);
     # the child's exit record keeps the rank's code.
-    from trainers import launch
+    from grpoflow.trainers import launch
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "stopping_child.py").write_text(STOPPING_CHILD)
@@ -275,8 +280,8 @@ def test_sharded_strategies_save_the_full_model(make_job, strategy):
         pytest.skip("needs 2 CUDA GPUs")
     if strategy.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
         pytest.skip("needs deepspeed")
-    from trainers.launch import run_child
-    from trainers.tiny import resolve_model_path
+    from grpoflow.trainers.launch import run_child
+    from grpoflow.trainers.tiny import resolve_model_path
 
     job, _ = make_job(
         strategy,
@@ -284,7 +289,7 @@ def test_sharded_strategies_save_the_full_model(make_job, strategy):
         distributed={"strategy": strategy},
         hyperparameters={"max_steps": 2, "rollouts_per_prompt": 2},
     )
-    run_child("trainers.grpo", job, 2, "train.log", result=job.training_result, strategy=strategy)
+    run_child("grpoflow.trainers.grpo", job, 2, "train.log", result=job.training_result, strategy=strategy)
     assert f"grpoflow: distributed: {strategy} over 2 process(es)" in (job.logs / "train.log").read_text()
     assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
     assert tensor_shapes(job.merged) == tensor_shapes(Path(resolve_model_path("builtin:tiny")))
@@ -297,7 +302,7 @@ def test_sharded_strategies_save_the_full_model(make_job, strategy):
 def test_gpu_count_against_the_visible_gpus(monkeypatch, visible, gpu_count, fails):
     # A UI-started Kubernetes run whose pod got the job variable's 1 GPU for a 4-GPU spec is refused once, named;
     # no GPU at all is a CPU run (several gloo processes), as in these tests.
-    from trainers.launch import check_gpu_count, visible_gpus
+    from grpoflow.trainers.launch import check_gpu_count, visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     if fails:

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
+from grpoflow.trainers import grpo
+from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.evaluate import evaluate
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import arithmetic_rows, write_jsonl
-from trainers import grpo
-from trainers.dataset import ingest_dataset
-from trainers.evaluate import evaluate
-from trainers.jobdir import JobDir
-from trainers.spec import load_spec, to_yaml
 
 
 def text_hash(completions, **kwargs) -> list[float]:
@@ -92,9 +92,9 @@ async def async_char_count(completions, log_metric, completion_ids, **kwargs) ->
 def test_evaluation_calls_rewards_as_training_does(tmp_path):
     from datasets import Dataset
 
-    from trainers.evaluate import reward_values
-    from trainers.modeling import load_tokenizer
-    from trainers.tiny import build_tiny
+    from grpoflow.trainers.evaluate import reward_values
+    from grpoflow.trainers.modeling import load_tokenizer
+    from grpoflow.trainers.tiny import build_tiny
 
     rows = Dataset.from_list([{"prompt": "p1", "answer": "1"}, {"prompt": "p2", "answer": "2"}])
     values = reward_values(async_char_count, ["p1", "p2"], ["ab", "héllo"], rows, load_tokenizer(str(build_tiny())))

@@ -9,7 +9,7 @@ SCRIPT = textwrap.dedent(
     """
     import atexit, logging, sys, threading, time
     from concurrent.futures import ThreadPoolExecutor
-    from trainers.exits import exit_now
+    from grpoflow.trainers.exits import exit_now
 
     out = sys.argv[1]
     logging.basicConfig(filename=out + ".log", level=logging.INFO)
@@ -54,9 +54,9 @@ def test_the_grpoflow_command_exits_through_it():
     from importlib.metadata import entry_points
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "grpoflow"]
-    assert script.value == "flows.cli:entry"
+    assert script.value == "grpoflow.flows.cli:entry"
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "jobs", "--json", "--output-uri", "/nonexistent-grpoflow"],
+        [sys.executable, "-m", "grpoflow.flows.cli", "jobs", "--json", "--output-uri", "/nonexistent-grpoflow"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,5 +1,5 @@
-"""The GRPO training stage (`trainers.grpo`): the spec mapped onto TRL's GRPOConfig, checkpoints and resume, and a
-real run on builtin:tiny that trains, saves merged/ or adapter/, and resumes; the slow test kills the child with
+"""The GRPO training stage (`grpoflow.trainers.grpo`): the spec mapped onto TRL's GRPOConfig, checkpoints and resume,
+and a real run on builtin:tiny that trains, saves merged/ or adapter/, and resumes; the slow test kills the child with
 SIGKILL and checks that it resumes bit-exactly."""
 
 import json
@@ -16,14 +16,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from grpoflow.trainers import grpo
+from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.grpo import grpo_config, intact_checkpoint, resume_checkpoint
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.spec import load_spec, to_yaml
+from grpoflow.trainers.tiny import build_tiny
 from tests.conftest import arithmetic_rows, write_jsonl
-from trainers import grpo
-from trainers.dataset import ingest_dataset
-from trainers.grpo import grpo_config, intact_checkpoint, resume_checkpoint
-from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
-from trainers.spec import load_spec, to_yaml
-from trainers.tiny import build_tiny
 
 # --- the spec mapped onto GRPOConfig -------------------------------------------------------------------------------
 
@@ -87,8 +87,8 @@ def test_trl_block_reaches_grpo_config(make_spec, tmp_path):
 
 def test_every_field_grpo_config_sets_is_owned_by_the_spec(make_spec, tmp_path):
     # The rejection table of trl: (rules.py) and what grpo_config sets cannot drift apart.
-    from trainers.spec.rules import TRL_SET_BY_GRPOFLOW, TRL_SPEC_KEYS
-    from trainers.spec.trl_fields import trl_fields
+    from grpoflow.trainers.spec.rules import TRL_SET_BY_GRPOFLOW, TRL_SPEC_KEYS
+    from grpoflow.trainers.spec.trl_fields import trl_fields
 
     spec, _ = load_spec(make_spec("own"))
     owned = set(TRL_SPEC_KEYS) | set(TRL_SET_BY_GRPOFLOW)
@@ -156,7 +156,7 @@ def test_prompts_per_step_trains_on_several_groups(make_job):
     ],
 )
 def test_tracking_rejected(make_spec, tracking, message):
-    from trainers.spec import SpecError
+    from grpoflow.trainers.spec import SpecError
 
     with pytest.raises(SpecError, match=re.escape(message)):
         load_spec(make_spec("trk", tracking=tracking))
@@ -327,7 +327,7 @@ def test_killed_and_resumed_matches_uninterrupted(tmp_path):
 
     def child(j: JobDir) -> subprocess.Popen:
         log = (j.root / "train.log").open("ab")
-        return subprocess.Popen([sys.executable, "-m", "trainers.grpo", str(j.root)], stdout=log, stderr=log)
+        return subprocess.Popen([sys.executable, "-m", "grpoflow.trainers.grpo", str(j.root)], stdout=log, stderr=log)
 
     straight = job("straight")
     assert child(straight).wait() == 0

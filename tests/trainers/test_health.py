@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from trainers import health
-from trainers.health import Alert, HealthMonitor, verdict
+from grpoflow.trainers import health
+from grpoflow.trainers.health import Alert, HealthMonitor, verdict
 
 W = 10  # the default window
 MAX_LEN = 512
@@ -306,7 +306,7 @@ def test_no_learning_signal(records, expected):
 
 
 def test_no_learning_signal_thresholds_from_the_spec():
-    from trainers.spec import load_spec
+    from grpoflow.trainers.spec import load_spec
 
     spec, _ = load_spec(
         {

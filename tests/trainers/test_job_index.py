@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from grpoflow.trainers import job_index
 from tests.conftest import cli
-from trainers import job_index
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainers import jobdir
-from trainers.jobdir import JobDir, check_job_id, replace_dir, write_json_atomic, write_text_atomic
+from grpoflow.trainers import jobdir
+from grpoflow.trainers.jobdir import JobDir, check_job_id, replace_dir, write_json_atomic, write_text_atomic
 
 
 def test_doctest():

@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from trainers.joblock import JobLock, JobLocked
+from grpoflow.trainers.joblock import JobLock, JobLocked
 
 
 def write_lock(root, **owner):

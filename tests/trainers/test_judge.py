@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from trainers.judge import JudgeError, get_llm_judge_reward, judge_kwargs_problems, parse_score
-from trainers.rewards import RewardError, build_reward, call_reward, dry_run_rewards, reward_columns
-from trainers.spec import SpecError, load_spec
+from grpoflow.trainers.judge import JudgeError, get_llm_judge_reward, judge_kwargs_problems, parse_score
+from grpoflow.trainers.rewards import RewardError, build_reward, call_reward, dry_run_rewards, reward_columns
+from grpoflow.trainers.spec import SpecError, load_spec
 
 KEY = "sk-grpoflow-test-0123456789"
 GOOD = {"base_url": "http://127.0.0.1:1/v1", "model": "judge", "rubric": "Q: {prompt}\nA: {completion}\nScore 0-10:"}

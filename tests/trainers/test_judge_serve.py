@@ -7,9 +7,9 @@ import threading
 import pytest
 import yaml
 
+from grpoflow.trainers.rewards import build_reward, call_reward
 from tests.conftest import cli
 from tests.trainers.test_reward_models import build_tiny_classifier
-from trainers.rewards import build_reward, call_reward
 
 KEY = "sk-grpoflow-judge-secret-4f1c9e"
 RUBRIC = "Question: {prompt}\nAnswer: {completion}\nExpected: {answer}\nScore 0-10:"
@@ -22,7 +22,7 @@ def build_digit_judge(folder):
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-    from trainers.tiny import TINY_CONFIG, build_tokenizer
+    from grpoflow.trainers.tiny import TINY_CONFIG, build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(
@@ -49,7 +49,7 @@ def build_digit_judge(folder):
 
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory):
-    from flows.serve import make_server
+    from grpoflow.flows.serve import make_server
 
     judge = build_digit_judge(tmp_path_factory.mktemp("judge") / "digit-judge")
     server = make_server(str(judge), "tiny-judge", port=0)
@@ -72,7 +72,7 @@ def judge_kwargs(url: str) -> dict:
 
 
 def test_serve_answers_the_judge(judge_url, monkeypatch):
-    from trainers.judge import ask
+    from grpoflow.trainers.judge import ask
 
     monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)
     reward = build_reward("llm_judge", kwargs=judge_kwargs(judge_url))
@@ -100,8 +100,8 @@ def test_serve_answers_the_judge(judge_url, monkeypatch):
 def test_grpo_with_a_judge_and_a_reward_model_keeps_the_key_secret(
     judge_url, make_job, make_spec, tmp_path, monkeypatch
 ):
-    from trainers.launch import run_child
-    from trainers.metrics import read_metrics
+    from grpoflow.trainers.launch import run_child
+    from grpoflow.trainers.metrics import read_metrics
 
     monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)
     classifier = build_tiny_classifier(tmp_path / "tiny-rm")
@@ -118,7 +118,7 @@ def test_grpo_with_a_judge_and_a_reward_model_keeps_the_key_secret(
     code, out, err = cli("validate", make_spec("judged", **changes))  # preflight: builds and dry-runs the judge
     assert code == 0, err
     job, _ = make_job("judged", **changes)
-    run_child("trainers.grpo", job, 1, "train.log", result=job.training_result)
+    run_child("grpoflow.trainers.grpo", job, 1, "train.log", result=job.training_result)
 
     rows = read_metrics(job.metrics)
     assert len(rows) == 2

@@ -9,18 +9,23 @@ import psutil
 import pytest
 import yaml
 
-from trainers.dataset import ingest_dataset
-from trainers.jobdir import JobDir
-from trainers.launch import TrainingSetupError, check_exit, child_command, start_child, stop_child
-from trainers.metrics import read_metrics
-from trainers.spec import load_spec, to_yaml
+from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import TrainingSetupError, check_exit, child_command, start_child, stop_child
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.spec import load_spec, to_yaml
 
 
 def test_child_command():
     job = JobDir(Path("/runs/j"))
-    assert child_command("trainers.grpo", job, 1) == [sys.executable, "-m", "trainers.grpo", "/runs/j"]
+    assert child_command("grpoflow.trainers.grpo", job, 1) == [
+        sys.executable,
+        "-m",
+        "grpoflow.trainers.grpo",
+        "/runs/j",
+    ]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4"]
-    assert child_command("trainers.grpo", job, 4) == [*launch, "-m", "trainers.grpo", "/runs/j"]
+    assert child_command("grpoflow.trainers.grpo", job, 4) == [*launch, "-m", "grpoflow.trainers.grpo", "/runs/j"]
 
 
 def training_processes(proc) -> int:
@@ -35,7 +40,7 @@ def training_processes(proc) -> int:
             cmdline = " ".join(child.cmdline())
         except psutil.NoSuchProcess:
             continue
-        count += "trainers.grpo" in cmdline and "accelerate" not in cmdline
+        count += "grpoflow.trainers.grpo" in cmdline and "accelerate" not in cmdline
     return count
 
 
@@ -47,7 +52,7 @@ def test_grpo_on_two_processes(make_spec, tmp_path):
     job.spec.write_text(to_yaml(spec))
     ingest_dataset(spec.dataset.uri, job.dataset)
 
-    proc = start_child(child_command("trainers.grpo", job, spec.gpu_count), job.logs / "train.log")
+    proc = start_child(child_command("grpoflow.trainers.grpo", job, spec.gpu_count), job.logs / "train.log")
     most = 0
     try:
         deadline = time.monotonic() + 600
@@ -85,7 +90,7 @@ if behaviour == "slow":
 @pytest.fixture
 def fake_child(tmp_path, monkeypatch):
     """`python -m fake_child JOB_DIR`: a stand-in trainer whose behaviour the job folder's `behaviour` file says."""
-    from trainers import launch
+    from grpoflow.trainers import launch
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "fake_child.py").write_text(FAKE_CHILD)
@@ -110,7 +115,7 @@ def test_run_child_ok(fake_child):
 @pytest.mark.parametrize(
     ("behaviour", "error", "message"),
     [
-        # exit 2: a setup problem, its last log line as the message (not retried: see tasks.stages)
+        # exit 2: a setup problem, its last log line as the message (not retried: see grpoflow.integrations.stages)
         ("setup", TrainingSetupError, "grpoflow: hyperparameters.use_liger: needs a CUDA GPU"),
         # any other failure: a RuntimeError with the exit code and the end of the log (retried)
         ("crash", RuntimeError, "fake_child child exited with code 1"),
@@ -127,7 +132,7 @@ def test_run_child_failures(fake_child, behaviour, error, message):
 
 
 def test_run_child_stopped_by_poll(fake_child):
-    from trainers.launch import TrainingStopped
+    from grpoflow.trainers.launch import TrainingStopped
 
     job, run = fake_child
     polls = []

@@ -10,10 +10,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainers import merge
-from trainers.jobdir import JobDir
-from trainers.modeling import LORA_TARGETS
-from trainers.tiny import build_tiny
+from grpoflow.trainers import merge
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.modeling import LORA_TARGETS
+from grpoflow.trainers.tiny import build_tiny
 
 
 @pytest.fixture

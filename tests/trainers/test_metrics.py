@@ -7,7 +7,7 @@ import math
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from trainers.metrics import metrics_file_callback, read_metrics, truncate_metrics
+from grpoflow.trainers.metrics import metrics_file_callback, read_metrics, truncate_metrics
 
 
 def log(path, logs: dict, step: int = 1, main_process: bool = True) -> list[dict]:
@@ -103,7 +103,7 @@ def test_a_torn_last_line_is_reported_as_torn(tmp_path, caplog):
 
 
 def test_events_reader_keeps_event_records_only(tmp_path):
-    from trainers.metrics import read_events
+    from grpoflow.trainers.metrics import read_events
 
     path = tmp_path / "events.jsonl"
     path.write_text(

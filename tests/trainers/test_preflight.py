@@ -10,8 +10,8 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
-from trainers.dataset import DatasetError, check_dataset
-from trainers.modeling import (
+from grpoflow.trainers.dataset import DatasetError, check_dataset
+from grpoflow.trainers.modeling import (
     SetupError,
     check_chat_template,
     check_model,
@@ -19,9 +19,9 @@ from trainers.modeling import (
     model_problem,
     setup_problem,
 )
-from trainers.preflight import CHECKS, preflight
-from trainers.spec import load_spec
-from trainers.tiny import build_tiny
+from grpoflow.trainers.preflight import CHECKS, preflight
+from grpoflow.trainers.spec import load_spec
+from grpoflow.trainers.tiny import build_tiny
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
@@ -116,7 +116,7 @@ def test_every_problem_at_once_each_naming_its_field(tmp_path, data):
 def test_it_loads_no_weights_and_no_torch():
     # No torch, no weights: what it reads is config.json, the tokenizer's config, the dataset and the rewards.
     code = (
-        "import sys; from trainers.spec import load_spec; from trainers.preflight import preflight; "
+        "import sys; from grpoflow.trainers.spec import load_spec; from grpoflow.trainers.preflight import preflight; "
         "assert preflight(load_spec('examples/arithmetic.yaml')[0]) == []; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )

@@ -17,12 +17,12 @@ import pytest
 import yaml
 from huggingface_hub import HfApi, constants
 
-import trainers.publish as publish_module
+import grpoflow.trainers.publish as publish_module
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.publish import NO_TOKEN, PublishError, is_user_error, model_card, publish
+from grpoflow.trainers.spec import PublishSpec, load_spec
 from tests.hub_server import HubServer
 from tests.publishing import READ_ONLY, REPO, TOKEN, WRONG, assert_no_token_in, make_job
-from trainers.jobdir import JobDir
-from trainers.publish import NO_TOKEN, PublishError, is_user_error, model_card, publish
-from trainers.spec import PublishSpec, load_spec
 
 pytestmark = pytest.mark.usefixtures("hf_home")
 

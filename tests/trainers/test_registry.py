@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import cli
-from trainers.registry import (
+from grpoflow.trainers.registry import (
     RegistrationError,
     deployed_score,
     gate_decision,
@@ -14,7 +13,8 @@ from trainers.registry import (
     read_deployment,
     rollback,
 )
-from trainers.spec.models import GateSpec
+from grpoflow.trainers.spec.models import GateSpec
+from tests.conftest import cli
 
 
 def version(n: int, score: float | None, status: str = "ready") -> dict:

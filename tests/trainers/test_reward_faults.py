@@ -1,11 +1,11 @@
-"""Faults inside training, met by the training child itself (`python -m trainers.grpo`, through `run_child` as the
-train task runs it): a reward that returns NaN, inf, too few values or a string from step 3, raises at step 3, or
+"""Faults inside training, met by the training child itself (`python -m grpoflow.trainers.grpo`, through `run_child` as
+the train task runs it): a reward that returns NaN, inf, too few values or a string from step 3, raises at step 3, or
 hangs at step 3 stops the child with exit code 3 (`RewardFailed`) naming the reward and the step; a reward calling
 `os._exit(0)` is a `ChildEndedEarly`, not a missing file. The rewards are in tests/bad_inputs/rewards/from_step3.py."""
 
 import pytest
 
-from trainers.launch import ChildEndedEarly, RewardFailed, run_child
+from grpoflow.trainers.launch import ChildEndedEarly, RewardFailed, run_child
 
 FAULTY = "tests.bad_inputs.rewards.from_step3"
 FAST = {"max_steps": 4, "rollouts_per_prompt": 2, "max_response_length": 4}
@@ -35,10 +35,10 @@ def faulty_job(make_job, name: str, reward: str, **changes):
 def test_a_bad_reward_stops_training_at_its_step(make_job, reward, expect):
     job, _ = faulty_job(make_job, reward.removesuffix("_reward"), reward)
     with pytest.raises(RewardFailed) as failed:
-        run_child("trainers.grpo", job, 1, "train.log", result=job.training_result)
+        run_child("grpoflow.trainers.grpo", job, 1, "train.log", result=job.training_result)
     assert str(failed.value).startswith(expect) and "traceback in" in str(failed.value)
     log = (job.logs / "train.log").read_text()
-    assert log.count("grpoflow: trainers.grpo started") == 1
+    assert log.count("grpoflow: grpoflow.trainers.grpo started") == 1
     if reward == "raises_reward":  # the user's traceback is in the log, down to their line
         assert "Traceback" in log and 'raise KeyError("solution")' in log
     assert not job.training_result.exists()
@@ -47,10 +47,10 @@ def test_a_bad_reward_stops_training_at_its_step(make_job, reward, expect):
 def test_a_hung_reward_times_out(make_job):
     job, _ = faulty_job(make_job, "hang", "hang_reward", health={"reward_timeout_s": 2})
     with pytest.raises(RewardFailed, match=r"reward 'mine' did not return within 2 s at training step 3"):
-        run_child("trainers.grpo", job, 1, "train.log", result=job.training_result)
+        run_child("grpoflow.trainers.grpo", job, 1, "train.log", result=job.training_result)
 
 
 def test_a_reward_ending_the_process_is_named(make_job):
     job, _ = faulty_job(make_job, "exit", "exit_reward")
     with pytest.raises(ChildEndedEarly, match=r"child exited 0 without writing training.json"):
-        run_child("trainers.grpo", job, 1, "train.log", result=job.training_result)
+        run_child("grpoflow.trainers.grpo", job, 1, "train.log", result=job.training_result)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainers.rewards import (
+from grpoflow.trainers.rewards import (
     RewardError,
     build_reward,
     call_reward,
@@ -17,7 +17,7 @@ from trainers.rewards import (
     get_reward_model_reward,
     reward_model_problem,
 )
-from trainers.spec import SpecError, load_spec
+from grpoflow.trainers.spec import SpecError, load_spec
 
 
 def build_tiny_classifier(folder: Path, seed: int = 0) -> Path:
@@ -25,7 +25,7 @@ def build_tiny_classifier(folder: Path, seed: int = 0) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from trainers.tiny import TINY_CONFIG, build_tokenizer
+    from grpoflow.trainers.tiny import TINY_CONFIG, build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tokenizer), num_labels=1, pad_token_id=tokenizer.pad_token_id, **TINY_CONFIG)
@@ -189,9 +189,9 @@ def test_the_dry_run_scores_with_the_model(tmp_path, dataset_file, classifier):
 def test_the_dry_run_skips_a_large_model_saying_why(tmp_path, dataset_file, classifier, monkeypatch):
     from datasets import Dataset
 
-    import trainers.rewards
+    import grpoflow.trainers.rewards
 
-    monkeypatch.setattr(trainers.rewards, "DRY_RUN_MAX_MODEL_BYTES", 1000)
+    monkeypatch.setattr(grpoflow.trainers.rewards, "DRY_RUN_MAX_MODEL_BYTES", 1000)
     spec, _ = load_spec(_spec(tmp_path, dataset_file, [{"model": str(classifier)}]))
     rows = Dataset.from_list([json.loads(line) for line in dataset_file.read_text().splitlines()])
     notes = dry_run_job_rewards(spec, [build_reward("tiny-rm", model=str(classifier))], rows)
@@ -201,7 +201,7 @@ def test_the_dry_run_skips_a_large_model_saying_why(tmp_path, dataset_file, clas
 
 
 def test_preflight_names_the_model_field(tmp_path, dataset_file, classifier):
-    from trainers.preflight import preflight
+    from grpoflow.trainers.preflight import preflight
 
     causal = _folder(tmp_path, classifier, "causal lm")
     spec, _ = load_spec(_spec(tmp_path, dataset_file, [{"name": "exact_answer"}, {"model": causal, "weight": 0.5}]))
@@ -214,8 +214,8 @@ def test_preflight_names_the_model_field(tmp_path, dataset_file, classifier):
 def test_a_reward_model_can_be_the_evaluation_metric(tmp_path, dataset_file, classifier):
     from datasets import Dataset
 
-    from trainers.evaluate import score
-    from trainers.tiny import build_tiny
+    from grpoflow.trainers.evaluate import score
+    from grpoflow.trainers.tiny import build_tiny
 
     rewards = [{"name": "exact_answer"}, {"model": str(classifier), "name": "rm"}]
     path = _spec(tmp_path, dataset_file, rewards)
@@ -230,13 +230,13 @@ def test_a_reward_model_can_be_the_evaluation_metric(tmp_path, dataset_file, cla
 
 @pytest.mark.slow
 def test_grpo_trains_on_a_reward_model_and_logs_its_metric(make_job, classifier):
-    from trainers.launch import run_child
-    from trainers.metrics import read_metrics
+    from grpoflow.trainers.launch import run_child
+    from grpoflow.trainers.metrics import read_metrics
 
     rewards = [{"name": "exact_answer"}, {"model": str(classifier), "name": "rm", "weight": 0.5}]
     hyperparameters = {"max_steps": 2, "rollouts_per_prompt": 2, "max_response_length": 4}
     job, _ = make_job("rm", rewards=rewards, hyperparameters=hyperparameters, evaluation={"holdout": 0})
-    run_child("trainers.grpo", job, 1, "train.log", result=job.training_result)
+    run_child("grpoflow.trainers.grpo", job, 1, "train.log", result=job.training_result)
     rows = read_metrics(job.metrics)
     assert len(rows) == 2
     values = [row["values"]["rewards/rm/mean"] for row in rows]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
-from trainers.rewards import (
+from grpoflow.trainers.rewards import (
     REWARDS,
     RewardError,
     build_reward,
@@ -173,7 +173,7 @@ def test_numeric_match_rejects_negative_tolerance():
     ],
 )
 def test_close_answer_reward(in_repo, completion, answer, expected):
-    close_answer_reward = build_reward("close", function="examples.rewards.arithmetic:close_answer_reward")
+    close_answer_reward = build_reward("close", function="grpoflow.examples.rewards.arithmetic:close_answer_reward")
     assert close_answer_reward([completion], answer=[answer]) == [pytest.approx(expected)]
 
 
@@ -228,14 +228,16 @@ def test_builtin_factories_keep_stable_names():
 
 
 def test_build_custom_reward(in_repo):
-    reward = build_reward("close", function="examples.rewards.arithmetic:close_answer_reward")
+    reward = build_reward("close", function="grpoflow.examples.rewards.arithmetic:close_answer_reward")
     assert get_callable_name(reward) == "close"
     assert reward(["<answer>11</answer>"], answer=[12]) == [pytest.approx(0.9)]
 
 
 def test_build_custom_with_kwargs_calls_it_as_a_factory():
     # The way to use a built-in twice under different names.
-    reward = build_reward("long", function="trainers.rewards:get_length_penalty_reward", kwargs={"max_chars": 1})
+    reward = build_reward(
+        "long", function="grpoflow.trainers.rewards:get_length_penalty_reward", kwargs={"max_chars": 1}
+    )
     assert get_callable_name(reward) == "long"
     assert reward(["ab"]) == [-1.0]
 
@@ -269,25 +271,26 @@ def test_build_custom_async_stays_async(tmp_path, monkeypatch):
         ),
         # the module exists, the attribute does not
         (
-            {"function": "trainers.rewards:no_such_reward"},
-            "reward 'my_reward': cannot import 'trainers.rewards:no_such_reward': module 'trainers.rewards' has no "
+            {"function": "grpoflow.trainers.rewards:no_such_reward"},
+            "reward 'my_reward': cannot import 'grpoflow.trainers.rewards:no_such_reward': "
+            "module 'grpoflow.trainers.rewards' has no "
             "'no_such_reward'",
         ),
         # a dotted path instead of module:callable
         (
-            {"function": "trainers.rewards.exact_answer_reward"},
-            "reward 'my_reward': function 'trainers.rewards.exact_answer_reward' must look like "
+            {"function": "grpoflow.trainers.rewards.exact_answer_reward"},
+            "reward 'my_reward': function 'grpoflow.trainers.rewards.exact_answer_reward' must look like "
             "'package.module:callable'",
         ),
         # not callable
         (
-            {"function": "trainers.rewards:DRY_RUN_ROWS"},
-            "reward 'my_reward': 'trainers.rewards:DRY_RUN_ROWS' is a int, not a function",
+            {"function": "grpoflow.trainers.rewards:DRY_RUN_ROWS"},
+            "reward 'my_reward': 'grpoflow.trainers.rewards:DRY_RUN_ROWS' is a int, not a function",
         ),
         # kwargs make the callable a factory, but a reward function does not take them
         (
-            {"function": "trainers.rewards:exact_answer_reward", "kwargs": {"x": 1}},
-            "reward 'my_reward': bad kwargs for trainers.rewards:exact_answer_reward: ",
+            {"function": "grpoflow.trainers.rewards:exact_answer_reward", "kwargs": {"x": 1}},
+            "reward 'my_reward': bad kwargs for grpoflow.trainers.rewards:exact_answer_reward: ",
         ),
         # an unknown built-in: the message lists every built-in
         (
@@ -363,7 +366,7 @@ def scalar_reward(completions, **kwargs):
 
 def test_dry_run_passes_builtins_and_example(in_repo):
     built = [(name, build_reward(name)) for name in OFFLINE_BUILTINS]
-    built.append(("close", build_reward("close", function="examples.rewards.arithmetic:close_answer_reward")))
+    built.append(("close", build_reward("close", function="grpoflow.examples.rewards.arithmetic:close_answer_reward")))
     assert dry_run_rewards(built, ROWS, "prompt") is None
 
 
@@ -536,7 +539,7 @@ def test_trl_accuracy_reward_with_the_math_extra(in_repo):
 # --- doctests --------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module_name", ["trainers.rewards", "examples.rewards.arithmetic"])
+@pytest.mark.parametrize("module_name", ["grpoflow.trainers.rewards", "grpoflow.examples.rewards.arithmetic"])
 def test_doctests(monkeypatch, module_name):
     monkeypatch.syspath_prepend(str(ROOT))  # examples/ is not an installed package
     results = doctest.testmod(importlib.import_module(module_name))

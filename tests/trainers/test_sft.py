@@ -7,11 +7,11 @@ from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from trainers import sft
-from trainers.metrics import read_metrics
-from trainers.sft import sft_config, sft_dataset
-from trainers.spec import load_spec
-from trainers.tiny import build_tiny
+from grpoflow.trainers import sft
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.sft import sft_config, sft_dataset
+from grpoflow.trainers.spec import load_spec
+from grpoflow.trainers.tiny import build_tiny
 
 
 def spec_with(**changes):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import trainers.spec.models as spec_models
-from trainers.spec import (
+import grpoflow.trainers.spec.models as spec_models
+from grpoflow.trainers.spec import (
     JobSpec,
     SpecError,
     apply_overrides,
@@ -31,7 +31,7 @@ BASE = {
 }
 DROP = object()  # as a patch value: remove the key
 ABSENT = object()  # as an expected value: the key is not in the resolved spec
-HAS_REWARDS = importlib.util.find_spec("trainers.rewards") is not None
+HAS_REWARDS = importlib.util.find_spec("grpoflow.trainers.rewards") is not None
 needs_rewards = pytest.mark.skipif(not HAS_REWARDS, reason="trainers/rewards.py (REWARDS) not written yet")
 
 
@@ -471,14 +471,14 @@ def test_rules(patch, expected):
 
 def test_builtin_reward_check_waits_for_rewards_module(monkeypatch):
     # Until trainers/rewards.py can be imported, any name passes here; building the reward catches it later.
-    monkeypatch.setitem(sys.modules, "trainers.rewards", None)
+    monkeypatch.setitem(sys.modules, "grpoflow.trainers.rewards", None)
     spec, _ = load_spec(patched({"rewards": [{"name": "not_yet_known"}]}))
     assert spec.rewards[0].name == "not_yet_known"
 
 
 @needs_rewards
 def test_reward_needs_a_name_or_a_function():
-    from trainers.rewards import REWARDS
+    from grpoflow.trainers.rewards import REWARDS
 
     # Reported with the reward's other problems, not instead of them.
     problems = rejected({"rewards": [{"weight": "heavy"}]})
@@ -490,9 +490,11 @@ def test_reward_needs_a_name_or_a_function():
 
 @needs_rewards
 def test_function_alone_names_the_reward_and_its_metric(tmp_path):
-    from trainers.rewards import build_reward
+    from grpoflow.trainers.rewards import build_reward
 
-    spec, _ = load_spec(patched({"rewards": [{"function": "examples.rewards.arithmetic:close_answer_reward"}]}))
+    spec, _ = load_spec(
+        patched({"rewards": [{"function": "grpoflow.examples.rewards.arithmetic:close_answer_reward"}]})
+    )
     [reward] = spec.rewards
     # TRL names the metric rewards/<__name__>/mean (trl.trainer.utils.get_callable_name).
     assert build_reward(reward.name, reward.function, reward.kwargs).__name__ == "close_answer_reward"
@@ -809,7 +811,7 @@ def test_every_model_forbids_extra_keys():
 
 
 def test_readme_hyperparameter_table_is_generated_from_the_model(capsys):
-    runpy.run_module("trainers.spec", run_name="__main__")
+    runpy.run_module("grpoflow.trainers.spec", run_name="__main__")
     printed = capsys.readouterr().out.strip()
     assert printed == hyperparameter_table()
     readme = (Path(__file__).parents[2] / "README.md").read_text()
@@ -818,7 +820,7 @@ def test_readme_hyperparameter_table_is_generated_from_the_model(capsys):
     table = readme.split(intro, 1)[1].split("\n\n", 1)[0]
     assert table == printed, (
         "README.md's hyperparameter table differs from the Hyperparameters model: "
-        "paste the output of `python -m trainers.spec` over it"
+        "paste the output of `python -m grpoflow.trainers.spec` over it"
     )
     # One row per field, each with the field's own description (the text the Prefect form shows).
     fields = spec_models.Hyperparameters.model_fields
@@ -976,7 +978,7 @@ def test_example_specs_validate(example):
 
 def test_default_vllm_settings_are_no_request():
     # The Prefect form sends every field of a section with its default: that asks for nothing vLLM-specific.
-    from trainers.spec.models import GenerationSpec
+    from grpoflow.trainers.spec.models import GenerationSpec
 
     spec, _ = load_spec(patched({"generation": GenerationSpec().model_dump()}))
     assert spec.generation.engine == "transformers"

@@ -4,12 +4,12 @@ spec's validation importing neither torch nor TRL."""
 import subprocess
 import sys
 
-from trainers.spec.trl_fields import generate, trl_fields
+from grpoflow.trainers.spec.trl_fields import generate, trl_fields
 
 
 def test_frozen_fields_match_the_installed_trl():
-    # Fails after a TRL upgrade until `python -m trainers.spec.trl_fields` regenerates the file.
-    assert generate() == trl_fields(), "trl_fields.json is stale: run python -m trainers.spec.trl_fields"
+    # Fails after a TRL upgrade until `python -m grpoflow.trainers.spec.trl_fields` regenerates the file.
+    assert generate() == trl_fields(), "trl_fields.json is stale: run python -m grpoflow.trainers.spec.trl_fields"
 
 
 def test_record_knows_types_choices_and_help():
@@ -22,7 +22,7 @@ def test_record_knows_types_choices_and_help():
 
 def test_validating_a_trl_block_imports_neither_torch_nor_trl():
     code = (
-        "import sys; from trainers.spec import load_spec; "
+        "import sys; from grpoflow.trainers.spec import load_spec; "
         "load_spec({'name': 't', 'base_model': 'builtin:tiny', 'dataset': {'uri': 'x.jsonl'}, "
         "'rewards': [{'function': 'm:f'}], 'trl': {'loss_type': 'dr_grpo', 'num_iterations': 2}}); "
         "print(sorted({'torch', 'trl'} & set(sys.modules)))"

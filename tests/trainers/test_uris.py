@@ -1,12 +1,13 @@
-"""URIs grpoflow accepts: their scheme, whether they are remote, and why fsspec cannot open one (`trainers.uris`)."""
+"""URIs grpoflow accepts: their scheme, whether they are remote, and why fsspec cannot open one
+(`grpoflow.trainers.uris`)."""
 
 import doctest
 from pathlib import Path
 
 import pytest
 
-from trainers import uris
-from trainers.uris import is_remote, unopenable, url_scheme
+from grpoflow.trainers import uris
+from grpoflow.trainers.uris import is_remote, unopenable, url_scheme
 
 
 def test_doctest():

@@ -9,12 +9,12 @@ from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 from trl import GRPOConfig, GRPOTrainer
 
-from trainers.grpo import main as train_stage
-from trainers.jobdir import JobDir, write_text_atomic
-from trainers.metrics import read_metrics
-from trainers.spec import load_spec, to_yaml
-from trainers.tiny import resolve_model_path
-from trainers.zero_variance import SKIPPED_METRIC, ZeroVarianceSkippingGRPOTrainer, grpo_trainer_class
+from grpoflow.trainers.grpo import main as train_stage
+from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.spec import load_spec, to_yaml
+from grpoflow.trainers.tiny import resolve_model_path
+from grpoflow.trainers.zero_variance import SKIPPED_METRIC, ZeroVarianceSkippingGRPOTrainer, grpo_trainer_class
 
 STEPS = 3
 
@@ -152,8 +152,9 @@ def test_grpo_trainer_class(skip, expected):
 
 
 def test_spec_option_trains_with_the_skipping_trainer(tmp_path):
-    # The training stage's real path (`python -m trainers.grpo JOB_DIR` runs this `main`), with a reward that is 0.0
-    # for every completion this short: every step skipped, and the saved weights are the base model's, bit for bit.
+    # The training stage's real path (`python -m grpoflow.trainers.grpo JOB_DIR` runs this `main`), with a reward that
+    # is 0.0 for every completion this short: every step skipped, and the saved weights are the base model's, bit for
+    # bit.
     spec, _ = load_spec(
         {
             "name": "skip",

@@ -4,13 +4,13 @@
 - `rules.py`: the cross-field rules, which read their defaults from the models;
 - `loading.py`: YAML in (hardened), `--set` overrides, shape caps, errors as "dotted.location: message" lines,
   `load_spec`, and the resolved spec out (`resolved_dict`, `to_yaml`);
-- `docs.py`: the README's hyperparameter table, printed by `python -m trainers.spec`.
+- `docs.py`: the README's hyperparameter table, printed by `python -m grpoflow.trainers.spec`.
 
 A rejected spec raises `SpecError`, which lists every violation at once.
 """
 
-from trainers.spec.docs import hyperparameter_table
-from trainers.spec.loading import (
+from grpoflow.trainers.spec.docs import hyperparameter_table
+from grpoflow.trainers.spec.loading import (
     MAX_SPEC_BYTES,
     MAX_SPEC_DEPTH,
     MAX_SPEC_VALUES,
@@ -20,7 +20,7 @@ from trainers.spec.loading import (
     resolved_dict,
     to_yaml,
 )
-from trainers.spec.models import (
+from grpoflow.trainers.spec.models import (
     ENV_NAME_PATTERN,
     FUNCTION_PATTERN,
     MAX_INT,
@@ -38,7 +38,7 @@ from trainers.spec.models import (
     SFTSpec,
     WebhookSpec,
 )
-from trainers.spec.rules import LIGER_UNSUPPORTED, model_family, rule_problems
+from grpoflow.trainers.spec.rules import LIGER_UNSUPPORTED, model_family, rule_problems
 
 __all__ = [
     "ENV_NAME_PATTERN",

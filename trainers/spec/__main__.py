@@ -1,5 +1,7 @@
-"""Prints the GRPO hyperparameter table that README.md's section "The job spec" holds: python -m trainers.spec"""
+"""Prints the GRPO hyperparameter table that README.md's section "The job spec" holds:
+python -m grpoflow.trainers.spec
+"""
 
-from trainers.spec.docs import hyperparameter_table
+from grpoflow.trainers.spec.docs import hyperparameter_table
 
 print(hyperparameter_table())

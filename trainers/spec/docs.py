@@ -1,4 +1,5 @@
-"""The README's GRPO hyperparameter table, rendered from the `Hyperparameters` model (`python -m trainers.spec`).
+"""The README's GRPO hyperparameter table, rendered from the `Hyperparameters` model (`python -m
+grpoflow.trainers.spec`).
 
 Each row is one field: its name, its default in YAML spelling, and its rule: the bounds pydantic enforces, then the
 field's description (the text the Prefect form shows).
@@ -9,8 +10,8 @@ import json
 import annotated_types
 from pydantic.fields import FieldInfo
 
-from trainers.markdown import cell, table
-from trainers.spec.models import MAX_INT, Hyperparameters
+from grpoflow.trainers.markdown import cell, table
+from grpoflow.trainers.spec.models import MAX_INT, Hyperparameters
 
 _BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="), (annotated_types.Le, "le", "<="))
 

@@ -17,10 +17,10 @@ import fsspec
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from trainers.spec.models import MAX_INT, JobSpec
-from trainers.spec.rules import TRL_SPEC_KEYS, rule_problems
-from trainers.spec.trl_fields import trl_fields
-from trainers.uris import url_scheme
+from grpoflow.trainers.spec.models import MAX_INT, JobSpec
+from grpoflow.trainers.spec.rules import TRL_SPEC_KEYS, rule_problems
+from grpoflow.trainers.spec.trl_fields import trl_fields
+from grpoflow.trainers.uris import url_scheme
 
 # Caps that turn a YAML alias bomb, a runaway nesting or a huge value into one clear error, instead of a hang, a
 # RecursionError or a job that fails after the model has loaded. No real spec comes near them.

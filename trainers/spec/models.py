@@ -1,8 +1,8 @@
 """The job spec's pydantic models: a grpoflow job, its sections and its GRPO hyperparameters, with their field types.
 
 Each field's `description` is the one written copy of what it means and its rule: the Prefect form shows it, and the
-README's hyperparameter table is generated from it (`python -m trainers.spec`). `JobSpec` runs the cross-field rules
-(`trainers/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
+README's hyperparameter table is generated from it (`python -m grpoflow.trainers.spec`). `JobSpec` runs the cross-field
+rules (`trainers/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
 """
 
 import importlib.util
@@ -21,9 +21,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from trainers.rewards import REWARDS
-from trainers.spec.rules import function_name, model_name, rule_problems
-from trainers.uris import unopenable
+from grpoflow.trainers.rewards import REWARDS
+from grpoflow.trainers.spec.rules import function_name, model_name, rule_problems
+from grpoflow.trainers.uris import unopenable
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
 # Spelled without \w so that the UI's JavaScript check and Python's agree (ASCII only).
@@ -278,7 +278,7 @@ class SFTSpec(_Section):
 
 
 class HealthSpec(_Section):
-    """The health monitor's thresholds that a job may tune (its other thresholds are fixed: trainers.health)."""
+    """The health monitor's thresholds that a job may tune (the others are fixed: grpoflow.trainers.health)."""
 
     no_signal_window: Int = Field(
         20,
@@ -571,7 +571,8 @@ class JobSpec(_Section):
     @field_validator("output_uri")
     @classmethod
     def _writable_scheme(cls, value: str) -> str:
-        # Remote roots go through fsspec (tasks/storage.py): a scheme it cannot open would only fail after training.
+        # Remote roots go through fsspec (integrations/storage.py): a scheme it cannot open would only fail after
+        # training.
         if reason := unopenable(value):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
         return value

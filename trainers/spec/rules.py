@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from trainers.spec.trl_fields import trl_fields
-from trainers.uris import is_remote
+from grpoflow.trainers.spec.trl_fields import trl_fields
+from grpoflow.trainers.uris import is_remote
 
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
@@ -134,7 +134,7 @@ def _lax(section: dict, model: type[BaseModel], key: str) -> Any:
 
 def _builtin_rewards() -> list[str] | None:
     try:
-        from trainers.rewards import REWARDS
+        from grpoflow.trainers.rewards import REWARDS
     except ImportError:
         return None
     return list(REWARDS)
@@ -233,7 +233,7 @@ def _engine_problems(data: dict, spec_model: type[BaseModel], gpus: int, unsloth
 def _machine_problems(
     data: dict, spec_model: type[BaseModel], machines: int, gpus: int, engine: str, unsloth: bool, hp: dict
 ) -> list[str]:
-    """`distributed.num_machines` > 1 (a Kubernetes indexed Job, tasks/multinode.py) against the rest of the spec."""
+    """`distributed.num_machines` > 1 (a Kubernetes indexed Job, cluster/multinode.py) against the rest of the spec."""
     problems = []
     output_uri = _lax(data, spec_model, "output_uri")
     if not is_remote(output_uri):
@@ -398,7 +398,7 @@ def _reward_name(reward: Any) -> Any:
 def _judge_problems(i: int, kwargs: Any) -> list[str]:
     """An llm_judge entry's kwargs problems that need no network and no environment (trainers/judge.py)."""
     try:
-        from trainers.judge import judge_kwargs_problems
+        from grpoflow.trainers.judge import judge_kwargs_problems
     except ImportError:
         return []
     if not isinstance(kwargs, dict):

@@ -3,7 +3,7 @@ spec imports neither torch nor TRL.
 
 Regenerate the file from the installed TRL after upgrading it (tests/trainers/test_trl_fields.py fails until then):
 
-    python -m trainers.spec.trl_fields
+    python -m grpoflow.trainers.spec.trl_fields
 
 Each field is recorded as its simple types (bool, int, float, str, list, dict, None; "object" for a type no YAML value
 can be), the choices where its type (an enum, a Literal) or its metadata gives them, and its help text.

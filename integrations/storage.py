@@ -13,9 +13,9 @@ options and name it in `GRPOFLOW_STORAGE_BLOCK`:
     export GRPOFLOW_STORAGE_BLOCK=grpoflow-s3
 
 A job whose `output_uri` is remote runs in a local staging folder (`GRPOFLOW_STAGING_DIR`, default
-`~/.grpoflow/staging`), which is uploaded to `<output_uri>/<job_id>/` when the job ends (`tasks.job.upload_job_task`).
-`grpoflow jobs/metrics/model --output-uri s3://...` read a local copy of the jobs' top-level files
-(`mirror_job_files`).
+`~/.grpoflow/staging`), which is uploaded to `<output_uri>/<job_id>/` when the job ends
+(`grpoflow.tasks.job.upload_job_task`). `grpoflow jobs/metrics/model --output-uri s3://...` read a local copy of the
+jobs' top-level files (`mirror_job_files`).
 """
 
 import functools
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import fsspec
 
-from trainers.uris import is_remote
+from grpoflow.trainers.uris import is_remote
 
 STORAGE_BLOCK_ENV = "GRPOFLOW_STORAGE_BLOCK"
 STAGING_ENV = "GRPOFLOW_STAGING_DIR"

@@ -32,11 +32,11 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.runtime import deployment
 
-from trainers.health import HealthMonitor, verdict
-from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
-from trainers.registry import registry_dir
-from trainers.spec import JobSpec
+from grpoflow.trainers.health import HealthMonitor, verdict
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.registry import registry_dir
+from grpoflow.trainers.spec import JobSpec
 
 logger = logging.getLogger("grpoflow.artifacts")
 

@@ -1,4 +1,5 @@
-"""Stage records (`tasks/stages.py`): a stage is skipped only when its spec and its upstream outputs are unchanged.
+"""Stage records (`integrations/stages.py`): a stage is skipped only when its spec and its upstream outputs are
+unchanged.
 
 `resumable` wraps plain functions here (no Prefect needed): each fake stage writes its output file and counts its
 runs, so a test sees exactly which stages a resume runs again.
@@ -8,9 +9,10 @@ import shutil
 
 import pytest
 
-from tasks.stages import output_digest, read_record, resumable, retry_unless_final, stage_key
-from trainers.jobdir import JobDir
-from trainers.spec import load_spec
+from grpoflow.integrations.stages import output_digest, read_record, resumable, retry_unless_final, stage_key
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import TrainingSetupError, TrainingStopped
+from grpoflow.trainers.spec import load_spec
 
 SPEC = {
     "name": "stages",
@@ -34,7 +36,7 @@ def spec():
 def fake_stages(runs: list[str], lora: bool = False) -> dict:
     """Stand-ins for the five stages, declared as the real tasks declare theirs; like the real ones deterministic:
     what each writes follows from what it read (`content` plays the part of randomness)."""
-    from tasks.train import trained
+    from grpoflow.tasks.train import trained
 
     declared = {}
 
@@ -158,7 +160,7 @@ def test_a_changed_spec_reruns_everything(job, spec):
 
 
 def test_a_rejection_is_not_recorded(job, spec):
-    from tasks.stages import rejected
+    from grpoflow.integrations.stages import rejected
 
     @resumable("ingest", outputs=("dataset/dataset_dict.json",))
     def reject(job, spec):
@@ -182,8 +184,11 @@ class _State:
     ("state", "retried"),
     [
         (_State("Rejected"), False),  # the user's input: a retry meets the same mistake
-        (_State("Failed", _setup := __import__("trainers.launch").launch.TrainingSetupError("no CUDA")), False),
-        (_State("Failed", __import__("trainers.launch").launch.TrainingStopped("health")), False),
+        (
+            _State("Failed", _setup := TrainingSetupError("no CUDA")),
+            False,
+        ),
+        (_State("Failed", TrainingStopped("health")), False),
         (_State("Failed", RuntimeError("training child exited with code -9")), True),  # a crash: resumed by a retry
         (_State("Failed", OSError("connection reset")), True),
     ],

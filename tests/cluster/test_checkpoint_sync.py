@@ -1,4 +1,4 @@
-"""Checkpoints that survive losing the machine (`tasks/checkpoint_sync.py`), against moto's S3 server on loopback
+"""Checkpoints that survive losing the machine (`cluster/checkpoint_sync.py`), against moto's S3 server on loopback
 through the real s3fs: each checkpoint goes up with a manifest last, a half-uploaded one is never taken, a fresh
 machine downloads the newest intact one; and (slow) a real training job whose machine is lost mid-run resumes from
 S3 with every step in metrics.jsonl exactly once."""
@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from tasks import storage
-from tasks.checkpoint_sync import (
+from grpoflow.cluster.checkpoint_sync import (
     MANIFEST,
     CheckpointSync,
     FileMirror,
@@ -25,10 +24,11 @@ from tasks.checkpoint_sync import (
     restore_checkpoint,
     upload_checkpoint,
 )
+from grpoflow.integrations import storage
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_metrics
 from tests.conftest import cli
 from tests.tasks.test_train import training_child
-from trainers.jobdir import JobDir
-from trainers.metrics import read_metrics
 
 
 def fake_checkpoint(job: JobDir, step: int, weights: bytes = b"w" * 1000) -> Path:
@@ -150,8 +150,8 @@ def test_torn_uploads_are_never_taken(bucket, job, tmp_path, how):
 
 
 def test_the_sync_thread_mirrors_a_training_job(bucket, job):
-    """A stand-in for the training child writes what `trainers.grpo` writes (metrics, logs, checkpoints every 2
-    steps, `save_total_limit: 2`); the thread mirrors it while it runs."""
+    """A stand-in for the training child writes what `grpoflow.trainers.grpo` writes (metrics, logs, checkpoints every
+    2 steps, `save_total_limit: 2`); the thread mirrors it while it runs."""
     fs, remote = s3fs.S3FileSystem(), f"{bucket}/runs/job-1"
     job.spec.write_text("name: job\n")
     (job.root / ".lock").write_text("{}")
@@ -236,7 +236,7 @@ def test_a_lost_machine_resumes_from_s3_with_each_step_once(bucket, tmp_path, mo
     )
     staging = tmp_path / "staging"
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), storage.STAGING_ENV: str(staging)}
-    command = [sys.executable, "-m", "flows.cli", "run", str(spec), "--output-uri", root, "--json"]
+    command = [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--output-uri", root, "--json"]
     run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline, job_id, uploaded = time.monotonic() + 600, None, None

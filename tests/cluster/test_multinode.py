@@ -1,4 +1,4 @@
-"""Several machines per training job (`tasks/multinode.py`, `tasks/node.py`), without a cluster: every "machine" is
+"""Several machines per training job (`cluster/multinode.py`, `cluster/node.py`), without a cluster: every "machine" is
 its own process tree on loopback (gloo over 127.0.0.1) with its own staging folder, fed from the S3-protocol server
 (moto); and the training task's create/watch/logs/cleanup path against a Kubernetes API on loopback
 (`tests/k8s_api_server.py`) whose pods are real local processes running the Job's container command."""
@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from tasks import kube as k8s
-from tasks import multinode
-from tasks.checkpoint_sync import FileMirror, newest_remote_checkpoint
-from tasks.node import complete_checkpoint
-from tasks.train import train_task
+from grpoflow.cluster import kube as k8s
+from grpoflow.cluster import multinode
+from grpoflow.cluster.checkpoint_sync import FileMirror, newest_remote_checkpoint
+from grpoflow.cluster.node import complete_checkpoint
+from grpoflow.tasks.train import train_task
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import Machines, RewardFailed, TrainingSetupError, child_command
+from grpoflow.trainers.metrics import read_events, read_metrics
+from tests.integrations.test_artifacts import flow_run_logs
 from tests.k8s_api_server import KubeApiServer, wait_for
-from tests.tasks.test_artifacts import flow_run_logs
-from trainers.jobdir import JobDir
-from trainers.launch import Machines, RewardFailed, TrainingSetupError, child_command
-from trainers.metrics import read_events, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = {
@@ -60,23 +60,29 @@ def remote_steps(location: str) -> list[int]:
 
 def test_child_command_spans_machines(tmp_path):
     job = JobDir(tmp_path / "job")
-    command = child_command("trainers.grpo", job, 8, "ddp", Machines(4, 3, "grpo-x-0.grpo-x.ml.svc", 29500))
+    command = child_command("grpoflow.trainers.grpo", job, 8, "ddp", Machines(4, 3, "grpo-x-0.grpo-x.ml.svc", 29500))
     assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     args = {flag: command[command.index(flag) + 1] for flag in command if flag.startswith("--")}
     assert args["--num_machines"] == "4" and args["--machine_rank"] == "3"
     assert args["--main_process_ip"] == "grpo-x-0.grpo-x.ml.svc" and args["--main_process_port"] == "29500"
     assert args["--num_processes"] == "32"  # every machine's
     # One process per machine still goes through accelerate launch (the rendezvous is its).
-    one = child_command("trainers.grpo", job, 1, "ddp", Machines(2, 0, "127.0.0.1"))
+    one = child_command("grpoflow.trainers.grpo", job, 1, "ddp", Machines(2, 0, "127.0.0.1"))
     assert "--multi_gpu" in one and one[one.index("--num_processes") + 1] == "2"
-    assert child_command("trainers.grpo", job, 1, "ddp") == [sys.executable, "-m", "trainers.grpo", str(job.root)]
+    assert child_command("grpoflow.trainers.grpo", job, 1, "ddp") == [
+        sys.executable,
+        "-m",
+        "grpoflow.trainers.grpo",
+        str(job.root),
+    ]
 
 
 # --- two machines on loopback ----------------------------------------------------------------------------------------
 
 
 def start_node(location: str, rank: int, port: int, staging: Path, s3_env: dict, log: Path) -> subprocess.Popen:
-    """One "machine": `python -m tasks.node` as a pod runs it, with its own staging folder and JOB_COMPLETION_INDEX."""
+    """One "machine": `python -m grpoflow.cluster.node` as a pod runs it, with its own staging folder and
+    JOB_COMPLETION_INDEX."""
     env = {
         **os.environ,
         **s3_env,
@@ -84,7 +90,7 @@ def start_node(location: str, rank: int, port: int, staging: Path, s3_env: dict,
         "GRPOFLOW_STAGING_DIR": str(staging),
         "PYTHONUNBUFFERED": "1",
     }
-    command = [sys.executable, "-m", "tasks.node", location, "--main-process-ip", "127.0.0.1"]
+    command = [sys.executable, "-m", "grpoflow.cluster.node", location, "--main-process-ip", "127.0.0.1"]
     command += ["--main-process-port", str(port)]
     with log.open("wb") as out:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)

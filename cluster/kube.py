@@ -1,7 +1,8 @@
 """The Kubernetes side of several machines per training job (`distributed.num_machines` > 1), without Prefect: the
 indexed Job and headless Service manifests (`job_manifest`, `service_manifest`), the API client the training task
-calls (`Kube`, over kubernetes_asyncio), and what the pods get besides the spec (`pod_settings`). `tasks.multinode`
-creates, watches and deletes the Job with them; the module's table there says where each setting comes from.
+calls (`Kube`, over kubernetes_asyncio), and what the pods get besides the spec (`pod_settings`).
+`grpoflow.cluster.multinode` creates, watches and deletes the Job with them; the module's table there says where each
+setting comes from.
 """
 
 import asyncio
@@ -12,8 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainers.launch import TrainingSetupError
-from trainers.spec import JobSpec
+from grpoflow.trainers.launch import TrainingSetupError
+from grpoflow.trainers.spec import JobSpec
 
 IMAGE_ENV = "GRPOFLOW_IMAGE"
 NAMESPACE_ENV = "GRPOFLOW_K8S_NAMESPACE"
@@ -108,7 +109,7 @@ def job_manifest(
     command = [
         "python",
         "-m",
-        "tasks.node",
+        "grpoflow.cluster.node",
         location,
         "--main-process-ip",
         main_host(name, settings.namespace),

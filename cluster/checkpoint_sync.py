@@ -28,9 +28,9 @@ from pathlib import Path
 
 import fsspec
 
-from tasks.storage import filesystem
-from trainers.grpo import checkpoint_step, intact_checkpoint
-from trainers.jobdir import JobDir
+from grpoflow.integrations.storage import filesystem
+from grpoflow.trainers.grpo import checkpoint_step, intact_checkpoint
+from grpoflow.trainers.jobdir import JobDir
 
 logger = logging.getLogger(__name__)
 MANIFEST = "grpoflow-checkpoint.json"
@@ -170,7 +170,7 @@ def prune_remote(fs: fsspec.AbstractFileSystem, remote_dir: str, keep: set[str])
 
 def sync_checkpoints(fs: fsspec.AbstractFileSystem, job: JobDir, remote: str) -> list[str]:
     """Uploads every intact local checkpoint the remote lacks intact, oldest first, then removes the remote ones that
-    are gone locally; what `tasks.job.upload_job` does with `checkpoints/`. Returns the names uploaded."""
+    are gone locally; what `grpoflow.tasks.job.upload_job` does with `checkpoints/`. Returns the names uploaded."""
     uploaded, local = [], local_checkpoints(job)
     for path in local:
         if remote_manifest(fs, f"{remote}/checkpoints/{path.name}") is None:

@@ -10,8 +10,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventResourceFilter
 
-from tasks.events import emit
-from trainers.jobdir import JobDir
+from grpoflow.integrations.events import emit
+from grpoflow.trainers.jobdir import JobDir
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -12,13 +12,13 @@ import s3fs
 import yaml
 from prefect.filesystems import RemoteFileSystem
 
-from flows.cli import main
-from tasks import storage
-from tasks.checkpoint_sync import restore_checkpoint
-from tasks.job import create_job_task, job_dir, job_location, unlock_remote, upload_job
+from grpoflow.cluster.checkpoint_sync import restore_checkpoint
+from grpoflow.flows.cli import main
+from grpoflow.integrations import storage
+from grpoflow.tasks.job import create_job_task, job_dir, job_location, unlock_remote, upload_job
+from grpoflow.trainers.dataset import ingest_dataset, load_ingested
+from grpoflow.trainers.spec import SpecError, load_spec
 from tests.conftest import arithmetic_rows
-from trainers.dataset import ingest_dataset, load_ingested
-from trainers.spec import SpecError, load_spec
 
 ROWS = "".join(json.dumps(r) + "\n" for r in arithmetic_rows(10)).encode()
 
@@ -87,7 +87,7 @@ def test_job_folder_staged_uploaded_and_resumed(bucket, tmp_path, monkeypatch):
     fs = s3fs.S3FileSystem()
     remote = f"{bucket}/runs/s3-job-1"
     assert {p.removeprefix(remote + "/") for p in fs.find(remote)} == {
-        ".lease.json",  # the run's lease (tasks.leases), held until the job ends: no second machine takes the job
+        ".lease.json",  # the run's lease (integrations/leases.py), held to the job's end: no second machine takes it
         "spec.yaml",
         "events.jsonl",
         "metrics.jsonl",
@@ -176,8 +176,8 @@ def test_cli_reads_jobs_on_s3(bucket, tmp_path, monkeypatch):
 
 
 def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
-    from flows.cli import UsageError, check_resume
-    from trainers.spec import to_yaml
+    from grpoflow.flows.cli import UsageError, check_resume
+    from grpoflow.trainers.spec import to_yaml
 
     root = f"s3://{bucket}/runs"
     spec, _ = load_spec(spec_dict(root))

@@ -1,5 +1,5 @@
 """Event emission for every stage: a Prefect event (`emit_event`), a line in the job's `events.jsonl`, and a queued
-delivery to each of the spec's webhooks (`tasks.webhooks`).
+delivery to each of the spec's webhooks (`grpoflow.integrations.webhooks`).
 
 Names follow shared/DESIGN.md: `grpoflow.<subject>.<verb>`, resource `grpoflow.job.<job_id>`. The Prefect event is
 sent only when a Prefect API is configured (`PREFECT_API_URL`, or a profile that sets it; `grpoflow run` sets it for
@@ -14,8 +14,8 @@ import threading
 import uuid
 from datetime import UTC, datetime
 
-from tasks import webhooks
-from trainers.jobdir import JobDir
+from grpoflow.integrations import webhooks
+from grpoflow.trainers.jobdir import JobDir
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()

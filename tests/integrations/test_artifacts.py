@@ -1,6 +1,6 @@
-"""What a run shows in Prefect (`tasks.artifacts`): the progress lines' fixed format, the score in the final state's
-message, artifact keys; and, read back from a real Prefect server through the client API, the report (its plots
-inlined), the evaluation table, the progress artifact and the links."""
+"""What a run shows in Prefect (`grpoflow.integrations.artifacts`): the progress lines' fixed format, the score in the
+final state's message, artifact keys; and, read back from a real Prefect server through the client API, the report (its
+plots inlined), the evaluation table, the progress artifact and the links."""
 
 import base64
 import json
@@ -11,7 +11,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogWorker
 
-from tasks.artifacts import (
+from grpoflow.integrations.artifacts import (
     StageProgress,
     artifact_key,
     evaluation_artifact,
@@ -21,8 +21,8 @@ from tasks.artifacts import (
     score_summary,
     sft_line,
 )
-from trainers.jobdir import JobDir
-from trainers.spec import load_spec
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.spec import load_spec
 
 PNG = base64.b64decode(  # a 1x1 PNG
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="

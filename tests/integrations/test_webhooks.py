@@ -1,4 +1,4 @@
-"""Tests for tasks/webhooks.py: events emitted for real, delivered over HTTP to real receivers on 127.0.0.1.
+"""Tests for integrations/webhooks.py: events emitted for real, delivered over HTTP to real receivers on 127.0.0.1.
 
 No test bounds a duration from above by less than many times what it takes on a loaded machine: "does not wait" is
 shown by what has (not) happened yet while a receiver holds its answer back, and a flush that must drain is given
@@ -21,11 +21,11 @@ from importlib.metadata import version
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-import tasks.events
-from tasks import webhooks
-from tasks.events import emit
-from trainers.jobdir import JobDir, write_text_atomic
-from trainers.spec import load_spec, to_yaml
+import grpoflow.integrations.events
+from grpoflow.integrations import webhooks
+from grpoflow.integrations.events import emit
+from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+from grpoflow.trainers.spec import load_spec, to_yaml
 
 SECRET_ENV = "GRPOFLOW_TEST_SECRET"
 PLAIN = "plain-secret-do-not-leak-7f3a"
@@ -480,7 +480,7 @@ def test_discarded_job_folder_is_not_recreated(receiver, make_job):
     job = make_job(r.url)
 
     emit(job, "grpoflow.job.failed", {"reason": "rejected"})
-    shutil.rmtree(job.root)  # what tasks.job.discard_job does for a rejected input
+    shutil.rmtree(job.root)  # what grpoflow.tasks.job.discard_job does for a rejected input
     r.release()
 
     assert webhooks.flush(DRAIN_S)
@@ -489,7 +489,9 @@ def test_discarded_job_folder_is_not_recreated(receiver, make_job):
 
 
 def test_prefect_still_gets_the_event(isolated, monkeypatch, receiver, make_job):
-    monkeypatch.setattr(tasks.events, "prefect_api_configured", lambda: True)  # as under `grpoflow run`
+    monkeypatch.setattr(
+        grpoflow.integrations.events, "prefect_api_configured", lambda: True
+    )  # as under `grpoflow run`
     r = receiver()
     job = make_job(r.url)
 

@@ -1,19 +1,20 @@
-"""What each pod of a several-machine training job runs (the container command of `tasks.kube.job_manifest`):
+"""What each pod of a several-machine training job runs (the container command of
+`grpoflow.cluster.kube.job_manifest`):
 
-    python -m tasks.node s3://bucket/runs/<job_id> --main-process-ip HOST [--main-process-port 29500]
+    python -m grpoflow.cluster.node s3://bucket/runs/<job_id> --main-process-ip HOST [--main-process-port 29500]
         [--checkpoint checkpoint-N | none]
 
 Its machine rank is the indexed Job's JOB_COMPLETION_INDEX (or `--machine-rank`). It downloads the job folder into its
 own staging folder (GRPOFLOW_STAGING_DIR), then the checkpoint the task picked for every machine (default: the newest
-every machine uploaded its part of, `complete_checkpoint`), and runs the `trainers.grpo` child under
-`accelerate launch --num_machines N --machine_rank R --main_process_ip HOST` (`trainers.launch`), its output echoed
-to stdout (the pod's log) and kept in `logs/machine-R.log`. Rank 0 uploads each checkpoint as it is saved, with the
-metrics and logs, and at the end the training results (`tasks.checkpoint_sync.CheckpointSync`). The other machines'
-processes write files of their own into each checkpoint (their RNG state; with zero2/zero3 their DeepSpeed shards),
-which no other machine's disk holds: each such machine uploads them into the same remote checkpoint once rank 0's
-manifest says it is intact, with a manifest of its own (`grpoflow-checkpoint.machine-R.json`), and downloads them
-with the checkpoint on a retry (`MachineCheckpoints`). Exit code: 0 trained, 2 a setup problem and 3 a failed reward
-(the child's, which no retry cures), 1 any other failure.
+every machine uploaded its part of, `complete_checkpoint`), and runs the `grpoflow.trainers.grpo` child under
+`accelerate launch --num_machines N --machine_rank R --main_process_ip HOST` (`grpoflow.trainers.launch`), its output
+echoed to stdout (the pod's log) and kept in `logs/machine-R.log`. Rank 0 uploads each checkpoint as it is saved, with
+the metrics and logs, and at the end the training results (`grpoflow.cluster.checkpoint_sync.CheckpointSync`). The
+other machines' processes write files of their own into each checkpoint (their RNG state; with zero2/zero3 their
+DeepSpeed shards), which no other machine's disk holds: each such machine uploads them into the same remote checkpoint
+once rank 0's manifest says it is intact, with a manifest of its own (`grpoflow-checkpoint.machine-R.json`), and
+downloads them with the checkpoint on a retry (`MachineCheckpoints`). Exit code: 0 trained, 2 a setup problem and 3 a
+failed reward (the child's, which no retry cures), 1 any other failure.
 """
 
 import argparse
@@ -26,11 +27,17 @@ import threading
 import time
 from pathlib import Path
 
-from tasks.checkpoint_sync import CHECK_S, CheckpointSync, download_checkpoint, remote_checkpoints, remote_manifest
-from tasks.job import download_job
-from tasks.storage import filesystem, join, staging_root
-from trainers.jobdir import JobDir
-from trainers.launch import (
+from grpoflow.cluster.checkpoint_sync import (
+    CHECK_S,
+    CheckpointSync,
+    download_checkpoint,
+    remote_checkpoints,
+    remote_manifest,
+)
+from grpoflow.integrations.storage import filesystem, join, staging_root
+from grpoflow.tasks.job import download_job
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import (
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
     Machines,
@@ -38,7 +45,7 @@ from trainers.launch import (
     TrainingSetupError,
     run_child,
 )
-from trainers.spec import load_spec
+from grpoflow.trainers.spec import load_spec
 
 # How long a machine of rank > 0 waits, after its child exited, for rank 0's upload of the newest checkpoint (its own
 # part goes up after it).
@@ -216,7 +223,7 @@ def train(job: JobDir, location: str, machines: Machines, restored: str | None =
     echo = Echo(job.logs / log_name)
     try:
         run_child(
-            "trainers.grpo",
+            "grpoflow.trainers.grpo",
             job,
             spec.gpu_count,
             log_name,

@@ -1,19 +1,20 @@
 """Several machines per training job (`distributed.num_machines` > 1): the training stage as a Kubernetes indexed Job.
 
-`run_on_machines(job, spec, poll)` is what `tasks.train.train_task` runs instead of a local child. It uploads the job
-folder to the spec's `s3://` output_uri (pods share no disk), creates a headless Service and an indexed Job of
+`run_on_machines(job, spec, poll)` is what `grpoflow.tasks.train.train_task` runs instead of a local child. It uploads
+the job folder to the spec's `s3://` output_uri (pods share no disk), creates a headless Service and an indexed Job of
 `num_machines` pods (completionMode Indexed: pod `<name>-<i>` gets JOB_COMPLETION_INDEX=i and, through the Service's
 `subdomain`, the DNS name `<name>-<i>.<name>.<namespace>.svc`), and watches it to its end: each pod runs `python -m
-tasks.node` (the node entry: download the job folder and newest intact checkpoint, `accelerate launch --num_machines
-N --machine_rank i --main_process_ip <name>-0...`, rank 0 uploading checkpoints as they are saved and the results at
-the end). The pods' logs are copied into `logs/train.log` (one `[rank i]` prefix per pod) and `metrics.jsonl` is read
-back from the store while they train, so the progress lines, events and health monitor work as for one machine.
+grpoflow.cluster.node` (the node entry: download the job folder and newest intact checkpoint, `accelerate launch
+--num_machines N --machine_rank i --main_process_ip <name>-0...`, rank 0 uploading checkpoints as they are saved and
+the results at the end). The pods' logs are copied into `logs/train.log` (one `[rank i]` prefix per pod) and
+`metrics.jsonl` is read back from the store while they train, so the progress lines, events and health monitor work as
+for one machine.
 
 Every index succeeded: the results (training.json, merged/ or adapter/, metrics.jsonl) are downloaded into the local
 job folder. A pod that failed: `RuntimeError` naming the pod, its exit code and the end of its log (Prefect's retry
 creates a new Job, which resumes from the newest checkpoint on the store); a pod that exited 2 or 3 (the child's
-setup error or failed reward, `trainers.launch`): `TrainingSetupError` / `RewardFailed`, not retried. The Job (with
-its pods) and the Service are deleted however the task ends.
+setup error or failed reward, `grpoflow.trainers.launch`): `TrainingSetupError` / `RewardFailed`, not retried. The Job
+(with its pods) and the Service are deleted however the task ends.
 
 Where things come from (environment of the flow run, e.g. the work pool's `env` job variable):
 
@@ -36,19 +37,19 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from tasks.job import upload_job
-from tasks.kube import LABEL, Kube, job_manifest, pod_settings, run_name, service_manifest
-from tasks.node import complete_checkpoint
-from tasks.storage import filesystem, join
-from trainers.jobdir import JobDir, write_text_atomic
-from trainers.launch import (
+from grpoflow.cluster.kube import LABEL, Kube, job_manifest, pod_settings, run_name, service_manifest
+from grpoflow.cluster.node import complete_checkpoint
+from grpoflow.integrations.storage import filesystem, join
+from grpoflow.tasks.job import upload_job
+from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+from grpoflow.trainers.launch import (
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
     RewardFailed,
     TrainingSetupError,
     TrainingStopped,
 )
-from trainers.spec import JobSpec
+from grpoflow.trainers.spec import JobSpec
 
 POLL_S = 2.0
 START_TIMEOUT_ENV = "GRPOFLOW_K8S_START_TIMEOUT_S"

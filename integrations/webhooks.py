@@ -1,9 +1,9 @@
 """Signed webhook delivery of the job's events (Standard Webhooks), off the training's critical path.
 
-`tasks.events.emit` calls `deliver(job, record)` for every event; it reads the webhooks from the job's `spec.yaml`,
-queues one delivery per webhook and returns. One daemon thread per endpoint URL posts that endpoint's events in
-order, retrying connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx are final. A dead or
-hanging endpoint therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout`
+`grpoflow.integrations.events.emit` calls `deliver(job, record)` for every event; it reads the webhooks from the job's
+`spec.yaml`, queues one delivery per webhook and returns. One daemon thread per endpoint URL posts that endpoint's
+events in order, retrying connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx are final. A dead
+or hanging endpoint therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout`
 seconds, for the queues to drain; whatever is still queued when the process exits is lost.
 
 Each request: a POST of `{"type": "training.completed", "timestamp": "<ISO 8601 UTC>", "data": {..., "job_id": ...}}`
@@ -51,8 +51,8 @@ from pydantic import TypeAdapter
 from standardwebhooks import Webhook, WebhookVerificationError
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
-from trainers.jobdir import JobDir
-from trainers.spec import WebhookSpec
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.spec import WebhookSpec
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def deliver(job: JobDir, record: dict) -> None:
 
     Args:
         job (`JobDir`): the job; its `spec.yaml` names the webhooks. No spec file or no webhooks: nothing happens.
-        record (`dict`): the record `tasks.events.emit` wrote (`id`, `event`, `occurred`, `payload`).
+        record (`dict`): the record `grpoflow.integrations.events.emit` wrote (`id`, `event`, `occurred`, `payload`).
     """
     hooks = _webhooks(job)
     if not hooks:

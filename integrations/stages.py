@@ -19,9 +19,9 @@ from pathlib import Path
 
 from prefect.states import Failed, State
 
-from trainers.jobdir import JobDir, write_json_atomic
-from trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
-from trainers.spec import JobSpec, resolved_dict
+from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
+from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 
 def _record_path(job: JobDir, stage: str) -> Path:

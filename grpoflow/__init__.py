@@ -1,0 +1,18 @@
+"""grpoflow: GRPO fine-tuning as a Prefect pipeline.
+
+The one top-level name grpoflow installs. The repository keeps its layers as top-level folders, and the build
+backend's package-dir mapping (pyproject.toml) installs each as a subpackage of this one:
+
+| folder | installed as | holds |
+| --- | --- | --- |
+| `trainers/` | `grpoflow.trainers` | the ML: spec, TRL training, rewards, merge, evaluation; no Prefect |
+| `tasks/` | `grpoflow.tasks` | one Prefect task per pipeline stage |
+| `integrations/` | `grpoflow.integrations` | what tasks call: storage, leases, stage records, events, webhooks |
+| `cluster/` | `grpoflow.cluster` | several machines per job on Kubernetes |
+| `flows/` | `grpoflow.flows` | the Prefect flows and the `grpoflow` CLI |
+| `examples/` | `grpoflow.examples` | the demo's spec, data and reward module |
+
+So a user's own `tasks.py`, `flows/` or `trainers/` never meets grpoflow's.
+"""
+
+__version__ = "0.1.0"
