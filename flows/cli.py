@@ -272,11 +272,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         collector.resume()
 
         # The report's wall time is the one the user waited: from this command's start.
-        with (
-            server.connected(temporary),
-            server.heartbeats_unjoined(),
-            waited_since(getattr(args, "started", None) or time.time()),
-        ):
+        with server.connected(temporary), waited_since(getattr(args, "started", None) or time.time()):
             try:
                 state = grpo_pipeline(spec, job_id=getattr(args, "resume", None), return_state=True)
             except BaseException:
@@ -582,7 +578,7 @@ def cmd_sweep(args) -> int:
         temporary = server.start_if_needed()
         from grpoflow.flows.sweep import grpo_sweep
 
-        with server.connected(temporary), server.heartbeats_unjoined():
+        with server.connected(temporary):
             state = grpo_sweep(spec, grid, args.max_concurrent, args.deployment, sweep_id=sweep_id, return_state=True)
     except KeyboardInterrupt:
         if not _STOPPED_BY:
@@ -939,12 +935,9 @@ def _user_error_code(error: Exception) -> int | None:
 
 
 def entry() -> None:
-    """The `grpoflow` command: `main()`, then the end of the process without Python's module teardown
-    (`grpoflow.trainers.exits`)."""
-    from grpoflow.trainers.exits import exit_now
-
+    """The `grpoflow` command: `main()`, its return value the exit code."""
     collector.pause()  # `run` and `demo` resume it before their flow, every other command at its start
-    exit_now(main())
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -1,20 +1,19 @@
 """The temporary Prefect server `grpoflow run` uses when no Prefect API is configured.
 
-It is Prefect's own ephemeral server (the app `prefect.server.api.server.SubprocessASGIServer` runs, with the same
-settings), started by grpoflow instead of by Prefect's client so that it boots while this process still imports
-Prefect, runs the preflight and imports the pipeline (Prefect, datasets, the tasks): on a multi-core machine they
-overlap instead of adding up, and this process never imports the server's own modules (FastAPI, SQLAlchemy, ~2.6 s).
-Its boot is the longest of the three, so it starts first: before Prefect's import (~1.5 s) whenever the environment
-and the active profile configure no API (`_configured_elsewhere`), Prefect's reading of its settings then confirming
-that it is needed. What the server process does differently from `uvicorn --factory ...create_app` is in `serve`.
-The flow then talks to it as to any running server, through `PREFECT_API_URL` set for this process and its children.
-With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode turned off, nothing is started.
+It is `prefect server start` (Prefect's own command, nothing patched) on a free loopback port, without the UI, the
+scheduler or the late-runs service, started by grpoflow rather than by Prefect's client (its ephemeral mode) for
+three reasons: it boots while this process still imports Prefect, loads the spec and runs the preflight; it runs in
+a session of its own, so the terminal's Ctrl-C reaches only grpoflow, which ends the job through the server and stops
+it last; and it dies with grpoflow however grpoflow dies. It starts before Prefect's import whenever the environment
+and the active profile configure no API (`_configured_elsewhere`); Prefect's reading of its settings then confirms
+that it is needed. The flow talks to it as to any running server, through `PREFECT_API_URL` set for this process and
+its children. With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode turned off, nothing is
+started.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import socket
@@ -26,20 +25,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-# uvicorn's exit code when startup failed: its port taken between our check and its bind (then another port may do),
-# or the app itself failing to start (then every try fails the same way): a few tries, not until the timeout.
-STARTUP_FAILED_EXIT = 3
+# `prefect server start`'s exit codes when startup failed: 1 for a port it found taken, uvicorn's 3 for one taken
+# between its check and its bind (then another port may do), or for the app failing to start (then every try fails
+# the same way): a few tries, not until the timeout.
+STARTUP_FAILED_EXITS = (1, 3)
 MAX_LAUNCHES = 3
 
-# The environment Prefect's `SubprocessASGIServer` gives its server: the UI off, the app built as ephemeral.
-SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+# What the server runs: the API with its services (they record task runs and events), without what only a lasting
+# server needs: the UI, the scheduler of deployments, the late-runs marker.
+SERVER_FLAGS = ("--no-ui", "--no-scheduler", "--no-late-runs", "--analytics-off", "--log-level", "ERROR")
 # What a temporary server skips unless the environment asks for it: writing Prefect's catalogue of block types into
-# the database at each start, which first imports every installed Prefect collection to hash the catalogue
-# (prefect-kubernetes: ~1.3 s). A run writes no block; the next `prefect server start` on this PREFECT_HOME registers
-# the catalogue as usual.
+# the database at each start, which first imports every installed Prefect collection (prefect-kubernetes: ~1.3 s).
+# A run writes no block; the next `prefect server start` on this PREFECT_HOME registers the catalogue as usual.
 SERVER_DEFAULTS = {  # the names Prefect reads each setting from, the value
     ("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "PREFECT_API_BLOCKS_REGISTER_ON_START"): "false",
-    ("PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION", "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION"): "false",
 }
 # Where the environment or a profile configures the API, or turns Prefect's ephemeral server off.
 API_KEYS = ("PREFECT_API_URL",)
@@ -70,7 +69,7 @@ class TemporaryServer:
 
     def __init__(self):
         defaults = {names[0]: value for names, value in SERVER_DEFAULTS.items() if not set(names) & set(os.environ)}
-        self._env = {**defaults, **os.environ, **SERVER_ENV}
+        self._env = {**defaults, **os.environ}
         self._env.pop("PREFECT_API_URL", None)
         self.process: subprocess.Popen | None = None
         self.launches = 0
@@ -86,10 +85,23 @@ class TemporaryServer:
         # Its own session: the terminal's Ctrl-C reaches only grpoflow, which then ends the job through this server
         # and stops it last. And it dies with grpoflow (SIGKILL included), never orphaned.
         self.process = subprocess.Popen(
-            # -P: the user's folder is not on its path (a `flows` package of their own stays theirs).
-            [sys.executable, "-P", "-m", "grpoflow.flows.server", str(self.port)],
+            # -P: the user's folder is not on its path (a `prefect.py` of their own stays theirs).
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *SERVER_FLAGS,
+            ],  # fmt: skip
             env=self._env,
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # its welcome banner; its errors go to stderr
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
@@ -102,7 +114,7 @@ class TemporaryServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             code = self.process.poll()
-            if code == STARTUP_FAILED_EXIT and self.launches < MAX_LAUNCHES:
+            if code in STARTUP_FAILED_EXITS and self.launches < MAX_LAUNCHES:
                 self._launch()
             elif code is not None:
                 raise ServerError(
@@ -207,23 +219,6 @@ def connected(server: TemporaryServer | None):
             os.environ["PREFECT_API_URL"] = previous
 
 
-@contextlib.contextmanager
-def heartbeats_unjoined():
-    """Inside: a flow run's end does not wait for its heartbeat thread. Prefect's sync engine joins that thread when
-    the run's code returns, and the thread sleeps in 1 s slices between its checks of the stop signal: 0-1 s at the
-    end of every `grpoflow run` against a running server (~0.5 s on average). Prefect's async engine starts the same
-    thread with `join_on_exit=False`; here the sync engine does too. The thread still sends every heartbeat while
-    the run lasts (how a server detects a crashed run), and ends by itself at its next check, sending nothing more."""
-    from prefect import flow_engine
-
-    send = flow_engine._send_heartbeats
-    flow_engine._send_heartbeats = functools.partial(send, join_on_exit=False)
-    try:
-        yield
-    finally:
-        flow_engine._send_heartbeats = send
-
-
 def drain_workers(timeout_s: float = 10.0) -> None:
     """Sends the logs and events Prefect still queues to the server, before the server goes away (as Prefect's own
     ephemeral server gets them at exit, because it stops last)."""
@@ -232,42 +227,3 @@ def drain_workers(timeout_s: float = 10.0) -> None:
 
     for worker in (APILogWorker, EventsWorker):
         worker.drain_all(timeout=timeout_s)
-
-
-def serve(port: int) -> None:
-    """The server process: Prefect's app, as `uvicorn --factory prefect.server.api.server:create_app` serves it
-    (the factory reads the `SERVER_ENV` variables), its modules imported and the app built with the garbage collector
-    paused (`grpoflow.trainers.collector`: ~1 s of a ~4.5 s boot), and handed straight to the in-process clients that
-    ask the factory for it again (`_reuse_app`)."""
-    from grpoflow.trainers import collector
-
-    collector.pause()
-    import uvicorn
-    from prefect.server.api.server import create_app
-
-    app = create_app()
-    _reuse_app(app)
-    collector.resume()
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", lifespan="on")
-
-
-def _reuse_app(app) -> None:
-    """Prefect's in-process clients (the Actions service builds two as the server starts) call `create_app()` with no
-    arguments to reach the app being served. The factory's cache returns it, but only after hashing every setting and
-    re-reading the logging configuration: ~0.2 s a call, ~0.4 s of the boot. Here a call with no arguments, under the
-    settings the app was built with, returns that app at once; any other call goes to the factory."""
-    import prefect.server.api.server as server
-    from prefect.settings import get_current_settings
-
-    factory, settings = server.create_app, get_current_settings()
-
-    def create_app(*args, **kwargs):
-        if not args and not kwargs and get_current_settings() is settings:
-            return app
-        return factory(*args, **kwargs)
-
-    server.create_app = create_app
-
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]))

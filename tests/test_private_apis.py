@@ -20,13 +20,8 @@ code moves between modules; grep for the function name.
 | datasets | `Dataset._fingerprint` | the ingest cache key of a Hub dataset, and `state.json` | `_fingerprint`, `_write_splits` (the dataset ingest module) |
 | datasets | `save_to_disk`'s layout: `state.json` keys, `dataset_dict.json`, one Arrow IPC stream per split | the ingest writes the folder by hand (~20x faster) and `load_from_disk` reads it | `_write_splits` (the dataset ingest module) |
 | datasets | `Dataset(pyarrow.Table, info=...)` and `Dataset.data.table` | the holdout split taken with Arrow, not `train_test_split` | `_split` / holdout (the dataset ingest module) |
-| prefect | `PREFECT__SERVER_EPHEMERAL`, `PREFECT__SERVER_FINAL`, `PREFECT_UI_ENABLED`: the environment `SubprocessASGIServer` gives its server | the temporary server is Prefect's ephemeral server, started by grpoflow | `SERVER_ENV`, `TemporaryServer` (flows/server.py) |
-| prefect | `prefect.server.api.server:create_app` (the server's private module), called with no arguments as `SubprocessASGIServer`'s `uvicorn --factory` command calls it, served with its `--log-level error --lifespan on` | the temporary server's app | `serve` (flows/server.py) |
-| prefect | settings `server.ephemeral.enabled` / `.startup_timeout_seconds`, `api.url`, `server.register_blocks_on_start`, `server.memoize_block_auto_registration`, `flows.heartbeat_frequency` (None: no heartbeats); env names `PREFECT_SERVER_ANALYTICS_ENABLED`, `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` and the aliases in `SERVER_DEFAULTS`, `API_KEYS`, `EPHEMERAL_KEYS` | when to start a server, how long to wait, what a temporary server skips, no telemetry | `start_if_needed`, `TemporaryServer`, `connected` (flows/server.py), flows/__init__.py, tasks/__init__.py |
+| prefect | settings `server.ephemeral.enabled` / `.startup_timeout_seconds`, `api.url`, `server.register_blocks_on_start`, `flows.heartbeat_frequency` (None: no heartbeats); env names `PREFECT_SERVER_ANALYTICS_ENABLED`, `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` and the aliases in `SERVER_DEFAULTS`, `API_KEYS`, `EPHEMERAL_KEYS` | when to start a server, how long to wait, what a temporary server skips, no telemetry | `start_if_needed`, `TemporaryServer`, `connected` (flows/server.py), flows/__init__.py, tasks/__init__.py |
 | prefect | `profiles.toml`: `PREFECT_PROFILES_PATH` (default `$PREFECT_HOME/profiles.toml`), its `active` key and `[profiles.<name>]` tables, `PREFECT_PROFILE`, and the built-in profiles where only `ephemeral` sets no API | whether a temporary server is likely needed, read before Prefect's import (Prefect's settings decide) | `_configured_elsewhere` (flows/server.py) |
-| prefect | the server's in-process clients (`prefect.server.api.clients.BaseClient`, `prefect.server.events.clients.PrefectServerEventsAPIClient`) import `create_app` from its module when built and call it with no arguments for the app being served | the temporary server hands them its app without the factory's settings hash and logging setup | `_reuse_app` (flows/server.py) |
-| prefect | `prefect.flow_engine._send_heartbeats(engine, join_on_exit=)`, looked up from its module by the sync engine's `run_context` at each run; its thread sleeps in 1 s slices | a flow run's end does not wait for the heartbeat thread | `heartbeats_unjoined` (flows/server.py) |
-| prefect | the create_app lifespan's `_memoize_block_auto_registration` wrapper imports every installed collection before it reads `memoize_block_auto_registration` | both settings off skip the block catalogue | `SERVER_DEFAULTS` (flows/server.py) |
 | prefect | `prefect.runtime.deployment.name` reads the flow run from the API when `FlowRunContext` (not its `flow_run`) has no `deployment_id` | artifact keys read the run's own `deployment_id` first | `_deployment_name` (integrations/artifacts.py) |
 | prefect | `temporary_settings(updates={PREFECT_API_URL: ...})` and `PREFECT_API_URL.value()` (the legacy setting objects) | point the client at the temporary server; read the API URL | `connected` (flows/server.py), `api_url` (flows/deployments.py) |
 | prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (flows/server.py) |
@@ -40,16 +35,11 @@ code moves between modules; grep for the function name.
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
 | trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py) |
 | standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (integrations/webhooks.py) |
-| python | `threading._shutdown()` (threading's exit hooks, then the join of non-daemon threads) and `atexit._run_exitfuncs()`, the first steps of the interpreter's exit | a process ends after them without the module teardown | `exit_now` (trainers/exits.py) |
 """
 
-import ast
 import inspect
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -351,67 +341,12 @@ def test_dataset_wraps_a_pyarrow_table_and_exposes_it():
 # --- Prefect --------------------------------------------------------------------------------------------------------
 
 
-def _function_ast(fn) -> ast.AST:
-    return ast.parse(textwrap.dedent(inspect.getsource(fn)))
-
-
-def _prefect_env_literals(fn) -> dict[str, str]:
-    """The `"PREFECT...": "value"` entries of the dict literals in `fn`'s source."""
-    found = {}
-    for node in ast.walk(_function_ast(fn)):
-        if isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values, strict=True):
-                if isinstance(key, ast.Constant) and str(key.value).startswith("PREFECT"):
-                    if isinstance(value, ast.Constant):
-                        found[key.value] = value.value
-    return found
-
-
-def _list_string_literals(fn) -> set[str]:
-    return {
-        element.value
-        for node in ast.walk(_function_ast(fn))
-        if isinstance(node, ast.List)
-        for element in node.elts
-        if isinstance(element, ast.Constant) and isinstance(element.value, str)
-    }
-
-
-def test_temporary_server_environment_is_the_one_prefects_ephemeral_server_gets():
-    from prefect.server.api.server import SubprocessASGIServer, create_app
-
-    from grpoflow.flows.server import SERVER_ENV
-
-    assert _prefect_env_literals(SubprocessASGIServer._run_uvicorn_command) == SERVER_ENV
-    # ...and the app factory still reads the two private variables from the environment.
-    read = {
-        node.args[0].value
-        for node in ast.walk(_function_ast(create_app))
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getenv" and node.args
-    }
-    assert {"PREFECT__SERVER_EPHEMERAL", "PREFECT__SERVER_FINAL"} <= read
-
-
-def test_temporary_server_serves_the_app_prefects_uvicorn_command_serves():
-    from prefect.server.api.server import SubprocessASGIServer, create_app
-
-    from grpoflow.flows.server import serve
-
-    theirs = _list_string_literals(SubprocessASGIServer._run_uvicorn_command)
-    assert {"--factory", "prefect.server.api.server:create_app", "--log-level", "error", "--lifespan", "on"} <= theirs
-    # uvicorn --factory calls it with no arguments, as `serve` does, and serves it with the same options.
-    assert all(p.default is not inspect.Parameter.empty for p in inspect.signature(create_app).parameters.values())
-    source = inspect.getsource(serve)
-    assert "create_app()" in source and 'log_level="error", lifespan="on"' in source
-
-
 def test_the_block_catalogue_settings_and_their_names(monkeypatch):
-    from prefect.server.api.server import _memoize_block_auto_registration
     from prefect.settings import Settings
 
     from grpoflow.flows.server import SERVER_DEFAULTS
 
-    fields = {"register_blocks_on_start", "memoize_block_auto_registration"}
+    fields = {"register_blocks_on_start"}
     for names, value in SERVER_DEFAULTS.items():
         [field] = [f for f in fields if names[0].lower().endswith(f)]
         aliases = Settings.model_fields["server"].annotation.model_fields[field].validation_alias.choices
@@ -419,9 +354,6 @@ def test_the_block_catalogue_settings_and_their_names(monkeypatch):
         assert getattr(Settings().server, field) is True  # the defaults the temporary server turns off
         monkeypatch.setenv(names[0], value)
         assert getattr(Settings().server, field) is False  # and the temporary server's value turns it off
-    # The wrapper reads the memoize setting before it loads the collections, so turning it off skips that import.
-    source = inspect.getsource(_memoize_block_auto_registration)
-    assert source.index("PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION") < source.index("load_prefect_collections()")
 
 
 def test_flow_run_heartbeats_turn_off_with_none(monkeypatch):
@@ -433,81 +365,6 @@ def test_flow_run_heartbeats_turn_off_with_none(monkeypatch):
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         assert get_current_settings().flows.heartbeat_frequency is None
         assert FlowRunEngine.heartbeat_seconds.fget(object()) is None  # the engine's reading: no heartbeat thread
-
-
-REUSED_APP = """
-import json
-from prefect.server.api.server import create_app
-from prefect.server.api.clients import OrchestrationClient
-from prefect.server.events.clients import PrefectServerEventsAPIClient
-from prefect.settings import PREFECT_SERVER_API_DEFAULT_LIMIT, temporary_settings
-from grpoflow.flows.server import _reuse_app
-
-app = create_app()
-_reuse_app(app)
-served = [client._http_client._transport.app is app for client in (OrchestrationClient(), PrefectServerEventsAPIClient())]
-with temporary_settings(updates={PREFECT_SERVER_API_DEFAULT_LIMIT: 7}):
-    other_settings = create_app() is app
-print(json.dumps([served, create_app() is app, create_app(ignore_cache=True) is app, other_settings]))
-"""
-
-
-def test_the_servers_in_process_clients_ask_the_factory_for_the_app_when_built(tmp_path):
-    # In a child process, with the temporary server's environment: settings are read once per process.
-    from grpoflow.flows.server import SERVER_DEFAULTS, SERVER_ENV
-
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {names[0]: value for names, value in SERVER_DEFAULTS.items()} | SERVER_ENV
-    env |= {"PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
-    proc = subprocess.run([sys.executable, "-c", REUSED_APP], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    served, again, ignoring_cache, other_settings = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert served == [True, True]  # both clients got the app being served, from the module's name at call time
-    assert again is True
-    # Everything else is still the factory's: a new app when asked for one, or for other settings.
-    assert ignoring_cache is False and other_settings is False
-
-
-def test_the_sync_engine_looks_up_send_heartbeats_at_each_run_and_joins_its_thread(prefect_server, monkeypatch):
-    import threading
-    import time
-
-    from prefect import flow, flow_engine
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
-    from grpoflow.flows.server import heartbeats_unjoined
-
-    joined, sent = [], []
-    join, emit = threading.Thread.join, flow_engine.FlowRunEngine._emit_flow_run_heartbeat
-
-    def recording_join(thread, timeout=None):
-        args = getattr(thread, "_args", ())  # the heartbeat thread runs heartbeat_loop in a copied context
-        if args and getattr(args[0], "__name__", "") == "heartbeat_loop":
-            joined.append(thread)
-        return join(thread, timeout)
-
-    def recording_emit(engine, *args):
-        sent.append(engine.flow_run.id)
-        return emit(engine, *args)
-
-    monkeypatch.setattr(threading.Thread, "join", recording_join)
-    monkeypatch.setattr(flow_engine.FlowRunEngine, "_emit_flow_run_heartbeat", recording_emit)
-    original = flow_engine._send_heartbeats
-
-    @flow
-    def until_a_heartbeat(before: int) -> int:
-        deadline = time.monotonic() + 30
-        while len(sent) == before and time.monotonic() < deadline:  # the thread's first heartbeat, at its start
-            time.sleep(0.01)
-        return len(sent)
-
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
-        assert until_a_heartbeat(0) == 1
-        assert len(joined) == 1  # Prefect's sync engine joins the heartbeat thread as the run ends: the wait
-        with heartbeats_unjoined():
-            assert until_a_heartbeat(1) == 2  # heartbeats still go out...
-        assert len(joined) == 1  # ...and the run's end no longer waits for the thread
-    assert flow_engine._send_heartbeats is original
 
 
 def test_profiles_toml_layout_and_the_default_profile():
@@ -699,14 +556,6 @@ def test_peft_all_linear_rule_on_a_meta_model():
     assert callable(_maybe_include_all_linear_layers) and LoraConfig(target_modules="all-linear")
     targets = default_lora_targets(resolve_model_path("builtin:tiny"))
     assert sorted(targets) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
-
-
-def test_interpreter_exit_steps_exist():
-    import atexit
-    import threading
-
-    assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
-    assert isinstance(threading._threading_atexits, list)  # the hooks `_shutdown` runs before its join
 
 
 def test_trl_qwen_response_template_and_training_template_helpers():

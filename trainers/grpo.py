@@ -20,7 +20,6 @@ from pathlib import Path
 
 from grpoflow.trainers.agents import agent_args, tool_tokenizer
 from grpoflow.trainers.architecture import adapter_summary
-from grpoflow.trainers.exits import exit_now
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
 from grpoflow.trainers.metrics import metrics_file_callback, truncate_metrics
@@ -345,4 +344,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(cli())  # without the teardown of torch and TRL (trainers/exits.py)
+    sys.exit(cli())

@@ -8,9 +8,9 @@ The base is loaded unquantized even for QLoRA jobs, so `merged/` holds ordinary 
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
-from grpoflow.trainers.exits import exit_now
 from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
 
 
@@ -63,4 +63,4 @@ def main(job_root: str) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job_dir")
-    exit_now(main(parser.parse_args().job_dir))  # without the teardown of torch (trainers/exits.py)
+    sys.exit(main(parser.parse_args().job_dir))

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 from grpoflow.trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
-from grpoflow.trainers.exits import exit_now
 from grpoflow.trainers.jobdir import JobDir, replace_dir
 from grpoflow.trainers.launch import SETUP_ERROR_EXIT, record_exit
 from grpoflow.trainers.metrics import metrics_file_callback
@@ -162,4 +161,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(cli())  # without the teardown of torch and TRL (trainers/exits.py)
+    sys.exit(cli())

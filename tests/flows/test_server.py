@@ -38,6 +38,7 @@ block_types = httpx.post(f"{url}/block_types/filter", json={}).json()
 flow_run = str(state.state_details.flow_run_id)
 logs = httpx.post(f"{url}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run]}}}).json()
 process = temporary.process
+command = process.args[2:]
 temporary.stop()
 print(json.dumps({
     "result": state.result(),
@@ -48,6 +49,7 @@ print(json.dumps({
     "server_exit": process.returncode,
     "heartbeat": heartbeat,
     "block_types": len(block_types),
+    "command": [str(a) for a in command],
 }))
 """
 
@@ -75,6 +77,8 @@ def test_a_flow_runs_against_the_temporary_server_and_its_logs_arrive(tmp_path):
     assert out["after"] is None  # PREFECT_API_URL is this run's only
     assert "hello from the flow" in out["messages"]
     assert out["server_exit"] is not None  # stopped, not left behind
+    # Prefect's own command, nothing of Prefect's replaced: no UI, no scheduler, no late-runs marker.
+    assert out["command"][:4] == ["-m", "prefect", "server", "start"] and "--no-ui" in out["command"]
     assert "grpoflow: temporary Prefect server on http://127.0.0.1:" in proc.stderr
     # What a temporary server skips: flow run heartbeats (no one outlives it to detect a crash from them) and the
     # block catalogue (~1.3 s of its boot; the next `prefect server start` on this home registers it).
@@ -148,7 +152,7 @@ def test_a_server_started_early_stops_when_prefect_finds_an_api_the_early_look_d
     # import is stopped unannounced, and no process is left.
     (tmp_path / "prefect.toml").write_text('[api]\nurl = "http://127.0.0.1:9/api"\n')
     script = (
-        "import json, psutil\nfrom flows import server\nassert not server._configured_elsewhere()\n"
+        "import json, psutil\nfrom grpoflow.flows import server\nassert not server._configured_elsewhere()\n"
         "result = server.start_if_needed()\n"
         "print(json.dumps([result is None, [p.cmdline() for p in psutil.Process().children(recursive=True)]]))"
     )
@@ -161,7 +165,7 @@ def test_a_server_started_early_stops_when_prefect_finds_an_api_the_early_look_d
 def test_run_starts_the_server_before_it_imports_prefect_or_the_spec_modules(tmp_path, make_spec):
     # Its boot is the longest part of a run's start: it starts first, and the rest imports beside it.
     script = (
-        "import json, sys\nfrom flows import server\nfrom grpoflow.flows.cli import main\nseen = []\n"
+        "import json, sys\nfrom grpoflow.flows import server\nfrom grpoflow.flows.cli import main\nseen = []\n"
         "def launch(self):\n"
         "    seen.append([name for name in ('prefect', 'grpoflow.trainers.spec') if name in sys.modules])\n"
         "    raise KeyboardInterrupt\n"

@@ -1,18 +1,21 @@
 """Faults inside training, met by the training child itself (`python -m grpoflow.trainers.grpo`, through `run_child` as
 the train task runs it): a reward that returns NaN, inf, too few values or a string from step 3, raises at step 3, or
 hangs at step 3 stops the child with exit code 3 (`RewardFailed`) naming the reward and the step; a reward calling
-`os._exit(0)` is a `ChildEndedEarly`, not a missing file. The rewards are in tests/bad_inputs/rewards/from_step3.py."""
+`os._exit(0)` is a `ChildEndedEarly`, not a missing file. The rewards are in tests/bad_inputs/rewards/from_step3.py.
+Beside them a reward writes to a buffered file it never flushes (tests/trainers/buffered_reward.py): a child that
+stops with exit code 3 still ends the ordinary way, and every line it wrote is in the file."""
 
 import pytest
 
 from grpoflow.trainers.launch import ChildEndedEarly, RewardFailed, run_child
 
 FAULTY = "tests.bad_inputs.rewards.from_step3"
+LOGGED = {"name": "logged", "function": "tests.trainers.buffered_reward:logged_reward"}
 FAST = {"max_steps": 4, "rollouts_per_prompt": 2, "max_response_length": 4}
 
 
 def faulty_job(make_job, name: str, reward: str, **changes):
-    rewards = [{"name": "exact_answer"}, {"name": "mine", "function": f"{FAULTY}:{reward}"}]
+    rewards = [{"name": "exact_answer"}, LOGGED, {"name": "mine", "function": f"{FAULTY}:{reward}"}]
     return make_job(name, rewards=rewards, hyperparameters=FAST, evaluation={"holdout": 0}, **changes)
 
 
@@ -32,7 +35,9 @@ def faulty_job(make_job, name: str, reward: str, **changes):
         ("raises_reward", "reward 'mine' raised KeyError: 'solution' at training step 3"),
     ],
 )
-def test_a_bad_reward_stops_training_at_its_step(make_job, reward, expect):
+def test_a_bad_reward_stops_training_at_its_step(make_job, reward, expect, tmp_path, monkeypatch):
+    reward_log = tmp_path / "reward.log"
+    monkeypatch.setenv("GRPOFLOW_TEST_REWARD_LOG", str(reward_log))  # read by the child's import of the module
     job, _ = faulty_job(make_job, reward.removesuffix("_reward"), reward)
     with pytest.raises(RewardFailed) as failed:
         run_child("grpoflow.trainers.grpo", job, 1, "train.log", result=job.training_result)
@@ -42,6 +47,9 @@ def test_a_bad_reward_stops_training_at_its_step(make_job, reward, expect):
     if reward == "raises_reward":  # the user's traceback is in the log, down to their line
         assert "Traceback" in log and 'raise KeyError("solution")' in log
     assert not job.training_result.exists()
+    # The buffered writes of the steps before the failure survived the child's end (0 bytes through os._exit).
+    steps = {line.split(":")[0] for line in reward_log.read_text().splitlines()}
+    assert {"step 1", "step 2", "step 3"} <= steps
 
 
 def test_a_hung_reward_times_out(make_job):
