@@ -84,11 +84,93 @@ def test_apply_outside_a_project(tmp_path):
     assert code == 2 and "grpoflow init" in err
 
 
+# --- a project with its own tasks.py, flows/ and trainers/ -----------------------------------------------------------
+
+USER_TASKS = """
+\"\"\"The user's own tasks.py (the commonest module name in Prefect projects), with a reward that logs through a
+buffered file it never flushes.\"\"\"
+from pathlib import Path
+
+LOG = open(Path(__file__).with_name("reward-calls.log"), "a")
+
+
+def my_reward(completions, trainer_state=None, **kwargs):
+    LOG.write("dry-run\\n" if trainer_state is None else "training\\n")
+    return [0.0] * len(completions)
+"""
+# The user's own packages named as grpoflow's layers: importing either is a bug of grpoflow's (or of Prefect's
+# entrypoint loading), and fails loudly.
+USER_PACKAGE = 'raise ImportError("the user\'s own {name}/ was imported")\n'
+USER_REWARD = {"function": "tasks:my_reward", "weight": 0.1}
+
+
+def add_users_own_modules(proj: Path) -> None:
+    """`tasks.py`, `flows/` and `trainers/` of the user's, and the project's spec naming `tasks:my_reward`."""
+    (proj / "tasks.py").write_text(USER_TASKS)
+    for name in ("flows", "trainers"):
+        (proj / name).mkdir()
+        (proj / name / "__init__.py").write_text(USER_PACKAGE.format(name=name))
+    spec = yaml.safe_load((proj / "spec.yaml").read_text())
+    spec["rewards"].append(USER_REWARD)
+    (proj / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+LOAD_ENTRYPOINTS = """
+import json, sys, yaml
+from prefect.flows import load_flow_from_entrypoint
+entrypoints = sorted({d["entrypoint"] for d in yaml.safe_load(open("prefect.yaml"))["deployments"]})
+print(json.dumps({e: load_flow_from_entrypoint(e).name for e in entrypoints}))
+"""
+
+
+def run_in(proj: Path, *argv) -> subprocess.CompletedProcess:
+    """A command in the project folder, as the user (or the worker's pull step) runs it: no path to this checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL")}
+    return subprocess.run([str(a) for a in argv], cwd=proj, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_project_with_its_own_tasks_flows_and_trainers_validates_and_loads_every_entrypoint(tmp_path):
+    proj = tmp_path / "proj"
+    init_project(proj)
+    add_users_own_modules(proj)
+    bin_dir = Path(sys.executable).parent
+    validated = run_in(proj, bin_dir / "grpoflow", "validate", "spec.yaml")
+    assert validated.returncode == 0, validated.stderr
+    assert "my_reward" in validated.stdout + validated.stderr
+    assert set((proj / "reward-calls.log").read_text().split()) == {"dry-run"}  # the user's module, dry-run
+    loaded = run_in(proj, sys.executable, "-c", LOAD_ENTRYPOINTS)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    flows = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert set(flows) == {
+        "grpoflow.flows.pipeline:grpo_pipeline",
+        "grpoflow.flows.triggered:grpo_pipeline_from_file",
+        "grpoflow.flows.watch:watch_new_data",
+        "grpoflow.flows.sweep:grpo_sweep",
+    }
+    assert flows["grpoflow.flows.pipeline:grpo_pipeline"] == "grpo-pipeline"
+
+
+def test_only_grpoflow_is_a_top_level_name_from_a_users_folder(tmp_path):
+    found = run_in(tmp_path, sys.executable, "-c", WHERE)
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)[1] == []
+
+
 # --- a non-editable install into a fresh venv ------------------------------------------------------------------------
 
 # The folders the build backend maps onto `grpoflow.*` (pyproject.toml's package-dir): what a wheel is built from.
 PACKAGE_DIRS = tomllib.loads((PROJECT_DIR / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 SOURCES = ("pyproject.toml", "README.md", *sorted(set(PACKAGE_DIRS.values())))
+
+
+# Run from a folder of the user's: grpoflow's modules come from the install, and no layer is a top-level name.
+WHERE = """
+import importlib.util, json
+import grpoflow.examples, grpoflow.flows
+bare = ["flows", "tasks", "trainers", "examples", "integrations", "cluster"]
+found = [grpoflow.flows.__file__, grpoflow.examples.__file__]
+print(json.dumps([found, [n for n in bare if importlib.util.find_spec(n)]]))
+"""
 
 
 def fresh_venv(tmp: Path) -> Path:
@@ -145,9 +227,11 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
         assert proc.returncode == 0, f"{argv}: {proc.stdout}\n{proc.stderr}"
         return proc
 
-    where = run(bin_dir / "python", "-c", "import examples, flows; print(flows.__file__, examples.__file__)")
+    where = run(bin_dir / "python", "-c", WHERE)
     site = str(venv / "lib")
-    assert all(path.startswith(site) for path in where.stdout.split()), where.stdout
+    found, bare = json.loads(where.stdout)
+    assert all(path.startswith(site) for path in found), where.stdout
+    assert bare == [], where.stdout  # only `grpoflow` is a top-level name
     print(f"fresh venv with a non-editable grpoflow: {time.monotonic() - started:.1f} s")
 
     # The embedded default, its spec and data found as package data.
@@ -158,6 +242,7 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
 
     run(bin_dir / "grpoflow", "init", "proj")
     proj = home / "proj"
+    add_users_own_modules(proj)
     run(bin_dir / "grpoflow", "validate", "spec.yaml", cwd=proj)
 
     procs = []
@@ -180,6 +265,7 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
             "    spec = d.parameters['spec']\n"
             "    spec['hyperparameters']['max_steps'] = 2\n"
             "    spec['evaluation']['holdout'] = 4\n"
+            f"    spec['rewards'].append({USER_REWARD!r})\n"
             "    run = client.create_flow_run_from_deployment(d.id, parameters={'spec': spec})\n"
             "    print(json.dumps({'id': str(run.id), 'pull': d.pull_steps, 'job_variables': d.job_variables}))\n"
         )
@@ -214,6 +300,9 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
     assert job.name.startswith("arithmetic-")
     assert [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert "rewards/close_answer_reward/mean" in (job / "metrics.jsonl").read_text()  # the project's own reward
+    # The user's tasks.py reward ran in the training child, and its buffered writes survived the child's end.
+    assert "rewards/my_reward/mean" in (job / "metrics.jsonl").read_text()
+    assert "training" in (proj / "reward-calls.log").read_text().split()
     print(f"whole test: {time.monotonic() - started:.1f} s")
 
 
@@ -255,4 +344,7 @@ def test_the_wheel_carries_the_image_files(tmp_path):
     [wheel] = (tmp_path / "wheels").glob("grpoflow-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("Dockerfile", ".dockerignore", "constraints.txt", "scripts/install.sh", "k8s-spec.yaml"):
-        assert f"flows/templates/project/{name}" in names, name
+        assert f"grpoflow/flows/templates/project/{name}" in names, name
+    # One import root: the wheel puts `grpoflow` on sys.path and nothing else (no flows, tasks, trainers, examples).
+    assert {name.split("/")[0] for name in names} == {"grpoflow", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "grpoflow/integrations/storage.py" in names and "grpoflow/examples/data/arithmetic.jsonl" in names
