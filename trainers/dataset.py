@@ -36,7 +36,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from datasets.features.features import require_storage_embed
 
 from grpoflow.trainers.jobdir import replace_dir
 from grpoflow.trainers.spec import REPO_ID_PATTERN
@@ -538,61 +537,13 @@ def _check_holdout(holdout: float, uri: str) -> None:
 def _split(ds: datasets.Dataset, holdout: float, seed: int, uri: str) -> datasets.DatasetDict:
     if holdout == 0:
         return datasets.DatasetDict({"train": ds})
-    # The same rows `ds.train_test_split(test_size=holdout, seed=seed)` picks (a fraction rounds up), taken with
-    # Arrow: `train_test_split` leaves an indices mapping that `save_to_disk` gathers one row at a time, ~7 us/row.
-    num_eval = math.ceil(holdout * ds.num_rows) if holdout < 1 else int(holdout)
+    num_eval = math.ceil(holdout * ds.num_rows) if holdout < 1 else int(holdout)  # as `train_test_split` rounds
     if num_eval >= ds.num_rows:
         raise DatasetError(
             f"holdout={holdout} leaves no training rows: dataset {uri} has {ds.num_rows}; lower the holdout"
         )
-    order = np.random.default_rng(seed).permutation(ds.num_rows)
-    table = ds.data.table
-    return datasets.DatasetDict(
-        {
-            "train": datasets.Dataset(table.take(order[num_eval:]), info=ds.info.copy()),
-            "eval": datasets.Dataset(table.take(order[:num_eval]), info=ds.info.copy()),
-        }
-    )
-
-
-# Record batches of the saved Arrow files: big enough that writing costs nothing per batch, small enough that reading
-# one row maps a small slice.
-WRITE_BATCH_ROWS = 65_536
-
-
-def _write_splits(splits: datasets.DatasetDict, folder: Path) -> None:
-    """Writes `splits` in `DatasetDict.save_to_disk`'s layout, so that `datasets.load_from_disk` reads it back.
-
-    `save_to_disk` goes through `datasets`' ArrowWriter in 1,000-row batches, re-deriving the schema from the features
-    for each: ~0.9 s per million rows, half the whole ingest. Here each split's table is written in one Arrow IPC
-    stream (the file format `save_to_disk` uses, one shard) with the features in its schema metadata: ~0.05 s.
-    Features that embed files (images, audio) still go through `save_to_disk`, which inlines their bytes.
-    """
-    if any(require_storage_embed(ds.features) for ds in splits.values()):
-        splits.save_to_disk(str(folder))
-        return
-    for name, ds in splits.items():
-        split_dir = folder / name
-        split_dir.mkdir()
-        schema = ds.features.arrow_schema
-        table = ds.data.table.cast(schema) if ds.data.table.schema != schema else ds.data.table
-        filename = "data-00000-of-00001.arrow"
-        with pa.OSFile(str(split_dir / filename), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            writer.write_table(table, max_chunksize=WRITE_BATCH_ROWS)
-        info = ds.info.copy()
-        info.split = name
-        info.write_to_directory(str(split_dir))
-        state = {
-            "_data_files": [{"filename": filename}],
-            "_fingerprint": ds._fingerprint,
-            "_format_columns": None,
-            "_format_kwargs": {},
-            "_format_type": None,
-            "_output_all_columns": False,
-            "_split": name,
-        }
-        (split_dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    (folder / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
+    split = ds.train_test_split(test_size=num_eval, seed=seed)
+    return datasets.DatasetDict({"train": split["train"], "eval": split["test"]})
 
 
 def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
@@ -601,7 +552,7 @@ def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
     tmp.mkdir()
     try:
-        _write_splits(splits, tmp)
+        splits.save_to_disk(str(tmp))
         replace_dir(tmp, dest)  # a retried task replaces the earlier ingest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -3,6 +3,7 @@
 import gzip
 import hashlib
 import json
+import math
 import os
 import tracemalloc
 
@@ -91,28 +92,24 @@ def test_chat_prompts(tmp_path, dest):
     assert load_ingested(dest)["train"]["prompt"] == [row["prompt"] for row in CHAT]
 
 
-def test_the_saved_folder_reads_back_like_save_to_disk(tmp_path, dest):
-    # The ingest writes `save_to_disk`'s layout itself (one Arrow stream per split); `datasets` must read it back
-    # exactly as it reads `save_to_disk`'s own output: same rows, features, split names and state.
+def test_the_saved_folder_is_save_to_disks_with_train_test_splits_rows(tmp_path, dest):
+    # The ingest saves through `datasets` itself: `load_from_disk` reads it, and the held-out rows are the ones
+    # `train_test_split(seed=...)` picks, nested columns and all.
     rows = [{**row, "meta": {"id": i, "tags": ["a", "b"][: i % 3]}} for i, row in enumerate(CHAT * 5)]
     source = tmp_path / "chat.jsonl"
     write(source, rows)
 
-    ingest_dataset(str(source), dest, holdout=0.25)
+    ingest_dataset(str(source), dest, holdout=0.25, seed=7)
 
-    ours = load_ingested(dest)
-    ours.save_to_disk(str(tmp_path / "theirs"))
-    theirs = datasets.load_from_disk(str(tmp_path / "theirs"))
-    assert list(ours) == list(theirs) == ["train", "eval"]
-    for name in ours:
-        assert ours[name].features == theirs[name].features
-        assert ours[name].to_list() == theirs[name].to_list()
-        assert ours[name].split == theirs[name].split == name
-        states = [json.loads((root / name / "state.json").read_text()) for root in (dest, tmp_path / "theirs")]
-        assert [{k: v for k, v in state.items() if k != "_fingerprint"} for state in states] == [
-            {k: v for k, v in states[1].items() if k != "_fingerprint"}
-        ] * 2
-    assert ours["train"].num_rows + ours["eval"].num_rows == len(rows)
+    saved = datasets.load_from_disk(str(dest))
+    expected = datasets.load_dataset("json", data_files=str(source), split="train").train_test_split(
+        test_size=math.ceil(0.25 * len(rows)), seed=7
+    )
+    assert list(saved) == ["train", "eval"]
+    assert saved["train"].to_list() == expected["train"].to_list()
+    assert saved["eval"].to_list() == expected["test"].to_list()
+    assert saved["train"].features == expected["train"].features
+    assert saved["train"].num_rows + saved["eval"].num_rows == len(rows)
 
 
 def test_fingerprint_follows_the_content(tmp_path, dest):
