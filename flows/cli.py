@@ -258,9 +258,8 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
                 return EXIT_OK
         preflight(args, spec)
         check_this_machine(spec)
-        # What the flow's start imports (Prefect's flow and task engines; FastAPI's encoder, for its parameters), here
-        # where the collector is paused and a temporary server may still be booting.
-        import fastapi.encoders  # noqa: F401
+        # What the flow's start imports (Prefect's flow and task engines), here where the collector is paused and a
+        # temporary server may still be booting.
         import prefect.flow_engine  # noqa: F401
         import prefect.task_engine  # noqa: F401
 

@@ -45,7 +45,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 import yaml
 from pydantic import TypeAdapter
 from standardwebhooks import Webhook, WebhookVerificationError
@@ -215,7 +215,7 @@ def _done() -> None:
 
 def _worker(q: queue.Queue) -> None:
     # One client per endpoint keeps its connection alive between events; never closed, like the daemon thread.
-    client = httpx.Client(headers={"user-agent": USER_AGENT})
+    client = httpx2.Client(headers={"user-agent": USER_AGENT})
     while True:
         item = q.get()
         try:
@@ -230,7 +230,7 @@ def _worker(q: queue.Queue) -> None:
 # --- one delivery -------------------------------------------------------------------------------------------------
 
 
-def _send(client: httpx.Client, item: _Delivery) -> None:
+def _send(client: httpx2.Client, item: _Delivery) -> None:
     """Posts `item` until it is delivered, fails for good, or runs out of attempts; logs every attempt."""
     secret, problem = _secret(item.hook)
     if problem:
@@ -293,7 +293,7 @@ _BLOCK_SECRETS: dict[str, str] = {}  # loaded once per process
 
 
 def _post(
-    client: httpx.Client, item: _Delivery, secret: str | None
+    client: httpx2.Client, item: _Delivery, secret: str | None
 ) -> tuple[int | None, str | None, bool, float | None]:
     """One attempt: (status, error or None if 2xx, whether to retry, Retry-After seconds or None)."""
     timestamp = int(time.time())  # per attempt, so a late retry still passes the receiver's replay window
@@ -302,9 +302,9 @@ def _post(
         headers["webhook-signature"] = sign(secret, item.msg_id, timestamp, item.body)
     try:
         response = client.post(item.hook.url, content=item.body, headers=headers, timeout=item.policy.timeout_s)
-    except httpx.TransportError as e:  # refused, reset, DNS, timeouts
+    except httpx2.TransportError as e:  # refused, reset, DNS, timeouts
         return None, _describe(e, item.hook.url), True, None
-    except httpx.HTTPError as e:
+    except httpx2.HTTPError as e:
         return None, _describe(e, item.hook.url), False, None
     status = response.status_code
     if 200 <= status < 300:
@@ -337,7 +337,7 @@ def _seconds(value: str | None) -> float | None:
 
 
 def _describe(error: Exception, url: str) -> str:
-    # httpx messages may quote the URL, whose userinfo or query can hold credentials.
+    # httpx2 messages may quote the URL, whose userinfo or query can hold credentials.
     return f"{type(error).__name__}: {error}".replace(url, safe_url(url))[:500]
 
 
