@@ -38,8 +38,50 @@ class UsageError(Exception):
     """A user's mistake on the command line: printed as one message, exit code 2."""
 
 
-class UnknownJob(Exception):
-    """No such job under the output root: exit code 1 (DESIGN.md)."""
+class Rejected(Exception):
+    """The job cannot run as given (its flow run ended Rejected, or its child found a setup problem): exit code 2."""
+
+
+class Failed(Exception):
+    """The command ran and what it ran failed: exit code 1. Its message, when it has one, is printed; an empty one
+    means the command's own output already said what failed."""
+
+
+class Stopped(Exception):
+    """A signal stopped the command (its job's end already said so): exit code 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__("")
+        self.signum = signum
+
+
+# The one table from what a command raised to its exit code (DESIGN.md, "CLI"): 2 for what the user must change, 1
+# for what failed. Keyed by the class's qualified name, matched along the raised class's MRO, so that a command's
+# error costs no import of the modules that define the others. The message is printed as `grpoflow: <message>`.
+EXIT_CODES = {
+    "grpoflow.trainers.spec.loading.SpecError": EXIT_REJECTED,
+    "grpoflow.flows.cli.UsageError": EXIT_REJECTED,
+    "grpoflow.flows.cli.Rejected": EXIT_REJECTED,
+    "grpoflow.flows.project.ProjectError": EXIT_REJECTED,
+    "grpoflow.flows.deployments.ServerNotSet": EXIT_REJECTED,
+    "grpoflow.trainers.publish.PublishError": lambda e: EXIT_REJECTED if e.user_error else EXIT_FAILED,
+    "grpoflow.flows.deployments.DeploymentError": EXIT_FAILED,
+    "grpoflow.trainers.registry.RegistrationError": EXIT_FAILED,
+    "grpoflow.integrations.jobs.UnknownJob": EXIT_FAILED,
+    "grpoflow.integrations.jobs.BadJobReference": EXIT_REJECTED,
+    "grpoflow.flows.server.ServerError": EXIT_FAILED,
+    "grpoflow.flows.cli.Failed": EXIT_FAILED,
+    "grpoflow.flows.cli.Stopped": lambda e: 128 + e.signum,
+}
+
+
+def exit_code(error: BaseException) -> int | None:
+    """The exit code `EXIT_CODES` gives `error`'s class (or the nearest base class it lists); None for a bug."""
+    for cls in type(error).__mro__:
+        code = EXIT_CODES.get(f"{cls.__module__}.{cls.__qualname__}")
+        if code is not None:
+            return code(error) if callable(code) else code
+    return None
 
 
 # --- helpers
@@ -53,32 +95,17 @@ def output_uri(args) -> str | None:
 def output_root(args) -> Path | None:
     """The output root chosen by `--output-uri` or `GRPOFLOW_OUTPUT_URI`, as a local folder; None when neither is set.
     A remote root is read through a local copy of its jobs' top-level files (spec, metrics, events, model.json)."""
+    from grpoflow.integrations.jobs import local_root
+
     root = output_uri(args)
     return local_root(root) if root else None
 
 
-def local_root(root: str) -> Path:
-    """The local folder holding the job folders of output root `root` (for `s3://...`, a copy of their files)."""
-    from grpoflow.integrations.storage import is_remote, mirror_job_files
+def roots_to_search(args) -> list[str]:
+    """Where to look for jobs: `--output-uri` alone when given, else `./runs` and the job index's roots."""
+    from grpoflow.integrations.jobs import search_roots
 
-    if is_remote(root):
-        from grpoflow.trainers.uris import unopenable
-
-        if reason := unopenable(root):
-            raise UsageError(f"cannot read output root {root}: {reason}")
-        return mirror_job_files(root)
-    return Path(root).expanduser().resolve()
-
-
-def search_roots(args) -> list[str]:
-    """Where to look for jobs: `--output-uri` alone when given; else `./runs` and every output root in the job index
-    (`grpoflow.trainers.job_index`: each `grpoflow run` records where its job went)."""
-    from grpoflow.trainers.job_index import known_roots
-
-    explicit = output_uri(args)
-    if explicit:
-        return [explicit]
-    return list(dict.fromkeys([str(Path("runs").resolve()), *known_roots()]))
+    return search_roots(output_uri(args))
 
 
 def load(args, extra_overrides: list[str] = ()):
@@ -94,45 +121,11 @@ def load(args, extra_overrides: list[str] = ()):
     return spec
 
 
-def find_job(args, job_id: str):
-    """The job folder of `job_id` (a local copy for a remote job) and its location (the folder or URL): under
-    `--output-uri` when given, else in `./runs`, else where the job index says `grpoflow run` put it."""
-    from grpoflow.integrations.storage import is_remote, join
-    from grpoflow.trainers.job_index import index_dir, locate
-    from grpoflow.trainers.jobdir import JobDir
+def find_args_job(args, job_id: str):
+    """The job folder of `job_id` and its location, under `--output-uri` when given (`grpoflow.integrations.jobs`)."""
+    from grpoflow.integrations.jobs import find_job
 
-    job_id_arg(job_id)
-    explicit, indexed = output_uri(args), locate(job_id)
-    roots = [explicit] if explicit else [str(Path("runs").resolve())]
-    if indexed and not explicit:
-        roots.append(indexed.rstrip("/").rsplit("/", 1)[0])
-    for root in dict.fromkeys(roots):
-        job = JobDir(local_root(root) / job_id)
-        if job.spec.exists():
-            return job, join(root, job_id) if is_remote(root) else str(job.root)
-    index = "" if explicit or indexed else f", nor in the job index {index_dir()}"
-    raise UnknownJob(f"unknown job {job_id!r} under {', '.join(roots)}{index} (see `grpoflow jobs`)")
-
-
-def job_id_arg(job_id: str, option: str = "") -> str:
-    """`job_id` when it names a job folder; a `UsageError` (exit 2) otherwise. `option` prefixes the message."""
-    from grpoflow.trainers.jobdir import check_job_id
-
-    try:
-        return check_job_id(job_id)
-    except ValueError as e:
-        raise UsageError(f"{option}{': ' if option else ''}{e}") from None
-
-
-def job_status(job) -> str:
-    from grpoflow.trainers.metrics import read_events
-
-    status = "unknown"
-    for record in read_events(job.events):
-        event = record.get("event", "")
-        if event in ("grpoflow.job.started", "grpoflow.job.completed", "grpoflow.job.failed"):
-            status = {"started": "running", "completed": "completed", "failed": "failed"}[event.rsplit(".", 1)[1]]
-    return status
+    return find_job(job_id, output_uri(args))
 
 
 # --- commands
@@ -182,11 +175,12 @@ def cmd_validate(args) -> int:
 def check_resume(spec, job_id: str) -> None:
     """A resumed job must run the spec it started with: its stages' records are only valid for that spec. The job
     is looked for under the spec's output_uri, local or remote (`s3://...`)."""
+    from grpoflow.integrations.jobs import checked_job_id
     from grpoflow.integrations.storage import filesystem, is_remote, join, storage_options
     from grpoflow.trainers.spec import load_spec, resolved_dict
 
     root = spec.output_uri if is_remote(spec.output_uri) else str(Path(spec.output_uri).expanduser().resolve())
-    saved = join(root, job_id_arg(job_id, "--resume"), "spec.yaml")
+    saved = join(root, checked_job_id(job_id, "--resume"), "spec.yaml")
     fs, path = filesystem(saved)
     if not fs.exists(path):
         raise UsageError(f"--resume: unknown job {job_id!r} under {root}")
@@ -277,28 +271,26 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
             except BaseException:
                 if not _STOPPED_BY:
                     raise
-                return _stopped()
+                _stopped()
+                raise Stopped(_STOPPED_BY[0]) from None
     except KeyboardInterrupt:  # before the flow started (the server booting, the imports) or after it ended
         if not _STOPPED_BY:
             raise
         print(f"grpoflow: stopped by {signal.Signals(_STOPPED_BY[0]).name}", file=sys.stderr)
-        return 128 + _STOPPED_BY[0]
+        raise Stopped(_STOPPED_BY[0]) from None
     finally:
         if temporary is not None:
             temporary.stop()  # last: the job's end (job.failed, the flow run's state) went through it
         _restore_signals(previous)
     if state.name == REJECTED:
-        print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
-        return EXIT_REJECTED
+        raise Rejected(f"rejected: {state.message}")
     if not state.is_completed():
         from grpoflow.trainers.launch import TrainingSetupError
 
         error = state.result(raise_on_failure=False)
         if isinstance(error, TrainingSetupError):  # the child's SetupError: a fix of the spec or machine, not a retry
-            print(f"grpoflow: cannot train: {str(error).removeprefix('grpoflow: ')}", file=sys.stderr)
-            return EXIT_REJECTED
-        print(f"grpoflow: run failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_FAILED
+            raise Rejected(f"cannot train: {str(error).removeprefix('grpoflow: ')}")
+        raise Failed(f"run failed: {type(error).__name__}: {error}")
     result = state.result()
     out = print_result(args, result)
     _say_if_not_promoted(spec, out["job_id"], sys.stderr if args.json else sys.stdout)
@@ -349,9 +341,9 @@ def _restore_signals(previous: dict) -> None:
         signal.signal(sig, handler)
 
 
-def _stopped() -> int:
+def _stopped() -> None:
     """One line for a run a signal stopped (its job ended cancelled, checkpoints kept); the flow run is marked
-    Cancelled. Exit code 128 + the signal's number, as a shell reports it."""
+    Cancelled."""
     from grpoflow.tasks.job import cancel_interrupted_runs
 
     name = signal.Signals(_STOPPED_BY[0]).name
@@ -368,12 +360,11 @@ def _stopped() -> int:
         )
     else:  # stopped before the job existed
         print(f"grpoflow: stopped by {name}", file=sys.stderr)
-    return 128 + _STOPPED_BY[0]
 
 
 def _say_if_not_promoted(spec, job_id: str, stream) -> None:
     """One line when the promotion gate (evaluation.gate) kept the model from publish and deploy: the run completed."""
-    from grpoflow.tasks.job import job_dir
+    from grpoflow.integrations.jobs import job_dir
 
     gate = job_dir(spec.output_uri, job_id).root / "gate.json"
     decision = json.loads(gate.read_text()) if gate.exists() else {"promote": True}
@@ -392,13 +383,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_init(args) -> int:
-    from grpoflow.flows.project import ProjectError, init_project
+    from grpoflow.flows.project import init_project
 
-    try:
-        written = init_project(Path(args.dir))
-    except ProjectError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_REJECTED
+    written = init_project(Path(args.dir))
     root = Path(args.dir).resolve()
     for path in written:
         print(path.relative_to(root))
@@ -407,13 +394,14 @@ def cmd_init(args) -> int:
 
 
 def cmd_jobs(args) -> int:
+    from grpoflow.integrations.jobs import job_status, local_root
     from grpoflow.integrations.storage import is_remote
     from grpoflow.trainers.jobdir import JobDir
     from grpoflow.trainers.metrics import read_metrics
 
     explicit = output_uri(args) is not None
     rows, elsewhere, looked = [], [], []
-    for root in search_roots(args):
+    for root in roots_to_search(args):
         if is_remote(root) and not explicit:
             elsewhere.append(root)  # not read unasked: a remote root costs a download per job
             continue
@@ -441,7 +429,7 @@ def cmd_jobs(args) -> int:
 def cmd_metrics(args) -> int:
     from grpoflow.trainers.metrics import read_metrics
 
-    job, _ = find_job(args, args.job_id)
+    job, _ = find_args_job(args, args.job_id)
     keys = [k for k in (args.keys or "").split(",") if k]
     records = read_metrics(job.metrics)
     if keys:
@@ -463,9 +451,10 @@ def cmd_metrics(args) -> int:
 
 
 def cmd_model(args) -> int:
+    from grpoflow.integrations.jobs import UnknownJob, job_status
     from grpoflow.integrations.storage import join
 
-    job, location = find_job(args, args.job_id)  # a remote job's weights stay remote: location is its URL
+    job, location = find_args_job(args, args.job_id)  # a remote job's weights stay remote: location is its URL
     if not job.model_json.exists():
         raise UnknownJob(f"job {args.job_id} has no trained model yet (status: {job_status(job)})")
     info = json.loads(job.model_json.read_text())
@@ -479,32 +468,17 @@ def cmd_model(args) -> int:
 def cmd_deployments_apply(args) -> int:
     import asyncio
 
-    from grpoflow.flows.deployments import (
-        DeploymentError,
-        ServerNotSet,
-        api_url,
-        deploy_all,
-        describe_deployments,
-        ensure_pools,
-        load_pools,
-    )
-    from grpoflow.flows.project import ProjectError, project_files
+    from grpoflow.flows.deployments import api_url, deploy_all, describe_deployments, ensure_pools, load_pools
+    from grpoflow.flows.project import project_files
 
     project = Path(args.project).resolve()
-    try:
-        prefect_file, pools_file = project_files(project)
-        url = api_url()
-        for line in asyncio.run(ensure_pools(load_pools(pools_file))):
-            print(line)
-        deploy_all(prefect_file, project)
-        for line in asyncio.run(describe_deployments(prefect_file)):
-            print(line)
-    except ProjectError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_REJECTED
-    except DeploymentError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_REJECTED if isinstance(e, ServerNotSet) else EXIT_FAILED
+    prefect_file, pools_file = project_files(project)
+    url = api_url()
+    for line in asyncio.run(ensure_pools(load_pools(pools_file))):
+        print(line)
+    deploy_all(prefect_file, project)
+    for line in asyncio.run(describe_deployments(prefect_file)):
+        print(line)
     print(f"deployed to {url}; start a worker with: prefect worker start --pool grpo-gpu")
     return EXIT_OK
 
@@ -512,30 +486,18 @@ def cmd_deployments_apply(args) -> int:
 def cmd_submit(args) -> int:
     import asyncio
 
-    from grpoflow.flows.deployments import (
-        DeploymentError,
-        ServerNotSet,
-        api_url,
-        deployment_name,
-        flow_run_url,
-        submit,
-        wait_for,
-    )
+    from grpoflow.flows.deployments import api_url, deployment_name, flow_run_url, submit, wait_for
 
     spec = load(args)  # a rejected spec stops here: nothing is sent
-    try:
-        api_url()  # no server to send to is said first, before the preflight reads the model and the dataset
-        preflight(args, spec)
-        flow_run = asyncio.run(submit(spec, args.deployment))
-        url = flow_run_url(flow_run)
-        if not args.json:
-            print(f"submitted {spec.name} to {deployment_name(args.deployment)}: flow run {flow_run.name}")
-            print(url)
-        if args.wait:
-            flow_run = asyncio.run(wait_for(flow_run.id))
-    except DeploymentError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_REJECTED if isinstance(e, ServerNotSet) else EXIT_FAILED
+    api_url()  # no server to send to is said first, before the preflight reads the model and the dataset
+    preflight(args, spec)
+    flow_run = asyncio.run(submit(spec, args.deployment))
+    url = flow_run_url(flow_run)
+    if not args.json:
+        print(f"submitted {spec.name} to {deployment_name(args.deployment)}: flow run {flow_run.name}")
+        print(url)
+    if args.wait:
+        flow_run = asyncio.run(wait_for(flow_run.id))
     state = flow_run.state.name if flow_run.state else "Scheduled"
     if args.json:
         out = {"flow_run_id": str(flow_run.id), "flow_run_name": flow_run.name, "url": url, "state": state}
@@ -543,7 +505,9 @@ def cmd_submit(args) -> int:
     elif args.wait:
         message = flow_run.state.message
         print(f"flow run {flow_run.name}: {state}" + (f" ({message})" if message else ""))
-    return EXIT_FAILED if args.wait and not flow_run.state.is_completed() else EXIT_OK
+    if args.wait and not flow_run.state.is_completed():
+        raise Failed("")  # the line above said how it ended
+    return EXIT_OK
 
 
 def cmd_sweep(args) -> int:
@@ -583,7 +547,7 @@ def cmd_sweep(args) -> int:
         if not _STOPPED_BY:
             raise
         print(f"grpoflow: sweep stopped by {signal.Signals(_STOPPED_BY[0]).name}", file=sys.stderr)
-        return 128 + _STOPPED_BY[0]
+        raise Stopped(_STOPPED_BY[0]) from None
     finally:
         if temporary is not None:
             temporary.stop()
@@ -592,19 +556,17 @@ def cmd_sweep(args) -> int:
 
 
 def _sweep_result(args, spec, sweep_id: str, state) -> int:
-    """Prints the sweep's report (`--json`: sweep.json with its folder) and returns the exit code of its state."""
+    """Prints the sweep's report (`--json`: sweep.json with its folder); raises when the sweep did not complete."""
     from grpoflow.flows.sweep import report_dir, table_rows
     from grpoflow.integrations.stages import REJECTED
     from grpoflow.integrations.storage import filesystem, join
 
     if state.name == REJECTED:
-        print(f"grpoflow: rejected: {state.message}", file=sys.stderr)
-        return EXIT_REJECTED
+        raise Rejected(f"rejected: {state.message}")
     folder = report_dir(spec.output_uri, sweep_id)
     fs, path = filesystem(join(folder, "sweep.json"))
     if not fs.exists(path):  # the sweep itself broke before its report
-        print(f"grpoflow: sweep failed: {state.message}", file=sys.stderr)
-        return EXIT_FAILED
+        raise Failed(f"sweep failed: {state.message}")
     with fs.open(path, "rb") as f:
         summary = json.loads(f.read())
     if args.json:
@@ -619,24 +581,21 @@ def _sweep_result(args, spec, sweep_id: str, state) -> int:
             print(f"{values}: {line['status']}  {line['job']}  held-out {line['held-out before → after']}{mark}")
         print(f"sweep {sweep_id} {state.message}")
         print(f"report: {join(folder, 'sweep.md')}")
-    return EXIT_OK if state.is_completed() else EXIT_FAILED
+    if not state.is_completed():
+        raise Failed("")  # the report above says which jobs failed
+    return EXIT_OK
 
 
 def cmd_publish(args) -> int:
     from grpoflow.tasks.publish import publish_and_record
-    from grpoflow.trainers.publish import PublishError, is_user_error
     from grpoflow.trainers.spec import PublishSpec
 
-    job, _ = find_job(args, args.job_id)
+    job, _ = find_args_job(args, args.job_id)
     try:
         target = PublishSpec(repo_id=args.repo_id, artifact=args.artifact, private=not args.public)
     except ValueError as e:  # pydantic names the rule the repo id breaks
         raise UsageError(f"--repo-id {args.repo_id!r}: {e.errors()[0]['msg']}") from None
-    try:
-        result = publish_and_record(job, target)
-    except PublishError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_REJECTED if is_user_error(e) else EXIT_FAILED
+    result = publish_and_record(job, target)
     change = "new commit" if result["changed"] else "unchanged"
     print(json.dumps(result) if args.json else f"{result['url']} ({change})")
     return EXIT_OK
@@ -645,7 +604,7 @@ def cmd_publish(args) -> int:
 def cmd_deploy(args) -> int:
     from grpoflow.integrations.events import emit
     from grpoflow.tasks.register import registered_payload
-    from grpoflow.trainers.registry import RegistrationError, register
+    from grpoflow.trainers.registry import register
     from grpoflow.trainers.spec import load_spec
 
     if args.rollback:
@@ -654,16 +613,12 @@ def cmd_deploy(args) -> int:
         return cmd_rollback(args)
     if not args.job_id:
         raise UsageError("deploy: give the JOB_ID to register (or --rollback NAME)")
-    job, _ = find_job(args, args.job_id)
+    job, _ = find_args_job(args, args.job_id)
     spec, _ = load_spec(job.spec)
     name = args.name or (spec.deploy.name if spec.deploy else spec.name)
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,62}", name):
         raise UsageError(f"--name {name!r}: use lowercase letters, digits, '-', '_' or '.', at most 63 characters")
-    try:
-        record = register(job, name)
-    except RegistrationError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    record = register(job, name)
     emit(job, "grpoflow.deployment.registered", registered_payload(record))
     where = f"{record['artifact_path']} (version {record['version']})"
     print(json.dumps(record) if args.json else f"deployment {name} {record['status']}: {where}")
@@ -684,13 +639,9 @@ def _version_line(version: dict, current: int | None) -> str:
 
 
 def cmd_rollback(args) -> int:
-    from grpoflow.trainers.registry import RegistrationError, rollback
+    from grpoflow.trainers.registry import rollback
 
-    try:
-        restored, replaced = rollback(registry_root(args), args.rollback)
-    except RegistrationError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    restored, replaced = rollback(registry_root(args), args.rollback)
     if args.json:
         print(json.dumps({"name": args.rollback, "current": restored, "replaced": replaced}))
     else:
@@ -718,17 +669,12 @@ def cmd_deployments_list(args) -> int:
 
 def cmd_serve(args) -> int:
     from grpoflow.flows.serve import serve
-    from grpoflow.trainers.registry import RegistrationError, read_deployment
+    from grpoflow.trainers.registry import read_deployment
 
     root = (output_root(args) or Path("runs")).resolve()
-    try:
-        record = read_deployment(root, args.name)
-    except RegistrationError as e:
-        print(f"grpoflow: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    record = read_deployment(root, args.name)
     if record["status"] != "ready":
-        print(f"grpoflow: deployment {args.name} is {record['status']}, not ready", file=sys.stderr)
-        return EXIT_FAILED
+        raise Failed(f"deployment {args.name} is {record['status']}, not ready")
     serve(record["artifact_path"], args.name, args.host, args.port)
     return EXIT_OK
 
@@ -910,27 +856,14 @@ def main(argv=None) -> int:
         print("grpoflow: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     except Exception as e:
-        code = _user_error_code(e)
-        if code is None:
+        code = exit_code(e)
+        if code is None:  # a bug: its traceback
             raise
-        print(f"grpoflow: {e}", file=sys.stderr)
+        if str(e):
+            print(f"grpoflow: {e}", file=sys.stderr)
         return code
     finally:
         collector.resume()
-
-
-def _user_error_code(error: Exception) -> int | None:
-    """The exit code of an error whose message is all the user needs (a spec or command to fix, a job or server to
-    look at); None for any other. The spec's modules are imported here, not before the command: `run` starts its
-    temporary server before it loads them (~0.3 s)."""
-    from grpoflow.flows.server import ServerError
-    from grpoflow.trainers.spec import SpecError
-
-    if isinstance(error, (SpecError, UsageError)):
-        return EXIT_REJECTED
-    if isinstance(error, (UnknownJob, ServerError)):
-        return EXIT_FAILED
-    return None
 
 
 def entry() -> None:

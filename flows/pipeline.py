@@ -13,11 +13,12 @@ from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
+from grpoflow.integrations.jobs import job_location
 from grpoflow.integrations.stages import REJECTED, rejected, stage_done
 from grpoflow.tasks.evaluate import evaluate_task
 from grpoflow.tasks.gate import gate_task
 from grpoflow.tasks.ingest import ingest_task
-from grpoflow.tasks.job import JobEnding, create_job_task, job_location, new_job_id
+from grpoflow.tasks.job import JobEnding, create_job_task, new_job_id
 from grpoflow.tasks.merge import merge_task
 from grpoflow.tasks.publish import publish_task
 from grpoflow.tasks.register import register_task

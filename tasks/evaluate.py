@@ -8,8 +8,8 @@ import time
 from prefect import get_run_logger, task
 
 from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact
+from grpoflow.integrations.jobs import job_location
 from grpoflow.integrations.stages import resumable
-from grpoflow.tasks.job import job_location
 from grpoflow.trainers.evaluate import evaluate
 from grpoflow.trainers.health import HealthMonitor
 from grpoflow.trainers.jobdir import JobDir

@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 from datetime import UTC, datetime
-from pathlib import Path
 from uuid import UUID
 
 from prefect import get_client, get_run_logger, task
@@ -21,11 +20,12 @@ from grpoflow.cluster.checkpoint_sync import FileMirror, sync_checkpoints
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.artifacts import completed_message
 from grpoflow.integrations.events import emit
+from grpoflow.integrations.jobs import job_dir, job_location
 from grpoflow.integrations.leases import LeaseHeld, S3Lease
 from grpoflow.integrations.stages import rejected
-from grpoflow.integrations.storage import filesystem, is_remote, join, staging_root
+from grpoflow.integrations.storage import filesystem, is_remote, join
 from grpoflow.trainers.job_index import remember
-from grpoflow.trainers.jobdir import JobDir, check_job_id, write_text_atomic
+from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.joblock import JobLock, JobLocked, _alive, _me
 from grpoflow.trainers.spec import JobSpec, to_yaml
 
@@ -46,19 +46,6 @@ def new_job_id(name: str, run_id: str | None = None, started: datetime | None = 
     """
     suffix = str(run_id).replace("-", "")[:6] if run_id else secrets.token_hex(3)
     return f"{name}-{(started or datetime.now(UTC)).astimezone(UTC):%Y%m%d-%H%M%S}-{suffix}"
-
-
-def job_dir(output_root: str | Path, job_id: str) -> JobDir:
-    """The local job folder: under `output_root`, or under the staging folder when `output_root` is remote."""
-    check_job_id(job_id)  # a flow parameter too: the UI could pass anything
-    if is_remote(output_root):
-        return JobDir(staging_root() / job_id)
-    return JobDir(Path(output_root).expanduser().resolve() / job_id)
-
-
-def job_location(job: JobDir, spec: JobSpec) -> str:
-    """Where the job folder ends up: `<output_uri>/<job_id>` for a remote output_uri, else the local folder."""
-    return join(spec.output_uri, job.job_id) if is_remote(spec.output_uri) else str(job.root)
 
 
 @task(name="create-job")

@@ -41,6 +41,7 @@ from grpoflow.trainers.modeling import (
 )
 from grpoflow.trainers.rewards import RewardError, build_reward, guarded_reward
 from grpoflow.trainers.spec import JobSpec, load_spec
+from grpoflow.trainers.spec.rules import trl_markers
 from grpoflow.trainers.vllm_server import VLLM_SERVER_URL_ENV
 
 
@@ -97,28 +98,27 @@ GRPO_DEFAULTS = {
 }
 
 
+def copied_hyperparameters(hp) -> dict:
+    """The GRPOConfig fields that take a hyperparameter's value as it is, named by its `TRL` marker
+    (trainers/spec/models.py): learning_rate, max_steps, num_generations, beta, ..."""
+    markers = trl_markers(type(hp))
+    return {name: getattr(hp, field) for field, m in markers.items() if m and m.copied for name in m.names}
+
+
 def owned_args(spec: JobSpec, job: JobDir) -> dict:
-    """The `GRPOConfig` fields the spec (or the machine) sets; trainers/spec/rules.py's TRL_SPEC_KEYS and
+    """The `GRPOConfig` fields the spec (or the machine) sets; trainers/spec/rules.py's `trl_spec_keys()` and
     TRL_SET_BY_GRPOFLOW reject each of them in a `trl:` block."""
     hp = spec.hyperparameters
     return {
         "output_dir": str(job.checkpoints),
-        "learning_rate": hp.learning_rate,
-        "max_steps": hp.max_steps,
-        "num_generations": hp.rollouts_per_prompt,
+        **copied_hyperparameters(hp),
         # One step trains on prompts_per_step groups across all processes, each GPU an equal share (rules.py checks
         # that it divides); TRL bounds no batch, so no gradient accumulation is needed to reach K completions.
         "per_device_train_batch_size": hp.rollouts_per_prompt * hp.prompts_per_step // spec.processes,
         "gradient_accumulation_steps": 1,
-        "max_completion_length": hp.max_response_length,
-        "beta": hp.kl_coef,
-        "temperature": hp.temperature,
-        "seed": hp.seed,
-        "data_seed": hp.seed,
         "reward_weights": [r.weight for r in spec.rewards],
         "bf16": use_bf16(),
         "use_cpu": use_cpu(spec.processes),
-        "use_liger_kernel": hp.use_liger,
         "model_init_kwargs": {"dtype": torch_dtype()},
         "logging_steps": 1,
         "save_strategy": "steps",

@@ -15,7 +15,8 @@ from prefect.filesystems import RemoteFileSystem
 from grpoflow.cluster.checkpoint_sync import restore_checkpoint
 from grpoflow.flows.cli import main
 from grpoflow.integrations import storage
-from grpoflow.tasks.job import create_job_task, job_dir, job_location, unlock_remote, upload_job
+from grpoflow.integrations.jobs import job_dir, job_location
+from grpoflow.tasks.job import create_job_task, unlock_remote, upload_job
 from grpoflow.trainers.dataset import ingest_dataset, load_ingested
 from grpoflow.trainers.spec import SpecError, load_spec
 from tests.conftest import arithmetic_rows
@@ -177,6 +178,7 @@ def test_cli_reads_jobs_on_s3(bucket, tmp_path, monkeypatch):
 
 def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
     from grpoflow.flows.cli import UsageError, check_resume
+    from grpoflow.integrations.jobs import BadJobReference
     from grpoflow.trainers.spec import to_yaml
 
     root = f"s3://{bucket}/runs"
@@ -189,7 +191,7 @@ def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
     changed, _ = load_spec(spec_dict(root), ["hyperparameters.max_steps=7"])
     with pytest.raises(UsageError, match="spec.yaml in: checkpoint_every, hyperparameters"):
         check_resume(changed, "s3-job-1")
-    with pytest.raises(UsageError, match="--resume: not a job id: '../x'"):
+    with pytest.raises(BadJobReference, match="--resume: not a job id: '../x'"):  # exit 2, as a UsageError
         check_resume(spec, "../x")
 
 

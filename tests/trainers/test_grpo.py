@@ -87,11 +87,11 @@ def test_trl_block_reaches_grpo_config(make_spec, tmp_path):
 
 def test_every_field_grpo_config_sets_is_owned_by_the_spec(make_spec, tmp_path):
     # The rejection table of trl: (rules.py) and what grpo_config sets cannot drift apart.
-    from grpoflow.trainers.spec.rules import TRL_SET_BY_GRPOFLOW, TRL_SPEC_KEYS
+    from grpoflow.trainers.spec.rules import TRL_SET_BY_GRPOFLOW, trl_spec_keys
     from grpoflow.trainers.spec.trl_fields import trl_fields
 
     spec, _ = load_spec(make_spec("own"))
-    owned = set(TRL_SPEC_KEYS) | set(TRL_SET_BY_GRPOFLOW)
+    owned = set(trl_spec_keys()) | set(TRL_SET_BY_GRPOFLOW)
     unset = {"num_train_epochs"}  # owned, yet left to TRL: max_steps wins over it
     # Set only with generation.engine vllm (server mode: its URL); the old name of continuous batching; the
     # strategy's fields, which accelerate launch's config sets.
@@ -99,6 +99,29 @@ def test_every_field_grpo_config_sets_is_owned_by_the_spec(make_spec, tmp_path):
     unset |= {"vllm_server_host", "vllm_server_port", "use_transformers_paged", "fsdp", "fsdp_config", "deepspeed"}
     assert set(grpo.owned_args(spec, JobDir(tmp_path / "job"))) == (owned & set(trl_fields()["fields"])) - unset
     assert not set(grpo.GRPO_DEFAULTS) & owned
+
+
+# Values unlike every default, so that a hyperparameter that did not reach GRPOConfig shows.
+UNLIKE_DEFAULTS = {"learning_rate": 3e-5, "max_steps": 7, "rollouts_per_prompt": 6, "kl_coef": 0.04, "seed": 11,
+                   "max_response_length": 33, "temperature": 0.7}  # fmt: skip
+
+
+def test_every_hyperparameter_reaches_grpo_config_or_is_grpoflow_only(make_spec, tmp_path):
+    from grpoflow.trainers.spec.models import Hyperparameters
+    from grpoflow.trainers.spec.rules import trl_markers
+    from grpoflow.trainers.spec.trl_fields import trl_fields
+
+    markers = trl_markers(Hyperparameters)
+    assert [name for name, marker in markers.items() if marker is None] == []  # each says where it goes
+    fields = trl_fields()["fields"]
+    for name, marker in markers.items():
+        assert set(marker.names) <= set(fields), name  # a real GRPOConfig field of the pinned TRL
+    spec, _ = load_spec(make_spec("marked", hyperparameters=UNLIKE_DEFAULTS))
+    config = grpo.grpo_config(spec, JobDir(tmp_path / "job"))
+    for field, marker in markers.items():
+        for trl_name in marker.names if marker.copied else ():
+            assert getattr(config, trl_name) == getattr(spec.hyperparameters, field), (field, trl_name)
+    assert config.num_generations == 6 and config.beta == 0.04 and config.data_seed == 11
 
 
 @pytest.mark.parametrize(

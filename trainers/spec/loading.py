@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from grpoflow.trainers.spec.models import MAX_INT, JobSpec
-from grpoflow.trainers.spec.rules import TRL_SPEC_KEYS, rule_problems
+from grpoflow.trainers.spec.rules import rule_problems, trl_spec_keys
 from grpoflow.trainers.spec.trl_fields import trl_fields
 from grpoflow.trainers.uris import url_scheme
 
@@ -104,7 +104,7 @@ def _aliases(section: str) -> dict[str, str]:
     """TRL's names for the spec's keys, as suggested at `section`: the key itself when it lives there, else its
     dotted path (at the top level and in hyperparameters only)."""
     aliases = {}
-    for name, key in TRL_SPEC_KEYS.items():
+    for name, key in trl_spec_keys().items():
         parent, _, leaf = key.rpartition(".")
         if (parent or "spec") == section:
             aliases[name] = leaf

@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from grpoflow.trainers.rewards import REWARDS
-from grpoflow.trainers.spec.rules import function_name, model_name, rule_problems
+from grpoflow.trainers.spec.rules import GRPOFLOW_ONLY, TRL, function_name, model_name, rule_problems
 from grpoflow.trainers.uris import unopenable
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
@@ -89,67 +89,72 @@ RepoId = _matching(
 
 
 class Hyperparameters(_Section):
-    """The GRPO hyperparameters: names, defaults and rules are the contract."""
+    """The GRPO hyperparameters: names, defaults and rules are the contract. Each one's type carries the
+    trl.GRPOConfig fields it sets (`TRL`), or says that only grpoflow reads it (`GRPOFLOW_ONLY`)."""
 
-    learning_rate: float = Field(
+    learning_rate: Annotated[float, TRL("learning_rate")] = Field(
         1e-6, gt=0, description="Optimizer learning rate, sized for full fine-tuning; LoRA wants ~2e-5."
     )
-    num_epochs: Int = Field(
+    num_epochs: Annotated[Int, GRPOFLOW_ONLY] = Field(
         1, ge=1, description="Accepted with a warning but unused by GRPO: the run length is max_steps."
     )
-    max_steps: Int = Field(
+    max_steps: Annotated[Int, TRL("max_steps", also=("num_train_epochs",))] = Field(
         100,
         ge=1,
         description="Training steps; one step is one prompt and its rollouts_per_prompt completions (prompts_per_step "
         "prompts when set), so one pass over N prompts is N steps (N / prompts_per_step).",
     )
-    rollouts_per_prompt: Int = Field(
+    rollouts_per_prompt: Annotated[Int, TRL("num_generations")] = Field(
         8,
         ge=2,
         description="Completions sampled per prompt: the GRPO group (TRL's num_generations); a group of one has no "
         "baseline. rollouts_per_prompt * prompts_per_step must be a multiple of gpu_count.",
     )
-    prompts_per_step: Int = Field(
+    prompts_per_step: Annotated[
+        Int, TRL("per_device_train_batch_size", "gradient_accumulation_steps", copied=False)
+    ] = Field(
         1,
         ge=1,
         description="Prompts (groups) per optimizer step: each step trains on K = rollouts_per_prompt * "
         "prompts_per_step completions, K / gpu_count per GPU (TRL's per_device_train_batch_size), generated together. "
         "1 keeps one step = one prompt and its rollouts_per_prompt completions.",
     )
-    kl_coef: float = Field(
+    kl_coef: Annotated[float, TRL("beta")] = Field(
         0.0,
         ge=0,
         description="KL penalty weight (TRL's beta); 0 means no KL term, no reference model loaded and no kl metric.",
     )
-    max_prompt_length: Int = Field(
+    max_prompt_length: Annotated[Int, TRL(also=("max_prompt_length",))] = Field(
         1024,
         ge=1,
         description="Prompt truncation length, only with use_unsloth (TRL's GRPO does not truncate prompts); "
         "setting it without use_unsloth is rejected.",
     )
-    max_response_length: Int = Field(
+    max_response_length: Annotated[Int, TRL("max_completion_length")] = Field(
         2048, ge=1, description="Completions are truncated to this many tokens (TRL's max_completion_length)."
     )
-    global_batch_size: Int | None = Field(
+    global_batch_size: Annotated[Int | None, GRPOFLOW_ONLY] = Field(
         None,
         description="Not supported by GRPO, setting it is rejected: a step's batch is prompts_per_step prompts' "
         "groups of rollouts_per_prompt completions; set prompts_per_step.",
     )
-    seed: int = Field(
+    seed: Annotated[int, TRL("seed", "data_seed")] = Field(
         42, ge=0, le=MAX_SEED, description="Random seed: the same seed, data and machine give the same metrics."
     )
-    system_prompt: str | None = Field(
+    system_prompt: Annotated[str | None, GRPOFLOW_ONLY] = Field(
         None,
         description="When set, each string prompt becomes a system + user chat through the model's chat template.",
     )
-    lora_rank: Int | None = Field(
+    lora_rank: Annotated[Int | None, GRPOFLOW_ONLY] = Field(
         None,
         ge=1,
         description="LoRA rank, for LoRA on every attention and MLP projection of the model's architecture (or "
         "lora_target_modules); null means a full fine-tune.",
     )
-    lora_alpha: Int | None = Field(None, ge=1, description="LoRA alpha; null means lora_rank. Requires lora_rank.")
-    lora_target_modules: list[str] | Literal["all-linear"] | None = Field(
+    lora_alpha: Annotated[Int | None, GRPOFLOW_ONLY] = Field(
+        None, ge=1, description="LoRA alpha; null means lora_rank. Requires lora_rank."
+    )
+    lora_target_modules: Annotated[list[str] | Literal["all-linear"] | None, GRPOFLOW_ONLY] = Field(
         None,
         description="The modules that get LoRA adapters: null means every attention and MLP projection, whatever the "
         "architecture names them (q_proj... for Llama, c_attn/c_fc/c_proj for GPT-2: every linear layer but the "
@@ -157,17 +162,21 @@ class Hyperparameters(_Section):
         '"all-linear" (the same set, as PEFT expands it). A name the model lacks is rejected, naming those it has. '
         "Requires lora_rank.",
     )
-    load_in_4bit: bool = Field(
+    load_in_4bit: Annotated[bool, GRPOFLOW_ONLY] = Field(
         False, description="QLoRA: an NF4 base (bitsandbytes) plus LoRA adapters; requires lora_rank, single GPU only."
     )
-    use_unsloth: bool = Field(False, description="Train with Unsloth (opt-in); single GPU only.")
-    use_liger: bool = Field(
+    use_unsloth: Annotated[bool, GRPOFLOW_ONLY] = Field(
+        False, description="Train with Unsloth (opt-in); single GPU only."
+    )
+    use_liger: Annotated[bool, TRL("use_liger_kernel")] = Field(
         False,
         description="Liger kernels (opt-in); rejected with gpu_count > 1, with use_unsloth, and for GPT-NeoX/Pythia, "
         "Gemma 2, Cohere and Granite models (wrong log-probs).",
     )
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
-    skip_zero_variance_groups: bool = Field(
+    temperature: Annotated[float, TRL("temperature")] = Field(
+        1.0, gt=0, description="Sampling temperature of the rollouts."
+    )
+    skip_zero_variance_groups: Annotated[bool, GRPOFLOW_ONLY] = Field(
         False,
         description=(
             "Skip the forward/backward pass and optimizer step of steps whose completions all got the same reward "

@@ -9,6 +9,7 @@ import difflib
 import functools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +36,53 @@ _FAMILY_GUESSES = (
 )
 
 
-# The trl.GRPOConfig fields that grpoflow sets (trainers/grpo.py's grpo_config), each with the spec key that sets it
-# or, for those the machine or the job folder decides, why: a `trl:` block may set none of them.
-TRL_SPEC_KEYS = {
-    "learning_rate": "hyperparameters.learning_rate",
-    "max_steps": "hyperparameters.max_steps",
-    "num_train_epochs": "hyperparameters.max_steps",
-    "num_generations": "hyperparameters.rollouts_per_prompt",
-    "per_device_train_batch_size": "hyperparameters.prompts_per_step",
-    "gradient_accumulation_steps": "hyperparameters.prompts_per_step",
-    "max_completion_length": "hyperparameters.max_response_length",
-    "max_prompt_length": "hyperparameters.max_prompt_length",
-    "beta": "hyperparameters.kl_coef",
-    "temperature": "hyperparameters.temperature",
-    "seed": "hyperparameters.seed",
-    "data_seed": "hyperparameters.seed",
-    "use_liger_kernel": "hyperparameters.use_liger",
+@dataclass(frozen=True)
+class TRL:
+    """The trl.GRPOConfig fields a hyperparameter sets: a marker on its type (`Annotated[float, TRL("beta")]`), read
+    by trainers/grpo.py (the values it passes) and by the `trl:` block's check (the keys it refuses).
+
+    Args:
+        names (`str`): the GRPOConfig fields; none for a hyperparameter only grpoflow reads (`GRPOFLOW_ONLY`: PEFT's
+            settings, the model loader's, Unsloth's, grpoflow's own trainer's).
+        copied (`bool`, *optional*, defaults to `True`): the value goes over as it is; False: grpo.py derives it.
+        also (`tuple[str, ...]`, *optional*): TRL fields this hyperparameter makes meaningless, refused in `trl:` too.
+    """
+
+    names: tuple[str, ...]
+    copied: bool = True
+    also: tuple[str, ...] = ()
+
+    def __init__(self, *names: str, copied: bool = True, also: tuple[str, ...] = ()):
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "copied", copied)
+        object.__setattr__(self, "also", also)
+
+
+GRPOFLOW_ONLY = TRL()
+
+
+def trl_markers(model: type[BaseModel]) -> dict[str, TRL | None]:
+    """Each field of `model` with its `TRL` marker, None where it has none (a test requires one on every
+    hyperparameter)."""
+    return {name: next((m for m in f.metadata if isinstance(m, TRL)), None) for name, f in model.model_fields.items()}
+
+
+@functools.cache
+def trl_spec_keys() -> dict[str, str]:
+    """The trl.GRPOConfig fields the spec sets, each with the spec key that sets it: the hyperparameters' from their
+    `TRL` markers, the other sections' from `SECTION_TRL_KEYS`. A `trl:` block may set none of them."""
+    from grpoflow.trainers.spec.models import Hyperparameters
+
+    keys = {}
+    for field, marker in trl_markers(Hyperparameters).items():
+        for name in (*marker.names, *marker.also) if marker else ():
+            keys[name] = f"hyperparameters.{field}"
+    return {**keys, **SECTION_TRL_KEYS}
+
+
+# The trl.GRPOConfig fields that the spec's sections other than hyperparameters set (trainers/grpo.py's grpo_config),
+# each with the spec key that sets it.
+SECTION_TRL_KEYS = {
     "reward_weights": "rewards[].weight",
     "save_steps": "checkpoint_every",
     "save_strategy": "checkpoint_every",
@@ -72,6 +104,7 @@ TRL_SPEC_KEYS = {
     "fsdp_config": "distributed.strategy",
     "deepspeed": "distributed.strategy",
 }
+# The trl.GRPOConfig fields the machine or the job folder decides, and why: a `trl:` block may set none of them.
 TRL_SET_BY_GRPOFLOW = {
     "output_dir": "checkpoints go to the job folder's checkpoints/",
     "logging_steps": "metrics.jsonl has one line per step",
@@ -320,8 +353,8 @@ def _trl_problems(trl: dict, hyperparameters: list[str]) -> list[str]:
     fields = record["fields"]
     for name, value in trl.items():
         where = f"trl.{name}"
-        if name in TRL_SPEC_KEYS:
-            problems.append(f"{where}: set by the spec; use {TRL_SPEC_KEYS[name]}")
+        if name in trl_spec_keys():
+            problems.append(f"{where}: set by the spec; use {trl_spec_keys()[name]}")
         elif name in TRL_SET_BY_GRPOFLOW:
             problems.append(f"{where}: set by grpoflow ({TRL_SET_BY_GRPOFLOW[name]})")
         elif name in hyperparameters:

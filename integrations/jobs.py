@@ -1,0 +1,88 @@
+"""Finding job folders, for the CLI and the flows alike: where a job's folder is (`job_dir`, `job_location`), which
+output roots hold jobs (`search_roots`: `./runs` and every root the job index knows), a job found by its id
+(`find_job`), and its status as its events tell it (`job_status`).
+
+A remote output root (`s3://...`) is read through a local copy of its jobs' top-level files (spec, metrics, events,
+model.json); a remote job runs in a local staging folder and is uploaded as it ends.
+"""
+
+from pathlib import Path
+
+from grpoflow.integrations.storage import is_remote, join, mirror_job_files, staging_root
+from grpoflow.trainers.job_index import index_dir, known_roots, locate
+from grpoflow.trainers.jobdir import JobDir, check_job_id
+from grpoflow.trainers.metrics import read_events
+
+
+class UnknownJob(LookupError):
+    """No such job under the output roots looked in: exit code 1 (DESIGN.md)."""
+
+
+class BadJobReference(ValueError):
+    """A job id that cannot name a job folder, or an output root that cannot be read: the user's to fix (exit 2)."""
+
+
+def job_dir(output_root: str | Path, job_id: str) -> JobDir:
+    """The local job folder: under `output_root`, or under the staging folder when `output_root` is remote."""
+    check_job_id(job_id)  # a flow parameter too: the UI could pass anything
+    if is_remote(output_root):
+        return JobDir(staging_root() / job_id)
+    return JobDir(Path(output_root).expanduser().resolve() / job_id)
+
+
+def job_location(job: JobDir, spec) -> str:
+    """Where the job folder ends up: `<output_uri>/<job_id>` for a remote output_uri, else the local folder."""
+    return join(spec.output_uri, job.job_id) if is_remote(spec.output_uri) else str(job.root)
+
+
+def checked_job_id(job_id: str, option: str = "") -> str:
+    """`job_id` when it names a job folder; a `BadJobReference` otherwise. `option` prefixes the message."""
+    try:
+        return check_job_id(job_id)
+    except ValueError as e:
+        raise BadJobReference(f"{option}{': ' if option else ''}{e}") from None
+
+
+def local_root(root: str) -> Path:
+    """The local folder holding the job folders of output root `root` (for `s3://...`, a copy of their files)."""
+    if is_remote(root):
+        from grpoflow.trainers.uris import unopenable
+
+        if reason := unopenable(root):
+            raise BadJobReference(f"cannot read output root {root}: {reason}")
+        return mirror_job_files(root)
+    return Path(root).expanduser().resolve()
+
+
+def search_roots(explicit: str | None) -> list[str]:
+    """Where to look for jobs: `explicit` alone when given; else `./runs` and every output root in the job index
+    (`grpoflow.trainers.job_index`: each `grpoflow run` records where its job went)."""
+    if explicit:
+        return [explicit]
+    return list(dict.fromkeys([str(Path("runs").resolve()), *known_roots()]))
+
+
+def find_job(job_id: str, explicit: str | None = None) -> tuple[JobDir, str]:
+    """The job folder of `job_id` (a local copy for a remote job) and its location (the folder or URL): under
+    `explicit` when given, else in `./runs`, else where the job index says `grpoflow run` put it."""
+    checked_job_id(job_id)
+    indexed = locate(job_id)
+    roots = [explicit] if explicit else [str(Path("runs").resolve())]
+    if indexed and not explicit:
+        roots.append(indexed.rstrip("/").rsplit("/", 1)[0])
+    for root in dict.fromkeys(roots):
+        job = JobDir(local_root(root) / job_id)
+        if job.spec.exists():
+            return job, join(root, job_id) if is_remote(root) else str(job.root)
+    index = "" if explicit or indexed else f", nor in the job index {index_dir()}"
+    raise UnknownJob(f"unknown job {job_id!r} under {', '.join(roots)}{index} (see `grpoflow jobs`)")
+
+
+def job_status(job: JobDir) -> str:
+    """`running`, `completed` or `failed` by the job's last `grpoflow.job.*` event; `unknown` without one."""
+    status = "unknown"
+    for record in read_events(job.events):
+        event = record.get("event", "")
+        if event in ("grpoflow.job.started", "grpoflow.job.completed", "grpoflow.job.failed"):
+            status = {"started": "running", "completed": "completed", "failed": "failed"}[event.rsplit(".", 1)[1]]
+    return status
