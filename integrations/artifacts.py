@@ -14,7 +14,6 @@ each one's history. An artifact that cannot be created is a warning in the log, 
 """
 
 import base64
-import functools
 import logging
 import re
 import shutil
@@ -53,19 +52,10 @@ def artifact_key(spec: JobSpec, kind: str) -> str:
 
 
 def _deployment_name() -> str | None:
-    # `prefect.runtime.deployment.name` asks the API for the flow run at each call when the run context holds no
-    # deployment id (a flow run's own field it does not look at): a run the context shows outside any deployment
-    # needs no question, and a deployment's name is asked once per flow run.
+    # A run outside any deployment (`grpoflow run`) asks the API nothing.
     flow_run = getattr(FlowRunContext.get(), "flow_run", None)
-    if flow_run is None:
-        return deployment.name
-    if flow_run.deployment_id is None:
+    if flow_run is not None and flow_run.deployment_id is None:
         return None
-    return _name_of_deployment_run(flow_run.id)
-
-
-@functools.lru_cache(maxsize=16)
-def _name_of_deployment_run(flow_run_id) -> str | None:
     return deployment.name
 
 

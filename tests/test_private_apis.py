@@ -12,38 +12,22 @@ code moves between modules; grep for the function name.
 | trl | `GRPOTrainer._step`, `_current_train_step_time`, `current_gradient_accumulation_steps` (the bookkeeping of `GRPOTrainer.training_step`) | a skipped step does the same bookkeeping | `ZeroVarianceSkippingGRPOTrainer.training_step` |
 | trl | `GRPOTrainer._entropy_bonus_enabled`, `aux_loss_enabled`, `beta` | when the skip cannot be exact | `skip_blocker` (trainers/zero_variance.py) |
 | trl | the keyword arguments `GRPOTrainer._calculate_rewards` passes a reward, and the `log_extra(column, values)` / `log_metric(name, value)` hooks | rewards' dataset columns, the dry run and held-out evaluation call rewards the same way | `_TRL_ARGUMENTS`, `reward_columns`, `call_reward` (trainers/rewards.py), `evaluate` (trainers/evaluate.py) |
-| trl | `trl.trainer.utils.is_async_callable`, `get_callable_name` | mirrored without importing TRL: async detection and the reward's metric name | `_is_async`, `_named` (trainers/rewards.py) |
 | transformers | `Trainer._save_checkpoint(model, trial)`, writing `trainer_state.json` last, `global_step` = the folder's number | a checkpoint without a complete trainer_state.json is torn; the benchmark times `_save_checkpoint` | `intact_checkpoint` (trainers/grpo.py), `train_cpu_seconds` (benchmarks/trainer_vs_trl.py) |
 | transformers | `Trainer._load_from_checkpoint(path)` and `TrainerState.load_from_json`; `Trainer.train` resuming at `max_steps` runs one step more | a child killed after its final checkpoint restores it instead of training past max_steps | `restore_final_checkpoint` (trainers/grpo.py) |
 | peft | `peft.tuners.tuners_utils._maybe_include_all_linear_layers(peft_config, model)` | the default LoRA targets: PEFT's own "all-linear" rule, on a meta-device model | `default_lora_targets` (trainers/architecture.py) |
 | datasets | `Dataset._fingerprint` | the ingest cache key of a Hub dataset | `_fingerprint` (trainers/dataset.py) |
-| datasets | `Dataset.data.table`, the pyarrow Table behind a dataset | the ingest's checks of columns and rows run on Arrow | `_check_loaded`, `_check_columns` (trainers/dataset.py) |
-| prefect | settings `server.ephemeral.enabled` / `.startup_timeout_seconds`, `api.url`, `server.register_blocks_on_start`, `flows.heartbeat_frequency` (None: no heartbeats); env names `PREFECT_SERVER_ANALYTICS_ENABLED`, `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS` and the aliases in `SERVER_DEFAULTS`, `API_KEYS`, `EPHEMERAL_KEYS` | when to start a server, how long to wait, what a temporary server skips, no telemetry | `start_if_needed`, `TemporaryServer`, `connected` (flows/server.py), flows/__init__.py, tasks/__init__.py |
-| prefect | `profiles.toml`: `PREFECT_PROFILES_PATH` (default `$PREFECT_HOME/profiles.toml`), its `active` key and `[profiles.<name>]` tables, `PREFECT_PROFILE`, and the built-in profiles where only `ephemeral` sets no API | whether a temporary server is likely needed, read before Prefect's import (Prefect's settings decide) | `_configured_elsewhere` (flows/server.py) |
-| prefect | `prefect.runtime.deployment.name` reads the flow run from the API when `FlowRunContext` (not its `flow_run`) has no `deployment_id` | artifact keys read the run's own `deployment_id` first | `_deployment_name` (integrations/artifacts.py) |
-| prefect | `temporary_settings(updates={PREFECT_API_URL: ...})` and `PREFECT_API_URL.value()` (the legacy setting objects) | point the client at the temporary server; read the API URL | `connected` (flows/server.py), `api_url` (flows/deployments.py) |
 | prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (flows/server.py) |
 | prefect | `prefect.workers.base.BaseWorker.get_worker_class_from_type` (None when not installed) | a pool's default base job template | `default_template` (flows/deployments.py) |
-| prefect | `prefect.utilities.urls.url_for` and the UI's `/runs/flow-run/<id>` path | a flow run's link, with a fallback of the same form | `flow_run_url` (flows/deployments.py) |
-| prefect | `prefect.exceptions.TerminationSignal`, a `BaseException` | a cancelled run is reported as "cancelled" | `grpo_pipeline` (flows/pipeline.py) |
-| accelerate | `python -m accelerate.commands.launch --multi_gpu --num_processes N -m module ...` (the module behind `accelerate launch`) | the multi-GPU training child, with this interpreter | `child_command` (trainers/launch.py) |
 | accelerate, trl | `--config_file trl/accelerate_configs/{fsdp2,zero2,zero3}.yaml` (files TRL ships, found without importing TRL) and `Accelerator.distributed_type` / `is_fsdp2` / `state.deepspeed_plugin.zero_stage` | the sharded strategies' launch, and the check of what really runs | `accelerate_config`, `child_command` (trainers/launch.py), `applied_strategy` (trainers/grpo.py) |
 | trl | `GRPOTrainer.reward_func_names`, the list its metrics are named from (`rewards/<name>/mean`) | a reward model's metric carries the spec's name, not its path | `main` (trainers/grpo.py) |
-| transformers | `transformers.utils.chat_template_utils.is_torch_available`, read by `get_json_schema` | tool schemas in the preflight without importing torch | `tool_schema` (trainers/agents.py) |
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
 | trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py) |
-| standardwebhooks | `standardwebhooks.webhooks.EmptyWebhookSecretError`, `whsec_` prefix handling | an empty secret is a user error; `whsec_` secrets sign with their decoded bytes | `_webhook` signer (integrations/webhooks.py) |
 """
 
 import inspect
 import json
-import os
-import uuid
 from collections import defaultdict
-from datetime import UTC, datetime
-from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from datasets import Dataset, DatasetDict
 
@@ -207,35 +191,6 @@ def test_reward_keyword_arguments_are_those_grpoflow_passes_outside_a_trainer(on
     assert "rewards/recording_reward/mean" in trainer.state.log_history[0]  # named after `__name__`
 
 
-def test_trl_reward_helpers_agree_with_grpoflows_copies():
-    import functools
-
-    from trl.trainer.utils import get_callable_name, is_async_callable
-
-    from grpoflow.trainers.rewards import _is_async, _named
-
-    async def async_reward(completions, **kwargs):
-        return [0.0]
-
-    def sync_reward(completions, **kwargs):
-        return [0.0]
-
-    class AsyncCallable:
-        async def __call__(self, completions, **kwargs):
-            return [0.0]
-
-    cases = [
-        async_reward,
-        sync_reward,
-        AsyncCallable(),
-        functools.partial(async_reward),
-        functools.partial(sync_reward),
-    ]
-    assert [_is_async(f) for f in cases] == [is_async_callable(f) for f in cases] == [True, False, True, True, False]
-    assert [is_async_callable(_named(f, "x")) for f in cases] == [True, False, True, True, False]
-    assert get_callable_name(_named(functools.partial(sync_reward), "my_metric")) == "my_metric"
-
-
 def test_checkpoint_is_saved_by_save_checkpoint_and_trainer_state_is_written_last(one_step):
     _, seen, _, output = one_step
     assert seen["save_calls"] == 1
@@ -272,94 +227,7 @@ def test_fingerprint_is_a_content_hash_that_save_to_disk_records(tmp_path):
         assert json.loads((tmp_path / name / "state.json").read_text())["_fingerprint"] == fingerprint
 
 
-def test_a_dataset_exposes_its_arrow_table():
-    ds = splits()["train"]
-    table = ds.data.table
-    assert isinstance(table, pa.Table) and table.column("prompt").to_pylist() == ["a", "b", "c"]
-
-
 # --- Prefect --------------------------------------------------------------------------------------------------------
-
-
-def test_the_block_catalogue_settings_and_their_names(monkeypatch):
-    from prefect.settings import Settings
-
-    from grpoflow.flows.server import SERVER_DEFAULTS
-
-    fields = {"register_blocks_on_start"}
-    for names, value in SERVER_DEFAULTS.items():
-        [field] = [f for f in fields if names[0].lower().endswith(f)]
-        aliases = Settings.model_fields["server"].annotation.model_fields[field].validation_alias.choices
-        assert [a for a in aliases if isinstance(a, str)] == [n.lower() for n in names], field
-        assert getattr(Settings().server, field) is True  # the defaults the temporary server turns off
-        monkeypatch.setenv(names[0], value)
-        assert getattr(Settings().server, field) is False  # and the temporary server's value turns it off
-
-
-def test_flow_run_heartbeats_turn_off_with_none(monkeypatch):
-    from prefect.flow_engine import FlowRunEngine
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
-
-    monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
-    assert get_current_settings().flows.heartbeat_frequency is not None  # on by default: the test could fail
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        assert get_current_settings().flows.heartbeat_frequency is None
-        assert FlowRunEngine.heartbeat_seconds.fget(object()) is None  # the engine's reading: no heartbeat thread
-
-
-def test_profiles_toml_layout_and_the_default_profile():
-    import tomllib
-
-    import prefect.settings.profiles as profiles
-    from prefect.settings import Settings
-
-    shipped = tomllib.loads(Path(profiles.DEFAULT_PROFILES_PATH).read_text())
-    assert shipped["active"] == "ephemeral"
-    without_api = {name for name, table in shipped["profiles"].items() if "PREFECT_API_URL" not in table}
-    # `_configured_elsewhere` counts only "ephemeral" (it turns the ephemeral server on) as configuring no API.
-    assert "ephemeral" in without_api and "local" not in without_api
-    assert shipped["profiles"]["ephemeral"] == {"PREFECT_SERVER_EPHEMERAL_ENABLED": "true"}
-    # (tests/flows/test_server.py checks `_configured_elsewhere` against Prefect's reading of real profile files)
-    assert Settings(home="/tmp/h").profiles_path == Path("/tmp/h/profiles.toml")
-
-
-@pytest.mark.parametrize(
-    "name, raw, read, expected",
-    [
-        # TemporaryServer turns the UI off with the name Prefect's own ephemeral server uses (an alias now).
-        ("PREFECT_UI_ENABLED", "0", lambda s: s.server.ui.enabled, False),
-        # flows/__init__.py and tasks/__init__.py: no telemetry from a server started for grpoflow.
-        ("PREFECT_SERVER_ANALYTICS_ENABLED", "false", lambda s: s.server.analytics_enabled, False),
-        # flows/__init__.py: the first start creates the database; TemporaryServer waits this long.
-        (
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
-            "180",
-            lambda s: s.server.ephemeral.startup_timeout_seconds,
-            180,
-        ),
-        # start_if_needed: no temporary server with ephemeral mode off, or with an API URL.
-        ("PREFECT_SERVER_EPHEMERAL_ENABLED", "false", lambda s: s.server.ephemeral.enabled, False),
-        ("PREFECT_API_URL", "http://127.0.0.1:9/api", lambda s: s.api.url, "http://127.0.0.1:9/api"),
-    ],
-)
-def test_prefect_settings_read_the_environment_variables_grpoflow_sets(monkeypatch, name, raw, read, expected):
-    from prefect.settings import Settings
-
-    monkeypatch.delenv(name, raising=False)
-    assert read(Settings()) != expected, "the default must differ, or this test could not fail"
-    monkeypatch.setenv(name, raw)
-    assert read(Settings()) == expected
-
-
-def test_temporary_settings_with_the_legacy_api_url_setting():
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
-
-    before = get_current_settings().api.url
-    url = "http://127.0.0.1:9/api"
-    with temporary_settings(updates={PREFECT_API_URL: url}):
-        assert get_current_settings().api.url == url
-        assert PREFECT_API_URL.value() == url
-    assert get_current_settings().api.url == before
 
 
 @pytest.mark.parametrize(
@@ -384,38 +252,7 @@ def test_worker_class_from_pool_type():
     assert BaseWorker.get_worker_class_from_type("no-such-pool-type") is None
 
 
-def test_url_for_a_flow_run_is_the_fallbacks_form():
-    from prefect.client.schemas.objects import FlowRun
-    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
-    from prefect.utilities.urls import url_for
-
-    flow_run = FlowRun(id=uuid.uuid4(), flow_id=uuid.uuid4(), name="probe")
-    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api", PREFECT_UI_URL: None}):
-        # flow_run_url's fallback: the API URL less /api, then this path.
-        assert url_for(flow_run) == f"http://127.0.0.1:4200/runs/flow-run/{flow_run.id}"
-
-
-def test_termination_signal_is_not_an_exception():
-    from prefect.exceptions import TerminationSignal
-
-    # grpo_pipeline catches BaseException to report a cancelled run; a TerminationSignal is one, not an Exception.
-    assert issubclass(TerminationSignal, BaseException) and not issubclass(TerminationSignal, Exception)
-    assert TerminationSignal(signal=15).signal == 15
-
-
 # --- accelerate, standardwebhooks -----------------------------------------------------------------------------------
-
-
-def test_accelerate_launch_module_takes_the_child_command():
-    import accelerate.commands.launch as launch
-
-    args = launch.launch_command_parser().parse_args(
-        ["--multi_gpu", "--num_processes", "2", "-m", "grpoflow.trainers.grpo", "runs/job"]
-    )
-    assert args.multi_gpu and args.num_processes == 2 and args.module
-    assert (args.training_script, args.training_script_args) == ("grpoflow.trainers.grpo", ["runs/job"])
-    # Run with `python -m`, so the module must start the launcher itself.
-    assert 'if __name__ == "__main__"' in Path(launch.__file__).read_text()
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "zero2", "zero3"])
@@ -445,28 +282,6 @@ def test_reward_func_names_name_the_reward_metrics():
 
     source = inspect.getsource(grpo_trainer.GRPOTrainer)
     assert "self.reward_func_names" in source and 'f"rewards/{reward_func_name}/mean"' in source
-
-
-def test_get_json_schema_asks_is_torch_available_through_chat_template_utils():
-    from transformers.utils import chat_template_utils
-
-    assert callable(chat_template_utils.is_torch_available)
-    assert "is_torch_available()" in inspect.getsource(chat_template_utils)
-
-
-def test_standardwebhooks_secret_forms():
-    import base64
-
-    from standardwebhooks import Webhook
-    from standardwebhooks.webhooks import EmptyWebhookSecretError
-
-    for empty in (b"", "whsec_"):
-        with pytest.raises(EmptyWebhookSecretError):
-            Webhook(empty)
-    key = os.urandom(24)
-    whsec = "whsec_" + base64.b64encode(key).decode()
-    at = datetime(2026, 1, 1, tzinfo=UTC)
-    assert Webhook(whsec).sign("msg_1", at, "{}") == Webhook(key).sign("msg_1", at, "{}")
 
 
 # --- transformers: restoring the final checkpoint; PEFT: the all-linear rule -------------------------------------------

@@ -16,7 +16,6 @@ import importlib.util
 import inspect
 import json
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,16 +88,7 @@ def tool_schema(function: Callable, where: str) -> dict:
 def _json_schema(function: Callable) -> dict:
     from transformers.utils import chat_template_utils
 
-    if "torch" in sys.modules:
-        return chat_template_utils.get_json_schema(function)
-    # get_json_schema imports torch only to map a torch.Tensor hint, which a tool whose module has not imported torch
-    # cannot have: preflight (no torch) asks it to skip that.
-    torch_available = chat_template_utils.is_torch_available
-    chat_template_utils.is_torch_available = lambda: False
-    try:
-        return chat_template_utils.get_json_schema(function)
-    finally:
-        chat_template_utils.is_torch_available = torch_available
+    return chat_template_utils.get_json_schema(function)
 
 
 def load_tools(refs: list[str]) -> list[Callable]:

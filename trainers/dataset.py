@@ -429,7 +429,7 @@ def _check_loaded(src: _Source, ds: datasets.Dataset, storage_options: dict | No
     try:
         # The JSON reader passes invalid UTF-8 through into string columns; a full validation catches it (~20 ms
         # per million rows).
-        ds.data.table.validate(full=True)
+        ds.with_format("arrow")[:].validate(full=True)
     except pa.ArrowInvalid as e:
         if src.builder in ("json", "csv") and (problems := _scan_lines(src, storage_options)[0]):
             raise _lines_error(src, problems) from e
@@ -628,7 +628,7 @@ def ingest_dataset(
     ) as cache:
         ds = _load(src, cache, storage_options)
         _check_loaded(src, ds, storage_options)
-        prompt_format = _check_columns(uri, ds.data.table, prompt_column, required_columns)
+        prompt_format = _check_columns(uri, ds.with_format("arrow")[:], prompt_column, required_columns)
         splits = _split(ds, holdout, seed, uri)
         _save_atomic(splits, dest)
         fingerprint = _fingerprint(src, ds, storage_options)
@@ -670,7 +670,7 @@ def check_dataset(
     with tempfile.TemporaryDirectory(prefix="grpoflow-check-", ignore_cleanup_errors=True) as cache:
         ds = _load(src, cache, storage_options)
         _check_loaded(src, ds, storage_options)
-        prompt_format = _check_columns(uri, ds.data.table, prompt_column, required_columns)
+        prompt_format = _check_columns(uri, ds.with_format("arrow")[:], prompt_column, required_columns)
         train = _split(ds, holdout, seed, uri)["train"]
         # Copied out of the loader's memory-mapped files, which go away with the temporary folder.
         rows = train.select(range(min(sample_rows, len(train)))).to_list()

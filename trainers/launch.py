@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,6 +111,11 @@ class Machines:
         ]
 
 
+def accelerate_command() -> str:
+    """`accelerate`, the console script of this interpreter's install (its scripts folder), as users run it."""
+    return str(Path(sysconfig.get_path("scripts")) / "accelerate")
+
+
 def child_command(
     module: str, job: JobDir, gpu_count: int = 1, strategy: str = "ddp", machines: Machines | None = None
 ) -> list[str]:
@@ -118,7 +124,7 @@ def child_command(
     machines: `gpu_count` processes on each, `num_machines * gpu_count` in all."""
     if gpu_count == 1 and strategy == "ddp" and machines is None:
         return [sys.executable, "-m", module, str(job.root)]
-    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    launch = [accelerate_command(), "launch"]
     if strategy == "ddp":
         # --multi_gpu: one process per GPU even where fewer are visible (an error then, not a silent single
         # process), and the only launcher that starts several processes on a CPU machine.

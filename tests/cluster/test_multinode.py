@@ -21,7 +21,7 @@ from grpoflow.cluster.checkpoint_sync import FileMirror, newest_remote_checkpoin
 from grpoflow.cluster.node import complete_checkpoint
 from grpoflow.tasks.train import train_task
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import Machines, RewardFailed, TrainingSetupError, child_command
+from grpoflow.trainers.launch import Machines, RewardFailed, TrainingSetupError, accelerate_command, child_command
 from grpoflow.trainers.metrics import read_events, read_metrics
 from tests.integrations.test_artifacts import flow_run_logs
 from tests.k8s_api_server import KubeApiServer, wait_for
@@ -61,7 +61,7 @@ def remote_steps(location: str) -> list[int]:
 def test_child_command_spans_machines(tmp_path):
     job = JobDir(tmp_path / "job")
     command = child_command("grpoflow.trainers.grpo", job, 8, "ddp", Machines(4, 3, "grpo-x-0.grpo-x.ml.svc", 29500))
-    assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert command[:2] == [accelerate_command(), "launch"]
     args = {flag: command[command.index(flag) + 1] for flag in command if flag.startswith("--")}
     assert args["--num_machines"] == "4" and args["--machine_rank"] == "3"
     assert args["--main_process_ip"] == "grpo-x-0.grpo-x.ml.svc" and args["--main_process_port"] == "29500"

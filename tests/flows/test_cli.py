@@ -330,3 +330,22 @@ def test_reading_and_model_commands_start_no_prefect(tmp_path, make_spec):
     assert "temporary Prefect server" not in done.stderr
     events = [json.loads(line)["event"] for line in job.events.read_text().splitlines()]
     assert events == ["grpoflow.deployment.registered", "grpoflow.model.published"]  # still in events.jsonl
+
+
+def test_every_exit_code_names_an_exception_that_exists():
+    # EXIT_CODES is keyed by qualified names (so that an error imports nothing): each must name a real exception.
+    import importlib
+
+    from grpoflow.flows.cli import EXIT_CODES, exit_code
+
+    for key in EXIT_CODES:
+        module, name = key.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, Exception) and f"{cls.__module__}.{cls.__qualname__}" == key, key
+    from grpoflow.flows.deployments import ServerNotSet
+    from grpoflow.trainers.publish import PublishError
+
+    # The nearest class listed wins: ServerNotSet is a DeploymentError (1) but the user's to fix (2).
+    assert exit_code(ServerNotSet("set PREFECT_API_URL")) == 2
+    assert [exit_code(PublishError("x", user_error=u)) for u in (True, False)] == [2, 1]
+    assert exit_code(RuntimeError("a bug")) is None  # its traceback, not a one-line message

@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from grpoflow.trainers import grpo
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import RewardFailed, TrainingSetupError, child_command, record_exit
+from grpoflow.trainers.launch import RewardFailed, TrainingSetupError, accelerate_command, child_command, record_exit
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.modeling import SetupError, check_accelerators
 from grpoflow.trainers.spec import load_spec
@@ -104,7 +104,7 @@ def test_child_command_per_strategy():
     import trl
 
     job = JobDir(Path("/runs/j"))
-    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    launch = [accelerate_command(), "launch"]
     assert child_command("grpoflow.trainers.grpo", job, 1) == [
         sys.executable,
         "-m",

@@ -1,6 +1,7 @@
 """`gpu_count > 1`: the training child runs under `accelerate launch --multi_gpu --num_processes gpu_count`. On a CPU
 machine accelerate starts that many gloo processes, so the real launch path runs here with 2 processes."""
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,14 @@ import yaml
 
 from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import TrainingSetupError, check_exit, child_command, start_child, stop_child
+from grpoflow.trainers.launch import (
+    TrainingSetupError,
+    accelerate_command,
+    check_exit,
+    child_command,
+    start_child,
+    stop_child,
+)
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.spec import load_spec, to_yaml
 
@@ -24,7 +32,8 @@ def test_child_command():
         "grpoflow.trainers.grpo",
         "/runs/j",
     ]
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4"]
+    launch = [accelerate_command(), "launch", "--multi_gpu", "--num_processes", "4"]
+    assert Path(launch[0]).is_file() and os.access(launch[0], os.X_OK)  # this interpreter's `accelerate` script
     assert child_command("grpoflow.trainers.grpo", job, 4) == [*launch, "-m", "grpoflow.trainers.grpo", "/runs/j"]
 
 

@@ -418,8 +418,8 @@ class WebhookSpec(_Section):
 # The integrations `tracking.report_to` takes (transformers' own `report_to` names), the package each needs, and how
 # to install it.
 TRACKERS = {
-    "tensorboard": ("tensorboard", "pip install 'grpoflow[tracking]'"),
     "trackio": ("trackio", "pip install trackio"),
+    "tensorboard": ("tensorboard", "pip install 'grpoflow[tracking]'"),
     "wandb": ("wandb", "pip install wandb"),
     "mlflow": ("mlflow", "pip install mlflow"),
 }
@@ -428,7 +428,7 @@ TRACKERS = {
 class TrackingSpec(_Section):
     """Experiment tracking of the GRPO run, through TRL's own integrations (transformers' `report_to`)."""
 
-    report_to: list[Literal["trackio", "tensorboard", "wandb", "mlflow"]] = Field(
+    report_to: list[Literal[tuple(TRACKERS)]] = Field(  # the names TRACKERS lists
         [],
         description="Trackers that receive the run's metrics: tensorboard (offline, no account: event files in the "
         "job folder's tracking/), trackio (local, ~/.cache/huggingface/trackio), wandb, mlflow. Credentials come from "
