@@ -13,7 +13,7 @@ gives a constant 0.0 on the others. A dataset's share of ungraded rows is then i
 import json
 from pathlib import Path
 
-from grpoflow.trainers.rewards import completion_text
+from grpoflow.trainers.rewards.text import completion_text
 
 ARITHMETIC = Path(__file__).resolve().parent.parent / "examples" / "data" / "arithmetic.jsonl"
 PASSAGE = (

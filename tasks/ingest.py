@@ -9,7 +9,9 @@ from grpoflow.integrations.stages import rejected, resumable, retry_unless_final
 from grpoflow.integrations.storage import storage_options
 from grpoflow.trainers.dataset import DatasetError, ingest_dataset, load_ingested
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.rewards import RewardError, build_reward, dry_run_job_rewards, required_columns
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, required_columns
 from grpoflow.trainers.spec import JobSpec
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.modeling import load_tokenizer, prepare_prompts, start_model
-from grpoflow.trainers.rewards import build_reward, call_reward, trl_columns
+from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 from grpoflow.trainers.spec import JobSpec, load_spec
 
 

@@ -39,7 +39,8 @@ from grpoflow.trainers.modeling import (
     use_bf16,
     use_cpu,
 )
-from grpoflow.trainers.rewards import RewardError, build_reward, guarded_reward
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward, guarded_reward
 from grpoflow.trainers.spec import JobSpec, load_spec
 from grpoflow.trainers.spec.rules import trl_markers
 from grpoflow.trainers.vllm_server import VLLM_SERVER_URL_ENV

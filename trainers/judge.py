@@ -28,6 +28,9 @@ from urllib.parse import urlsplit
 
 import httpx2
 
+from grpoflow.trainers.rewards import NUMBER
+from grpoflow.trainers.rewards.text import completion_text
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_BACKOFF_S = 30.0
@@ -171,8 +174,6 @@ def get_llm_judge_reward(
     request = {"model": model, "temperature": temperature, "max_tokens": max_tokens}
 
     async def llm_judge_reward(completions: list, prompts: list | None = None, **kwargs) -> list[float | None]:
-        from grpoflow.trainers.rewards import completion_text
-
         columns = {k: v for k, v in kwargs.items() if isinstance(v, list) and len(v) == len(completions)}
         texts = [
             fill_rubric(rubric, _prompt_text(prompts[i] if prompts else ""), completion_text(c), columns, i)
@@ -246,8 +247,6 @@ def parse_score(reply: str, pattern: re.Pattern | None, max_score: float | None)
     >>> parse_score("2 steps; final score=[4]", re.compile(r"score=\\[(\\d+)\\]"), 5)
     0.8
     """
-    from grpoflow.trainers.rewards import NUMBER
-
     match = pattern.search(reply) if pattern else NUMBER.search(reply)
     if match is None:
         return None

@@ -142,7 +142,9 @@ def _reward_field(p: Preflight, message: str) -> str:
 def check_rewards_build(p: Preflight) -> list[str]:
     """Each reward imports (a custom function) or exists (a built-in) and takes its kwargs; a reward model is here,
     offline, and is a sequence classifier (its files read, no weights loaded)."""
-    from grpoflow.trainers.rewards import RewardError, build_reward, reward_model_problem
+    from grpoflow.trainers.rewards import RewardError
+    from grpoflow.trainers.rewards.build import build_reward
+    from grpoflow.trainers.rewards.models import reward_model_problem
 
     problems = []
     for i, reward in enumerate(p.spec.rewards):
@@ -165,7 +167,7 @@ def check_dataset(p: Preflight) -> list[str]:
     """The dataset opens and has the prompt column and every column the rewards and the SFT warm-up read."""
     from grpoflow.trainers.dataset import DatasetError
     from grpoflow.trainers.dataset import check_dataset as load_and_check
-    from grpoflow.trainers.rewards import required_columns
+    from grpoflow.trainers.rewards.dry_run import required_columns
 
     spec = p.spec
     try:
@@ -186,7 +188,8 @@ def check_dataset(p: Preflight) -> list[str]:
 
 def check_rewards_dry_run(p: Preflight) -> list[str]:
     """The rewards that built pass the dry run on a few of the dataset's rows, shaped as TRL will pass them."""
-    from grpoflow.trainers.rewards import RewardError, dry_run_job_rewards
+    from grpoflow.trainers.rewards import RewardError
+    from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards
 
     if p.sample is None or not p.rewards:
         return []

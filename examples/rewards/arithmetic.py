@@ -13,7 +13,7 @@ as keyword lists (here `answer`), and `**kwargs` for the rest TRL passes. Check 
     python -m doctest -v examples/rewards/arithmetic.py
 """
 
-from grpoflow.trainers.rewards import completion_text, extract_answer, parse_number
+from grpoflow.trainers.rewards.text import completion_text, extract_answer, parse_number
 
 
 def close_answer_reward(completions: list, answer: list, **kwargs) -> list[float | None]:

@@ -21,7 +21,7 @@ from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from grpoflow.flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, run_parameters
 from grpoflow.flows.project import TEMPLATE
-from grpoflow.trainers.rewards import REWARDS
+from grpoflow.trainers.rewards.builtin import REWARDS
 from grpoflow.trainers.spec import load_spec
 
 

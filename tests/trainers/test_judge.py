@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from grpoflow.trainers.judge import JudgeError, get_llm_judge_reward, judge_kwargs_problems, parse_score
-from grpoflow.trainers.rewards import RewardError, build_reward, call_reward, dry_run_rewards, reward_columns
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward, reward_columns
+from grpoflow.trainers.rewards.dry_run import call_reward, dry_run_rewards
 from grpoflow.trainers.spec import SpecError, load_spec
 
 KEY = "sk-grpoflow-test-0123456789"

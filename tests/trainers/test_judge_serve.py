@@ -7,7 +7,8 @@ import threading
 import pytest
 import yaml
 
-from grpoflow.trainers.rewards import build_reward, call_reward
+from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.rewards.dry_run import call_reward
 from tests.conftest import cli
 from tests.trainers.test_reward_models import build_tiny_classifier
 

@@ -9,14 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpoflow.trainers.rewards import (
-    RewardError,
-    build_reward,
-    call_reward,
-    dry_run_job_rewards,
-    get_reward_model_reward,
-    reward_model_problem,
-)
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.rewards.dry_run import call_reward, dry_run_job_rewards
+from grpoflow.trainers.rewards.models import get_reward_model_reward, reward_model_problem
 from grpoflow.trainers.spec import SpecError, load_spec
 
 
@@ -189,9 +185,9 @@ def test_the_dry_run_scores_with_the_model(tmp_path, dataset_file, classifier):
 def test_the_dry_run_skips_a_large_model_saying_why(tmp_path, dataset_file, classifier, monkeypatch):
     from datasets import Dataset
 
-    import grpoflow.trainers.rewards
+    import grpoflow.trainers.rewards.dry_run
 
-    monkeypatch.setattr(grpoflow.trainers.rewards, "DRY_RUN_MAX_MODEL_BYTES", 1000)
+    monkeypatch.setattr(grpoflow.trainers.rewards.dry_run, "DRY_RUN_MAX_MODEL_BYTES", 1000)
     spec, _ = load_spec(_spec(tmp_path, dataset_file, [{"model": str(classifier)}]))
     rows = Dataset.from_list([json.loads(line) for line in dataset_file.read_text().splitlines()])
     notes = dry_run_job_rewards(spec, [build_reward("tiny-rm", model=str(classifier))], rows)

@@ -1,4 +1,5 @@
-"""Tests for trainers/rewards.py and the example reward module: rule tables per reward, building, dry run, doctests."""
+"""Tests for trainers/rewards/ (built-ins, building, the reward guard, the dry run) and the example reward module:
+rule tables per reward, building, dry run, doctests."""
 
 import doctest
 import importlib
@@ -10,17 +11,17 @@ from pathlib import Path
 import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
-from grpoflow.trainers.rewards import (
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.rewards.builtin import (
     REWARDS,
-    RewardError,
-    build_reward,
-    completion_text,
-    dry_run_rewards,
     exact_answer_reward,
     get_answer_format_reward,
     get_length_penalty_reward,
     get_numeric_match_reward,
 )
+from grpoflow.trainers.rewards.dry_run import dry_run_rewards
+from grpoflow.trainers.rewards.text import completion_text
 
 ROOT = Path(__file__).resolve().parents[2]
 # The built-ins that score without kwargs or a network; llm_judge needs an endpoint (tests/trainers/test_judge.py).
@@ -236,7 +237,7 @@ def test_build_custom_reward(in_repo):
 def test_build_custom_with_kwargs_calls_it_as_a_factory():
     # The way to use a built-in twice under different names.
     reward = build_reward(
-        "long", function="grpoflow.trainers.rewards:get_length_penalty_reward", kwargs={"max_chars": 1}
+        "long", function="grpoflow.trainers.rewards.builtin:get_length_penalty_reward", kwargs={"max_chars": 1}
     )
     assert get_callable_name(reward) == "long"
     assert reward(["ab"]) == [-1.0]
@@ -289,8 +290,8 @@ def test_build_custom_async_stays_async(tmp_path, monkeypatch):
         ),
         # kwargs make the callable a factory, but a reward function does not take them
         (
-            {"function": "grpoflow.trainers.rewards:exact_answer_reward", "kwargs": {"x": 1}},
-            "reward 'my_reward': bad kwargs for grpoflow.trainers.rewards:exact_answer_reward: ",
+            {"function": "grpoflow.trainers.rewards.builtin:exact_answer_reward", "kwargs": {"x": 1}},
+            "reward 'my_reward': bad kwargs for grpoflow.trainers.rewards.builtin:exact_answer_reward: ",
         ),
         # an unknown built-in: the message lists every built-in
         (
@@ -539,8 +540,10 @@ def test_trl_accuracy_reward_with_the_math_extra(in_repo):
 # --- doctests --------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module_name", ["grpoflow.trainers.rewards", "grpoflow.examples.rewards.arithmetic"])
-def test_doctests(monkeypatch, module_name):
-    monkeypatch.syspath_prepend(str(ROOT))  # examples/ is not an installed package
+@pytest.mark.parametrize(
+    "module_name",
+    ["grpoflow.trainers.rewards.builtin", "grpoflow.trainers.rewards.text", "grpoflow.examples.rewards.arithmetic"],
+)
+def test_doctests(module_name):
     results = doctest.testmod(importlib.import_module(module_name))
     assert results.attempted > 0 and results.failed == 0

@@ -32,7 +32,7 @@ BASE = {
 DROP = object()  # as a patch value: remove the key
 ABSENT = object()  # as an expected value: the key is not in the resolved spec
 HAS_REWARDS = importlib.util.find_spec("grpoflow.trainers.rewards") is not None
-needs_rewards = pytest.mark.skipif(not HAS_REWARDS, reason="trainers/rewards.py (REWARDS) not written yet")
+needs_rewards = pytest.mark.skipif(not HAS_REWARDS, reason="trainers/rewards/builtin.py (REWARDS) not written yet")
 
 
 @pytest.fixture
@@ -470,15 +470,15 @@ def test_rules(patch, expected):
 
 
 def test_builtin_reward_check_waits_for_rewards_module(monkeypatch):
-    # Until trainers/rewards.py can be imported, any name passes here; building the reward catches it later.
-    monkeypatch.setitem(sys.modules, "grpoflow.trainers.rewards", None)
+    # Until the built-ins' module can be imported, any name passes here; building the reward catches it later.
+    monkeypatch.setitem(sys.modules, "grpoflow.trainers.rewards.builtin", None)
     spec, _ = load_spec(patched({"rewards": [{"name": "not_yet_known"}]}))
     assert spec.rewards[0].name == "not_yet_known"
 
 
 @needs_rewards
 def test_reward_needs_a_name_or_a_function():
-    from grpoflow.trainers.rewards import REWARDS
+    from grpoflow.trainers.rewards.builtin import REWARDS
 
     # Reported with the reward's other problems, not instead of them.
     problems = rejected({"rewards": [{"weight": "heavy"}]})
@@ -490,7 +490,7 @@ def test_reward_needs_a_name_or_a_function():
 
 @needs_rewards
 def test_function_alone_names_the_reward_and_its_metric(tmp_path):
-    from grpoflow.trainers.rewards import build_reward
+    from grpoflow.trainers.rewards.build import build_reward
 
     spec, _ = load_spec(
         patched({"rewards": [{"function": "grpoflow.examples.rewards.arithmetic:close_answer_reward"}]})

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from grpoflow.trainers.rewards import REWARDS
+from grpoflow.trainers.rewards.builtin import REWARDS
 from grpoflow.trainers.spec.rules import GRPOFLOW_ONLY, TRL, function_name, model_name, rule_problems
 from grpoflow.trainers.uris import unopenable
 

@@ -167,7 +167,7 @@ def _lax(section: dict, model: type[BaseModel], key: str) -> Any:
 
 def _builtin_rewards() -> list[str] | None:
     try:
-        from grpoflow.trainers.rewards import REWARDS
+        from grpoflow.trainers.rewards.builtin import REWARDS
     except ImportError:
         return None
     return list(REWARDS)

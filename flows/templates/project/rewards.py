@@ -6,7 +6,7 @@ keyword list (here `answer`), `**kwargs` for the rest TRL passes; it returns one
 Check the example below with `python -m doctest -v rewards.py`.
 """
 
-from grpoflow.trainers.rewards import completion_text, extract_answer, parse_number
+from grpoflow.trainers.rewards.text import completion_text, extract_answer, parse_number
 
 
 def close_answer_reward(completions: list, answer: list, **kwargs) -> list[float | None]:

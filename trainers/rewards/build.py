@@ -1,0 +1,265 @@
+"""Building a spec's rewards (`build_reward`: a built-in, a function, a reward model) and guarding each call."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import math
+import numbers
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.builtin import REWARDS
+from grpoflow.trainers.rewards.models import get_reward_model_reward, reward_model_problem
+
+# --- building a spec's rewards ---------------------------------------------------------------------------------------
+
+
+def build_reward(
+    name: str, function: str | None = None, kwargs: dict | None = None, model: str | None = None
+) -> Callable:
+    """Build the reward a spec entry describes, named `name` so TRL logs it as `rewards/<name>/mean`.
+
+    Without `function`, `name` picks a built-in from `REWARDS`; factories (`get_*_reward`) are called with `kwargs`.
+    With `function` ("package.module:callable", importable from the working directory too), the callable is the
+    reward itself, or, when `kwargs` is non-empty, a factory called as `callable(**kwargs)` that returns the reward.
+    With `model`, the reward is that sequence-classification model's score (see `get_reward_model_reward`); training
+    hands the model id to TRL instead, which loads it as this does and places it on the GPU.
+
+    Args:
+        name (`str`): the spec entry's name.
+        function (`str` or `None`, *optional*, defaults to `None`): where a custom reward lives.
+        kwargs (`dict` or `None`, *optional*, defaults to `None`): arguments for a factory.
+        model (`str` or `None`, *optional*, defaults to `None`): a reward model's folder or Hub id.
+
+    Raises:
+        RewardError: unknown built-in, import failure, bad kwargs, or something that is not callable.
+
+    A built-in is picked by its name, so to use one twice (say, two length penalties) under other names, point
+    `function` at its factory: `function: grpoflow.trainers.rewards.builtin:get_length_penalty_reward` with `kwargs`.
+
+    Example:
+    ```python
+    >>> reward = build_reward("length_penalty", kwargs={"max_chars": 2})
+    >>> reward.__name__, reward(["ok", "too long"])
+    ('length_penalty', [0.0, -1.0])
+    >>> try:
+    ...     build_reward("lenght_penalty")
+    ... except RewardError as exc:
+    ...     print(exc)  # doctest: +ELLIPSIS
+    reward 'lenght_penalty': unknown built-in; choose one of: answer_format, exact_answer, length_penalty, ...
+
+    ```
+    """
+    if model is not None:
+        reward = _build_reward_model(name, model, function, kwargs)
+    elif function is None:
+        reward = _build_builtin(name, kwargs or {})
+    else:
+        reward = _build_custom(name, function, kwargs)
+    return _named(reward, name)
+
+
+def _build_builtin(name: str, kwargs: dict) -> Callable:
+    if name not in REWARDS:
+        raise RewardError(
+            f"reward {name!r}: unknown built-in; choose one of: {', '.join(sorted(REWARDS))} "
+            "(or give `function: package.module:callable`)"
+        )
+    entry = REWARDS[name]
+    if entry.__name__.startswith("get_"):
+        return _call_factory(name, entry, kwargs, entry.__name__)
+    if kwargs:
+        raise RewardError(f"reward {name!r}: the built-in takes no kwargs, got: {', '.join(sorted(kwargs))}")
+    return entry
+
+
+def _build_custom(name: str, function: str, kwargs: dict | None) -> Callable:
+    target = _import_callable(name, function)
+    # A spec entry always carries `kwargs` ({} by default): only non-empty kwargs make the callable a factory.
+    if not kwargs:
+        return target
+    reward = _call_factory(name, target, kwargs, function)
+    if not callable(reward):
+        raise RewardError(
+            f"reward {name!r}: with kwargs, {function!r} is called as a factory and must return the reward function, "
+            f"but it returned {type(reward).__name__}"
+        )
+    return reward
+
+
+def _build_reward_model(name: str, model: str, function: str | None, kwargs: dict | None) -> Callable:
+    if function is not None:
+        raise RewardError(f"reward {name!r}: give function or model, not both")
+    if kwargs:
+        raise RewardError(f"reward {name!r}: a reward model takes no kwargs, got: {', '.join(sorted(kwargs))}")
+    if (problem := reward_model_problem(model)) is not None:
+        raise RewardError(f"reward {name!r}: {problem}")
+    return get_reward_model_reward(model)
+
+
+def _import_callable(name: str, function: str) -> Callable:
+    module_name, sep, attr = function.partition(":")
+    if not sep or not module_name or not attr:
+        raise RewardError(f"reward {name!r}: function {function!r} must look like 'package.module:callable'")
+    # Console scripts do not put the working directory on sys.path; appending it lets a spec name a reward module
+    # that sits next to it (grpoflow.examples.rewards.arithmetic) without shadowing installed packages.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a syntax error or failing import in the user's module is their mistake, not ours
+        raise RewardError(f"reward {name!r}: cannot import {function!r}: {exc}") from exc
+    target = getattr(module, attr, None)
+    if target is None:
+        raise RewardError(f"reward {name!r}: cannot import {function!r}: module {module_name!r} has no {attr!r}")
+    if not callable(target):
+        raise RewardError(f"reward {name!r}: {function!r} is a {type(target).__name__}, not a function")
+    return target
+
+
+def _call_factory(name: str, factory: Callable, kwargs: dict, label: str) -> Callable:
+    try:
+        return factory(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RewardError(f"reward {name!r}: bad kwargs for {label}: {exc}") from exc
+
+
+def _is_async(fn: Callable) -> bool:
+    # The same test as trl.trainer.utils.is_async_callable, without importing TRL (and torch) to validate a spec.
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(fn.__call__)
+
+
+def _named(reward: Callable, name: str) -> Callable:
+    # TRL names each reward's metric after `__name__` (trl.trainer.utils.get_callable_name), so the wrapper carries
+    # the spec's name; an async reward keeps an async wrapper so TRL still awaits it on its event loop.
+    if _is_async(reward):
+
+        async def named(*args, **kwargs):
+            return await reward(*args, **kwargs)
+
+    else:
+
+        def named(*args, **kwargs):
+            return reward(*args, **kwargs)
+
+    named.__name__ = named.__qualname__ = name
+    named.__doc__ = getattr(reward, "__doc__", None)
+    named.__wrapped__ = reward
+    return named
+
+
+def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
+    """Training's wrapper of a built reward: each call runs with a timeout and its output is checked as in the dry
+    run, so a reward that raises, hangs, or returns NaN, inf, a wrong count or a non-number stops training with a
+    `RewardError` naming the reward and the step (TRL would train on NaN, or hang).
+
+    Args:
+        reward (`Callable`): a reward from `build_reward`.
+        name (`str`): its spec name, for messages and TRL's metric.
+        timeout_s (`float`): how long one call may take (the spec's `health.reward_timeout_s`).
+    """
+
+    def fail(problem: str, kwargs: dict, cause: BaseException | None = None) -> RewardError:
+        state = kwargs.get("trainer_state")
+        step = f" at training step {state.global_step + 1}" if state is not None else ""
+        error = RewardError(f"reward {name!r} {problem}{step}")
+        error.__cause__ = cause
+        return error
+
+    def check(values: Any, kwargs: dict) -> Any:
+        if (problem := check_output(values, len(kwargs.get("completions") or ()))) is not None:
+            raise fail(problem, kwargs)
+        return values
+
+    if _is_async(reward):
+
+        async def guarded(*args, **kwargs):
+            try:
+                values = await asyncio.wait_for(reward(*args, **kwargs), timeout_s)
+            except TimeoutError as exc:
+                raise fail(f"did not return within {timeout_s:g} s", kwargs) from exc
+            except Exception as exc:
+                raise fail(f"raised {type(exc).__name__}: {exc}", kwargs, exc) from exc
+            return check(values, kwargs)
+
+    else:
+
+        def guarded(*args, **kwargs):
+            outcome: dict[str, Any] = {}
+
+            def call() -> None:
+                try:
+                    outcome["value"] = reward(*args, **kwargs)
+                except BaseException as exc:  # sys.exit() in a reward too: reported, not a silent end
+                    outcome["error"] = exc
+
+            # A daemon thread, as in the dry run: a hung reward cannot be killed, and must not keep the child alive.
+            thread = threading.Thread(target=call, name=f"reward-{name}", daemon=True)
+            thread.start()
+            thread.join(timeout_s)
+            if thread.is_alive():
+                raise fail(f"did not return within {timeout_s:g} s", kwargs)
+            if "error" in outcome:
+                exc = outcome["error"]
+                raise fail(f"raised {type(exc).__name__}: {exc}", kwargs, exc)
+            return check(outcome["value"], kwargs)
+
+    guarded.__name__ = guarded.__qualname__ = name
+    guarded.__wrapped__ = reward
+    return guarded
+
+
+# TRL passes these to every reward; any other parameter without a default is a dataset column.
+_TRL_ARGUMENTS = {
+    "completions",
+    "prompts",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+}
+
+
+def reward_columns(reward: Callable) -> list[str]:
+    """The dataset columns a reward needs: its parameters without defaults that TRL does not supply itself.
+
+    >>> reward_columns(exact_answer_reward)
+    ['answer']
+    """
+    try:
+        parameters = inspect.signature(reward).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p.name
+        for p in parameters
+        if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in _TRL_ARGUMENTS
+    ]
+
+
+def check_output(values: Any, expected: int) -> str | None:
+    if not isinstance(values, list | tuple):
+        return f"returned {type(values).__name__}, expected a list with one float (or None) per completion"
+    if len(values) != expected:
+        return f"returned {len(values)} values for {expected} completions"
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if not isinstance(value, numbers.Real):
+            return f"returned {type(value).__name__} {value!r} at position {i}, expected a float or None"
+        if math.isnan(value):
+            return f"returned NaN at position {i} (return None for 'does not apply')"
+        if math.isinf(value):
+            return f"returned {value} at position {i}, expected a finite number"
+    return None
