@@ -1,21 +1,26 @@
 """The GRPO pipeline flow: ingest -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and report -> promotion gate
 -> publish -> register.
 
-Each stage is one Prefect task (`tasks/`), emitting its `grpoflow.*` event; this flow only chains them, and
-`grpoflow.tasks.job.JobEnding` ends the job (its last event, webhooks, uploads) however it ends. Run it with
-`grpoflow run SPEC.yaml`, or as the `grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
+`STAGES` is the pipeline as data: each stage's Prefect task (`tasks/`, emitting its `grpoflow.*` event), the earlier
+results it takes, and when it runs. The flow runs the table top to bottom, `completed_before` reads it to tell a
+finished job, and each resumable task's `@resumable` record (what it writes, which stages it reads) is read from the
+task itself. A new stage is its work module, its task, and one entry here. `grpoflow.tasks.job.JobEnding` ends the
+job (its last event, webhooks, uploads) however it ends. Run it with `grpoflow run SPEC.yaml`, or as the
+`grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
 """
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from prefect import flow, get_run_logger
+from prefect import Task, flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
 from grpoflow.integrations.jobs import job_location
-from grpoflow.integrations.stages import REJECTED, rejected, stage_done
-from grpoflow.tasks.evaluate import evaluate_task
+from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
+from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task
 from grpoflow.tasks.gate import gate_task
 from grpoflow.tasks.ingest import ingest_task
 from grpoflow.tasks.job import JobEnding, create_job_task, new_job_id
@@ -27,6 +32,70 @@ from grpoflow.tasks.train import train_task
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.spec import JobSpec
+
+
+def _always(spec: JobSpec, done: dict) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline.
+
+    Args:
+        name (`str`): its name; later stages take its result by it.
+        task (`prefect.Task`): called as `task(job, spec, **takes)`.
+        takes (`dict`): keyword argument -> the earlier stage whose result it gets (or a function of those results).
+        when (`Callable`): whether it runs, given the spec and the results so far; a stage that does not run has the
+            result None.
+        record (`StageRecord`, *optional*): its resumable record, when its task's own function does not carry it.
+    """
+
+    name: str
+    task: Task
+    takes: dict[str, str | Callable[[dict], object]] = field(default_factory=dict)
+    when: Callable[[JobSpec, dict], bool] = _always
+    record: StageRecord | None = None
+
+    def resumable(self) -> StageRecord | None:
+        """What the stage writes and reads, from its `@resumable` declaration (None for a stage that always runs)."""
+        return self.record or getattr(self.task.fn, "resumable", None)
+
+    def arguments(self, done: dict) -> dict:
+        return {k: v(done) if callable(v) else done[v] for k, v in self.takes.items()}
+
+
+def _seconds_so_far(done: dict) -> float:
+    return time.monotonic() - done["started"]
+
+
+def _promoted(spec: JobSpec, done: dict) -> bool:
+    return done["gate"]["promote"]
+
+
+STAGES = (
+    # --- ingest the dataset and dry-run the rewards on it (a rejection costs no model load)
+    Stage("ingest", ingest_task),
+    # --- SFT format warm-up
+    Stage("sft", sft_task, when=lambda spec, done: spec.sft.enabled),
+    # --- GRPO training (child process, resumes from checkpoints on retry)
+    Stage("train", train_task),
+    # --- merge the adapter (LoRA jobs) and describe the artifact
+    Stage("merge", merge_task),
+    # --- held-out evaluation and report
+    Stage(
+        "evaluate",
+        evaluate_task,
+        takes={"sft": "sft", "training": "train", "wall_seconds": _seconds_so_far},
+        record=evaluate_and_report.resumable,
+    ),
+    # --- promotion gate (evaluation.gate): a model that fails it is neither published nor deployed
+    Stage("gate", gate_task, takes={"evaluation": "evaluate"}),
+    # --- publish to the Hugging Face Hub
+    Stage("publish", publish_task, when=lambda spec, done: bool(spec.publish) and _promoted(spec, done)),
+    # --- register the serving deployment (served from merged/, LoRA or not)
+    Stage("register", register_task, when=lambda spec, done: bool(spec.deploy) and _promoted(spec, done)),
+)
 
 
 def job_run_name() -> str:
@@ -55,48 +124,31 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     job = created.result()
     get_run_logger().info("job %s in %s", job.job_id, job.root)
     with JobEnding(job, spec, resumed=job_id is not None) as end:
-        # --- ingest the dataset and dry-run the rewards on it (a rejection costs no model load)
-        ingested = ingest_task(job, spec, return_state=True)
-        if ingested.name == REJECTED:
-            return end.rejected(ingested.message)
-        dataset = ingested.result()
-
-        # --- SFT format warm-up
-        sft = sft_task(job, spec) if spec.sft.enabled else None
-
-        # --- GRPO training (child process, resumes from checkpoints on retry)
-        training = train_task(job, spec)
-
-        # --- merge the adapter (LoRA jobs) and describe the artifact
-        model = merge_task(job, spec)
-
-        # --- held-out evaluation and report
-        evaluation = evaluate_task(job, spec, sft, training, wall_seconds=time.monotonic() - started)
-
-        # --- promotion gate (evaluation.gate): a model that fails it is neither published nor deployed
-        promoted = gate_task(job, spec, evaluation)["promote"]
-
-        # --- publish to the Hugging Face Hub
-        if spec.publish and promoted:
-            publish_task(job, spec)
-
-        # --- register the serving deployment (served from merged/, LoRA or not)
-        if spec.deploy and promoted:
-            register_task(job, spec)
+        done = {"started": started}
+        for stage in STAGES:
+            if not stage.when(spec, done):
+                done[stage.name] = None
+                continue
+            state = stage.task(job, spec, **stage.arguments(done), return_state=True)
+            if state.name == REJECTED:  # a spec, dataset or reward mistake: the job ends rejected, not failed
+                return end.rejected(state.message)
+            done[stage.name] = state.result()  # a failed stage raises here, and the job ends failed
 
         # --- upload the job folder (remote output_uri) and announce the result
         result = {"job_id": job.job_id, "output_dir": job_location(job, spec), "status": "completed"}
-        end.completed({**result, "evaluation": evaluation, "artifact_type": model["artifact_type"]})
-    return Completed(message=end.message, data={**result, "evaluation": evaluation, "dataset": dataset})
+        evaluation = done["evaluate"]
+        end.completed({**result, "evaluation": evaluation, "artifact_type": done["merge"]["artifact_type"]})
+    return Completed(message=end.message, data={**result, "evaluation": evaluation, "dataset": done["ingest"]})
 
 
 def completed_before(job: JobDir, spec: JobSpec) -> bool:
-    """Whether `job` completed and a resume would redo none of its stages (`grpoflow run --resume` then says so and
-    starts no flow run, so nothing is announced twice)."""
+    """Whether `job` completed and a resume would redo none of its resumable stages (`grpoflow run --resume` then says
+    so and starts no flow run, so nothing is announced twice)."""
     ends = [
         r["event"] for r in read_events(job.events) if r["event"] in ("grpoflow.job.completed", "grpoflow.job.failed")
     ]
     if not ends or ends[-1] != "grpoflow.job.completed":
         return False
-    stages = ["ingest", *(["sft"] if spec.sft.enabled else []), "train", "merge", "evaluate"]
-    return all(stage_done(stage, job, spec) for stage in stages)
+    # The resumable stages run whatever the earlier results (their `when` reads only the spec).
+    resumable = [stage.resumable() for stage in STAGES if stage.resumable() and stage.when(spec, {})]
+    return all(record.is_done(job, spec) for record in resumable)

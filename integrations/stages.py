@@ -11,6 +11,7 @@ an output is enough to redo its stage.
 
 import fnmatch
 import functools
+from dataclasses import dataclass
 import hashlib
 import json
 import logging
@@ -100,6 +101,17 @@ def record(job: JobDir, stage: str, key: str, result, digest: Iterable[str]) -> 
     write_json_atomic(_record_path(job, stage), {**entry, "digest": _content_digest(job, files)})
 
 
+@dataclass(frozen=True)
+class StageRecord:
+    """What a resumable stage writes and reads, as its `@resumable` declared it; `is_done(job, spec)` tells whether it
+    would be skipped now (its record matches its inputs and its outputs exist)."""
+
+    name: str
+    outputs: tuple[str, ...]
+    reads: tuple[str, ...]
+    is_done: Callable[[JobDir, JobSpec], bool]
+
+
 def resumable(
     stage: str,
     outputs: tuple[str, ...],
@@ -107,6 +119,7 @@ def resumable(
     digest: tuple[str, ...] | Callable[[JobDir], tuple[str, ...]] = (),
 ):
     """Makes a stage task `(job, spec, ...)` skip itself when its record matches, and record itself when it ends.
+    The wrapped function carries its `StageRecord` as `.resumable` (the pipeline's stage table reads it).
 
     Args:
         stage (`str`): the stage's name (its record is `stages/<stage>.json`).
@@ -136,21 +149,10 @@ def resumable(
                 record(job, stage, key, result, digest(job) if callable(digest) else digest)
             return result
 
+        run_or_skip.resumable = StageRecord(stage, outputs, reads, lambda job, spec: done(job, spec) is not None)
         return run_or_skip
 
-    _declared[stage] = done
-
     return wrap
-
-
-# Each `@resumable` stage's check, by stage name (filled as the task modules are imported).
-_declared: dict[str, Callable[[JobDir, JobSpec], dict | None]] = {}
-
-
-def stage_done(stage: str, job: JobDir, spec: JobSpec) -> bool:
-    """Whether the resumable stage `stage` would be skipped for `job` now: its record matches its inputs and its
-    outputs exist (the stage's task module must be imported)."""
-    return _declared[stage](job, spec) is not None
 
 
 # --- how a stage ends ---------------------------------------------------------------------------------------------

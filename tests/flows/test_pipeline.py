@@ -183,3 +183,17 @@ def test_what_the_prefect_ui_shows(make_spec):
     assert artifacts["ui-training-progress"].data == 100
     registry = (job.root.parent / "deployments" / "ui-demo.json").resolve()
     assert artifacts["ui-deployment"].data.endswith(f"]({registry.as_uri()})")
+
+
+def test_the_stage_table_takes_and_reads_only_earlier_stages():
+    # The pipeline as data (flows/pipeline.py STAGES): the flow runs it in order, so a stage may take or read only
+    # what an earlier one produced; the resumable ones carry the record their task declared.
+    from grpoflow.flows.pipeline import STAGES
+
+    names = [stage.name for stage in STAGES]
+    assert names == ["ingest", "sft", "train", "merge", "evaluate", "gate", "publish", "register"]
+    for i, stage in enumerate(STAGES):
+        assert {v for v in stage.takes.values() if isinstance(v, str)} <= set(names[:i]), stage.name
+        if (record := stage.resumable()) is not None:
+            assert record.name == stage.name and set(record.reads) <= set(names[:i]), stage.name
+    assert [stage.name for stage in STAGES if stage.resumable()] == ["ingest", "sft", "train", "merge", "evaluate"]
