@@ -8,7 +8,7 @@
 # the wheels into /tmp/gpu-site (nothing is fetched), runs the `gpu`-marked tests, then `benchmarks.gpu` (grpoflow vs a
 # TRL script, full/LoRA/QLoRA peak memory, transformers vs paged generation), each under its own time limit so the
 # whole check ends within 9 minutes; writes OUT_DIR/{versions.txt,pytest.log,benchmark.log,gpu.json,gpu.md} and prints
-# the table. Nothing here imports prefect: the tests it runs and the benchmark use trainers/ and benchmarks/ only.
+# the table. Nothing here imports prefect: the tests it runs and the benchmark use grpoflow.trainers and benchmarks/ only.
 # Exit code: 0 when the tests and the benchmark passed, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,22 @@ started=$SECONDS
 ls gpu-wheels/*.whl >/dev/null 2>&1 || { echo "no gpu-wheels/: run scripts/prepare_gpu_wheels.sh first" >&2; exit 1; }
 timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/gpu-site gpu-wheels/*.whl || { echo "installing gpu-wheels/ failed" >&2; exit 1; }
-export PYTHONPATH="$PWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+# grpoflow's one import root without installing it: /tmp/gpu-src/grpoflow/ links each layer folder under the name
+# pyproject.toml's package-dir installs it as (grpoflow.trainers -> trainers/, ...); the checkout itself stays on the
+# path for tests/ and benchmarks/.
+rm -rf /tmp/gpu-src && "$PYTHON" - <<'PY' || { echo "linking grpoflow's layers failed" >&2; exit 1; }
+import os, tomllib
+for package, folder in tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"].items():
+    path = os.path.join("/tmp/gpu-src", *package.split("."))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if "." in package:  # a layer: its folder, linked
+        os.symlink(os.path.abspath(folder), path)
+    else:  # grpoflow itself: a folder of its own, its files linked (the layers' links go beside them)
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(folder):
+            os.symlink(os.path.abspath(os.path.join(folder, name)), os.path.join(path, name))
+PY
+export PYTHONPATH="/tmp/gpu-src:$PWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error
 "$PYTHON" - <<'PY' 2>&1 | tee "$OUT_DIR/versions.txt"
 import importlib.metadata as md
