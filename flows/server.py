@@ -84,21 +84,10 @@ class TemporaryServer:
         self.port = _free_port()
         # Its own session: the terminal's Ctrl-C reaches only grpoflow, which then ends the job through this server
         # and stops it last. And it dies with grpoflow (SIGKILL included), never orphaned.
+        # -P: the user's folder is not on its path (a `prefect.py` of their own stays theirs).
+        command = [sys.executable, "-P", "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port"]
         self.process = subprocess.Popen(
-            # -P: the user's folder is not on its path (a `prefect.py` of their own stays theirs).
-            [
-                sys.executable,
-                "-P",
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                *SERVER_FLAGS,
-            ],  # fmt: skip
+            [*command, str(self.port), *SERVER_FLAGS],
             env=self._env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # its welcome banner; its errors go to stderr

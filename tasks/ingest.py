@@ -7,6 +7,7 @@ from prefect import task
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import rejected, resumable, retry_unless_final
 from grpoflow.integrations.storage import storage_options
+from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.dataset import DatasetError, ingest_dataset, load_ingested
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.rewards import RewardError
@@ -15,7 +16,7 @@ from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, required_colu
 from grpoflow.trainers.spec import JobSpec
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
+@task(name="ingest", retries=2, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)
 @resumable("ingest", outputs=("dataset/dataset_dict.json",))
 def ingest_task(job: JobDir, spec: JobSpec):
     """Ingests `spec.dataset` into `job.dataset` and dry-runs the rewards on it; returns what was ingested.

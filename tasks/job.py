@@ -24,6 +24,7 @@ from grpoflow.integrations.jobs import job_dir, job_location
 from grpoflow.integrations.leases import LeaseHeld, S3Lease
 from grpoflow.integrations.stages import rejected
 from grpoflow.integrations.storage import filesystem, is_remote, join
+from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.job_index import remember
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.joblock import JobLock, JobLocked, _alive, _me
@@ -196,7 +197,7 @@ def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str |
     return location
 
 
-@task(name="upload-job", retries=3, retry_delay_seconds=10)
+@task(name="upload-job", retries=3, retry_delay_seconds=2 * RETRY_DELAY_S)
 def upload_job_task(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str | None:
     """`upload_job` as a retried task (logged, visible in the run's graph); see `upload_job`."""
     location = upload_job(job, spec, names)

@@ -5,6 +5,7 @@ from prefect import task
 
 from grpoflow.integrations.artifacts import deployment_link, link_artifact
 from grpoflow.integrations.events import emit
+from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.registry import register
 from grpoflow.trainers.spec import JobSpec
@@ -15,7 +16,7 @@ def registered_payload(record: dict) -> dict:
     return {k: record.get(k) for k in ("name", "version", "artifact_path", "status", "metric", "score")}
 
 
-@task(name="register", retries=1, retry_delay_seconds=5)
+@task(name="register", retries=1, retry_delay_seconds=RETRY_DELAY_S)
 def register_task(job: JobDir, spec: JobSpec) -> dict:
     """Registers this job as the current version of the spec's deployment; emits `grpoflow.deployment.registered`."""
     record = register(job, spec.deploy.name)

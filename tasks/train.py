@@ -29,6 +29,7 @@ from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import resumable, retry_unless_final
 from grpoflow.integrations.storage import is_remote, join
+from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.health import FATAL, Alert, HealthMonitor
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import run_child
@@ -141,7 +142,7 @@ def trained(job: JobDir) -> tuple[str, ...]:
     return ("training.json", "adapter" if (job.adapter / "adapter_config.json").exists() else "merged")
 
 
-@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_final)
+@task(name="train", retries=2, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)
 @resumable("train", outputs=("training.json",), reads=("ingest", "sft"), digest=trained)
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""

@@ -21,6 +21,8 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 # The tests' jobs are indexed apart from the user's (`grpoflow.trainers.job_index`).
 os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-index-")
+# A retried stage retries at once: what a test checks is that it retries, never how long it waited (grpoflow.tasks).
+os.environ["GRPOFLOW_RETRY_DELAY_S"] = "0"
 
 
 # The publishing fixtures (the loopback Hub, an empty HF_HOME, a finished job folder), for tests in any folder.
