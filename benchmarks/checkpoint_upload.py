@@ -1,6 +1,6 @@
 """What uploading every checkpoint while GRPO trains costs: seconds per training step with a local output_uri (no
-upload) and with an s3:// one (each checkpoint, metrics, events and logs uploaded by `grpoflow.cluster.checkpoint_sync`
-as the child trains).
+upload) and with an s3:// one (each checkpoint, metrics, events and logs uploaded by
+`grpoflow.integrations.checkpoint_sync` as the child trains).
 
     python -m benchmarks.checkpoint_upload [--quick] [--checkpoint-every N] [--json PATH]
 

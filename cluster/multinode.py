@@ -39,8 +39,8 @@ from prefect import get_run_logger
 
 from grpoflow.cluster.kube import LABEL, Kube, job_manifest, pod_settings, run_name, service_manifest
 from grpoflow.cluster.node import complete_checkpoint
+from grpoflow.integrations.jobs import upload_job
 from grpoflow.integrations.storage import filesystem, join
-from grpoflow.tasks.job import upload_job
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.launch import (
     REWARD_FAILED_EXIT,

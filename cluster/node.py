@@ -9,7 +9,7 @@ own staging folder (GRPOFLOW_STAGING_DIR), then the checkpoint the task picked f
 every machine uploaded its part of, `complete_checkpoint`), and runs the `grpoflow.trainers.grpo` child under
 `accelerate launch --num_machines N --machine_rank R --main_process_ip HOST` (`grpoflow.trainers.launch`), its output
 echoed to stdout (the pod's log) and kept in `logs/machine-R.log`. Rank 0 uploads each checkpoint as it is saved, with
-the metrics and logs, and at the end the training results (`grpoflow.cluster.checkpoint_sync.CheckpointSync`). The
+the metrics and logs, and at the end the training results (`grpoflow.integrations.checkpoint_sync.CheckpointSync`). The
 other machines' processes write files of their own into each checkpoint (their RNG state; with zero2/zero3 their
 DeepSpeed shards), which no other machine's disk holds: each such machine uploads them into the same remote checkpoint
 once rank 0's manifest says it is intact, with a manifest of its own (`grpoflow-checkpoint.machine-R.json`), and
@@ -27,15 +27,15 @@ import threading
 import time
 from pathlib import Path
 
-from grpoflow.cluster.checkpoint_sync import (
+from grpoflow.integrations.checkpoint_sync import (
     CHECK_S,
     CheckpointSync,
     download_checkpoint,
     remote_checkpoints,
     remote_manifest,
 )
+from grpoflow.integrations.jobs import download_job
 from grpoflow.integrations.storage import filesystem, join, staging_root
-from grpoflow.tasks.job import download_job
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import (
     REWARD_FAILED_EXIT,

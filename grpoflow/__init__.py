@@ -7,7 +7,7 @@ backend's package-dir mapping (pyproject.toml) installs each as a subpackage of 
 | --- | --- | --- |
 | `trainers/` | `grpoflow.trainers` | the ML: spec, TRL training, rewards, merge, evaluation; no Prefect |
 | `tasks/` | `grpoflow.tasks` | one Prefect task per pipeline stage |
-| `integrations/` | `grpoflow.integrations` | what tasks call: storage, leases, stage records, events, webhooks |
+| `integrations/` | `grpoflow.integrations` | what tasks call: storage, job folders, checkpoints, events, webhooks |
 | `cluster/` | `grpoflow.cluster` | several machines per job on Kubernetes |
 | `flows/` | `grpoflow.flows` | the Prefect flows and the `grpoflow` CLI |
 | `examples/` | `grpoflow.examples` | the demo's spec, data and reward module |

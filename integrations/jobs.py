@@ -1,17 +1,22 @@
-"""Finding job folders, for the CLI and the flows alike: where a job's folder is (`job_dir`, `job_location`), which
-output roots hold jobs (`search_roots`: `./runs` and every root the job index knows), a job found by its id
-(`find_job`), and its status as its events tell it (`job_status`).
+"""Job folders, for the CLI, the flows and the several-machine launcher alike: where a job's folder is (`job_dir`,
+`job_location`), which output roots hold jobs (`search_roots`: `./runs` and every root the job index knows), a job
+found by its id (`find_job`), its status as its events tell it (`job_status`), and a remote job folder copied down
+(`download_job`) or up (`upload_job`).
 
 A remote output root (`s3://...`) is read through a local copy of its jobs' top-level files (spec, metrics, events,
 model.json); a remote job runs in a local staging folder and is uploaded as it ends.
 """
 
+import os
+from datetime import datetime
 from pathlib import Path
 
-from grpoflow.integrations.storage import is_remote, join, mirror_job_files, staging_root
+from grpoflow.integrations.checkpoint_sync import FileMirror, sync_checkpoints
+from grpoflow.integrations.storage import filesystem, is_remote, join, mirror_job_files, staging_root
 from grpoflow.trainers.job_index import index_dir, known_roots, locate
 from grpoflow.trainers.jobdir import JobDir, check_job_id
 from grpoflow.trainers.metrics import read_events
+from grpoflow.trainers.spec import JobSpec
 
 
 class UnknownJob(LookupError):
@@ -86,3 +91,48 @@ def job_status(job: JobDir) -> str:
         if event in ("grpoflow.job.started", "grpoflow.job.completed", "grpoflow.job.failed"):
             status = {"started": "running", "completed": "completed", "failed": "failed"}[event.rsplit(".", 1)[1]]
     return status
+
+
+# --- a remote job folder and its local copy ----------------------------------------------------------------------
+
+
+def download_job(job: JobDir, location: str) -> None:
+    """Copies the remote job folder at `location` into the local `job.root`, all but `checkpoints/`: the training
+    task takes the newest intact one (`grpoflow.integrations.checkpoint_sync.restore_checkpoint`) when it needs one.
+    Each file keeps its remote modification time, so the uploads that follow skip what is already there."""
+    fs, remote = filesystem(location)
+    remote = remote.rstrip("/")
+    if not fs.exists(remote):
+        return
+    for name, info in fs.find(remote, detail=True).items():
+        rel = name.removeprefix(remote + "/")
+        if rel.split("/", 1)[0] == job.checkpoints.name or info.get("type") != "file" or rel.startswith("."):
+            continue  # checkpoints come as needed; hidden names (the lease) are no job files
+        (job.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(name, str(job.root / rel))
+        if isinstance(modified := info.get("LastModified"), datetime):
+            os.utime(job.root / rel, (modified.timestamp(), modified.timestamp()))
+
+
+def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str | None:
+    """Copies the job folder (or only the top-level files `names`) to `<output_uri>/<job_id>/` when output_uri is
+    remote; a no-op for a local output_uri. Returns the remote location, or None.
+
+    Files already uploaded unchanged (the training task's `CheckpointSync` sends most while GRPO trains) are skipped;
+    checkpoints go up as `grpoflow.integrations.checkpoint_sync.upload_checkpoint` sends them (a manifest last), and
+    the remote keeps only those the local folder still has. A second upload after the last events were appended is
+    cheap with `names`.
+    """
+    if not is_remote(spec.output_uri):
+        return None
+    location = job_location(job, spec)
+    fs, remote = filesystem(location)
+    if names:
+        for name in names:
+            if (job.root / name).exists():
+                fs.put_file(str(job.root / name), f"{remote}/{name}")
+    else:
+        # Every file but the lock (it only means something on the machine that holds it) and temporary ones.
+        FileMirror(fs, job, remote).push()
+        sync_checkpoints(fs, job, remote.rstrip("/"))
+    return location

@@ -11,11 +11,11 @@ an output is enough to redo its stage.
 
 import fnmatch
 import functools
-from dataclasses import dataclass
 import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect.states import Failed, State

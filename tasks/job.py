@@ -4,7 +4,6 @@ local staging folder, see `grpoflow.integrations.storage`)."""
 
 import json
 import logging
-import os
 import secrets
 import shutil
 from datetime import UTC, datetime
@@ -16,14 +15,13 @@ from prefect.exceptions import ObjectNotFound, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, State
 
-from grpoflow.cluster.checkpoint_sync import FileMirror, sync_checkpoints
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.artifacts import completed_message
 from grpoflow.integrations.events import emit
-from grpoflow.integrations.jobs import job_dir, job_location
+from grpoflow.integrations.jobs import download_job, job_dir, job_location, upload_job
 from grpoflow.integrations.leases import LeaseHeld, S3Lease
 from grpoflow.integrations.stages import rejected
-from grpoflow.integrations.storage import filesystem, is_remote, join
+from grpoflow.integrations.storage import is_remote, join
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.job_index import remember
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
@@ -153,48 +151,6 @@ def cancel_interrupted_runs(message: str) -> list[str]:
 def discard_job(job: JobDir) -> None:
     """Removes a job folder whose input was rejected: a rejected job leaves nothing half-written behind."""
     shutil.rmtree(job.root, ignore_errors=True)
-
-
-def download_job(job: JobDir, location: str) -> None:
-    """Copies the remote job folder at `location` into the local `job.root`, all but `checkpoints/`: the training
-    task takes the newest intact one (`grpoflow.cluster.checkpoint_sync.restore_checkpoint`) when it needs one. Each
-    file keeps its remote modification time, so the uploads that follow skip what is already there."""
-    fs, remote = filesystem(location)
-    remote = remote.rstrip("/")
-    if not fs.exists(remote):
-        return
-    for name, info in fs.find(remote, detail=True).items():
-        rel = name.removeprefix(remote + "/")
-        if rel.split("/", 1)[0] == job.checkpoints.name or info.get("type") != "file" or rel.startswith("."):
-            continue  # checkpoints come as needed; hidden names (the lease) are no job files
-        (job.root / rel).parent.mkdir(parents=True, exist_ok=True)
-        fs.get_file(name, str(job.root / rel))
-        if isinstance(modified := info.get("LastModified"), datetime):
-            os.utime(job.root / rel, (modified.timestamp(), modified.timestamp()))
-
-
-def upload_job(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str | None:
-    """Copies the job folder (or only the top-level files `names`) to `<output_uri>/<job_id>/` when output_uri is
-    remote; a no-op for a local output_uri. Returns the remote location, or None.
-
-    Files already uploaded unchanged (the training task's `CheckpointSync` sends most while GRPO trains) are skipped;
-    checkpoints go up as `grpoflow.cluster.checkpoint_sync.upload_checkpoint` sends them (a manifest last), and the
-    remote keeps only those the local folder still has. A second upload after the last events were appended is cheap
-    with `names`.
-    """
-    if not is_remote(spec.output_uri):
-        return None
-    location = job_location(job, spec)
-    fs, remote = filesystem(location)
-    if names:
-        for name in names:
-            if (job.root / name).exists():
-                fs.put_file(str(job.root / name), f"{remote}/{name}")
-    else:
-        # Every file but the lock (it only means something on the machine that holds it) and temporary ones.
-        FileMirror(fs, job, remote).push()
-        sync_checkpoints(fs, job, remote.rstrip("/"))
-    return location
 
 
 @task(name="upload-job", retries=3, retry_delay_seconds=2 * RETRY_DELAY_S)

@@ -8,9 +8,9 @@ median step time, and stops the run at twice that. A crash of the child (SIGKILL
 and Prefect's retries start a new child that resumes from the newest checkpoint; a setup problem (the child's exit
 code 2), a failed reward (exit code 3), a child that exited 0 without its result, or a stop is not retried.
 
-With a remote `output_uri`, checkpoints survive losing the machine (`grpoflow.cluster.checkpoint_sync`): a background
-thread uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh machine
-(an empty staging folder) first gets the newest intact checkpoint from the remote job folder.
+With a remote `output_uri`, checkpoints survive losing the machine (`grpoflow.integrations.checkpoint_sync`): a
+background thread uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh
+machine (an empty staging folder) first gets the newest intact checkpoint from the remote job folder.
 
 With `distributed.num_machines` > 1 the child runs on that many Kubernetes pods instead (`grpoflow.cluster.multinode`:
 an indexed Job created, watched and deleted by this task; its rank 0 uploads the checkpoints), and the watcher reads
@@ -23,9 +23,9 @@ import time
 
 from prefect import get_run_logger, task
 
-from grpoflow.cluster.checkpoint_sync import CheckpointSync, restore_checkpoint
 from grpoflow.cluster.multinode import run_on_machines
 from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line
+from grpoflow.integrations.checkpoint_sync import CheckpointSync, restore_checkpoint
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import resumable, retry_unless_final
 from grpoflow.integrations.storage import is_remote, join

@@ -17,8 +17,8 @@ import s3fs
 
 from grpoflow.cluster import kube as k8s
 from grpoflow.cluster import multinode
-from grpoflow.cluster.checkpoint_sync import FileMirror, newest_remote_checkpoint
 from grpoflow.cluster.node import complete_checkpoint
+from grpoflow.integrations.checkpoint_sync import FileMirror, newest_remote_checkpoint
 from grpoflow.tasks.train import train_task
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import Machines, RewardFailed, TrainingSetupError, accelerate_command, child_command

@@ -12,11 +12,11 @@ import s3fs
 import yaml
 from prefect.filesystems import RemoteFileSystem
 
-from grpoflow.cluster.checkpoint_sync import restore_checkpoint
 from grpoflow.flows.cli import main
 from grpoflow.integrations import storage
-from grpoflow.integrations.jobs import job_dir, job_location
-from grpoflow.tasks.job import create_job_task, unlock_remote, upload_job
+from grpoflow.integrations.checkpoint_sync import restore_checkpoint
+from grpoflow.integrations.jobs import job_dir, job_location, upload_job
+from grpoflow.tasks.job import create_job_task, unlock_remote
 from grpoflow.trainers.dataset import ingest_dataset, load_ingested
 from grpoflow.trainers.spec import SpecError, load_spec
 from tests.conftest import arithmetic_rows

@@ -1,7 +1,7 @@
-"""Checkpoints that survive losing the machine (`cluster/checkpoint_sync.py`), against moto's S3 server on loopback
-through the real s3fs: each checkpoint goes up with a manifest last, a half-uploaded one is never taken, a fresh
-machine downloads the newest intact one; and (slow) a real training job whose machine is lost mid-run resumes from
-S3 with every step in metrics.jsonl exactly once."""
+"""Checkpoints that survive losing the machine (`integrations/checkpoint_sync.py`), against moto's S3 server on
+loopback through the real s3fs: each checkpoint goes up with a manifest last, a half-uploaded one is never taken, a
+fresh machine downloads the newest intact one; and (slow) a real training job whose machine is lost mid-run resumes
+from S3 with every step in metrics.jsonl exactly once."""
 
 import json
 import os
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from grpoflow.cluster.checkpoint_sync import (
+from grpoflow.integrations import storage
+from grpoflow.integrations.checkpoint_sync import (
     MANIFEST,
     CheckpointSync,
     FileMirror,
@@ -24,7 +25,6 @@ from grpoflow.cluster.checkpoint_sync import (
     restore_checkpoint,
     upload_checkpoint,
 )
-from grpoflow.integrations import storage
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from tests.conftest import cli
