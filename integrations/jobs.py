@@ -35,7 +35,7 @@ def job_dir(output_root: str | Path, job_id: str) -> JobDir:
     return JobDir(Path(output_root).expanduser().resolve() / job_id)
 
 
-def job_location(job: JobDir, spec) -> str:
+def job_location(job: JobDir, spec: JobSpec) -> str:
     """Where the job folder ends up: `<output_uri>/<job_id>` for a remote output_uri, else the local folder."""
     return join(spec.output_uri, job.job_id) if is_remote(spec.output_uri) else str(job.root)
 
