@@ -336,7 +336,7 @@ def test_every_exit_code_names_an_exception_that_exists():
     # EXIT_CODES is keyed by qualified names (so that an error imports nothing): each must name a real exception.
     import importlib
 
-    from grpoflow.flows.cli import EXIT_CODES, exit_code
+    from grpoflow.flows.errors import EXIT_CODES, exit_code
 
     for key in EXIT_CODES:
         module, name = key.rsplit(".", 1)
@@ -349,3 +349,14 @@ def test_every_exit_code_names_an_exception_that_exists():
     assert exit_code(ServerNotSet("set PREFECT_API_URL")) == 2
     assert [exit_code(PublishError("x", user_error=u)) for u in (True, False)] == [2, 1]
     assert exit_code(RuntimeError("a bug")) is None  # its traceback, not a one-line message
+
+
+def test_python_dash_m_cli_maps_the_clis_own_errors(tmp_path):
+    # Run as `python -m grpoflow.flows.cli` the CLI's module is `__main__`: its errors must still map (flows/errors.py).
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "grpoflow.flows.cli", "deploy"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "grpoflow: deploy: give the JOB_ID" in proc.stderr and "Traceback" not in proc.stderr
