@@ -352,7 +352,7 @@ def test_every_exit_code_names_an_exception_that_exists():
 
 
 def test_python_dash_m_cli_maps_the_clis_own_errors(tmp_path):
-    # Run as `python -m grpoflow.flows.cli` the CLI's module is `__main__`: its errors must still map (flows/errors.py).
+    # Under `python -m grpoflow.flows.cli` the module is `__main__`: the CLI's errors still map (flows/errors.py).
     import subprocess
     import sys
 
