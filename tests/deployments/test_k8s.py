@@ -17,6 +17,7 @@ import pytest
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentScheduleCreate
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.schedules import CronSchedule
 from prefect.flows import load_flow_from_entrypoint
@@ -246,7 +247,10 @@ def test_schedule(server, tmp_path):
             )
             response.raise_for_status()
             deployment = await client.read_deployment(server["nightly-k8s"])
-            runs = await client.read_flow_runs(limit=10)
+            # Filtered by the server: the module's other tests leave runs of their own, any number of them.
+            runs = await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])), limit=10
+            )
             return [r.id for r in runs if r.deployment_id == deployment.id]
 
     run_ids = asyncio.run(scheduled())
