@@ -6,8 +6,8 @@ JOB_DIR` (under `accelerate launch` when gpu_count > 1, with TRL's accelerate co
 half second while it runs (a reason it returns stops the child), and turns its exit code into the outcome: exit 2 is
 a setup problem no retry can fix (`TrainingSetupError`), exit 3 a reward that failed during training (`RewardFailed`:
 the user's reward raised, hung or returned a bad value; a retry would meet it again), exit 0 without the child's
-result file a child ended early by something inside it (`ChildEndedEarly`, e.g. a reward calling `os._exit(0)`), any
-other failure a `RuntimeError` that a retry may cure. No Prefect here: the tasks in `tasks/` wrap it.
+result file a child ended early by something inside it (`ChildEndedEarly`, e.g. a reward that ends the process with
+`os._exit`), any other failure a `RuntimeError` that a retry may cure. No Prefect here: the tasks in `tasks/` wrap it.
 """
 
 import importlib.util
@@ -50,8 +50,8 @@ class RewardFailed(RuntimeError):
 
 
 class ChildEndedEarly(RuntimeError):
-    """The child exited 0 without writing its result (something inside it, such as a reward calling `os._exit(0)`,
-    ended the process): not a crash a retry cures."""
+    """The child exited 0 without writing its result (something inside it ended the process, such as a reward
+    `os._exit`): not a crash a retry cures."""
 
 
 def accelerate_config(strategy: str) -> Path:
