@@ -51,7 +51,7 @@ class RewardFailed(RuntimeError):
 
 class ChildEndedEarly(RuntimeError):
     """The child exited 0 without writing its result (something inside it ended the process, such as a reward
-    `os._exit`): not a crash a retry cures."""
+    calling `os._exit`): not a crash a retry cures."""
 
 
 def accelerate_config(strategy: str) -> Path:
