@@ -3,7 +3,9 @@
 
 `constraints.txt` keeps installs on the versions these ran on; an upgrade that removes or changes one of them fails
 its test here, naming what grpoflow would have silently relied on. Places are given as `function` (module) because
-code moves between modules; grep for the function name.
+code moves between modules; grep for the function name. What a library documents in its own API reference (Prefect's
+SDK reference: `temporary_settings`, `url_for`, `TerminationSignal`, its settings and profiles.toml) is public and
+not listed; each row here is a debt to pay off, and there are to be at most 15 of them.
 
 | library | private / undocumented API | what grpoflow uses it for | where |
 | --- | --- | --- | --- |
