@@ -233,6 +233,8 @@ def test_a_lost_machine_resumes_from_s3_with_each_step_once(bucket, tmp_path, mo
         hyperparameters={"max_steps": 12, "rollouts_per_prompt": 2, "max_response_length": 4},
         checkpoint_every=3,
         evaluation={"holdout": 0},
+        # Paced: unpaced, a quiet machine trained all 12 steps before the first upload was seen (kept == 12).
+        rewards=[{"name": "exact_answer"}, {"function": "tests.integrations.paced_reward:paced_reward"}],
     )
     staging = tmp_path / "staging"
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), storage.STAGING_ENV: str(staging)}
