@@ -38,6 +38,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def standin(monkeypatch):
+    """The training children replaced by the stand-in (tests/standin_child.py) for this test, in this process and
+    every process it starts; returns `ask(**request)`, which sets what the stand-in is to do (its docstring)."""
+    from grpoflow.trainers.launch import STANDIN_ENV
+    from tests.standin_child import REQUEST_ENV
+
+    root = str(Path(__file__).resolve().parent.parent)
+    monkeypatch.setenv(STANDIN_ENV, "tests.standin_child")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    monkeypatch.delenv(REQUEST_ENV, raising=False)
+
+    def ask(**request):
+        monkeypatch.setenv(REQUEST_ENV, json.dumps(request))
+
+    return ask
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """A real, temporary Prefect server (SQLite) for the whole session; flows and events go to it."""

@@ -34,6 +34,9 @@ ACCELERATE_CONFIGS = {"fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "ze
 # Where a child records why it stopped on purpose (exit 2 or 3): `accelerate launch` turns any failed rank into
 # its own exit code 1, which alone would read as a crash worth retrying.
 EXIT_RECORD = "logs/child_exit.json"
+# A module to run in place of every child's (given the child's module as its first argument): the tests of what runs
+# around the children set it to their stand-in (tests/standin_child.py). Unset, the children are grpoflow's own.
+STANDIN_ENV = "GRPOFLOW_CHILD_STANDIN"
 
 
 class TrainingSetupError(RuntimeError):
@@ -122,8 +125,9 @@ def child_command(
     """The command line of a training child; `accelerate launch` spreads it over several GPUs, with plain data
     parallelism (ddp) or TRL's config for a sharded strategy (fsdp2, zero2, zero3), and with `machines` over several
     machines: `gpu_count` processes on each, `num_machines * gpu_count` in all."""
+    target = [os.environ[STANDIN_ENV], module] if os.environ.get(STANDIN_ENV) else [module]
     if gpu_count == 1 and strategy == "ddp" and machines is None:
-        return [sys.executable, "-m", module, str(job.root)]
+        return [sys.executable, "-m", *target, str(job.root)]
     launch = [accelerate_command(), "launch"]
     if strategy == "ddp":
         # --multi_gpu: one process per GPU even where fewer are visible (an error then, not a silent single
@@ -142,7 +146,7 @@ def child_command(
     if machines is not None:
         launch += machines.args()
         gpu_count *= machines.num_machines  # accelerate's --num_processes counts every machine's
-    return [*launch, "--num_processes", str(gpu_count), "-m", module, str(job.root)]
+    return [*launch, "--num_processes", str(gpu_count), "-m", *target, str(job.root)]
 
 
 def record_exit(job: JobDir, code: int, message: str) -> int:

@@ -108,12 +108,12 @@ def build_tokenizer():
 
 def build_tiny(path: Path | None = None) -> Path:
     """Builds the tiny model into `path` (default: the cache) unless it is already there; returns the folder."""
+    path = Path(path or cache_root() / f"builtin-tiny-{TINY_VERSION}")
+    if (path / "config.json").exists():
+        return path  # without importing torch: the CLI and the preflight resolve builtin:tiny too
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-    path = Path(path or cache_root() / f"builtin-tiny-{TINY_VERSION}")
-    if (path / "config.json").exists():
-        return path
     tokenizer = build_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),

@@ -188,25 +188,12 @@ def test_run_a_setup_problem_starts_the_child_once_and_exits_2(tmp_path, make_sp
     assert child_starts(tmp_path) == 1  # not retried: it would fail the same way
 
 
-CRASHING_REWARD = """
-import os, signal
-
-
-def crash_reward(completions, trainer_state=None, **kwargs):
-    if trainer_state is not None:  # in training, never in the dry run: the child dies as if OOM-killed
-        print("the training child is killed", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    return [0.0] * len(completions)
-"""
-
-
-@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_run_a_crash_is_retried_and_exits_1(tmp_path, make_spec, monkeypatch):
-    # A crash (SIGKILL, an OOM kill) is retried; a reward's own exception is not (tests/tasks/test_train.py).
-    (tmp_path / "crashing_rewards.py").write_text(CRASHING_REWARD)
-    monkeypatch.chdir(tmp_path)
-    code, _, err = cli("run", make_spec(rewards=[{"function": "crashing_rewards:crash_reward"}]))
+def test_run_a_crash_is_retried_and_exits_1(tmp_path, make_spec, standin):
+    # A crash (SIGKILL, an OOM kill) is retried; a reward's own exception is not (tests/tasks/test_train.py). A real
+    # child killed and resumed: tests/tasks/test_train.py::test_sigkill_resumes_each_step_once.
+    standin(crash_at=1)
+    code, _, err = cli("run", make_spec())
     assert code == 1, err
     assert "the training child is killed" in (next((tmp_path / "runs").glob("*/logs/train.log"))).read_text()
     assert child_starts(tmp_path) == 3  # the first start and the train task's 2 retries

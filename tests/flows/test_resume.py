@@ -1,4 +1,8 @@
-"""Resumable jobs: `grpoflow run SPEC --resume JOB_ID` skips the stages a job already completed."""
+"""Resumable jobs: `grpoflow run SPEC --resume JOB_ID` skips the stages a job already completed.
+
+The training children are the stand-in (tests/standin_child.py): what is tested is which stages run again; a real
+child resuming from its checkpoint step for step is tests/tasks/test_train.py::test_sigkill_resumes_each_step_once and
+tests/trainers/test_grpo.py's resume test."""
 
 import json
 from pathlib import Path
@@ -10,7 +14,7 @@ from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
 from tests.conftest import cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server", "standin")]
 
 
 def test_resume_skips_completed_stages(make_spec):
