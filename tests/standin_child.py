@@ -191,6 +191,7 @@ def save_adapter(model_path: str, dest: Path, rank: int, alpha: int | None) -> l
 def grpo(job: JobDir, spec) -> int:
     asked, hp = request("grpo"), spec.hyperparameters
     started = time.monotonic()
+    job.checkpoints.mkdir(exist_ok=True)  # as TRL's trainer makes its output_dir, before it trains
     checkpoint = resume_checkpoint(job)
     done = checkpoint_step(checkpoint) if checkpoint else 0
     rewards = Rewards(job, spec)

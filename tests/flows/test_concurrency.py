@@ -1,4 +1,5 @@
-"""Two `grpoflow run` at once under one output root: separate job folders, nothing shared or clobbered."""
+"""Two `grpoflow run` at once under one output root: separate job folders, nothing shared or clobbered. The training
+children are the stand-in (tests/standin_child.py): what is tested is the runs around them."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import pytest
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("standin")]
 
 
 def test_two_runs_at_once(make_spec, tmp_path):

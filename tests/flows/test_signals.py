@@ -1,5 +1,6 @@
 """Signals to `grpoflow run`, as a user sends them: Ctrl-C (SIGINT), SIGTERM (kill, systemd, a CI timeout) and
-SIGKILL, each once training has started (step 1 in metrics.jsonl) of a 200-step job on builtin:tiny.
+SIGKILL, each once training has started (step 1 in metrics.jsonl) of a 200-step job on builtin:tiny: Ctrl-C with
+the real training child, the others with the stand-in (tests/standin_child.py), which the signals reach the same way.
 
 SIGINT and SIGTERM: the command ends within seconds with one line on stderr and no traceback, events.jsonl ends with
 `job.failed` (reason cancelled), which a webhook receiver got too, the checkpoints saved before the signal are kept,
@@ -118,15 +119,18 @@ def events(job: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "sig, own_server",
+    "sig, own_server, child",
     [
-        (signal.SIGINT, False),  # Ctrl-C, with the temporary Prefect server
-        (signal.SIGTERM, False),
-        (signal.SIGINT, True),  # with PREFECT_API_URL set: the flow run's final state is read back from that server
+        (signal.SIGINT, False, "real"),  # Ctrl-C, with the temporary Prefect server, the real training child
+        (signal.SIGTERM, False, "stand-in"),
+        # with PREFECT_API_URL set: the flow run's final state is read back from that server
+        (signal.SIGINT, True, "stand-in"),
     ],
     ids=["SIGINT", "SIGTERM", "SIGINT-server"],
 )
-def test_a_signal_ends_the_run_cleanly(tmp_path, request, receiver, sig, own_server):
+def test_a_signal_ends_the_run_cleanly(tmp_path, request, receiver, sig, own_server, child):
+    if child == "stand-in":  # tests/standin_child.py: 200 steps of 0.2 s, which the signal cuts short
+        request.getfixturevalue("standin")(step_seconds=0.2)
     api_url = request.getfixturevalue("prefect_server") if own_server else None
     proc = start_run(tmp_path, run_env(tmp_path, api_url), webhook=receiver.url)
     procs = []
@@ -226,7 +230,8 @@ def flow_run_state(api_url: str, flow_run_id: str) -> str:
         return client.read_flow_run(flow_run_id).state.type.value
 
 
-def test_sigkill_leaves_nothing_behind_and_resume_marks_the_run_crashed(tmp_path):
+def test_sigkill_leaves_nothing_behind_and_resume_marks_the_run_crashed(tmp_path, standin):
+    standin(step_seconds=0.2)
     proc = start_run(tmp_path, run_env(tmp_path))
     procs = []
     try:
@@ -240,7 +245,8 @@ def test_sigkill_leaves_nothing_behind_and_resume_marks_the_run_crashed(tmp_path
         kill_all(procs)
 
 
-def test_resume_after_sigkill_marks_the_flow_run_crashed(tmp_path, prefect_server):
+def test_resume_after_sigkill_marks_the_flow_run_crashed(tmp_path, prefect_server, standin):
+    standin(step_seconds=0.2)
     env = run_env(tmp_path, prefect_server)
     proc = start_run(tmp_path, env, max_steps=RESUMED_STEPS)
     procs = []

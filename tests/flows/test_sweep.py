@@ -229,8 +229,7 @@ def get_scaled_reward(scale=1.0):
 """
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.usefixtures("prefect_server", "standin")
 def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, monkeypatch):
     (tmp_path / "sweep_rewards.py").write_text(SCALED_REWARD)
     monkeypatch.chdir(tmp_path)
@@ -291,7 +290,7 @@ def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, mon
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.usefixtures("prefect_server", "standin")
 def test_sweep_as_flow_runs_of_a_deployment(make_spec, tmp_path):
     """With `deployment`, each job is a flow run of that grpo-pipeline deployment (here served by a process of its
     own, as a worker would run it), named after its job id; a job its run rejects is a rejected row."""

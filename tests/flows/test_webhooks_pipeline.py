@@ -21,7 +21,8 @@ from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
 from tests.conftest import cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+# The training child is the stand-in (tests/standin_child.py): what is tested is the deliveries around the stages.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server", "standin")]
 SECRET = "whsec_" + "c2VjcmV0LWZvci10aGUtcGlwZWxpbmUtdGVzdA=="
 SECRET_ENV = "GRPOFLOW_TEST_WEBHOOK_SECRET"
 # How long the hanging endpoint holds a request at most: many times a whole test run on a loaded machine. Only a

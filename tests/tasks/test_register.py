@@ -90,8 +90,7 @@ def test_every_version_is_kept_and_rolled_back(finished_job):
     assert code == 0 and out.splitlines()[1].startswith("  * v1 ") and "exact_answer 0.500" in out.splitlines()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.usefixtures("prefect_server", "standin")
 def test_a_run_that_misses_the_gate_completes_unpromoted(make_spec, tmp_path):
     # A gain of 2 on a 0-1 reward is out of reach; were publish attempted, it would fail (no Hub here).
     spec = make_spec(

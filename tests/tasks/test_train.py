@@ -134,7 +134,9 @@ def run_train(job: JobDir, spec, expected: type[Exception]) -> Exception:
         ("exit_reward", {}, ChildEndedEarly, "exited 0 without writing training.json"),
     ],
 )
-def test_a_fault_in_a_reward_ends_training_once(make_job, reward, health, expected, message):
+def test_a_fault_in_a_reward_ends_training_once(make_job, standin, reward, health, expected, message):
+    # The task's side of each fault, on the stand-in child (it calls the job's rewards through the real child's
+    # guard); the real child's own exit on a reward that raises: tests/trainers/test_reward_faults.py.
     rewards = [{"name": "mine", "function": f"{FAULTY}:{reward}"}]
     job, spec = make_job("fault", rewards=rewards, hyperparameters=FAST, evaluation={"holdout": 0}, health=health)
     started = time.monotonic()
@@ -145,7 +147,7 @@ def test_a_fault_in_a_reward_ends_training_once(make_job, reward, health, expect
     alerts = [e["payload"]["kind"] for e in events(job) if e["event"] == "grpoflow.training.alert"]
     assert alerts == (["stall"] if expected is TrainingStopped else [])
     if reward == "raises_reward":
-        assert 'raise KeyError("solution")' in (job.logs / "train.log").read_text()
+        assert "raised KeyError: 'solution' at training step 3" in (job.logs / "train.log").read_text()
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -164,10 +166,15 @@ def test_a_diverged_run_stops_on_the_non_finite_alert(make_job):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-# Kill points: before the first checkpoint (resumes from scratch), between checkpoints, and near the end.
-@pytest.mark.parametrize("kill_at", [3, 12, 27])
-def test_sigkill_resumes_each_step_once(tmp_path, make_spec, kill_at):
+# Kill points: before the first checkpoint (resumes from scratch), between checkpoints, and near the end; the real
+# child at one of them (its checkpoints are TRL's), the stand-in at the others (what is tested there is the task's
+# retry and its events, around the child's `resume_checkpoint`).
+@pytest.mark.parametrize("kill_at, child", [(3, "stand-in"), (12, "real"), (27, "stand-in")])
+def test_sigkill_resumes_each_step_once(tmp_path, make_spec, request, kill_at, child):
     from prefect.settings import PREFECT_API_URL
+
+    if child == "stand-in":
+        request.getfixturevalue("standin")(step_seconds=0.1)
 
     spec = make_spec(
         f"kill{kill_at}",
@@ -211,9 +218,12 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, kill_at):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec):
-    """A cancelled flow run gets SIGTERM from its worker (what the Prefect UI's Cancel does); same here."""
+def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec, standin):
+    """A cancelled flow run gets SIGTERM from its worker (what the Prefect UI's Cancel does); same here, with the
+    stand-in child (tests/flows/test_signals.py stops a real one)."""
     from prefect.settings import PREFECT_API_URL
+
+    standin(step_seconds=0.2)
 
     spec = make_spec(
         "cancel",
