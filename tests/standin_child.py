@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from grpoflow.trainers.grpo import checkpoint_step, resume_checkpoint
+from grpoflow.trainers.grpo import GRPO_DEFAULTS, checkpoint_step, resume_checkpoint
 from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
 from grpoflow.trainers.launch import REWARD_FAILED_EXIT, record_exit
 from grpoflow.trainers.modeling import LORA_TARGETS, start_model
@@ -188,6 +188,13 @@ def save_adapter(model_path: str, dest: Path, rank: int, alpha: int | None) -> l
     return sorted(targets)
 
 
+def rotate_checkpoints(job: JobDir, keep: int | None) -> None:
+    """Deletes all but the newest `keep` checkpoints, as TRL's trainer does with `save_total_limit`."""
+    saved = sorted(job.checkpoints.glob("checkpoint-*"), key=checkpoint_step)
+    for old in saved[: -keep if keep else 0]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def grpo(job: JobDir, spec) -> int:
     asked, hp = request("grpo"), spec.hyperparameters
     started = time.monotonic()
@@ -209,6 +216,7 @@ def grpo(job: JobDir, spec) -> int:
         if step % spec.checkpoint_every == 0 or step == hp.max_steps:
             state = {"global_step": step, "max_steps": hp.max_steps, "log_history": [{"step": step, **values}]}
             write_json_atomic(job.checkpoints / f"checkpoint-{step}" / "trainer_state.json", state)
+            rotate_checkpoints(job, spec.trl.get("save_total_limit", GRPO_DEFAULTS["save_total_limit"]))
         if (code := fault(job, "grpo", step, asked)) is not None:
             return code
     if asked.get("no_result"):

@@ -195,8 +195,7 @@ def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
         check_resume(spec, "../x")
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.usefixtures("prefect_server", "standin")
 def test_run_resume_on_s3_from_a_fresh_machine(bucket, tmp_path, monkeypatch, make_spec):
     monkeypatch.setenv(storage.STAGING_ENV, str(tmp_path / "staging"))
     root = f"s3://{bucket}/runs"
