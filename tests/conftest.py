@@ -38,16 +38,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def standin_env() -> dict:
+    """The environment that makes the processes started with it run the stand-in (tests/standin_child.py) in place
+    of the training children, from any working directory."""
+    from grpoflow.trainers.launch import STANDIN_ENV
+
+    root = str(Path(__file__).resolve().parent.parent)
+    return {
+        STANDIN_ENV: "tests.standin_child",
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+
+
 @pytest.fixture
 def standin(monkeypatch):
     """The training children replaced by the stand-in (tests/standin_child.py) for this test, in this process and
     every process it starts; returns `ask(**request)`, which sets what the stand-in is to do (its docstring)."""
-    from grpoflow.trainers.launch import STANDIN_ENV
     from tests.standin_child import REQUEST_ENV
 
-    root = str(Path(__file__).resolve().parent.parent)
-    monkeypatch.setenv(STANDIN_ENV, "tests.standin_child")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    for name, value in standin_env().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.delenv(REQUEST_ENV, raising=False)
 
     def ask(**request):
