@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -114,6 +115,13 @@ class Machines:
         ]
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def accelerate_command() -> str:
     """`accelerate`, the console script of this interpreter's install (its scripts folder), as users run it."""
     return str(Path(sysconfig.get_path("scripts")) / "accelerate")
@@ -146,6 +154,10 @@ def child_command(
     if machines is not None:
         launch += machines.args()
         gpu_count *= machines.num_machines  # accelerate's --num_processes counts every machine's
+    else:
+        # The processes of one machine meet on a port of their own: with accelerate's fixed default (29500) two
+        # jobs on one machine (two 2-GPU jobs on a 4-GPU node) would meet each other's, and the second fail.
+        launch += ["--main_process_port", str(free_port())]
     return [*launch, "--num_processes", str(gpu_count), "-m", *target, str(job.root)]
 
 

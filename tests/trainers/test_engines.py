@@ -111,9 +111,12 @@ def test_child_command_per_strategy():
         "grpoflow.trainers.grpo",
         "/runs/j",
     ]
-    assert child_command("grpoflow.trainers.grpo", job, 2, "ddp") == [
+    command = child_command("grpoflow.trainers.grpo", job, 2, "ddp")
+    assert command == [
         *launch,
         "--multi_gpu",
+        "--main_process_port",
+        command[4],
         "--num_processes",
         "2",
         "-m",
@@ -122,12 +125,15 @@ def test_child_command_per_strategy():
     ]
     config = Path(trl.__file__).parent / "accelerate_configs" / "fsdp2.yaml"
     assert config.is_file()
-    assert child_command("grpoflow.trainers.grpo", job, 4, "fsdp2") == [
+    command = child_command("grpoflow.trainers.grpo", job, 4, "fsdp2")
+    assert command == [
         *launch,
         "--config_file",
         str(config),
         "--mixed_precision",
         "no",
+        "--main_process_port",
+        command[7],
         "--num_processes",
         "4",
         "-m",

@@ -32,9 +32,13 @@ def test_child_command():
         "grpoflow.trainers.grpo",
         "/runs/j",
     ]
-    launch = [accelerate_command(), "launch", "--multi_gpu", "--num_processes", "4"]
+    command = child_command("grpoflow.trainers.grpo", job, 4)
+    launch = [accelerate_command(), "launch", "--multi_gpu", "--main_process_port", command[4], "--num_processes", "4"]
     assert Path(launch[0]).is_file() and os.access(launch[0], os.X_OK)  # this interpreter's `accelerate` script
-    assert child_command("grpoflow.trainers.grpo", job, 4) == [*launch, "-m", "grpoflow.trainers.grpo", "/runs/j"]
+    assert command == [*launch, "-m", "grpoflow.trainers.grpo", "/runs/j"]
+    # Each launch's processes meet on a free port of their own, not accelerate's fixed 29500.
+    ports = {child_command("grpoflow.trainers.grpo", job, 2)[4] for _ in range(3)} | {command[4]}
+    assert "29500" not in ports and len(ports) > 1
 
 
 def training_processes(proc) -> int:
