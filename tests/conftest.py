@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -135,6 +136,71 @@ def make_spec(tmp_path, dataset_file):
         return path
 
     return make
+
+
+TRAINED_KINDS = {"lora": {"lora_rank": 4}, "full": {"lora_rank": None}}
+
+
+def build_trained_jobs(root: Path) -> dict[str, Path]:
+    """Runs the real pipeline (the real training children, even where a test set the stand-in) for a LoRA job and a
+    full fine-tune under `root`."""
+    from grpoflow.trainers.launch import STANDIN_ENV
+
+    data = write_jsonl(root / "arith.jsonl", arithmetic_rows(24))
+    standin, jobs = os.environ.pop(STANDIN_ENV, None), {}
+    try:
+        for kind, hp in TRAINED_KINDS.items():
+            spec = {
+                "name": f"trained-{kind}",
+                "base_model": "builtin:tiny",
+                "dataset": {"uri": str(data)},
+                "rewards": [{"name": "exact_answer"}, {"name": "length_penalty", "kwargs": {"max_chars": 4}}],
+                "hyperparameters": {"max_steps": 3, "rollouts_per_prompt": 4, "max_response_length": 6, **hp},
+                "evaluation": {"holdout": 4},
+                "output_uri": str(root / "runs"),
+            }
+            path = root / f"{kind}.yaml"
+            path.write_text(yaml.safe_dump(spec))
+            code, out, err = cli("run", path, "--json")
+            assert code == 0, err[-3000:]
+            jobs[kind] = Path(json.loads(out)["output_dir"])
+    finally:
+        if standin is not None:
+            os.environ[STANDIN_ENV] = standin
+    return jobs
+
+
+@pytest.fixture(scope="session")
+def trained_jobs(tmp_path_factory, prefect_server) -> dict[str, Path]:
+    """A finished LoRA job and a finished full fine-tune ("lora", "full"), made by the real pipeline once per test
+    run, shared by the xdist workers (the first to ask builds them under a lock): the starting point of the tests
+    that read, publish, deploy, serve or resume a finished job. Copy one with `trained_job`; never change these."""
+    from filelock import FileLock
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    shared = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
+    root, done = shared / "trained-jobs", shared / "trained-jobs.json"
+    with FileLock(str(shared / "trained-jobs.lock")):
+        if not done.exists():
+            root.mkdir(exist_ok=True)
+            jobs = build_trained_jobs(root)
+            done.write_text(json.dumps({kind: str(path) for kind, path in jobs.items()}))
+    return {kind: Path(path) for kind, path in json.loads(done.read_text()).items()}
+
+
+@pytest.fixture
+def trained_job(trained_jobs, tmp_path):
+    """`trained_job(kind="lora")`: a copy of a finished job of `trained_jobs` in this test's `tmp_path/runs/`, as
+    `JobDir`; its spec.yaml is the job's own (its output_uri the original's: pass `--output-uri` to commands)."""
+    from grpoflow.trainers.jobdir import JobDir
+
+    def copy(kind: str = "lora") -> "JobDir":
+        source = trained_jobs[kind]
+        target = tmp_path / "runs" / source.name
+        shutil.copytree(source, target)
+        return JobDir(target)
+
+    return copy
 
 
 @pytest.fixture

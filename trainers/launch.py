@@ -10,6 +10,7 @@ result file a child ended early by something inside it (`ChildEndedEarly`, e.g. 
 `os._exit`), any other failure a `RuntimeError` that a retry may cure. No Prefect here: the tasks in `tasks/` wrap it.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -280,7 +281,8 @@ def run_child(
         while proc.poll() is None:
             if poll and (reason := poll()):
                 raise TrainingStopped(reason)
-            time.sleep(POLL_SECONDS)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(POLL_SECONDS)  # returns as soon as the child exits
         if poll and (reason := poll()):
             raise TrainingStopped(reason)
     finally:

@@ -45,14 +45,12 @@ def test_resume_skips_completed_stages(make_spec):
     assert job.events.read_text() == events_before
 
 
-def test_resume_rejects_a_changed_spec(make_spec):
-    spec = make_spec("resume2")
-    code, out, _ = cli("run", spec, "--json")
-    assert code == 0
-    job_id = json.loads(out)["job_id"]
-    code, _, err = cli("run", spec, "--resume", job_id, "--set", "hyperparameters.learning_rate=0.5")
-    assert code == 2 and "hyperparameters" in err
-    code, _, err = cli("run", spec, "--resume", "no-such-job")
+def test_resume_rejects_a_changed_spec(trained_job, tmp_path):
+    job = trained_job("lora")  # a finished job, with the spec it ran
+    resume = ["run", job.spec, "--output-uri", tmp_path / "runs", "--resume"]
+    code, _, err = cli(*resume, job.job_id, "--set", "hyperparameters.learning_rate=0.5")
+    assert code == 2 and "the spec differs from job" in err and "hyperparameters" in err
+    code, _, err = cli(*resume, "no-such-job")
     assert code == 2 and "unknown job" in err
 
 

@@ -1,7 +1,6 @@
 """`grpoflow serve`'s transformers server: OpenAI-compatible endpoints on loopback, answered by a real model and
 called with the official `openai` client (and plain HTTP where the client would hide what goes over the wire)."""
 
-import json
 import socket
 import subprocess
 import sys
@@ -257,11 +256,15 @@ def test_stream_holds_back_what_may_start_a_stop_string(text, stop, expected):
 
 
 @pytest.mark.slow  # ~13 s: a fresh interpreter imports torch and transformers
-def test_grpoflow_serve_streams_a_registered_deployment(tmp_path):
-    """The command a user runs: `grpoflow serve NAME` on a deployment record, answered over loopback."""
-    (tmp_path / "deployments").mkdir()
-    record = {"name": "tiny", "status": "ready", "job_id": "j", "artifact_path": str(build_tiny())}
-    (tmp_path / "deployments" / "tiny.json").write_text(json.dumps(record))
+@pytest.mark.usefixtures("prefect_server")
+def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job):
+    """The commands a user runs: `grpoflow deploy JOB` on a job the pipeline finished, then `grpoflow serve NAME`,
+    answered over loopback."""
+    from tests.conftest import cli
+
+    job = trained_job("full")
+    code, _, err = cli("--output-uri", job.root.parent, "deploy", job.job_id, "--name", "tiny")
+    assert code == 0, err
     with socket.socket() as probe:  # a free port, released for the server to take
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -270,7 +273,7 @@ def test_grpoflow_serve_streams_a_registered_deployment(tmp_path):
         "-m",
         "grpoflow.flows.cli",
         "--output-uri",
-        str(tmp_path),
+        str(job.root.parent),
         "serve",
         "tiny",
         "--port",

@@ -5,31 +5,14 @@ import shutil
 
 import pytest
 
-from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import load_spec, to_yaml
-from grpoflow.trainers.tiny import build_tiny
-from tests.conftest import arithmetic_rows, cli, write_jsonl
+from tests.conftest import cli
 
 
 @pytest.fixture
-def finished_job(tmp_path) -> JobDir:
-    """A job folder as a finished full fine-tune leaves it; the weights are builtin:tiny's."""
-    job = JobDir(tmp_path / "runs" / "reg-20261130-000000-abcdef")
-    spec, _ = load_spec(
-        {
-            "name": "reg",
-            "base_model": "builtin:tiny",
-            "dataset": {"uri": "x.jsonl"},
-            "rewards": [{"name": "exact_answer"}],
-        }
-    )
-    job.root.mkdir(parents=True)
-    job.spec.write_text(to_yaml(spec))
-    ingest_dataset(str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(10))), job.dataset, holdout=2)
-    shutil.copytree(build_tiny(), job.merged)
-    job.model_json.write_text(json.dumps({"artifact_type": "full", "files": [], "merged_files": []}))
-    return job
+def finished_job(trained_job) -> JobDir:
+    """A full fine-tune the real pipeline finished (tests/conftest.py's `trained_jobs`), copied for this test."""
+    return trained_job("full")
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -66,7 +49,7 @@ def test_deploy_mistakes(finished_job):
 def test_every_version_is_kept_and_rolled_back(finished_job):
     root = finished_job.root.parent
     finished_job.evaluation.write_text(json.dumps({"metric": "exact_answer", "n": 2, "before": 0.0, "after": 0.5}))
-    newer = JobDir(root / "reg-20261201-000000-abcdef")
+    newer = JobDir(root / "trained-full-20261201-000000-abcdef")
     shutil.copytree(finished_job.root, newer.root)
     newer.evaluation.write_text(json.dumps({"metric": "exact_answer", "n": 2, "before": 0.0, "after": 0.25}))
     for job in (finished_job, newer):
