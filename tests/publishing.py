@@ -6,9 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from huggingface_hub import constants
-from safetensors.torch import save_file
 
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.spec import load_spec, to_yaml
@@ -56,6 +54,9 @@ def hub(request, monkeypatch):
 
 def make_job(root: Path, base_model: str = "builtin:tiny", dataset_uri: str = "data/arith.jsonl") -> JobDir:
     """A finished job folder: merged weights (the tiny model), a LoRA adapter, spec, metrics and evaluation."""
+    import torch
+    from safetensors.torch import save_file
+
     job = JobDir(root / "arith-20250101-000000")
     job.root.mkdir(parents=True)
     shutil.copytree(build_tiny(), job.merged)

@@ -172,8 +172,8 @@ def test_dockerignore_keeps_secrets_and_environments_out():
 
 @pytest.mark.parametrize("name", ["Dockerfile", ".dockerignore", "scripts/install.sh", "constraints.txt"])
 def test_init_template_carries_the_same_files(name):
-    """`grpoflow init` writes the same image files (a project's image installs grpoflow==GRPOFLOW_VERSION). After
-    `make constraints`, copy constraints.txt to flows/templates/project/ too."""
+    """`grpoflow init` writes the same image files (a project's image installs grpoflow==GRPOFLOW_VERSION); `make
+    constraints` copies constraints.txt to flows/templates/project/ too."""
     assert (TEMPLATE / name).read_bytes() == (PROJECT_DIR / name).read_bytes(), name
 
 
