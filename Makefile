@@ -32,11 +32,15 @@ constraints: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/grpoflow demo
 
+# pytest-xdist: one worker per core (at most 4), each test file on one worker (its module fixtures, such as a Prefect
+# stack, start once); `pytest` alone runs in one process. The suite is mostly processes waiting on each other.
+XDIST := -n auto --maxprocesses 4 --dist loadfile
+
 test: $(STAMP)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(XDIST)
 
 test-fast: $(STAMP)
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q $(XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
