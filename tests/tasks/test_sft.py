@@ -28,7 +28,8 @@ def test_the_warm_up_writes_sft_and_announces_it(make_job):
     assert summary["steps"] == 2 and summary["model_dir"] == "sft" and isinstance(summary["final_loss"], float)
 
 
-def test_the_warm_up_shows_its_progress(make_job):
+def test_the_warm_up_shows_its_progress(make_job, standin):
+    # The task's lines from the child's sft_metrics.jsonl: the stand-in child writes it (the real one: the test above).
     job, spec = make_job("warm", sft={**WARM_UP, "max_steps": 4}, evaluation={"holdout": 0})
     state = flow(lambda: sft_task(job, spec))(return_state=True)
     assert state.is_completed()
@@ -49,9 +50,9 @@ def test_a_crashed_child_is_retried(make_job):
 
     @flow
     def warm_up():
-        # The task's own retry count and condition; only the wait between attempts is cut, to keep the test short.
+        # The task's own retry count and condition (the wait between attempts is GRPOFLOW_RETRY_DELAY_S: 0 here).
         with pytest.raises(RuntimeError, match="SFT warm-up child exited with code 1"):
-            sft_task.with_options(retry_delay_seconds=0)(job, spec)
+            sft_task(job, spec)
 
     warm_up()
     assert (job.logs / "sft.log").read_text().count("Traceback (most recent call last)") == 2  # 1 try + 1 retry
