@@ -221,7 +221,7 @@ def wait_final(flow_run_id, timeout: float = RUN_TIMEOUT_S):
             if flow_run.state and flow_run.state.is_final():
                 return flow_run
             assert time.monotonic() < deadline, f"flow run {flow_run.name} still {flow_run.state.name}"
-            time.sleep(2)
+            time.sleep(0.5)
 
 
 def runs_of(deployment: str, **parameters) -> list:
@@ -236,7 +236,7 @@ def wait_for_run(deployment: str, timeout: float = 120, **parameters):
     deadline = time.monotonic() + timeout
     while not (found := runs_of(deployment, **parameters)):
         assert time.monotonic() < deadline, f"no run of {deployment} with {parameters} after {timeout} s"
-        time.sleep(2)
+        time.sleep(0.5)
     return found
 
 
