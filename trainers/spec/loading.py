@@ -243,6 +243,8 @@ def _read(source: "str | Path | dict | JobSpec", storage_options: dict | None = 
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    except ValueError as exc:  # PyYAML's own, unwrapped: a "\U" escape past U+10FFFF, a date like 2026-13-45
+        raise SpecError(f"{path}: invalid YAML: a value YAML cannot build ({exc})") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: the top level must be a mapping of spec keys (got {_show(data)})")
     return data
@@ -276,7 +278,7 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
             continue
         try:
             value = yaml.load(raw, Loader=_Loader)
-        except yaml.YAMLError:  # not YAML (e.g. an unbalanced quote): the text as given
+        except (yaml.YAMLError, ValueError):  # not YAML (an unbalanced quote, a bad escape): the text as given
             value = raw
         try:
             _set_path(data, keys, value)
