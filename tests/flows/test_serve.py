@@ -291,7 +291,10 @@ def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job):
                 assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
                 time.sleep(0.2)
         chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, stream=True))
-        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
+        assert chunks[0].choices[0].delta.role == "assistant"
+        # Sampled from a model trained to answer short: it may end before max_tokens, or be cut there.
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        assert len([c for c in chunks if c.choices[0].delta.content]) <= 4
     finally:
         process.terminate()
         process.wait(timeout=30)
