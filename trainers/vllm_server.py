@@ -10,13 +10,12 @@ weights to it. No Prefect here and no torch: the task process only counts GPUs a
 """
 
 import importlib.util
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import TrainingSetupError, start_child, stop_child, visible_gpus
+from grpoflow.trainers.launch import TrainingSetupError, free_port, start_child, stop_child, visible_gpus
 from grpoflow.trainers.modeling import start_model
 
 VLLM_SERVER_URL_ENV = "GRPOFLOW_VLLM_SERVER_URL"  # read by grpoflow.trainers.grpo's generation_args
@@ -38,12 +37,6 @@ def split_gpus(spec, gpus: list[str]) -> tuple[list[str], list[str]]:
             "visible; give vllm_server_url, use vllm_mode: colocate, or lower gpu_count"
         )
     return gpus[:training], gpus[training : training + serving]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def server_command(spec, model_path: str, port: int) -> list[str]:
