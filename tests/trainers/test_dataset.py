@@ -238,7 +238,7 @@ BAD_DATASETS = [
     ),
     (
         "a.jsonl.gz",
-        gzip.compress(GOOD + jsonl({"prompt": "x" * 200})),
+        gzip.compress(GOOD + jsonl({"prompt": "x" * 200}), mtime=0),
         {"max_row_bytes": 100},
         ["line 4 is longer than max_row_bytes=100"],
     ),
