@@ -185,6 +185,20 @@ def resumed_job_done(spec, job_id: str) -> dict | None:
     return {"job_id": job_id, "output_dir": str(job.root), "status": "completed", "evaluation": evaluation}
 
 
+def refuse_approval(spec) -> None:
+    """A run on a temporary Prefect server of its own cannot wait for a person: that server has no UI to approve in
+    and ends with the command. Refused before anything starts (exit 2)."""
+    from grpoflow.trainers.spec import SpecError
+
+    if spec.evaluation.gate.approval:
+        raise SpecError(
+            "evaluation.gate.approval: a person approves in the Prefect UI, and this run has no Prefect server to "
+            "show it (grpoflow run starts a temporary one, without UI, that ends with the run): set PREFECT_API_URL "
+            "to your server (`prefect server start`), submit the spec to a deployment (`grpoflow submit`), or "
+            "remove approval"
+        )
+
+
 def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     from grpoflow.flows import server
 
@@ -195,6 +209,8 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     try:
         temporary = server.start_if_needed()
         spec = load(args, extra_overrides)
+        if temporary is not None:
+            refuse_approval(spec)
         if getattr(args, "resume", None):
             check_resume(spec, args.resume)
             if done := resumed_job_done(spec, args.resume):
@@ -418,7 +434,14 @@ def cmd_model(args) -> int:
 def cmd_deployments_apply(args) -> int:
     import asyncio
 
-    from grpoflow.flows.deployments import api_url, deploy_all, describe_deployments, ensure_pools, load_pools
+    from grpoflow.flows.deployments import (
+        api_url,
+        deploy_all,
+        describe_deployments,
+        ensure_pools,
+        load_pools,
+        start_watchers,
+    )
     from grpoflow.flows.project import project_files
 
     project = Path(args.project).resolve()
@@ -428,6 +451,8 @@ def cmd_deployments_apply(args) -> int:
         print(line)
     deploy_all(prefect_file, project)
     for line in asyncio.run(describe_deployments(prefect_file)):
+        print(line)
+    for line in asyncio.run(start_watchers(prefect_file)):
         print(line)
     print(f"deployed to {url}; start a worker with: prefect worker start --pool grpo-gpu")
     return EXIT_OK

@@ -16,11 +16,19 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
 
@@ -145,6 +153,50 @@ async def describe_deployments(prefect_file: Path = PREFECT_FILE) -> list[str]:
         for name in image_deployments(prefect_file):
             lines.append(f"deployment {name}: not deployed; set {IMAGE_ENV} (the image repository) to deploy it")
     return sorted(lines)
+
+
+WATCH_ENTRYPOINT = "grpoflow.flows.watch:watch_new_data"
+
+
+async def start_watchers(prefect_file: Path = PREFECT_FILE) -> list[str]:
+    """Starts a run of each scheduled watcher deployment of `prefect_file` now, unless one is already scheduled to
+    start within its interval's first minute or is running; returns one line per watcher.
+
+    An interval schedule is anchored at deploy time, so Prefect's first scheduled run of a deployment that runs
+    hourly comes an hour after `apply`: a file dropped in right after deploying would wait that long.
+    """
+    config = yaml.safe_load(prefect_file.read_text())
+    names = [d["name"] for d in config["deployments"] if d["entrypoint"] == WATCH_ENTRYPOINT and d.get("schedules")]
+    lines = []
+    async with get_client() as client:
+        for deployment in await client.read_deployments():
+            if deployment.name not in names or deployment.paused:
+                continue
+            flow = await client.read_flow(deployment.flow_id)
+            soon = [r for r in await _runs_of(client, deployment.id) if _starts_within(r, seconds=60)]
+            if soon:
+                lines.append(f"watcher {flow.name}/{deployment.name}: looking already ({soon[0].name})")
+                continue
+            run = await client.create_flow_run_from_deployment(deployment.id)
+            lines.append(f"watcher {flow.name}/{deployment.name}: first look now (flow run {run.name})")
+    return lines
+
+
+async def _runs_of(client, deployment_id) -> list:
+    live = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED]
+    flt = FlowRunFilter(
+        deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id]),
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=live)),
+    )
+    return await client.read_flow_runs(flow_run_filter=flt)
+
+
+def _starts_within(flow_run, seconds: float) -> bool:
+    """Running already, or scheduled to start at most `seconds` from now."""
+    if not flow_run.state.is_scheduled():
+        return True
+    start = flow_run.next_scheduled_start_time or flow_run.expected_start_time
+    return start is not None and (start - datetime.now(UTC)).total_seconds() <= seconds
 
 
 def _schedule_text(schedule) -> str:

@@ -9,17 +9,20 @@ job (its last event, webhooks, uploads) however it ends. Run it with `grpoflow r
 `grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
 """
 
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prefect import Task, flow, get_run_logger
+from prefect import Task, flow, get_client, get_run_logger
 from prefect.context import FlowRunContext
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
 from grpoflow.integrations.jobs import job_location
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
+from grpoflow.tasks.approval import await_approval
 from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task
 from grpoflow.tasks.gate import gate_task
 from grpoflow.tasks.ingest import ingest_task
@@ -44,7 +47,8 @@ class Stage:
 
     Args:
         name (`str`): its name; later stages take its result by it.
-        task (`prefect.Task`): called as `task(job, spec, **takes)`.
+        task (`prefect.Task` or `Callable`): called as `task(job, spec, **takes)`; a plain function runs in the flow
+            itself (what Prefect allows only there, such as a pause).
         takes (`dict`): keyword argument -> the earlier stage whose result it gets (or a function of those results).
         when (`Callable`): whether it runs, given the spec and the results so far; a stage that does not run has the
             result None.
@@ -52,14 +56,14 @@ class Stage:
     """
 
     name: str
-    task: Task
+    task: Task | Callable
     takes: dict[str, str | Callable[[dict], object]] = field(default_factory=dict)
     when: Callable[[JobSpec, dict], bool] = _always
     record: StageRecord | None = None
 
     def resumable(self) -> StageRecord | None:
         """What the stage writes and reads, from its `@resumable` declaration (None for a stage that always runs)."""
-        return self.record or getattr(self.task.fn, "resumable", None)
+        return self.record or getattr(getattr(self.task, "fn", None), "resumable", None)
 
     def arguments(self, done: dict) -> dict:
         return {k: v(done) if callable(v) else done[v] for k, v in self.takes.items()}
@@ -70,7 +74,8 @@ def _seconds_so_far(done: dict) -> float:
 
 
 def _promoted(spec: JobSpec, done: dict) -> bool:
-    return done["gate"]["promote"]
+    """Passed the gate, and approved when a person's approval was asked."""
+    return done["gate"]["promote"] and (done.get("approval") is None or done["approval"]["approve"])
 
 
 STAGES = (
@@ -91,6 +96,13 @@ STAGES = (
     ),
     # --- promotion gate (evaluation.gate): a model that fails it is neither published nor deployed
     Stage("gate", gate_task, takes={"evaluation": "evaluate"}),
+    # --- a person's approval (evaluation.gate.approval): the flow run pauses for it, in the flow (not a task)
+    Stage(
+        "approval",
+        await_approval,
+        takes={"decision": "gate", "evaluation": "evaluate"},
+        when=lambda spec, done: spec.evaluation.gate.approval and _promoted(spec, done),
+    ),
     # --- publish to the Hugging Face Hub
     Stage("publish", publish_task, when=lambda spec, done: bool(spec.publish) and _promoted(spec, done)),
     # --- register the serving deployment (served from merged/, LoRA or not)
@@ -103,6 +115,16 @@ def job_run_name() -> str:
     parameters = FlowRunContext.get().parameters
     name = parameters["spec"].name if isinstance(parameters["spec"], JobSpec) else parameters["spec"]["name"]
     return parameters.get("job_id") or new_job_id(name, flow_run.id, flow_run.scheduled_start_time)
+
+
+def name_flow_run(job_id: str) -> None:
+    """Names this flow run after its job, whichever flow runs the pipeline: `grpo_pipeline`'s own runs are named so
+    from the start (`job_run_name`); a run of `grpo_pipeline_from_file` (nightly, on-new-data) learns its job id only
+    once the spec is loaded, and would keep Prefect's random name (`private-pelican`) otherwise."""
+    if flow_run.id is None or flow_run.name == job_id:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=job_id)
 
 
 @flow(name="grpo-pipeline", flow_run_name=job_run_name)
@@ -122,6 +144,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     if created.name == REJECTED:  # another live run holds this job's folder
         return rejected(created.message)
     job = created.result()
+    name_flow_run(job.job_id)
     get_run_logger().info("job %s in %s", job.job_id, job.root)
     with JobEnding(job, spec, resumed=job_id is not None) as end:
         done = {"started": started}
@@ -129,9 +152,16 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
             if not stage.when(spec, done):
                 done[stage.name] = None
                 continue
+            if not isinstance(stage.task, Task):  # a step of the flow itself (a pause)
+                done[stage.name] = stage.task(job, spec, **stage.arguments(done))
+                continue
             state = stage.task(job, spec, **stage.arguments(done), return_state=True)
             if state.name == REJECTED:  # a spec, dataset or reward mistake: the job ends rejected, not failed
                 return end.rejected(state.message)
+            if state.is_cancelled():  # the flow run was cancelled while the stage worked (the UI's Cancel)
+                end.cancelled(state.message)
+                # On to Prefect's own end of a cancelled run (the engine sets it Cancelled, no traceback logged).
+                raise TerminationSignal(signal.SIGTERM)
             done[stage.name] = state.result()  # a failed stage raises here, and the job ends failed
 
         # --- upload the job folder (remote output_uri) and announce the result

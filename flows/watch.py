@@ -51,6 +51,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.events import emit_event
+from prefect.runtime import flow_run
 from prefect.states import Completed
 
 from grpoflow.integrations.leases import LeaseHeld, S3Lease, conditional_put
@@ -311,7 +312,16 @@ def look_once(uri: str, spec: str | None, directory: str | None, settle_seconds:
         return {"landed": landed, "pending": sorted(state.pending), "state_file": str(state.path)}
 
 
-@flow(name="watch-new-data")
+def watch_run_name() -> str:
+    """A watcher run's name: what it watches and when it started (`watch-incoming-20261202-0200`), so the runs list
+    reads as a log of looks rather than Prefect's random names."""
+    uri = str(flow_run.parameters.get("uri") or "").rstrip("/")
+    where = re.sub(r"[^A-Za-z0-9._-]+", "-", uri.rsplit("/", 1)[-1]) or "data"
+    started = flow_run.scheduled_start_time or datetime.now(UTC)
+    return f"watch-{where}-{started.astimezone(UTC):%Y%m%d-%H%M}"
+
+
+@flow(name="watch-new-data", flow_run_name=watch_run_name)
 def watch_new_data(
     uri: str,
     spec: str | None = None,

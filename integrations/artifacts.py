@@ -135,6 +135,21 @@ def evaluation_artifact(spec: JobSpec, job: JobDir, evaluation: dict | None):
     )
 
 
+def samples_artifact(job: JobDir, spec: JobSpec, evaluation: dict | None):
+    """A few of the GRPO result's held-out completions with their scores (evaluation.json's `samples`) as a table
+    artifact (key `<base>-samples`): what a person reads before approving; none without samples."""
+    samples = (evaluation or {}).get("samples")
+    if not samples:
+        return None
+    return _safely(
+        "samples",
+        create_table_artifact,
+        samples,
+        key=artifact_key(spec, "samples"),
+        description=f"Held-out completions of {job.job_id} (the GRPO result, greedy) and their scores",
+    )
+
+
 def link_artifact(spec: JobSpec, kind: str, link: str, text: str, description: str):
     """A link artifact (key `<base>-<kind>`): the Hub repo (`hub-repo`) or the serving deployment (`deployment`)."""
     return _safely(

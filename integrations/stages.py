@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefect.states import Failed, State
+from prefect.exceptions import TerminationSignal
+from prefect.states import Cancelled, Failed, State
 
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
@@ -165,6 +166,40 @@ REJECTED = "Rejected"
 def rejected(message: str) -> State:
     """The final state of a run whose input was rejected: failed, named `Rejected`, with the reason as its message."""
     return Failed(name=REJECTED, message=message)
+
+
+def flow_run_cancelling() -> bool:
+    """Whether this flow run is being cancelled (the Prefect UI's Cancel, `prefect flow-run cancel`): its state on
+    the server is Cancelling or Cancelled."""
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None:
+        return False
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run.id).state
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+def cancellable(fn: Callable) -> Callable:
+    """Makes a stage task end `Cancelled` when its flow run is cancelled while it works.
+
+    A cancel reaches the flow run's process as SIGTERM, which Prefect raises as `TerminationSignal` wherever the
+    process is; inside a task, the engine would record the task Crashed. The stage has stopped its child on the way
+    out (`run_child`'s `finally`), so the task returns a Cancelled state instead, and the flow ends the job cancelled.
+    A SIGTERM that is no cancel (a worker or a node shutting down) stays a crash, which Prefect's retries resume.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TerminationSignal:
+            if not flow_run_cancelling():
+                raise
+            return Cancelled(message=f"{fn.__name__.removesuffix('_task')} stopped: the flow run was cancelled")
+
+    return wrapper
 
 
 def retry_unless_final(task, task_run, state) -> bool:

@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 
 from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact
 from grpoflow.integrations.jobs import job_location
-from grpoflow.integrations.stages import resumable
+from grpoflow.integrations.stages import cancellable, resumable
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.evaluate import evaluate
 from grpoflow.trainers.health import HealthMonitor
@@ -44,6 +44,7 @@ def times(sft: dict | None, training: dict, evaluation: dict | None, wall_second
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=RETRY_DELAY_S)
+@cancellable
 def evaluate_task(
     job: JobDir, spec: JobSpec, sft: dict | None, training: dict, wall_seconds: float = 0.0
 ) -> dict | None:

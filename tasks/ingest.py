@@ -5,7 +5,7 @@ it (`grpoflow.trainers.rewards`), and emits `grpoflow.dataset.ingested`. A bad d
 from prefect import task
 
 from grpoflow.integrations.events import emit
-from grpoflow.integrations.stages import rejected, resumable, retry_unless_final
+from grpoflow.integrations.stages import cancellable, rejected, resumable, retry_unless_final
 from grpoflow.integrations.storage import storage_options
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.dataset import DatasetError, ingest_dataset, load_ingested
@@ -17,6 +17,7 @@ from grpoflow.trainers.spec import JobSpec
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)
+@cancellable
 @resumable("ingest", outputs=("dataset/dataset_dict.json",))
 def ingest_task(job: JobDir, spec: JobSpec):
     """Ingests `spec.dataset` into `job.dataset` and dry-runs the rewards on it; returns what was ingested.

@@ -175,7 +175,8 @@ class JobEnding:
 
     `end.completed(result)` uploads the folder (remote output_uri), emits `grpoflow.job.completed` and returns the
     result (the flow run's final state message in `end.message`); `end.rejected(message)` emits `grpoflow.job.failed`
-    (reason `rejected`), removes the folder of a new job and returns the `Rejected` state; an exception leaving the
+    (reason `rejected`), removes the folder of a new job and returns the `Rejected` state; `end.cancelled(message)`
+    ends it cancelled (a stage stopped by a cancel, its task Cancelled); an exception leaving the
     block (a failed stage, a cancelled flow run, Ctrl-C) emits `grpoflow.job.failed`, uploads what the job left and
     propagates. Each waits for the webhook deliveries.
     """
@@ -202,6 +203,12 @@ class JobEnding:
         if not self.resumed:  # never delete an earlier job's checkpoints over a rejected input
             discard_job(self.job)
         return rejected(message)
+
+    def cancelled(self, message: str) -> None:
+        """The flow run was cancelled while a stage worked (the stage's task ended Cancelled): the job ends failed
+        (reason `cancelled`), its folder and checkpoints kept for a resume."""
+        self._announce("grpoflow.job.failed", {"reason": "cancelled", "error": message})
+        upload_failed_job(self.job, self.spec)
 
     def completed(self, result: dict) -> dict:
         # The flow run's final state says how it went (`end.message`): the held-out score and the health verdict.

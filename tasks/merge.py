@@ -3,7 +3,7 @@
 from prefect import task
 
 from grpoflow.integrations.events import emit
-from grpoflow.integrations.stages import resumable
+from grpoflow.integrations.stages import cancellable, resumable
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.merge import merge_adapter, write_model_json
@@ -11,6 +11,7 @@ from grpoflow.trainers.spec import JobSpec
 
 
 @task(name="merge", retries=1, retry_delay_seconds=RETRY_DELAY_S)
+@cancellable
 @resumable("merge", outputs=("model.json", "merged/config.json"), reads=("train",))
 def merge_task(job: JobDir, spec: JobSpec) -> dict:
     """Merges `adapter/` into `merged/` for LoRA jobs (a full fine-tune is already in `merged/`)."""

@@ -11,6 +11,7 @@ from prefect import get_run_logger, task
 
 from grpoflow.integrations.artifacts import link_artifact
 from grpoflow.integrations.events import emit
+from grpoflow.integrations.stages import cancellable
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.publish import TOKEN_SECRET_BLOCK, PublishError, publish
 from grpoflow.trainers.spec import JobSpec, PublishSpec
@@ -42,6 +43,7 @@ def publish_and_record(job: JobDir, target: PublishSpec, spec: JobSpec | None = 
 # No Prefect retries: `publish` retries transient failures itself, because `grpoflow publish` runs it without Prefect.
 # Task retries on top would multiply the attempts (3 x 3 for a Hub that stays down) and retry nothing more.
 @task(name="publish", retries=0)
+@cancellable
 def publish_task(job: JobDir, spec: JobSpec) -> dict:
     """Publishes the job per its spec's `publish:` block, writes `published.json`, emits `grpoflow.model.published`.
 

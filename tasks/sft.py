@@ -6,7 +6,7 @@ from prefect import get_run_logger, task
 
 from grpoflow.integrations.artifacts import StageProgress, StepRate, sft_line
 from grpoflow.integrations.events import emit
-from grpoflow.integrations.stages import resumable, retry_unless_final
+from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import run_child
@@ -33,6 +33,7 @@ class SFTWatcher:
 
 
 @task(name="sft", retries=1, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)
+@cancellable
 @resumable("sft", outputs=("sft/config.json",), reads=("ingest",))
 def sft_task(job: JobDir, spec: JobSpec) -> dict:
     """Trains the format warm-up into `sft/`; returns its summary (steps, final loss, seconds)."""

@@ -27,7 +27,7 @@ from grpoflow.cluster.multinode import run_on_machines
 from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line
 from grpoflow.integrations.checkpoint_sync import CheckpointSync, restore_checkpoint
 from grpoflow.integrations.events import emit
-from grpoflow.integrations.stages import resumable, retry_unless_final
+from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.integrations.storage import is_remote, join
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.health import FATAL, Alert, HealthMonitor
@@ -143,6 +143,7 @@ def trained(job: JobDir) -> tuple[str, ...]:
 
 
 @task(name="train", retries=2, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)
+@cancellable
 @resumable("train", outputs=("training.json",), reads=("ingest", "sft"), digest=trained)
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""

@@ -25,6 +25,8 @@ training produces is tested with the real children (tests/trainers, tests/flows/
     {"no_result": true}                         exits 0 without training.json (something ended it early)
     {"values": {"loss": NaN}}                   metric values to put in every step's record
     {"sft": {...}, "grpo": {...}}               per stage
+    {"jobs": {"NAME": {...}}}                   for the jobs whose spec is named NAME only (a worker started once
+                                                runs several tests' jobs)
 """
 
 import json
@@ -51,9 +53,14 @@ STAGES = {"grpoflow.trainers.grpo": "grpo", "grpoflow.trainers.sft": "sft"}
 WEIGHTS = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"}
 
 
-def request(stage: str) -> dict:
+def request(stage: str, job_name: str | None = None) -> dict:
     asked = json.loads(os.environ.get(REQUEST_ENV) or "{}")
-    return {**{k: v for k, v in asked.items() if k not in STAGES.values()}, **asked.get(stage, {})}
+    own = asked.get("jobs", {}).get(job_name, {})
+    return {**_for_stage(asked, stage), **_for_stage(own, stage)}
+
+
+def _for_stage(asked: dict, stage: str) -> dict:
+    return {**{k: v for k, v in asked.items() if k not in (*STAGES.values(), "jobs")}, **asked.get(stage, {})}
 
 
 def grpo_values(step: int, max_steps: int, seed: int, rewards: list[str], asked: dict) -> dict:
@@ -196,7 +203,7 @@ def rotate_checkpoints(job: JobDir, keep: int | None) -> None:
 
 
 def grpo(job: JobDir, spec) -> int:
-    asked, hp = request("grpo"), spec.hyperparameters
+    asked, hp = request("grpo", spec.name), spec.hyperparameters
     started = time.monotonic()
     job.checkpoints.mkdir(exist_ok=True)  # as TRL's trainer makes its output_dir, before it trains
     checkpoint = resume_checkpoint(job)
@@ -245,7 +252,7 @@ def grpo(job: JobDir, spec) -> int:
 
 
 def sft(job: JobDir, spec) -> int:
-    asked = request("sft")
+    asked = request("sft", spec.name)
     path = job.root / "sft_metrics.jsonl"
     for step in range(1, spec.sft.max_steps + 1):
         time.sleep(asked.get("step_seconds", 0.02))

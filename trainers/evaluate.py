@@ -72,11 +72,15 @@ def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, to
     return completions
 
 
-def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float | None:
+SAMPLES = 5  # held-out completions of the GRPO result kept in evaluation.json (shown before an approval)
+
+
+def score(model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None = None) -> float | None:
     """Mean of the evaluation reward over greedy completions of the held-out prompts (None scores are skipped);
     None when the reward scored none of them.
 
-    `model` is a folder, or a loaded model with its `tokenizer`.
+    `model` is a folder, or a loaded model with its `tokenizer`. The first `SAMPLES` prompts, completions and
+    scores are appended to `samples` when it is given.
     """
     reward_spec = next(r for r in spec.rewards if r.name == spec.evaluation.metric)
     reward = build_reward(reward_spec.name, reward_spec.function, reward_spec.kwargs, reward_spec.model)
@@ -85,8 +89,18 @@ def score(model, eval_rows, spec: JobSpec, tokenizer=None) -> float | None:
     if tokenizer is None:
         tokenizer = load_tokenizer(model)
     values = reward_values(reward, prompts, completions, eval_rows, tokenizer)
+    if samples is not None:
+        samples += [
+            {"prompt": _text(p), "completion": _text(c), "score": v}
+            for p, c, v in list(zip(prompts, completions, values, strict=True))[:SAMPLES]
+        ]
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
+
+
+def _text(message) -> str:
+    """A prompt or completion as text: a chat's last message's content."""
+    return message[-1]["content"] if isinstance(message, list) else message
 
 
 def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:
@@ -116,11 +130,12 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict 
         return None
     rows = prepare_prompts(dataset["eval"], spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     after_model, after_tokenizer = after or (str(job.merged), None)
+    samples = []
     result = {
         "metric": spec.evaluation.metric,
         "n": len(rows),
         "before": score(before_model, rows, spec),
-        "after": score(after_model, rows, spec, tokenizer=after_tokenizer),
+        "after": score(after_model, rows, spec, tokenizer=after_tokenizer, samples=samples),
     }
     unscored = [side for side in ("before", "after") if result[side] is None]
     if unscored:
@@ -130,6 +145,7 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict 
             "these completions"
         )
     result["seconds"] = round(time.monotonic() - started, 3)
+    result["samples"] = samples  # a few of the GRPO result's held-out completions, with their scores
     write_json_atomic(job.evaluation, result)
     return result
 

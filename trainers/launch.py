@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -185,6 +186,33 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
+# Log lines that say nothing about why a child ended: TRL's metric dicts, progress bars, warnings and the line below.
+_NOISE = re.compile(r"^\s*(\{['\"]|warnings\.warn|.*\d+%\|)|Warning: |^\s*$")
+LAST_LINES_CHARS = 600  # of the log, in a failed attempt's message
+
+
+def last_lines(path: Path, lines: int = 4) -> str:
+    """The last `lines` telling lines of a child's log on one line (' | ' between them, at most `LAST_LINES_CHARS`):
+    what a failed attempt's message quotes, read in a log viewer where a newline would print as `\\n`."""
+    if not path.exists():
+        return "(no log)"
+    telling = [" ".join(line.split()) for line in path.read_text(errors="replace").splitlines()[-200:]]
+    text = " | ".join([line for line in telling if not _NOISE.search(line)][-lines:]) or "(nothing but metrics)"
+    return text if len(text) <= LAST_LINES_CHARS else "..." + text[-LAST_LINES_CHARS:]
+
+
+def exit_reason(code: int) -> str:
+    """The exit code in words: a negative one is the signal that ended the child."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    cause = " (the kernel's OOM killer sends it: out of memory?)" if -code == signal.SIGKILL else ""
+    return f"exited with code {code}, killed by {name}{cause}"
+
+
 def _die_with_parent() -> None:
     # Linux: the child gets SIGTERM if the task's process dies (killed worker, cancelled flow run), so no training
     # process outlives its task and holds the GPU.
@@ -239,7 +267,10 @@ def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir |
         reasons = [line.removeprefix("grpoflow: ") for line in tail.splitlines() if line.startswith("grpoflow: ")]
         reason = record["message"] if record else reasons[-1] if reasons else f"a reward failed in {stage}"
         raise RewardFailed(f"{reason} (traceback in {log_path})")
-    raise RuntimeError(f"{stage} child exited with code {proc.returncode}; end of {log_path}:\n{tail}")
+    raise RuntimeError(
+        f"{stage} child {exit_reason(proc.returncode)}. Last lines of its log: {last_lines(log_path)}. A retry "
+        f"resumes from the newest checkpoint; the whole log is {log_path}."
+    )
 
 
 def run_child(
@@ -291,7 +322,7 @@ def run_child(
     if result is not None and not result.exists():
         raise ChildEndedEarly(
             f"the {STAGE_NAMES.get(module, module)} child exited 0 without writing {result.name}: something in it "
-            f"ended the process early (a reward or callback calling os._exit or exit?); end of {log_path}:\n"
-            f"{_tail(log_path, 10)}"
+            f"ended the process early (a reward or callback calling os._exit or exit?). Last lines of {log_path}: "
+            f"{last_lines(log_path)}"
         )
     return round(time.monotonic() - started, 3)

@@ -23,6 +23,7 @@ from grpoflow.flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, ru
 from grpoflow.flows.project import TEMPLATE
 from grpoflow.trainers.rewards.builtin import REWARDS
 from grpoflow.trainers.spec import load_spec
+from tests.prefect_form import form_parameters
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +130,26 @@ def test_the_form(deployments):
     assert descriptions and not [d for d in descriptions if re.search(r"<|DESIGN|shared/|\.py\b", d)]
     text = PREFECT_FILE.read_text()
     assert "DESIGN.md" not in text and "shared/" not in text
+
+
+@pytest.mark.parametrize("prefect_file", [PREFECT_FILE, TEMPLATE / "prefect.yaml"], ids=["checkout", "init"])
+def test_the_form_as_it_opens_is_accepted(prefect_file):
+    """The Prefect UI's launch form fills in every default of the schema, at every depth, under the deployment's
+    parameters; submitted unchanged, every deployment's form passes its flow's parameter validation (a field whose
+    mere presence the spec rejects, such as max_prompt_length without use_unsloth, must have no default there)."""
+    for entry in yaml.safe_load(prefect_file.read_text())["deployments"]:
+        flow = load_flow_from_entrypoint(entry["entrypoint"])
+        schema = parameter_schema(flow).model_dump_for_openapi()
+        sent = form_parameters(schema, entry.get("parameters", {}))
+        jsonschema.validate(sent, schema)
+        validated = flow.validate_parameters(sent)
+        if "spec" in schema["properties"] and "JobSpec" in json.dumps(schema["properties"]["spec"]):
+            assert validated["spec"].hyperparameters.max_prompt_length == 1024, entry["name"]  # the spec's default
+            assert (
+                sent["spec"]["hyperparameters"]["max_steps"]
+                == entry["parameters"]["spec"]["hyperparameters"]["max_steps"]
+            )
+            assert "max_prompt_length" not in sent["spec"]["hyperparameters"]
 
 
 def test_init_template_matches(config):

@@ -19,6 +19,7 @@ import http.server
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,7 +27,8 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -35,7 +37,9 @@ import s3fs
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId
+from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.states import Cancelling
 from standardwebhooks import Webhook
 
 from grpoflow.flows.cli import main
@@ -43,6 +47,7 @@ from grpoflow.flows.deployments import PROJECT_DIR
 from grpoflow.flows.watch import EVENT
 from grpoflow.trainers.metrics import read_metrics
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
+from tests.prefect_form import form_parameters
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 CANARY_HF_TOKEN = "hf_canaryWorkerTokenQ7x2Lm9"
@@ -146,6 +151,9 @@ class Stack:
     env: dict
     api_url: str
     tmp: Path
+    applied: str = ""  # what `grpoflow deployments apply` printed
+    applied_at: datetime | None = None
+    first_watch_runs: list = field(default_factory=list)
 
     def cli(self, *argv, timeout: float = 300) -> subprocess.CompletedProcess:
         """A command typed in a shell with PREFECT_API_URL set, e.g. `grpoflow submit ...`."""
@@ -177,6 +185,8 @@ def stack(tmp_path_factory, s3_env):
         # The worker's flow runs train with the stand-in child: what is tested is how runs start and end. A worker's
         # run with the real child: tests/flows/test_init.py::test_installed_grpoflow_runs_a_project_of_its_own.
         **standin_env(),
+        # The job the cancel test stops trains slowly (200 s if nothing stopped it); the others at once.
+        "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 0.5}}}),
     }
     procs = []
     try:
@@ -187,9 +197,18 @@ def stack(tmp_path_factory, s3_env):
         stack = Stack(env, api_url, tmp)
         applied = stack.cli("grpoflow", "deployments", "apply")
         assert applied.returncode == 0, applied.stdout + applied.stderr
+        stack.applied, stack.applied_at = applied.stdout, datetime.now(UTC)
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            # The watcher's first look, which apply starts: noted for test_the_watcher_looks_when_deployed, then
+            # removed with the schedule (its default folder is empty here; the tests start their looks themselves).
+            stack.first_watch_runs = runs_of("watch-new-data/watch")
+            pause_watch_schedule()
+            with get_client(sync_client=True) as client:
+                for flow_run in stack.first_watch_runs:
+                    with contextlib.suppress(ObjectNotFound):  # pausing removed it
+                        client.delete_flow_run(flow_run.id)
         procs.append(start([PREFECT, "worker", "start", "--pool", "grpo-gpu"], env, tmp / "worker.log"))
         with temporary_settings({PREFECT_API_URL: api_url}):
-            pause_watch_schedule()  # its default folder is empty here; the test starts its looks itself
             # Two training runs at a time (a GPU machine runs one): these are tiny, mostly process start-up.
             with get_client(sync_client=True) as client:
                 queue = client.read_work_queue_by_name("training", work_pool_name="grpo-gpu")
@@ -428,6 +447,220 @@ def test_nightly_schedule(stack):
     assert nightly.parameters == {"spec": "deployments/nightly.yaml"}
     assert upcoming and all(r.state.is_scheduled() for r in upcoming)
     assert {(r.expected_start_time.hour, r.expected_start_time.minute) for r in upcoming} == {(2, 0)}
+
+
+# --- what a Prefect user meets: the watcher's first look, the form as it opens, run names, cancelling ------------
+
+
+@pytest.mark.slow
+def test_the_watcher_looks_when_deployed(stack):
+    """`deployments apply` starts the watcher's first look now: its hourly schedule, anchored at deploy time, would
+    make the first one an hour later."""
+    [first] = stack.first_watch_runs
+    assert first.state.is_scheduled()
+    assert (first.expected_start_time - stack.applied_at).total_seconds() < 60
+    assert f"watcher watch-new-data/watch: first look now (flow run {first.name})" in stack.applied
+
+
+@pytest.mark.slow
+def test_the_form_as_it_opens_runs(stack):
+    """Deployments > retrain > Run, submitted as the form opens: the deployment's example spec with every default
+    of the schema filled in (tests/prefect_form.py) runs to completion, named after its job."""
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("grpo-pipeline/retrain")
+        parameters = form_parameters(deployment.parameter_openapi_schema, deployment.parameters)
+        assert parameters["spec"]["hyperparameters"]["use_unsloth"] is False  # the form's own defaults are in
+        flow_run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+    flow_run = wait_final(flow_run.id)
+    job = PROJECT_DIR / "runs" / flow_run.name  # the example spec's output_uri, relative to the project
+    try:
+        assert flow_run.state.is_completed(), flow_run.state
+        assert flow_run.name.startswith("retrain-example-") and (job / "evaluation.json").is_file()
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_every_run_is_named_after_its_job(stack, scenarios, tmp_path):
+    """Runs of retrain, on-new-data (an event, a dropped file, a bucket) and nightly are named after their job id
+    once the job exists; the watcher's runs after what they watch."""
+    dataset = str(write_jsonl(tmp_path / "nightly.jsonl", arithmetic_rows(12)))
+    (tmp_path / "nightly.yaml").write_text(yaml.safe_dump(small_spec("nightly", dataset, str(tmp_path / "runs"))))
+    with get_client(sync_client=True) as client:
+        nightly = client.create_flow_run_from_deployment(
+            deployment_id("grpo-pipeline/nightly"), parameters={"spec": str(tmp_path / "nightly.yaml")}
+        )
+    runs = {
+        "retrain": (scenarios.retrain_run_id, scenarios.retrain_root),
+        "event": (wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.event_dataset)[0].id,
+                  scenarios.event_root),
+        "folder": (wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.folder_file)[0].id,
+                   Path(scenarios.folder_spec).parent.parent / "runs-folder"),
+        "nightly": (nightly.id, tmp_path / "runs"),
+    }  # fmt: skip
+    for name, (run_id, root) in runs.items():
+        flow_run = wait_final(run_id)
+        assert flow_run.state.is_completed(), (name, flow_run.state)
+        assert flow_run.name == only_job(root).name, name
+    [bucket_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.bucket_file)
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    assert wait_final(bucket_run.id).name == fs.ls(f"{scenarios.bucket}/runs")[0].rsplit("/", 1)[-1]
+    watchers = runs_of("watch-new-data/watch")
+    assert watchers and all(r.name.startswith("watch-incoming-") for r in watchers), watchers
+
+
+@pytest.mark.slow
+def test_cancel_from_the_ui(stack, tmp_path):
+    """Cancel, as the UI's button does it (the flow run set Cancelling) while GRPO trains: training stops, no
+    process of the run is left, and the flow run and the train task end Cancelled, not Crashed."""
+    spec = small_spec("cancel-me", str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"))
+    spec["hyperparameters"]["max_steps"] = 400  # 0.5 s a step (the stack's stand-in request for this job)
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run_from_deployment(
+            deployment_id("grpo-pipeline/retrain"), parameters={"spec": spec}
+        )
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (metrics := list(tmp_path.glob("runs/*/metrics.jsonl"))) or not metrics[0].read_text():
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.5)
+        job = metrics[0].parent
+        running = client.read_flow_run(flow_run.id)
+        processes = [p for p in psutil.process_iter(["cmdline"]) if str(job) in " ".join(p.info["cmdline"] or [])]
+        flow_process = psutil.Process(int(running.infrastructure_pid.rsplit(":", 1)[-1]))
+        assert processes, "no training child found"
+        cancelled_at = time.monotonic()
+        client.set_flow_run_state(flow_run.id, Cancelling(message="cancelled from the UI"))
+    flow_run = wait_final(flow_run.id, timeout=120)
+    took = time.monotonic() - cancelled_at
+    assert flow_run.state.is_cancelled(), flow_run.state
+    assert took < 30, f"Cancelled {took:.0f} s after the cancel"
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run.id]}))
+    states = {t.name.rsplit("-", 1)[0]: t.state.type.value for t in tasks}
+    assert states["train"] == "CANCELLED" and "CRASHED" not in states.values(), states
+    _, alive = psutil.wait_procs([*processes, flow_process], timeout=30)
+    assert alive == [], alive
+    steps = [r["step"] for r in read_metrics(job / "metrics.jsonl")]
+    assert steps and steps[-1] < 400
+    ends = [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
+    assert ends[-1]["event"] == "grpoflow.job.failed" and ends[-1]["payload"]["reason"] == "cancelled"
+
+
+# --- a person's approval (evaluation.gate.approval) ------------------------------------------------------------
+
+
+def wait_paused(flow_run_id, timeout: float = RUN_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while not (flow_run := client.read_flow_run(flow_run_id)).state.is_paused():
+            assert not flow_run.state.is_final(), flow_run.state
+            assert time.monotonic() < deadline, f"flow run {flow_run.name} never paused"
+            time.sleep(0.5)
+    return flow_run
+
+
+def artifact_keys(flow_run_id) -> set[str]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {a.key for a in artifacts if a.key}
+
+
+def approval_spec(name: str, tmp_path: Path, **gate) -> dict:
+    tmp_path.mkdir(exist_ok=True)
+    spec = small_spec(name, str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"))
+    spec["evaluation"]["gate"] = {"approval": True, **gate}
+    spec["deploy"] = {"name": name}
+    return spec
+
+
+@pytest.mark.slow
+def test_approval_approved_deploys(stack, tmp_path):
+    """A deployment run pauses after the evaluation, its report, scores and held-out completions already shown; the
+    UI's Resume form (approve, note) approves it, and the model is deployed as its spec says."""
+    from prefect.flow_runs import resume_flow_run
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run_from_deployment(
+            deployment_id("grpo-pipeline/retrain"), parameters={"spec": approval_spec("approve-me", tmp_path)}
+        )
+    paused = wait_paused(flow_run.id)
+    kinds = {key.rsplit("-", 1)[-1] for key in artifact_keys(flow_run.id)}
+    assert {"report", "evaluation", "samples"} <= kinds, kinds
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        resume_flow_run(paused.id, run_input={"approve": True, "note": "reads fine"})
+    flow_run = wait_final(flow_run.id)
+    assert flow_run.state.is_completed(), flow_run.state
+    job = only_job(tmp_path / "runs")
+    gate = json.loads((job / "gate.json").read_text())
+    assert gate["promote"] and gate["approval"] == {"approve": True, "note": "reads fine", "reason": "approved"}
+    events = [json.loads(line)["event"] for line in (job / "events.jsonl").read_text().splitlines()]
+    assert "grpoflow.deployment.registered" in events and "grpoflow.model.rejected" not in events
+
+
+@pytest.mark.slow
+def test_approval_rejected_or_timed_out_from_grpoflow_run(stack, tmp_path):
+    """`grpoflow run` against the server: rejected with a note, then (another job) no decision before the timeout;
+    each ends completed, not deployed, with grpoflow.model.rejected (reason and note) delivered to the webhook."""
+    from prefect.flow_runs import resume_flow_run
+
+    received = []
+
+    class Receiver(_Receiver):
+        requests = received
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = [{"url": f"http://127.0.0.1:{server.server_port}/hook"}]
+    try:
+        specs = {
+            "reject": approval_spec("reject-me", tmp_path / "a"),
+            "timeout": approval_spec("late", tmp_path / "b"),
+        }
+        specs["timeout"]["evaluation"]["gate"]["approval_timeout_hours"] = 0.002  # 7 s
+        procs = {}
+        for kind, spec in specs.items():
+            (tmp_path / f"{kind}.yaml").write_text(yaml.safe_dump({**spec, "webhooks": hook}))
+            command = [sys.executable, "-m", "grpoflow.flows.cli", "run", str(tmp_path / f"{kind}.yaml")]
+            procs[kind] = subprocess.Popen(command, env=stack.env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+        [run] = wait_for_run_named("reject-me")
+        wait_paused(run.id)
+        with temporary_settings({PREFECT_API_URL: stack.api_url}):
+            resume_flow_run(run.id, run_input={"approve": False, "note": "answers padded with text"})
+        for kind, proc in procs.items():
+            out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+            assert proc.returncode == 0, (kind, err[-3000:])
+        for kind, reason, note in (("reject", "rejected", "answers padded with text"), ("timeout", "timeout", "")):
+            job = only_job(Path(specs[kind]["output_uri"]))
+            gate = json.loads((job / "gate.json").read_text())
+            assert not gate["promote"] and gate["approval"] == {"approve": False, "note": note, "reason": reason}
+            events = [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
+            [rejected] = [e for e in events if e["event"] == "grpoflow.model.rejected"]
+            assert rejected["payload"]["reason"] == reason and rejected["payload"]["note"] == note
+            assert "grpoflow.deployment.registered" not in [e["event"] for e in events]
+            assert events[-1]["event"] == "grpoflow.job.completed"
+            delivered = [json.loads(body) for _, body in received]
+            assert {"type": "model.rejected", "reason": reason} in [
+                {"type": d["type"], "reason": d["data"].get("reason")} for d in delivered
+            ]
+    finally:
+        server.shutdown()
+
+
+def wait_for_run_named(prefix: str, timeout: float = RUN_TIMEOUT_S) -> list:
+    from prefect.client.schemas.filters import FlowRunFilterName
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while not (runs := client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=prefix)))):
+            assert time.monotonic() < deadline, f"no flow run named {prefix}..."
+            time.sleep(0.5)
+    return runs
 
 
 # --- secrets: the worker's environment stays out of every file the run touches -----------------------------------

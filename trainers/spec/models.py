@@ -49,6 +49,11 @@ class _Section(BaseModel):
         return value
 
 
+def _no_form_default(schema: dict) -> None:
+    """Leaves a field's default out of its JSON schema (the Prefect form), not out of the model."""
+    schema.pop("default", None)
+
+
 def _accepts_bool(annotation: Any) -> bool:
     """Whether a field of type `annotation` means true/false (a bool in it), or takes no numbers at all."""
     kinds = set(_leaf_types(annotation))
@@ -129,6 +134,9 @@ class Hyperparameters(_Section):
         ge=1,
         description="Prompt truncation length, only with use_unsloth (TRL's GRPO does not truncate prompts); "
         "setting it without use_unsloth is rejected.",
+        # The Prefect form fills in every default it is shown, and this field's mere presence is rejected without
+        # use_unsloth: the form shows no default (the spec's stays 1024).
+        json_schema_extra=_no_form_default,
     )
     max_response_length: Annotated[Int, TRL("max_completion_length")] = Field(
         2048, ge=1, description="Completions are truncated to this many tokens (TRL's max_completion_length)."
@@ -335,6 +343,19 @@ class GateSpec(_Section):
         False,
         description="Also require a held-out score at least the one of the version the deployment name (deploy.name) "
         "serves now; passes when it serves nothing scored yet.",
+    )
+    approval: bool = Field(
+        False,
+        description="Ask a person: after the evaluation (and the checks above), the flow run pauses until someone "
+        "resumes it in the Prefect UI with approve (yes or no) and a note; not approved: neither published nor "
+        "deployed. Needs a Prefect server with its UI (a deployment run, or grpoflow run with PREFECT_API_URL set).",
+    )
+    approval_timeout_hours: float = Field(
+        24.0,
+        gt=0,
+        le=24 * 30,
+        description="With approval: no decision within this many hours means not promoted "
+        "(grpoflow.model.rejected, reason timeout).",
     )
 
 
