@@ -577,6 +577,7 @@ def cmd_publish(args) -> int:
 
 
 def cmd_deploy(args) -> int:
+    from grpoflow.integrations import webhooks
     from grpoflow.integrations.events import emit
     from grpoflow.tasks.register import registered_payload
     from grpoflow.trainers.registry import register
@@ -595,6 +596,7 @@ def cmd_deploy(args) -> int:
         raise UsageError(f"--name {name!r}: use lowercase letters, digits, '-', '_' or '.', at most 63 characters")
     record = register(job, name)
     emit(job, "grpoflow.deployment.registered", registered_payload(record))
+    webhooks.flush()  # the deliveries run in a thread that ends with this process
     where = f"{record['artifact_path']} (version {record['version']})"
     print(json.dumps(record) if args.json else f"deployment {name} {record['status']}: {where}")
     return EXIT_OK

@@ -7,8 +7,9 @@ a session of its own, so the terminal's Ctrl-C reaches only grpoflow, which ends
 it last; and it dies with grpoflow however grpoflow dies. It starts before Prefect's import whenever the environment
 and the active profile configure no API (`_configured_elsewhere`); Prefect's reading of its settings then confirms
 that it is needed. The flow talks to it as to any running server, through `PREFECT_API_URL` set for this process and
-its children. With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode turned off, nothing is
-started.
+its children; before it stops, what Prefect still queues is sent and the server is given the time to record it
+(`wait_recorded`). With `PREFECT_API_URL` set (or a profile that sets it), or with ephemeral mode turned off, nothing
+is started.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 # `prefect server start`'s exit codes when startup failed: 1 for a port it found taken, uvicorn's 3 for one taken
@@ -197,10 +199,12 @@ def connected(server: TemporaryServer | None):
         # No flow run heartbeats: they let a server detect crashed runs, and this server ends with this process.
         # Without them the flow's end does not wait for the heartbeat thread's next wake (up to 1 s).
         with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            since = datetime.now(UTC)
             try:
                 yield
             finally:
                 drain_workers()
+                wait_recorded(since)
     finally:
         if previous is None:
             os.environ.pop("PREFECT_API_URL", None)
@@ -216,3 +220,42 @@ def drain_workers(timeout_s: float = 10.0) -> None:
 
     for worker in (APILogWorker, EventsWorker):
         worker.drain_all(timeout=timeout_s)
+
+
+def wait_recorded(since: datetime, timeout_s: float = 10.0, poll_s: float = 0.25) -> bool:
+    """Waits until the server has recorded the task runs of the flow runs started since `since`, so that stopping it
+    loses none.
+
+    Prefect's server builds task runs from the events its client sends, in a service (the task run recorder) that
+    writes them one by one, after the client has sent them; stopped meanwhile, the server cancels the write, prints
+    "Error flushing 1 events ... CancelledError" (on grpoflow's stderr, which it shares) and the run's last task runs
+    never reach its database. The server does not show its backlog, so this waits until every such task run is in a
+    final state and none changed over one more look.
+
+    Args:
+        since (`datetime`): when the flow runs to wait for started, at the earliest.
+        timeout_s (`float`, *optional*, defaults to `10.0`): the most seconds to wait.
+        poll_s (`float`, *optional*, defaults to `0.25`): seconds between looks.
+
+    Returns:
+        `bool`: True once recorded; False after `timeout_s`, or when the server no longer answers.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    runs = FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since))
+    deadline, seen = time.monotonic() + timeout_s, None
+    try:
+        with get_client(sync_client=True) as client:
+            while time.monotonic() < deadline:
+                # Newest first: a long sweep's page of 200 holds the task runs still being recorded.
+                task_runs = client.read_task_runs(flow_run_filter=runs, sort=TaskRunSort.EXPECTED_START_TIME_DESC)
+                now = {(run.id, run.state_type) for run in task_runs}
+                if now == seen and all(run.state is not None and run.state.is_final() for run in task_runs):
+                    return True
+                seen = now
+                time.sleep(poll_s)
+    except Exception:  # the server gone (a crash, a kill): nothing left to wait for
+        return False
+    return False

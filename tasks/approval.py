@@ -42,7 +42,7 @@ def await_approval(job: JobDir, spec: JobSpec, decision: dict, evaluation: dict 
         score_summary(evaluation),
         hours,
     )
-    asked = Approval.with_initial_data(description=_description(job, evaluation, hours))
+    asked = Approval.with_initial_data(description=_description(job, spec, evaluation, hours))
     try:
         answer = pause_flow_run(wait_for_input=asked, timeout=round(hours * 3600), key=f"approval-{job.job_id}")
         outcome = {
@@ -61,9 +61,13 @@ def await_approval(job: JobDir, spec: JobSpec, decision: dict, evaluation: dict 
     return outcome
 
 
-def _description(job: JobDir, evaluation: dict | None, hours: float) -> str:
+def _description(job: JobDir, spec: JobSpec, evaluation: dict | None, hours: float) -> str:
+    """The Resume form's text (markdown): the job, its score, where to look, and what approving does."""
+    then = [f"publish to `{spec.publish.repo_id}`"] if spec.publish else []
+    then += [f"deploy as `{spec.deploy.name}`"] if spec.deploy else []
+    effect = " and ".join(then) if then else "record the decision (this spec neither publishes nor deploys)"
     return (
         f"**Promote job `{job.job_id}`?** Held-out {score_summary(evaluation)}. The report, the evaluation and a few "
-        f"held-out completions are in this run's Artifacts. Approve to publish and deploy it as its spec configures; "
-        f"without a decision within {hours:g} h it is not promoted."
+        f"held-out completions are in this run's Artifacts. Approving will {effect}; without a decision within "
+        f"{hours:g} h the model is not promoted."
     )

@@ -256,7 +256,7 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
         applied = run(bin_dir / "grpoflow", "deployments", "apply", cwd=proj, PREFECT_API_URL=api_url)
         assert "grpo-pipeline/retrain" in applied.stdout
 
-        # The run the UI's "Run" starts: the deployment's default spec, here shortened to two steps.
+        # The run the UI's "Run" starts: the deployment's default spec, here shortened to two SFT and two GRPO steps.
         start_run = (
             "import json, sys\n"
             "from prefect.client.orchestration import get_client\n"
@@ -264,6 +264,7 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
             "    d = client.read_deployment_by_name('grpo-pipeline/retrain')\n"
             "    spec = d.parameters['spec']\n"
             "    spec['hyperparameters']['max_steps'] = 2\n"
+            "    spec['sft']['max_steps'] = 2\n"
             "    spec['evaluation']['holdout'] = 4\n"
             f"    spec['rewards'].append({USER_REWARD!r})\n"
             "    run = client.create_flow_run_from_deployment(d.id, parameters={'spec': spec})\n"

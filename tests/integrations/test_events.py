@@ -1,6 +1,9 @@
 """Events: each goes to Prefect and to the job's events.jsonl, in order, about the job's resource."""
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -8,7 +11,7 @@ from datetime import datetime
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.events.filters import EventFilter, EventResourceFilter
+from prefect.events.filters import EventFilter, EventIDFilter, EventResourceFilter
 
 from grpoflow.integrations.events import emit
 from grpoflow.trainers.jobdir import JobDir
@@ -44,16 +47,21 @@ def test_events_are_appended_in_order_about_the_job(tmp_path):
     assert times == sorted(times) and len({r["id"] for r in records}) == 3
 
 
-def test_prefect_receives_the_same_events(tmp_path):
-    job = JobDir(tmp_path / "sent-20261130-000000-abcdef")
-    written = [emit(job, "grpoflow.training.progress", {"step": s}) for s in (1, 2)]
-    flt = EventFilter(resource=EventResourceFilter(id=[f"grpoflow.job.{job.job_id}"]))
+def stored_events(flt: EventFilter, count: int) -> list:
+    """The events the server stored that match `flt`, once it has `count` of them (or after two minutes)."""
     # The server stores events in the background, within a second or two; waiting longer only costs a loaded machine
     # time, never the test.
     deadline = time.monotonic() + 120
     with get_client(sync_client=True) as client:
-        while len(stored := client.read_events(filter=flt, limit=50).events) < 2 and time.monotonic() < deadline:
+        while len(stored := client.read_events(filter=flt, limit=50).events) < count and time.monotonic() < deadline:
             time.sleep(0.5)
+    return stored
+
+
+def test_prefect_receives_the_same_events(tmp_path):
+    job = JobDir(tmp_path / "sent-20261130-000000-abcdef")
+    written = [emit(job, "grpoflow.training.progress", {"step": s}) for s in (1, 2)]
+    stored = stored_events(EventFilter(resource=EventResourceFilter(id=[f"grpoflow.job.{job.job_id}"])), 2)
     assert sorted(str(e.id) for e in stored) == sorted(r["id"] for r in written)
     assert {e.event for e in stored} == {"grpoflow.training.progress"}
     assert sorted(e.payload["step"] for e in stored) == [1, 2]
@@ -92,3 +100,30 @@ def test_without_a_prefect_api_events_stay_local(tmp_path, monkeypatch):
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
         record = emit(job, "grpoflow.deployment.registered", {"name": "tiny"})
     assert lines(job) == [record]
+
+
+EMIT_AND_EXIT = """
+import sys
+from pathlib import Path
+from grpoflow.integrations.events import emit
+from grpoflow.trainers.jobdir import JobDir
+
+print(emit(JobDir(Path(sys.argv[1])), "grpoflow.deployment.registered", {"name": "tiny"})["id"])
+"""
+
+
+def test_a_command_that_emits_and_exits_has_sent_the_event(tmp_path):
+    """`grpoflow deploy` emits outside any flow run, then its process ends: the event reaches Prefect before `emit`
+    returns, and nothing of Prefect's is left sending at exit ("EventsWorker - Still processing items")."""
+    from prefect.settings import get_current_settings
+
+    env = {**os.environ, "PREFECT_API_URL": get_current_settings().api.url}  # this session's server
+    job = tmp_path / "deployed-20261130-000000-abcdef"
+    proc = subprocess.run(
+        [sys.executable, "-c", EMIT_AND_EXIT, str(job)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Still processing" not in proc.stderr and "EventsWorker" not in proc.stderr, proc.stderr
+    event_id = proc.stdout.strip()
+    [stored] = stored_events(EventFilter(id=EventIDFilter(id=[uuid.UUID(event_id)])), 1)
+    assert stored.event == "grpoflow.deployment.registered" and stored.resource.id == f"grpoflow.job.{job.name}"

@@ -1,6 +1,7 @@
 """Deployment registration (`grpoflow deploy`); the server it registers for is tested in tests/flows/test_serve.py."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -100,3 +101,40 @@ def test_a_run_that_misses_the_gate_completes_unpromoted(make_spec, tmp_path):
         and "below evaluation.gate.min_gain" in (rejected["reason"])
     )
     assert not (tmp_path / "runs" / "deployments").exists()
+
+
+def test_deploy_delivers_its_webhook_before_it_exits(finished_job, tmp_path):
+    """`grpoflow deploy` in a process of its own (no Prefect API): the spec's webhook gets deployment.registered
+    before the process exits (its deliveries run in a thread that would end with it)."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    import yaml
+
+    received = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = yaml.safe_load(finished_job.spec.read_text())
+        spec["webhooks"] = [{"url": f"http://127.0.0.1:{server.server_port}/hook"}]
+        finished_job.spec.write_text(yaml.safe_dump(spec))
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        command = [sys.executable, "-m", "grpoflow.flows.cli", "--output-uri", str(finished_job.root.parent),
+                   "deploy", finished_job.job_id, "--name", "hooked"]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert [r["type"] for r in received] == ["deployment.registered"]
+    finally:
+        server.shutdown()
