@@ -456,9 +456,9 @@ def test_nightly_schedule(stack):
 def test_the_watcher_looks_when_deployed(stack):
     """`deployments apply` starts the watcher's first look now: its hourly schedule, anchored at deploy time, would
     make the first one an hour later."""
-    [first] = stack.first_watch_runs
+    # Prefect's scheduler may have added the schedule's own runs by then: an hour apart, from an hour after deploy.
+    [first] = [r for r in stack.first_watch_runs if (r.expected_start_time - stack.applied_at).total_seconds() < 60]
     assert first.state.is_scheduled()
-    assert (first.expected_start_time - stack.applied_at).total_seconds() < 60
     assert f"watcher watch-new-data/watch: first look now (flow run {first.name})" in stack.applied
 
 

@@ -142,6 +142,27 @@ def test_run_child_failures(fake_child, behaviour, error, message):
     assert message in str(caught.value)
     if behaviour == "crash":
         assert "RuntimeError: out of memory" in str(caught.value)  # the log's tail comes with it
+        # One paragraph however the log reads: Prefect logs the message's repr, where a newline shows as `\n`.
+        assert "\n" not in str(caught.value) and "retry resumes from the newest checkpoint" in str(caught.value)
+
+
+def test_a_failed_attempts_message_leaves_out_metrics_bars_and_warnings(tmp_path):
+    log = tmp_path / "train.log"
+    noise = [
+        "{'loss': 0.1, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'rewards/exact_answer/mean': 0.25}",
+        "/site-packages/trl/trainer/grpo_trainer.py:12: UserWarning: something was deprecated",
+        "  warnings.warn(",
+        " 40%|####      | 4/10 [00:01<00:02,  2.3it/s]",
+    ]
+    log.write_text("\n".join([*noise * 50, "Traceback (most recent call last):", '  File "x.py", line 3',
+                              "RuntimeError: CUDA out of memory", *noise]) + "\n")  # fmt: skip
+    from grpoflow.trainers import launch
+
+    text = launch.last_lines(log)
+    assert text == 'Traceback (most recent call last): | File "x.py", line 3 | RuntimeError: CUDA out of memory'
+    log.write_text("x" * 5000 + "\n")
+    assert len(launch.last_lines(log)) <= launch.LAST_LINES_CHARS + 3
+    assert launch.exit_reason(-9).startswith("exited with code -9, killed by SIGKILL")
 
 
 def test_run_child_stopped_by_poll(fake_child):
