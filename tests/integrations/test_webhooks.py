@@ -489,9 +489,10 @@ def test_discarded_job_folder_is_not_recreated(receiver, make_job):
 
 
 def test_prefect_still_gets_the_event(isolated, monkeypatch, receiver, make_job):
-    monkeypatch.setattr(
-        grpoflow.integrations.events, "prefect_api_configured", lambda: True
-    )  # as under `grpoflow run`
+    # As in a flow run of `grpoflow run`: the event goes through emit_event (outside a run, with a Prefect API set,
+    # it is sent at once: tests/integrations/test_events.py).
+    monkeypatch.setattr(grpoflow.integrations.events, "prefect_api_configured", lambda: True)
+    monkeypatch.setattr(grpoflow.integrations.events, "_in_a_run", lambda: True)
     r = receiver()
     job = make_job(r.url)
 
