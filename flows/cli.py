@@ -186,8 +186,8 @@ def resumed_job_done(spec, job_id: str) -> dict | None:
 
 
 def refuse_approval(spec) -> None:
-    """A run on a temporary Prefect server of its own cannot wait for a person: that server has no UI to approve in
-    and ends with the command. Refused before anything starts (exit 2)."""
+    """A run (or sweep) on a temporary Prefect server of its own cannot wait for a person: that server has no UI to
+    approve in and ends with the command. Refused before anything starts (exit 2)."""
     from grpoflow.trainers.spec import SpecError
 
     if spec.evaluation.gate.approval:
@@ -493,6 +493,11 @@ def cmd_sweep(args) -> int:
 
     grid = parse_grid(args.grid or [])
     spec = load(args)
+    if not args.deployment:  # the jobs run here, on this command's Prefect server
+        from grpoflow.flows import server
+
+        if server.needed():
+            refuse_approval(spec)
     combinations = grid_overrides(spec, grid)
     if args.deployment:
         from grpoflow.flows.deployments import ServerNotSet, api_url

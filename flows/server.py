@@ -151,12 +151,24 @@ def start_if_needed() -> TemporaryServer | None:
     early = None if _configured_elsewhere() else TemporaryServer()
     from prefect.settings import get_current_settings
 
-    settings = get_current_settings()
-    if settings.api.url or not settings.server.ephemeral.enabled:
+    if not _wants_temporary(get_current_settings()):
         if early is not None:  # configured where only Prefect looks (.env, prefect.toml, pyproject.toml)
             early.stop()
         return None
     return early or TemporaryServer()
+
+
+def needed() -> bool:
+    """Whether `start_if_needed` would start a server (no Prefect API configured, ephemeral mode on)."""
+    if any(os.environ.get(key) for key in API_KEYS):
+        return False
+    from prefect.settings import get_current_settings
+
+    return _wants_temporary(get_current_settings())
+
+
+def _wants_temporary(settings) -> bool:
+    return not settings.api.url and settings.server.ephemeral.enabled
 
 
 def _configured_elsewhere() -> bool:
