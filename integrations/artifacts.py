@@ -14,6 +14,7 @@ each one's history. An artifact that cannot be created is a warning in the log, 
 """
 
 import base64
+import json
 import logging
 import re
 import shutil
@@ -178,9 +179,13 @@ def score_summary(evaluation: dict | None) -> str:
 
 
 def completed_message(job: JobDir, spec: JobSpec, evaluation: dict | None) -> str:
-    """The message of a completed run's state: the held-out score and the health verdict (as the report's)."""
+    """The message of a completed run's state: the held-out score and the health verdict (as the report's), and
+    why the model was not promoted when the gate or a person kept it back."""
     alerts = HealthMonitor.for_spec(spec).check(read_metrics(job.metrics))
-    return f"completed: {score_summary(evaluation)}; {verdict(alerts)}"
+    message = f"completed: {score_summary(evaluation)}; {verdict(alerts)}"
+    gate = job.root / "gate.json"
+    decision = json.loads(gate.read_text()) if gate.exists() else {"promote": True}
+    return message if decision["promote"] else f"{message}; not promoted: {decision['reason']}"
 
 
 # --- progress -------------------------------------------------------------------------------------------------------

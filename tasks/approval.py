@@ -52,7 +52,14 @@ def await_approval(job: JobDir, spec: JobSpec, decision: dict, evaluation: dict 
         }
     except FlowPauseTimeout:
         outcome = {"approve": False, "note": "", "reason": "timeout"}
-    write_json_atomic(job.root / "gate.json", {**decision, "promote": outcome["approve"], "approval": outcome})
+    gate_record = {**decision, "promote": outcome["approve"], "approval": outcome}
+    if not outcome["approve"]:  # what `grpoflow run` and the run's final state say
+        gate_record["reason"] = (
+            f"no decision within {hours:g} h"
+            if outcome["reason"] == "timeout"
+            else "rejected by a person" + (f": {outcome['note']}" if outcome["note"] else "")
+        )
+    write_json_atomic(job.root / "gate.json", gate_record)
     if outcome["approve"]:
         logger.info("approved%s", f": {outcome['note']}" if outcome["note"] else "")
     else:

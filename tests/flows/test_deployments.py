@@ -598,6 +598,7 @@ def test_approval_approved_deploys(stack, tmp_path):
     job = only_job(tmp_path / "runs")
     gate = json.loads((job / "gate.json").read_text())
     assert gate["promote"] and gate["approval"] == {"approve": True, "note": "reads fine", "reason": "approved"}
+    assert "not promoted" not in flow_run.state.message
     events = [json.loads(line)["event"] for line in (job / "events.jsonl").read_text().splitlines()]
     assert "grpoflow.deployment.registered" in events and "grpoflow.model.rejected" not in events
 
@@ -632,9 +633,13 @@ def test_approval_rejected_or_timed_out_from_grpoflow_run(stack, tmp_path):
         wait_paused(run.id)
         with temporary_settings({PREFECT_API_URL: stack.api_url}):
             resume_flow_run(run.id, run_input={"approve": False, "note": "answers padded with text"})
+        said = {}
         for kind, proc in procs.items():
             out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
             assert proc.returncode == 0, (kind, err[-3000:])
+            said[kind] = out + err
+        assert "not promoted (not published, not deployed): rejected by a person: answers padded" in said["reject"]
+        assert "model not promoted (not published, not deployed): no decision within 0.002 h" in said["timeout"]
         for kind, reason, note in (("reject", "rejected", "answers padded with text"), ("timeout", "timeout", "")):
             job = only_job(Path(specs[kind]["output_uri"]))
             gate = json.loads((job / "gate.json").read_text())
