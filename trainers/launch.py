@@ -268,8 +268,8 @@ def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir |
         reason = record["message"] if record else reasons[-1] if reasons else f"a reward failed in {stage}"
         raise RewardFailed(f"{reason} (traceback in {log_path})")
     raise RuntimeError(
-        f"{stage} child {exit_reason(proc.returncode)}. Last lines of its log: {last_lines(log_path)}. A retry "
-        f"resumes from the newest checkpoint; the whole log is {log_path}."
+        f"{stage} child {exit_reason(proc.returncode)}. Last lines of its log: {last_lines(log_path)}. The stage is "
+        f"retried while its retries last (GRPO resumes from its newest checkpoint); the whole log is {log_path}."
     )
 
 

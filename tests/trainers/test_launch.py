@@ -143,7 +143,7 @@ def test_run_child_failures(fake_child, behaviour, error, message):
     if behaviour == "crash":
         assert "RuntimeError: out of memory" in str(caught.value)  # the log's tail comes with it
         # One paragraph however the log reads: Prefect logs the message's repr, where a newline shows as `\n`.
-        assert "\n" not in str(caught.value) and "retry resumes from the newest checkpoint" in str(caught.value)
+        assert "\n" not in str(caught.value) and "resumes from its newest checkpoint" in str(caught.value)
 
 
 def test_a_failed_attempts_message_leaves_out_metrics_bars_and_warnings(tmp_path):
