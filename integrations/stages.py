@@ -176,8 +176,12 @@ def flow_run_cancelling() -> bool:
 
     if flow_run.id is None:
         return False
-    with get_client(sync_client=True) as client:
-        state = client.read_flow_run(flow_run.id).state
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run.id).state
+    except Exception:  # no server to ask (gone, unreachable): the signal stays what it was, a crash
+        logging.getLogger(__name__).warning("could not read flow run %s's state after a SIGTERM", flow_run.id)
+        return False
     return state is not None and (state.is_cancelling() or state.is_cancelled())
 
 

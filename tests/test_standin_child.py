@@ -103,3 +103,15 @@ def test_the_sft_stand_in_writes_a_model_that_differs_from_the_base(make_job, st
     assert [r["step"] for r in read_metrics(job.root / "sft_metrics.jsonl")] == [1, 2, 3]
     base, sft = (load_file(str(p / "model.safetensors")) for p in (build_tiny(), job.sft))
     assert sft.keys() == base.keys() and all(not (sft[k] == base[k]).all() for k in base if base[k].dtype.kind == "f")
+
+
+def test_a_request_for_one_job_leaves_the_others_alone(monkeypatch):
+    """A worker started once runs several tests' jobs: `{"jobs": {NAME: ...}}` asks only of the job named NAME,
+    over what is asked of every job, per stage as at the top level."""
+    from tests.standin_child import REQUEST_ENV, request
+
+    asked = {"step_seconds": 0.1, "jobs": {"slow": {"step_seconds": 0.5, "sft": {"step_seconds": 0.3}}}}
+    monkeypatch.setenv(REQUEST_ENV, json.dumps(asked))
+    assert request("grpo", "other") == {"step_seconds": 0.1}
+    assert request("grpo", "slow") == {"step_seconds": 0.5}
+    assert request("sft", "slow") == {"step_seconds": 0.3}
