@@ -10,9 +10,9 @@ of the sweep (`grpoflow sweep`), or, given `deployment`, as flow runs of that `g
 server (the `sweep` deployment of deployments/prefect.yaml runs them on `grpo-pipeline/retrain`). A job that fails
 fails its row, not the sweep's other jobs. The report, `sweep.md` and `sweep.json` under
 `<output_uri>/sweeps/<sweep_id>/`, and a markdown and a table artifact (keys `<name>-sweep`, `<name>-sweep-table`),
-give each job's held-out score before and after GRPO, its final training reward and its wall time, and mark the best
-job (highest held-out gain, then highest score after). The sweep's run ends Completed when every job completed,
-else Failed with "k of n jobs failed".
+give each job's held-out score before and after GRPO (after: the model the job kept), its final training reward and
+its wall time, ranked by the score after (then the gain), the best job marked. The sweep's run ends Completed when
+every job completed, else Failed with "k of n jobs failed".
 """
 
 import itertools
@@ -218,10 +218,21 @@ def _gain(row: dict) -> float | None:
     return after - before
 
 
-def best_row(rows: list[dict]) -> dict | None:
-    """The completed job with the highest held-out gain (after - before), ties broken by the higher after score."""
+def ranked(rows: list[dict]) -> list[dict]:
+    """The completed, scored jobs, best first: by the held-out score of the model each kept ("after", the selected
+    step's with `evaluation.select: best`), ties broken by the higher gain (after - before)."""
     scored = [r for r in rows if _gain(r) is not None]
-    return max(scored, key=lambda r: (_gain(r), r["evaluation"]["after"]), default=None)
+    return sorted(scored, key=lambda r: (r["evaluation"]["after"], _gain(r)), reverse=True)
+
+
+def best_row(rows: list[dict]) -> dict | None:
+    """The first of `ranked(rows)`: the highest held-out score at the kept step."""
+    return next(iter(ranked(rows)), None)
+
+
+def _kept(row: dict) -> str:
+    step = (row.get("evaluation") or {}).get("selected_step")
+    return "—" if step is None else f"step {step} ({row['evaluation'].get('select', 'last')})"
 
 
 def _held_out(row: dict) -> str:
@@ -232,13 +243,18 @@ def _held_out(row: dict) -> str:
 
 
 def table_rows(rows: list[dict], best: dict | None) -> list[dict]:
-    """The comparison table's rows: the grid values, job id, status, held-out before → after, reward, wall time."""
+    """The comparison table's rows, ranked (`ranked`; then the failed and unscored jobs in grid order): the rank,
+    the grid values, job id, status, held-out before → after, the step kept, reward, wall time."""
+    order = ranked(rows)
+    order += [r for r in rows if not any(r is o for o in order)]
     table = []
-    for row in rows:
-        line = {**{k: json.dumps(v) if not isinstance(v, str) else v for k, v in row["values"].items()}}
+    for row in order:
+        rank = next((str(i) for i, r in enumerate(ranked(rows), start=1) if r is row), "—")
+        line = {"rank": rank, **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in row["values"].items()}}
         line["job"] = row["job_id"] or "—"
         line["status"] = row["status"] + (f" ({row['message']})" if row["status"] != "completed" else "")
         line["held-out before → after"] = _held_out(row)
+        line["model kept"] = _kept(row)
         line["final reward"] = "—" if row["final_reward"] is None else f"{row['final_reward']:.3f}"
         line["wall time"] = f"{row['wall_seconds']:.0f} s"
         line["best"] = BEST if row is best else ""
@@ -259,7 +275,8 @@ def report_markdown(sweep_id: str, rows: list[dict], metric: str | None) -> str:
     lines.append(f"{len(rows)} jobs, {len(rows) - failed} completed, {failed} failed.")
     if metric:
         lines.append(
-            f"Held-out metric: {metric}; best job: the highest gain (after − before), then the highest after."
+            f"Held-out metric: {metric}; ranked by the held-out score of the model each job kept (after: the "
+            "selected step's with evaluation.select: best), then by the gain (after − before)."
         )
     lines += ["", "| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(table[0])]
     lines += ["| " + " | ".join(_cell(v) for v in line.values()) + " |" for line in table]

@@ -33,6 +33,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.runtime import deployment
 
 from grpoflow.trainers.health import HealthMonitor, verdict
+from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.registry import registry_dir
@@ -119,6 +120,8 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
     row = {"metric": evaluation.get("metric"), "prompts": evaluation.get("n")}
     row["before"], row["after"] = evaluation.get("before"), evaluation.get("after")
     row["change"] = score_change(row["before"], row["after"]) if _scored(evaluation) else "—"
+    if evaluation.get("selected_step") is not None:
+        row["model kept"] = f"step {evaluation['selected_step']} ({evaluation.get('select', 'last')})"
     row["note"] = evaluation.get("note") or "before: the model GRPO started from; after: the GRPO result"
     return [row]
 
@@ -175,7 +178,8 @@ def score_summary(evaluation: dict | None) -> str:
             f" ({evaluation['note']})" if evaluation.get("note") else ""
         )
     before, after = evaluation["before"], evaluation["after"]
-    return f"{evaluation['metric']} {before:.2f} -> {after:.2f} ({score_change(before, after)})"
+    kept = f", best at step {evaluation['selected_step']}" if evaluation.get("select") == "best" else ""
+    return f"{evaluation['metric']} {before:.2f} -> {after:.2f} ({score_change(before, after)}{kept})"
 
 
 def completed_message(job: JobDir, spec: JobSpec, evaluation: dict | None) -> str:
@@ -213,11 +217,22 @@ def grpo_line(step: int, total: int, values: dict, seconds_per_step: float | Non
 
     >>> grpo_line(3, 12, {"reward": 0.25, "reward_std": 0.433, "completions/mean_length": 5.25}, 1.5)
     'step  3/12  reward 0.2500  reward_std 0.4330  kl -  mean_length 5.2  1.50 s/step  ETA 0:00:14'
+
+    A step with a held-out evaluation (`evaluation.every`) shows its score:
+
+    >>> grpo_line(4, 12, {"reward": 0.5, "eval/exact_answer": 0.35, "eval/seconds": 2.1}, None)
+    'step  4/12  reward 0.5000  reward_std -  kl -  mean_length -  held-out exact_answer 0.3500  - s/step  ETA -'
     """
+    held_out = "".join(
+        f"held-out {key.removeprefix(EVAL_PREFIX)} {_number(value)}  "
+        for key, value in values.items()
+        if key.startswith(EVAL_PREFIX) and key != EVAL_SECONDS
+    )
     return (
         f"step {step:>{len(str(total))}}/{total}  reward {_number(values.get('reward'))}  "
         f"reward_std {_number(values.get('reward_std'))}  kl {_number(values.get('kl'))}  "
-        f"mean_length {_number(values.get('completions/mean_length'), 1)}  {_rate(seconds_per_step, total - step)}"
+        f"mean_length {_number(values.get('completions/mean_length'), 1)}  {held_out}"
+        f"{_rate(seconds_per_step, total - step)}"
     )
 
 

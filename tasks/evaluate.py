@@ -13,6 +13,7 @@ from grpoflow.integrations.stages import cancellable, resumable
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.evaluate import evaluate
 from grpoflow.trainers.health import HealthMonitor
+from grpoflow.trainers.held_out import EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.markdown import number
 from grpoflow.trainers.metrics import read_metrics
@@ -21,7 +22,15 @@ from grpoflow.trainers.report import RUN_STARTED_ENV, write_report
 from grpoflow.trainers.spec import JobSpec
 
 
-def times(sft: dict | None, training: dict, evaluation: dict | None, wall_seconds: float) -> list[tuple]:
+def held_out_seconds(job: JobDir) -> float | None:
+    """The seconds GRPO's process spent on held-out scores during training (`evaluation.every`); None without any."""
+    seconds = [r["values"][EVAL_SECONDS] for r in read_metrics(job.metrics) if EVAL_SECONDS in r["values"]]
+    return sum(s for s in seconds if isinstance(s, int | float)) if seconds else None
+
+
+def times(
+    sft: dict | None, training: dict, evaluation: dict | None, wall_seconds: float, during: float | None = None
+) -> list[tuple]:
     """The report's "Time" rows: each stage's share of what the user waited, from the stages' own summaries (the
     payloads of their events), and the total since `grpoflow run` started (`GRPOFLOW_RUN_STARTED`, which the CLI
     sets) or, without it (a deployment's run), since the flow run started."""
@@ -35,6 +44,7 @@ def times(sft: dict | None, training: dict, evaluation: dict | None, wall_second
     rows += [
         ("GRPO: imports and model load", training.get("setup_seconds")),
         ("GRPO: training (TRL's train_runtime)", training.get("train_runtime")),
+        *([("GRPO: of which held-out scores during training", during)] if during is not None else []),
         ("GRPO: its whole child process", training.get("wall_seconds")),
     ]
     if evaluation:
@@ -91,6 +101,7 @@ def evaluate_and_report(
             logger.warning("evaluation: %s", evaluation["note"])
     alerts = HealthMonitor.for_spec(spec).check(read_metrics(job.metrics))
     extra = {"resumed_from_checkpoint": training["resumed_from"] or "no"}
-    report = write_report(job, spec, evaluation, alerts, extra, times(sft, training, evaluation, wall_seconds))
+    rows = times(sft, training, evaluation, wall_seconds, held_out_seconds(job))
+    report = write_report(job, spec, evaluation, alerts, extra, rows)
     logger.info("report: %s", report)
     return evaluation

@@ -8,11 +8,14 @@ accuracy.
 """
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
+from grpoflow.trainers.held_out import eval_key
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.modeling import load_tokenizer, prepare_prompts, start_model
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
@@ -75,15 +78,20 @@ def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, to
 SAMPLES = 5  # held-out completions of the GRPO result kept in evaluation.json (shown before an approval)
 
 
-def score(model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None = None) -> float | None:
-    """Mean of the evaluation reward over greedy completions of the held-out prompts (None scores are skipped);
-    None when the reward scored none of them.
+def metric_reward(spec: JobSpec):
+    """The callable of `evaluation.metric`: a job reward, or the metric's own entry."""
+    entry = spec.evaluation_reward
+    return build_reward(entry.name, entry.function, entry.kwargs, entry.model)
+
+
+def score(model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None = None, reward=None) -> float | None:
+    """Mean of the evaluation metric over greedy completions of the held-out prompts (None scores are skipped);
+    None when the metric scored none of them.
 
     `model` is a folder, or a loaded model with its `tokenizer`. The first `SAMPLES` prompts, completions and
-    scores are appended to `samples` when it is given.
+    scores are appended to `samples` when it is given. `reward` is the metric's callable when already built.
     """
-    reward_spec = next(r for r in spec.rewards if r.name == spec.evaluation.metric)
-    reward = build_reward(reward_spec.name, reward_spec.function, reward_spec.kwargs, reward_spec.model)
+    reward = reward or metric_reward(spec)
     prompts = list(eval_rows["prompt"])
     completions = generate(model, prompts, spec.evaluation.max_new_tokens, tokenizer=tokenizer)
     if tokenizer is None:
@@ -112,7 +120,17 @@ def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> 
     return call_reward(reward, prompts, completions, ids, columns)
 
 
-def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict | None:
+def score_series(job: JobDir, spec: JobSpec, before: float | None, after: float | None, training: dict) -> list:
+    """The held-out score by step: the start model's at step 0, then those taken during training (`eval/<metric>` in
+    metrics.jsonl, `evaluation.every`); without any, the GRPO result's at its last step."""
+    key = eval_key(spec)
+    during = [{"step": r["step"], "score": r["values"][key]} for r in read_metrics(job.metrics) if key in r["values"]]
+    if not during and training.get("global_step"):
+        during = [{"step": training["global_step"], "score": after}]
+    return [{"step": 0, "score": before}, *during]
+
+
+def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training: dict | None = None) -> dict | None:
     """Scores `before_model` and the GRPO result on the held-out split; None when the spec holds nothing out.
 
     Args:
@@ -121,6 +139,8 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict 
         before_model (`str`): the folder of the model GRPO started from.
         after (*optional*): `(model, tokenizer)` of the GRPO result already in memory (the training child passes
             its trained model, whose weights are `merged/`'s); by default `merged/` is loaded.
+        training (`dict`, *optional*): the training summary (its `global_step`, `selected_step`); by default
+            `training.json`.
     """
     from datasets import load_from_disk
 
@@ -131,18 +151,22 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None) -> dict 
     rows = prepare_prompts(dataset["eval"], spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     after_model, after_tokenizer = after or (str(job.merged), None)
     samples = []
+    training = training if training is not None else json.loads(job.training_result.read_text())
     result = {
-        "metric": spec.evaluation.metric,
+        "metric": spec.evaluation.metric_name,
         "n": len(rows),
         "before": score(before_model, rows, spec),
         "after": score(after_model, rows, spec, tokenizer=after_tokenizer, samples=samples),
+        "select": spec.evaluation.select,
+        "selected_step": training.get("selected_step", training.get("global_step")),
     }
+    result["series"] = score_series(job, spec, result["before"], result["after"], training)
     unscored = [side for side in ("before", "after") if result[side] is None]
     if unscored:
         result["note"] = (
-            f"no score {' or '.join(unscored)} GRPO: the reward {spec.evaluation.metric!r} returned None for every "
-            f"one of the {len(rows)} held-out completions; pick another evaluation.metric, or make the reward score "
-            "these completions"
+            f"no score {' or '.join(unscored)} GRPO: the metric {spec.evaluation.metric_name!r} returned None for "
+            f"every one of the {len(rows)} held-out completions; pick another evaluation.metric, or make the reward "
+            "score these completions"
         )
     result["seconds"] = round(time.monotonic() - started, 3)
     result["samples"] = samples  # a few of the GRPO result's held-out completions, with their scores

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from grpoflow.trainers.agents import agent_args, tool_tokenizer
 from grpoflow.trainers.architecture import adapter_summary
+from grpoflow.trainers.held_out import held_out_args, held_out_trainer, selected_step
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
 from grpoflow.trainers.metrics import metrics_file_callback, truncate_metrics
@@ -126,6 +127,7 @@ def owned_args(spec: JobSpec, job: JobDir) -> dict:
         "save_steps": spec.checkpoint_every,
         **tracking_args(spec, job),
         **generation_args(spec),
+        **held_out_args(spec),
     }
 
 
@@ -199,15 +201,22 @@ def checkpoint_step(path: str | Path) -> int:
     return int(Path(path).name.rsplit("-", 1)[-1])
 
 
-def restore_final_checkpoint(trainer, checkpoint: str) -> float:
+def restore_final_checkpoint(trainer, checkpoint: str, job: JobDir, spec: JobSpec) -> float:
     """Puts the trainer in the state of `checkpoint`, saved at max_steps: a child killed after the final checkpoint
     resumes to nothing more than saving it. `Trainer.train` would instead run one step past max_steps (it checks the
-    limit only after a step). Returns the train_runtime of this process: 0, nothing trained."""
+    limit only after a step). With `evaluation.select: best` the model is then the best checkpoint's, as
+    `load_best_model_at_end` would have left it. Returns the train_runtime of this process: 0, nothing trained."""
     from transformers import TrainerState
 
-    trainer._load_from_checkpoint(checkpoint)
     trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
-    print(f"grpoflow: {Path(checkpoint).name} is the final checkpoint (max_steps reached): nothing left to train")
+    best = trainer.state.best_global_step
+    if spec.evaluation.select == "best" and best and (job.checkpoints / f"checkpoint-{best}").is_dir():
+        checkpoint = str(job.checkpoints / f"checkpoint-{best}")  # the folder as it is now (the job may have moved)
+        trainer.state.best_model_checkpoint = checkpoint
+    trainer._load_from_checkpoint(checkpoint)
+    print(
+        f"grpoflow: the final checkpoint (max_steps reached) is saved: nothing left to train; model from {checkpoint}"
+    )
     return 0.0
 
 
@@ -231,8 +240,14 @@ def main(job_root: str) -> int:
     # --- data
     from datasets import load_from_disk
 
-    dataset = load_from_disk(str(job.dataset))["train"]
-    dataset = prepare_prompts(dataset, spec.dataset.prompt_column, hp.system_prompt)
+    splits = load_from_disk(str(job.dataset))
+    dataset = prepare_prompts(splits["train"], spec.dataset.prompt_column, hp.system_prompt)
+    # The held-out prompts scored during training (evaluation.every), prepared as the training prompts are.
+    held_out = (
+        prepare_prompts(splits["eval"], spec.dataset.prompt_column, hp.system_prompt)
+        if spec.evaluation.every
+        else None
+    )
 
     # --- rewards (each call timed out and checked, so a bad reward stops the run naming itself and the step)
     timeout = spec.health.reward_timeout_s
@@ -258,11 +273,15 @@ def main(job_root: str) -> int:
     agents = agent_args(spec)  # the spec's tools and environment (TRL's multi-turn rollouts), when set
     if agents:
         tokenizer = tool_tokenizer(tokenizer, spec.base_model)
-    trainer = grpo_trainer_class(hp.skip_zero_variance_groups)(
+    trainer_class = grpo_trainer_class(hp.skip_zero_variance_groups)
+    if held_out is not None:
+        trainer_class = held_out_trainer(trainer_class, spec, held_out)
+    trainer = trainer_class(
         model=model,
         reward_funcs=reward_funcs,
         args=grpo_config(spec, job),
         train_dataset=dataset,
+        eval_dataset=held_out,
         processing_class=tokenizer,
         peft_config=peft,
         quantization_config=quantization,
@@ -287,7 +306,7 @@ def main(job_root: str) -> int:
     started = time.monotonic()
     setup_seconds = round(started - setup_started, 3)
     if checkpoint and checkpoint_step(checkpoint) >= hp.max_steps:
-        train_runtime = restore_final_checkpoint(trainer, checkpoint)
+        train_runtime = restore_final_checkpoint(trainer, checkpoint, job, spec)
     else:
         train_runtime = trainer.train(resume_from_checkpoint=checkpoint).metrics.get("train_runtime")
 
@@ -299,6 +318,7 @@ def main(job_root: str) -> int:
         "start_model": model_path,
         "resumed_from": Path(checkpoint).name if checkpoint else None,
         "global_step": trainer.state.global_step,
+        "selected_step": selected_step(trainer, spec),
         "setup_seconds": setup_seconds,
         "train_seconds": train_seconds,
         "train_runtime": train_runtime,
@@ -310,7 +330,7 @@ def main(job_root: str) -> int:
         from grpoflow.trainers.evaluate import evaluate
 
         summary["evaluated_in_training"] = True
-        summary["evaluation"] = evaluate(job, spec, model_path, after=(trainer.model, tokenizer))
+        summary["evaluation"] = evaluate(job, spec, model_path, after=(trainer.model, tokenizer), training=summary)
     write_json_atomic(job.training_result, summary)
     return 0
 

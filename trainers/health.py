@@ -10,6 +10,8 @@ evidence and what to do about it:
 - `no_learning_signal`: over a window, nearly every group scored all its completions alike (TRL's
   `frac_reward_zero_std`), or the rewards scored no completion at all (`reward` is NaN: every reward returned None).
   GRPO's advantages are then 0 and nothing trains, whatever the loss curve looks like;
+- `held_out_divergence`: with held-out scores during training (`evaluation.every`), the held-out metric fell at two
+  evaluations in a row while the training reward rose: the policy learns what the reward pays for, not the task;
 - `non_finite`: `loss` or `grad_norm` is NaN or inf (metrics.jsonl writes them as null): the weights are, or are about
   to be, non-finite, and no later step can recover. It is in `FATAL`: the run stops whatever `stop_on_alert` says.
 
@@ -109,7 +111,8 @@ class Alert:
 
     Args:
         kind (`str`): `"policy_collapse"`, `"length_explosion"`, `"kl_drift"`, `"no_learning_signal"`,
-            `"non_finite"` or (from the training task's watchdog) `"stall"`.
+            `"non_finite"`, `"held_out_divergence"` or (from the training task's watchdog)
+            `"stall"`.
         step (`int`): the training step at which it fired.
         message (`str`): one sentence saying what was seen.
         evidence (`dict`): the numbers behind it: window, before/after values, thresholds.
@@ -166,7 +169,9 @@ class HealthMonitor:
             `reward_ceiling=1.0`. An unknown name raises `TypeError`.
     """
 
-    def __init__(self, max_response_length: int, kl_coef: float, window: int = 10, **thresholds):
+    def __init__(
+        self, max_response_length: int, kl_coef: float, window: int = 10, held_out_key: str | None = None, **thresholds
+    ):
         if window < 2:
             raise ValueError(f"window must be >= 2 steps, got {window}")
         self.max_response_length = max_response_length
@@ -180,14 +185,21 @@ class HealthMonitor:
         self._reward_best = -math.inf
         self._reward_worst = math.inf
         self._unscored_streak = 0  # steps in a row whose reward was NaN or null (no completion scored)
+        # Held-out scores during training: (step, score, mean training reward over the steps since the one before).
+        self.held_out_key = held_out_key
+        self._held_out: list[tuple[int, float, float | None]] = []
+        self._rewards_since_held_out: list[float] = []
 
     @classmethod
     def for_spec(cls, spec) -> "HealthMonitor":
         """The monitor of job spec `spec`: its hyperparameters and its `health` thresholds."""
+        from grpoflow.trainers.held_out import eval_key
+
         hp, health = spec.hyperparameters, spec.health
         return cls(
             max_response_length=hp.max_response_length,
             kl_coef=hp.kl_coef,
+            held_out_key=eval_key(spec) if spec.evaluation.every else None,
             no_signal_window=health.no_signal_window,
             no_signal_fraction=health.no_signal_fraction,
         )
@@ -204,7 +216,7 @@ class HealthMonitor:
             `list[Alert]`: the new alerts, usually empty.
         """
         values = record.get("values") or {}
-        self._add(values)
+        self._add(values, int(record["step"]))
         # metrics.jsonl writes TRL's NaN reward (no completion scored) as null; a record without the key says nothing.
         reward = values.get("reward", 0.0)
         scored = isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)
@@ -216,6 +228,7 @@ class HealthMonitor:
             "policy_collapse": self._policy_collapse,
             "length_explosion": self._length_explosion,
             "kl_drift": self._kl_drift,
+            "held_out_divergence": self._held_out_divergence,
         }
         alerts = []
         for kind, detect in detectors.items():
@@ -236,12 +249,17 @@ class HealthMonitor:
         """
         return [alert for record in sorted(records, key=lambda r: r["step"]) for alert in self.update(record)]
 
-    def _add(self, values: dict) -> None:
+    def _add(self, values: dict, step: int) -> None:
         for key in _KEYS:
             value = values.get(key)
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                 self._series[key].append(float(value))
                 self._track(key, float(value))
+        if _finite(values.get("reward")):
+            self._rewards_since_held_out.append(float(values["reward"]))
+        if self.held_out_key and _finite(values.get(self.held_out_key)):
+            rewards, self._rewards_since_held_out = self._rewards_since_held_out, []
+            self._held_out.append((step, float(values[self.held_out_key]), _mean(rewards) if rewards else None))
 
     def _track(self, key: str, value: float) -> None:
         # Running summaries, so that a step costs O(window) however long the run.
@@ -465,8 +483,36 @@ class HealthMonitor:
         big_enough = min(rise, previous_rise) >= t.kl_steady_rise * last
         return big_enough and rise >= t.kl_keep_pace * previous_rise
 
+    # --- held-out divergence -----------------------------------------------------------------------------------------
+
+    def _held_out_divergence(self, step: int) -> Alert | None:
+        points = self._held_out[-3:]
+        if len(points) < 3 or points[-1][0] != step:
+            return None
+        (first_step, first, first_reward), (_, middle, _), (_, last, last_reward) = points
+        if first_reward is None or last_reward is None or not (first > middle > last and last_reward > first_reward):
+            return None
+        metric = self.held_out_key.removeprefix("eval/")
+        evidence = {
+            "metric": self.held_out_key,
+            "held_out": [{"step": s, "score": _r(score)} for s, score, _ in points],
+            "reward": [{"step": s, "mean_since_previous": _r(reward)} for s, _, reward in points],
+        }
+        message = (
+            f"the held-out {metric} fell at two evaluations in a row ({first:.4g} at step {first_step}, then "
+            f"{middle:.4g}, then {last:.4g} at step {step}) while the training reward rose ({first_reward:.4g} to "
+            f"{last_reward:.4g}): the policy learns what the reward pays for, not the task."
+        )
+        advice = (
+            "Tighten the reward so that it pays only for what the task needs (check the answer itself, not its length "
+            "or form), add a format check or a judge (llm_judge) beside it; evaluation.select: best keeps the "
+            "checkpoint from before the fall."
+        )
+        return Alert("held_out_divergence", step, message, evidence, advice)
+
 
 _LABELS = {
+    "held_out_divergence": "held-out divergence",
     "policy_collapse": "policy collapse",
     "length_explosion": "length explosion",
     "kl_drift": "KL drift",

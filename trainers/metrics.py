@@ -1,7 +1,8 @@
 """Per-step metrics: a `TrainerCallback` that appends each of TRL's log records to `metrics.jsonl`.
 
 One line per optimizer step, `{"step": n, "values": {...}}`, with everything TRL logs (reward, reward_std, loss,
-completions/mean_length, entropy, kl when beta > 0, rewards/<name>/mean, ...). On resume from checkpoint N, the
+completions/mean_length, entropy, kl when beta > 0, rewards/<name>/mean, ...) and, at the steps with a held-out
+evaluation, `eval/<metric>` and `eval/seconds`. On resume from checkpoint N, the
 lines after step N are dropped first, so each step appears exactly once.
 
 Reading needs nothing heavy; the callback (`metrics_file_callback`) imports transformers only when it is built.
@@ -95,14 +96,30 @@ def _clean(value):
 
 
 def metrics_file_callback(path: Path):
-    """A `TrainerCallback` that appends every step's log record to the JSONL file `path` (main process only)."""
+    """A `TrainerCallback` that appends every step's log record to the JSONL file `path` (main process only).
+
+    A step with a held-out evaluation (`evaluation.every`) is logged twice by the Trainer, its training metrics and
+    then its `eval_*` scores; its line waits for the second and holds both, the scores as `eval/<name>`, so that
+    each step stays one line."""
     from transformers import TrainerCallback
 
     class _MetricsFileCallback(TrainerCallback):
+        pending: dict | None = None  # an evaluated step's training metrics, until its held-out scores come
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs or _SUMMARY_KEYS & logs.keys():
                 return
             values = {k: _clean(v) for k, v in logs.items() if isinstance(v, int | float)}
+            if any(k.startswith("eval_") for k in values):
+                values = {
+                    ("eval/" + k.removeprefix("eval_") if k.startswith("eval_") else k): v for k, v in values.items()
+                }
+                pending, self.pending = self.pending, None
+                if pending is not None and pending["step"] == state.global_step:
+                    values = pending["values"] | values
+            elif control.should_evaluate:
+                self.pending = {"step": state.global_step, "values": values}
+                return
             with Path(path).open("a") as f:
                 f.write(json.dumps({"step": state.global_step, "values": values}) + "\n")
 

@@ -38,6 +38,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.markdown import cell, number, table
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.report import selection_line
 from grpoflow.trainers.spec import REPO_ID_PATTERN, JobSpec, PublishSpec, load_spec, resolved_dict
 from grpoflow.trainers.tiny import is_builtin
 
@@ -155,7 +156,9 @@ def _card_evaluation(job: JobDir) -> str | None:
     before, after = evaluation.get("before"), evaluation.get("after")
     change = number(after - before) if isinstance(before, int | float) and isinstance(after, int | float) else "—"
     row = [f"`{evaluation.get('metric')}`", number(evaluation.get("n")), number(before), number(after), change]
-    return table(["metric", "prompts", "before", "after", "change"], [row])
+    rows = table(["metric", "prompts", "before", "after", "change"], [row])
+    selection = selection_line(evaluation)
+    return f"{rows}\n\n{selection}" if selection else rows
 
 
 def model_card(job: JobDir, spec: JobSpec, artifact: str, repo_id: str | None = None) -> ModelCard:

@@ -294,7 +294,7 @@ def _change(before, after) -> str:
     return f"{after - before:+.4g}"
 
 
-def _evaluation(evaluation: dict | None) -> str:
+def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None) -> str:
     title = "## Held-out evaluation\n\n"
     if not evaluation:
         return title + "No held-out evaluation was run (`evaluation.holdout` is 0, or the stage did not finish)."
@@ -303,7 +303,69 @@ def _evaluation(evaluation: dict | None) -> str:
     note = "before: the model GRPO started from; after: the GRPO result, both on prompts held out of training."
     rows = table(["metric", "n", "before", "after", "change"], [row + [_change(before, after)]])
     why = f"\n\n**Not scored:** {evaluation['note']}." if evaluation.get("note") else ""
-    return f"{title}{rows}\n\n{note}{why}"
+    parts = [f"{title}{rows}\n\n{note}{why}"]
+    if selection := selection_line(evaluation):
+        parts.append(selection)
+    series = evaluation.get("series") or []
+    if len(series) > 2:  # scores taken during training (evaluation.every)
+        rewards = dict(zip(*_series(records, "reward"), strict=True))
+        lines = [[str(p["step"]), _score(p["score"]), number(rewards.get(p["step"]))] for p in series]
+        parts.append(table(["step", f"held-out {evaluation.get('metric')}", "training reward"], lines))
+    if plot is not None:
+        parts.append(f"![{plot.stem}]({plot.name})")
+    return "\n\n".join(parts)
+
+
+def selection_line(evaluation: dict) -> str | None:
+    """Which step's model is "after" (and merged, published, gated) and why, for the report and the model card."""
+    step, series = evaluation.get("selected_step"), evaluation.get("series") or []
+    if step is None:
+        return None
+    if evaluation.get("select") != "best":
+        return f"**Model kept:** the last step's ({step}); `evaluation.select: best` would keep the best-scoring one."
+    scores = {p["step"]: p["score"] for p in series if p["step"]}
+    last = max(scores, default=step)
+    why = f"held-out {evaluation.get('metric')} {_score(scores.get(step))}"
+    if last != step:
+        why += f", against {_score(scores.get(last))} at the last step ({last})"
+    return f"**Model kept:** step {step}, the best held-out score during training ({why}; `evaluation.select: best`)."
+
+
+def plot_held_out(evaluation: dict | None, records: list[dict], out_dir: Path) -> Path | None:
+    """`held_out.png`: the held-out score by step (start model at step 0) beside the training reward, the kept step
+    marked; None without a series of more than the before and after scores."""
+    series = [p for p in (evaluation or {}).get("series") or [] if isinstance(p.get("score"), int | float)]
+    if len(series) < 2:
+        return None
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.5))
+    fig.subplots_adjust(left=0.11, right=0.89, top=0.9, bottom=0.15)
+    ax = fig.add_subplot()
+    steps, scores = [p["step"] for p in series], [p["score"] for p in series]
+    ax.plot(steps, scores, color="tab:green", marker="o", linewidth=2, label=f"held-out {evaluation['metric']}")
+    if evaluation.get("selected_step") is not None:
+        ax.axvline(evaluation["selected_step"], color="tab:green", linestyle=":", label="model kept")
+    ax.set(title="held-out score and training reward", xlabel="step", ylabel=f"held-out {evaluation['metric']}")
+    reward_steps, rewards = _series(records, "reward")
+    if rewards:
+        twin = ax.twinx()
+        window = max(2, min(20, len(rewards) // 10))
+        twin.plot(reward_steps, _moving_average(rewards, window), color="tab:blue", alpha=0.7, label="training reward")
+        twin.set_ylabel(f"training reward ({window}-step average)")
+        ax.legend(
+            ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0],
+            [*ax.get_legend_handles_labels()[1], *twin.get_legend_handles_labels()[1]],
+            loc="best",
+            fontsize="small",
+        )
+    else:
+        ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    path = Path(out_dir) / "held_out.png"
+    with _DRAWING:
+        _save_png(fig, path)
+    return path
 
 
 def _metric_keys(records: list[dict]) -> list[str]:
@@ -337,7 +399,8 @@ def _health(alerts: list[Alert], records: list[dict]) -> str:
         parts.append(f"- **{name}** at step {alert.step}: {alert.message}\n  **What to do:** {alert.advice}")
     parts.append(
         "Checked: `reward_std` and `entropy` for policy collapse, `completions/mean_length` against "
-        "max_response_length for length explosion, and `kl` for KL drift (only when kl_coef > 0)."
+        "max_response_length for length explosion, `kl` for KL drift (only when kl_coef > 0), and the held-out "
+        "score against the training reward (only with evaluation.every > 0)."
     )
     return "\n\n".join(parts)
 
@@ -377,7 +440,7 @@ def write_report(
         _summary(job, spec, records, extra or {}),
         *([_times(times)] if times else []),
         _hyperparameters(spec),
-        _evaluation(evaluation),
+        _evaluation(evaluation, records, plot_held_out(evaluation, records, job.root)),
         _metrics(records, plots),
         _health(alerts, records),
     ]

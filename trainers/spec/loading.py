@@ -17,7 +17,7 @@ import fsspec
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from grpoflow.trainers.spec.models import MAX_INT, JobSpec
+from grpoflow.trainers.spec.models import MAX_INT, METRIC_ENTRY, METRIC_NAME, JobSpec
 from grpoflow.trainers.spec.rules import rule_problems, trl_spec_keys
 from grpoflow.trainers.spec.trl_fields import trl_fields
 from grpoflow.trainers.uris import url_scheme
@@ -145,6 +145,8 @@ def _problems(exc: ValidationError, data: dict) -> list[str]:
             problems += error["ctx"]["problems"]
             rules_ran = True
         else:
+            # A tagged union's tag (evaluation.metric's) is no key of the spec.
+            error["loc"] = tuple(part for part in error["loc"] if part not in (METRIC_NAME, METRIC_ENTRY))
             problems.append(f"{_dotted(error['loc'])}: {_describe(error)}")
     # The model's own rule pass only runs when every field is valid; otherwise check the raw dict.
     if not rules_ran:

@@ -14,7 +14,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -359,13 +361,41 @@ class GateSpec(_Section):
     )
 
 
+def _metric_kind(value: Any) -> str:
+    return METRIC_ENTRY if isinstance(value, dict | RewardSpec) else METRIC_NAME
+
+
+# `evaluation.metric` is a job reward's name or a reward entry of its own: which, the value's type decides (so an entry
+# with a bad key is reported once, as an entry). The tags are left out of error locations (trainers/spec/loading.py).
+METRIC_NAME, METRIC_ENTRY = "reward-name", "reward-entry"
+HeldOutMetric = Annotated[
+    Annotated[str, Tag(METRIC_NAME)] | Annotated[RewardSpec, Tag(METRIC_ENTRY)], Discriminator(_metric_kind)
+]
+
+
 class EvaluationSpec(_Section):
     """The held-out before/after evaluation."""
 
     holdout: float = Field(
         0.1, ge=0, description="Prompts held out of training: a fraction in (0, 1), a count if >= 1; 0 disables."
     )
-    metric: str | None = Field(None, description="The reward (by name) to score with; default: the first reward.")
+    metric: HeldOutMetric | None = Field(
+        None,
+        description="What scores the held-out completions: a job reward by name, or one entry in the rewards' form "
+        "(name | function | model, with kwargs) scored on the held-out prompts only and never trained on, so that "
+        "a reward that can be gamed is checked by one that cannot; default: the first reward.",
+    )
+    every: Int = Field(
+        0,
+        ge=0,
+        description="GRPO steps between held-out evaluations during training (greedy, in the training process, "
+        "logged as eval/<metric>; the last step is always scored); 0 scores only before and after training.",
+    )
+    select: Literal["last", "best"] = Field(
+        "last",
+        description="The checkpoint merged, evaluated 'after', published and gated: the last step's, or the one "
+        "with the best held-out score during training (needs every > 0; a checkpoint is saved at each evaluation).",
+    )
     max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
     gate: GateSpec = Field(
         GateSpec(), description="Publish and deploy only when the GRPO result passes; by default every model does."
@@ -382,6 +412,11 @@ class EvaluationSpec(_Section):
     @classmethod
     def _no_gate(cls, value: Any) -> Any:
         return {} if value is None else value  # `gate:` with nothing under it: no gate
+
+    @property
+    def metric_name(self) -> str | None:
+        """The held-out metric's name: `eval/<name>` in metrics.jsonl, `metric` in evaluation.json."""
+        return self.metric.name if isinstance(self.metric, RewardSpec) else self.metric
 
     @model_validator(mode="after")
     def _gate_needs_held_out_prompts(self) -> "EvaluationSpec":
@@ -594,6 +629,14 @@ class JobSpec(_Section):
     )
 
     @property
+    def evaluation_reward(self) -> RewardSpec:
+        """The reward that scores the held-out prompts: `evaluation.metric`'s own entry, or the job reward it names."""
+        metric = self.evaluation.metric
+        if isinstance(metric, RewardSpec):
+            return metric
+        return next(r for r in self.rewards if r.name == (metric or self.rewards[0].name))
+
+    @property
     def processes(self) -> int:
         """The training processes of the whole run: gpu_count on each of distributed.num_machines machines."""
         return self.gpu_count * self.distributed.num_machines
@@ -626,6 +669,8 @@ class JobSpec(_Section):
         hp = self.hyperparameters
         if hp.lora_rank is not None and hp.lora_alpha is None:
             hp.lora_alpha = hp.lora_rank
+        if self.checkpoint_every is None and self.evaluation.select == "best":
+            self.checkpoint_every = self.evaluation.every  # a checkpoint at every held-out score, to pick from
         if self.checkpoint_every is None:
             self.checkpoint_every = max(1, hp.max_steps // 10)
         if self.evaluation.metric is None:

@@ -100,6 +100,12 @@ SECTION_TRL_KEYS = {
     "vllm_server_port": "generation.vllm_server_url",
     "vllm_gpu_memory_utilization": "generation.gpu_memory_utilization",
     "vllm_tensor_parallel_size": "generation.tensor_parallel_size",
+    "eval_strategy": "evaluation.every",
+    "eval_steps": "evaluation.every",
+    "eval_on_start": "evaluation.every (the score before training is step 0 of evaluation.json's series)",
+    "load_best_model_at_end": "evaluation.select",
+    "metric_for_best_model": "evaluation.metric",
+    "greater_is_better": "evaluation.select",
     "fsdp": "distributed.strategy",
     "fsdp_config": "distributed.strategy",
     "deepspeed": "distributed.strategy",
@@ -216,6 +222,7 @@ def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
     problems += _batch_problems(trl, rollouts, prompts, gpus)
     problems += _engine_problems(data, spec_model, gpus, unsloth, hp)
     problems += _agent_problems(data, unsloth, trl)
+    problems += _evaluation_problems(data, spec_model, _lax(hp, Hyperparameters, "max_steps"))
     return problems + _reward_problems(data) + _trl_problems(trl, list(Hyperparameters.model_fields))
 
 
@@ -428,7 +435,7 @@ def _reward_name(reward: Any) -> Any:
     return name
 
 
-def _judge_problems(i: int, kwargs: Any) -> list[str]:
+def _judge_problems(where: str, kwargs: Any) -> list[str]:
     """An llm_judge entry's kwargs problems that need no network and no environment (trainers/judge.py)."""
     try:
         from grpoflow.trainers.judge import judge_kwargs_problems
@@ -436,39 +443,95 @@ def _judge_problems(i: int, kwargs: Any) -> list[str]:
         return []
     if not isinstance(kwargs, dict):
         return []  # the field error says so
-    return [f"rewards[{i}].kwargs.{key}: {message}" for key, message in judge_kwargs_problems(kwargs)]
+    return [f"{where}.kwargs.{key}: {message}" for key, message in judge_kwargs_problems(kwargs)]
+
+
+def _entry_problems(where: str, reward: dict, builtins: list[str] | None) -> list[str]:
+    """One entry in the rewards' form (a job reward, or `evaluation.metric` given as an entry) against the rules that
+    tie its keys together; `where` is its location (`rewards[2]`, `evaluation.metric`)."""
+    name = _reward_name(reward)
+    if name is None and reward.get("function") is None and not reward.get("model"):
+        choices = f"a built-in: {', '.join(builtins)}" if builtins else "a built-in reward"
+        return [f"{where}: give name ({choices}) or function: package.module:callable"]
+    if reward.get("model") is not None:
+        problems = []
+        if reward.get("function") is not None:
+            problems.append(f"{where}: give function or model, not both (a reward is one or the other)")
+        if reward.get("kwargs"):
+            problems.append(f"{where}.kwargs: a reward model takes no kwargs; remove them")
+        return problems
+    if reward.get("function") is None and isinstance(name, str) and builtins is not None and name not in builtins:
+        return [
+            f"{where}.name: unknown built-in reward {name!r}; choose one of: {', '.join(builtins)} "
+            "(or set function: package.module:callable)"
+        ]
+    if reward.get("function") is None and name == "llm_judge":
+        return _judge_problems(where, reward.get("kwargs", {}))
+    return []
 
 
 def _reward_problems(data: dict) -> list[str]:
     rewards = data.get("rewards") if isinstance(data.get("rewards"), list) else []
     builtins, names, problems = _builtin_rewards(), [], []
     for i, reward in enumerate(rewards):
+        if not isinstance(reward, dict):
+            continue
+        problems += _entry_problems(f"rewards[{i}]", reward, builtins)
         name = _reward_name(reward)
-        if name is None and isinstance(reward, dict) and reward.get("function") is None and not reward.get("model"):
-            choices = f"a built-in: {', '.join(builtins)}" if builtins else "a built-in reward"
-            problems.append(f"rewards[{i}]: give name ({choices}) or function: package.module:callable")
         if not isinstance(name, str):
             continue
         if name in names:
             problems.append(f"rewards[{i}].name: duplicate reward name {name!r}; each reward needs its own name")
         names.append(name)
-        if reward.get("model") is not None:
-            if reward.get("function") is not None:
-                problems.append(f"rewards[{i}]: give function or model, not both (a reward is one or the other)")
-            if reward.get("kwargs"):
-                problems.append(f"rewards[{i}].kwargs: a reward model takes no kwargs; remove them")
-            continue
-        if reward.get("function") is None and builtins is not None and name not in builtins:
-            problems.append(
-                f"rewards[{i}].name: unknown built-in reward {name!r}; choose one of: {', '.join(builtins)} "
-                "(or set function: package.module:callable)"
-            )
-        if reward.get("function") is None and name == "llm_judge":
-            problems += _judge_problems(i, reward.get("kwargs", {}))
-    evaluation = data.get("evaluation") if isinstance(data.get("evaluation"), dict) else {}
-    metric = evaluation.get("metric")
+    return problems + _metric_problems(_section(data, "evaluation").get("metric"), names, builtins)
+
+
+def _metric_problems(metric: Any, names: list[str], builtins: list[str] | None) -> list[str]:
+    """`evaluation.metric`: a job reward's name, or an entry of its own whose name no reward of the job has."""
     if isinstance(metric, str) and names and metric not in names:
+        return [
+            f"evaluation.metric: {metric!r} is not one of this spec's rewards: {', '.join(dict.fromkeys(names))} "
+            "(or give the metric as a reward entry of its own: {name: ...} or {function: ...})"
+        ]
+    if not isinstance(metric, dict):
+        return []
+    problems = _entry_problems("evaluation.metric", metric, builtins)
+    name = _reward_name(metric)
+    if isinstance(name, str) and name in names:
         problems.append(
-            f"evaluation.metric: {metric!r} is not one of this spec's rewards: {', '.join(dict.fromkeys(names))}"
+            f"evaluation.metric.name: {name!r} is already a reward of this job (trained on); write metric: {name} to "
+            "score with that reward, or give this held-out metric a name of its own"
+        )
+    if metric.get("weight", 1.0) != 1.0:  # the saved spec writes the default out
+        problems.append("evaluation.metric.weight: a held-out metric is not added to the rewards; remove weight")
+    return problems
+
+
+def _evaluation_problems(data: dict, spec_model: type[BaseModel], max_steps: Any) -> list[str]:
+    """`evaluation.every` and `evaluation.select` against the hold-out, max_steps and checkpoint_every."""
+    Evaluation = spec_model.model_fields["evaluation"].annotation  # noqa: N806 (a model class)
+    evaluation = _section(data, "evaluation")
+    every, select = _lax(evaluation, Evaluation, "every"), _lax(evaluation, Evaluation, "select")
+    if not _is_int(every):
+        return []
+    suggestion = max(1, max_steps // 10) if _is_int(max_steps) else 10
+    problems = []
+    if every > 0 and _lax(evaluation, Evaluation, "holdout") == 0:
+        problems.append("evaluation.every: scores the held-out prompts: set evaluation.holdout above 0, or every to 0")
+    if every > 0 and _is_int(max_steps) and every > max_steps:
+        problems.append(
+            f"evaluation.every: {every} is more than max_steps ({max_steps}), so no held-out score would be taken "
+            f"during training; set it to at most max_steps (e.g. {suggestion})"
+        )
+    if select == "best" and every <= 0:
+        problems.append(
+            "evaluation.select: best picks among the held-out scores taken during training: set evaluation.every "
+            f"(e.g. {suggestion}) or select: last"
+        )
+    checkpoint_every = data.get("checkpoint_every")
+    if select == "best" and every > 0 and checkpoint_every is not None and checkpoint_every != every:
+        problems.append(
+            f"checkpoint_every: with evaluation.select: best a checkpoint is saved at each held-out evaluation; leave "
+            f"checkpoint_every unset or set it to evaluation.every ({every})"
         )
     return problems
