@@ -240,6 +240,7 @@ def grpo(job: JobDir, spec) -> int:
         "start_model": model_path,
         "resumed_from": Path(checkpoint).name if checkpoint else None,
         "global_step": hp.max_steps,
+        "selected_step": hp.max_steps,
         "setup_seconds": 0.0,
         "train_seconds": seconds,
         "train_runtime": seconds,

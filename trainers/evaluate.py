@@ -10,6 +10,7 @@ accuracy.
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,16 +23,22 @@ from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 from grpoflow.trainers.spec import JobSpec, load_spec
 
 
+# One model load at a time in a process: a sweep's jobs evaluate in threads of one process, and neither transformers'
+# lazy imports nor `from_pretrained`'s meta-device initialisation is safe to run in two threads at once.
+_LOADING = threading.Lock()
+
+
 def load_for_generation(model_path: str):
     """The model (eval mode, on the GPU when there is one) and its tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    with _LOADING:
+        import torch
+        from transformers import AutoModelForCausalLM
 
-    from grpoflow.trainers.modeling import torch_dtype
+        from grpoflow.trainers.modeling import torch_dtype
 
-    tokenizer = load_tokenizer(model_path)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype()).to(device).eval()
+        tokenizer = load_tokenizer(model_path)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype()).to(device).eval()
     return model, tokenizer
 
 
@@ -151,7 +158,8 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
     rows = prepare_prompts(dataset["eval"], spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     after_model, after_tokenizer = after or (str(job.merged), None)
     samples = []
-    training = training if training is not None else json.loads(job.training_result.read_text())
+    if training is None:
+        training = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
     result = {
         "metric": spec.evaluation.metric_name,
         "n": len(rows),

@@ -243,11 +243,11 @@ def main(job_root: str) -> int:
     splits = load_from_disk(str(job.dataset))
     dataset = prepare_prompts(splits["train"], spec.dataset.prompt_column, hp.system_prompt)
     # The held-out prompts scored during training (evaluation.every), prepared as the training prompts are.
-    held_out = (
-        prepare_prompts(splits["eval"], spec.dataset.prompt_column, hp.system_prompt)
-        if spec.evaluation.every
-        else None
-    )
+    held_out = None
+    if spec.evaluation.every:
+        if "eval" not in splits:
+            raise SetupError("evaluation.every: the job's dataset/ has no held-out split (evaluation.holdout gave none)")
+        held_out = prepare_prompts(splits["eval"], spec.dataset.prompt_column, hp.system_prompt)
 
     # --- rewards (each call timed out and checked, so a bad reward stops the run naming itself and the step)
     timeout = spec.health.reward_timeout_s

@@ -108,8 +108,9 @@ def row(index, status="completed", before=0.25, after=0.5, job_id=None):
 @pytest.mark.parametrize(
     "rows, best",
     [
-        ([row(1, after=0.5), row(2, after=0.75)], "s-2"),  # the highest gain
-        ([row(1, before=0.0, after=0.5), row(2, before=0.25, after=0.75)], "s-2"),  # same gain: the higher after
+        ([row(1, after=0.5), row(2, after=0.75)], "s-2"),  # the highest score of the kept model
+        ([row(1, before=0.0, after=0.5), row(2, before=0.5, after=0.6)], "s-2"),  # ranked by it, not by the gain
+        ([row(1, before=0.25, after=0.5), row(2, before=0.0, after=0.5)], "s-2"),  # same score: the higher gain
         ([row(1, after=0.5), row(2, status="failed", after=1.0)], "s-1"),  # a failed job is never best
         ([row(1, before=None, after=None), row(2, after=0.3)], "s-2"),  # nor an unscored one
         ([row(1, status="failed")], None),
@@ -124,11 +125,12 @@ def test_report_table_marks_the_best_and_the_failed():
     markdown = report_markdown("s-sweep-x", [row(1), row(2, status="failed", after=1.0)], "exact_answer")
     lines = markdown.splitlines()
     assert "2 jobs, 1 completed, 1 failed." in lines
-    header = next(line for line in lines if line.startswith("| hyperparameters.seed"))
-    assert header.split(" | ")[1:] == [
+    header = next(line for line in lines if line.startswith("| rank | hyperparameters.seed"))
+    assert header.split(" | ")[2:] == [
         "job",
         "status",
         "held-out before → after",
+        "model kept",
         "final reward",
         "wall time",
         "best |",
@@ -279,8 +281,10 @@ def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, mon
     assert artifact is not None and summary["sweep_id"] in artifact.data and "★ best" in artifact.data
     table = Artifact.get("sw-sweep-table")
     cells = json.loads(table.data) if isinstance(table.data, str) else table.data
-    assert [c["status"].split(" ")[0] for c in cells] == ["completed", "failed", "completed"]
-    assert [c["job"] for c in cells] == [r["job_id"] for r in rows]
+    # Ranked: the completed jobs by their held-out score (equal here: grid order), the failed one last.
+    assert [c["status"].split(" ")[0] for c in cells] == ["completed", "completed", "failed"]
+    assert [c["rank"] for c in cells] == ["1", "2", "—"]
+    assert [c["job"] for c in cells] == [rows[0]["job_id"], rows[2]["job_id"], rows[1]["job_id"]]
     # `grpoflow jobs` still lists the jobs, not the sweeps folder
     code, out, _ = cli("jobs", "--json")
     assert code == 0 and {j["job_id"] for j in json.loads(out)["jobs"]} >= {rows[0]["job_id"], rows[2]["job_id"]}
@@ -332,3 +336,12 @@ def test_sweep_as_flow_runs_of_a_deployment(make_spec, tmp_path):
     job = tmp_path / "runs" / rows[0]["job_id"]
     assert rows[0]["evaluation"] == json.loads((job / "evaluation.json").read_text())
     assert rows[0]["final_reward"] is not None
+
+
+def test_report_ranks_by_the_kept_models_score():
+    kept = lambda r, step, select: r | {"evaluation": r["evaluation"] | {"selected_step": step, "select": select}}
+    rows = [kept(row(1, after=0.5), 6, "last"), row(2, status="failed"), kept(row(3, after=0.75), 4, "best")]
+    lines = [line for line in report_markdown("s", rows, "exact_answer").splitlines() if "| s-" in line]
+    assert [line.split(" | ")[0] for line in lines] == ["| 1", "| 2", "| —"]  # best first, the failed job last
+    assert "s-3" in lines[0] and "step 4 (best)" in lines[0] and "★" in lines[0]
+    assert "s-1" in lines[1] and "step 6 (last)" in lines[1] and "s-2" in lines[2]

@@ -24,6 +24,7 @@ from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.spec import load_spec, to_yaml
 from grpoflow.trainers.tiny import build_tiny
 from tests.conftest import arithmetic_rows, write_jsonl
+from tests.trainers.test_held_out import VARIETY
 
 # --- the spec mapped onto GRPOConfig -------------------------------------------------------------------------------
 
@@ -51,8 +52,23 @@ from tests.conftest import arithmetic_rows, write_jsonl
             {"rewards": [{"name": "exact_answer", "weight": 2.0}, {"name": "length_penalty", "weight": 0.5}]},
             {"reward_weights": [2.0, 0.5]},
         ),
-        # Every step logged (metrics.jsonl has each), nothing reported elsewhere unless tracking asks.
-        ({}, {"logging_steps": 1, "report_to": [], "gradient_checkpointing": False}),
+        # Every step logged (metrics.jsonl has each), nothing reported elsewhere unless tracking asks; no
+        # evaluation during training unless evaluation.every asks.
+        ({}, {"logging_steps": 1, "report_to": [], "gradient_checkpointing": False, "eval_strategy": "no"}),
+        # evaluation.every: the Trainer's evaluation every that many steps; select: best keeps the best checkpoint,
+        # saved at every evaluation.
+        (
+            {"evaluation": {"every": 3}, "hyperparameters": {"max_steps": 9}},
+            {"eval_strategy": "steps", "eval_steps": 3, "save_steps": 1, "load_best_model_at_end": False},
+        ),
+        (
+            {"evaluation": {"every": 3, "select": "best"}, "hyperparameters": {"max_steps": 9}},
+            {"eval_steps": 3, "save_steps": 3, "load_best_model_at_end": True},
+        ),
+        (
+            {"evaluation": {"every": 3, "select": "best", "metric": "length_penalty"}},
+            {"metric_for_best_model": "eval_length_penalty", "greater_is_better": True},
+        ),
         # tracking: the trackers, the project (trackio's), the run named after the job unless named, completions.
         ({"tracking": {"report_to": ["tensorboard"]}}, {"report_to": ["tensorboard"], "run_name": "job"}),
         (
@@ -97,6 +113,9 @@ def test_every_field_grpo_config_sets_is_owned_by_the_spec(make_spec, tmp_path):
     # strategy's fields, which accelerate launch's config sets.
     unset |= {"vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "vllm_server_base_url"}
     unset |= {"vllm_server_host", "vllm_server_port", "use_transformers_paged", "fsdp", "fsdp_config", "deepspeed"}
+    # Set only with evaluation.every > 0 (and select: best); eval_on_start never (the before score is step 0).
+    unset |= {"eval_strategy", "eval_steps", "eval_on_start", "load_best_model_at_end", "metric_for_best_model"}
+    unset |= {"greater_is_better"}
     assert set(grpo.owned_args(spec, JobDir(tmp_path / "job"))) == (owned & set(trl_fields()["fields"])) - unset
     assert not set(grpo.GRPO_DEFAULTS) & owned
 
@@ -336,7 +355,8 @@ def test_killed_and_resumed_matches_uninterrupted(tmp_path):
             "rewards": [{"name": "exact_answer"}, {"name": "length_penalty", "kwargs": {"max_chars": 4}}],
             "hyperparameters": {"max_steps": 20, "rollouts_per_prompt": 4, "max_response_length": 8},
             "checkpoint_every": 5,
-            "evaluation": {"holdout": 0},
+            # Held-out scores every 5 steps and the best checkpoint kept: the resumed run scores and selects the same.
+            "evaluation": {"holdout": 8, "every": 5, "select": "best", "metric": VARIETY},
         }
     )
 
@@ -345,7 +365,7 @@ def test_killed_and_resumed_matches_uninterrupted(tmp_path):
         shutil.rmtree(j.root, ignore_errors=True)
         j.root.mkdir()
         j.spec.write_text(to_yaml(spec))
-        ingest_dataset(spec.dataset.uri, j.dataset)
+        ingest_dataset(spec.dataset.uri, j.dataset, holdout=spec.evaluation.holdout, seed=spec.hyperparameters.seed)
         return j
 
     def child(j: JobDir) -> subprocess.Popen:
@@ -366,9 +386,15 @@ def test_killed_and_resumed_matches_uninterrupted(tmp_path):
 
     a, b = read_metrics(straight.metrics), read_metrics(killed.metrics)
     assert [r["step"] for r in b] == list(range(1, 21))
-    drop = {"step_time"}  # wall-clock, the only value allowed to differ
+    drop = {"step_time", "eval/seconds"}  # wall-clock, the only values allowed to differ
     assert [{k: v for k, v in r["values"].items() if k not in drop} for r in a] == [
         {k: v for k, v in r["values"].items() if k not in drop} for r in b
     ]
+    assert [r["step"] for r in b if "eval/variety" in r["values"]] == [5, 10, 15, 20]
     wa, wb = load_file(Path(straight.merged) / "model.safetensors"), load_file(killed.merged / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    selected = [json.loads(j.training_result.read_text())["selected_step"] for j in (straight, killed)]
+    assert selected[0] == selected[1]
+    assert [json.loads(j.evaluation.read_text())["series"] for j in (straight, killed)][0] == json.loads(
+        killed.evaluation.read_text()
+    )["series"]

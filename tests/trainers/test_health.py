@@ -345,3 +345,55 @@ def test_non_finite(records, expected):
 
 def test_non_finite_is_fatal():
     assert "non_finite" in health.FATAL and "policy_collapse" not in health.FATAL
+
+
+# --- held-out divergence ---------------------------------------------------------------------------------------------
+
+KEY = "eval/exact_answer"
+
+
+def held_out(n, every, reward, score):
+    """Steps 1..n with a training reward at each and the held-out score every `every` steps (functions of the step)."""
+    return series(n, reward=reward, **{KEY: lambda s: score(s) if s % every == 0 else None})
+
+
+DIVERGENCE_CASES = [
+    # TRUE: the held-out score falls at steps 20 and 30 while the reward climbs: fires at the second fall
+    (held_out(40, 10, lambda s: s / 40, lambda s: {10: 0.5, 20: 0.4, 30: 0.3, 40: 0.2}[s]), 30),
+    # TRUE: a rise first, then two falls
+    (held_out(50, 10, lambda s: s / 50, lambda s: {10: 0.3, 20: 0.5, 30: 0.45, 40: 0.4, 50: 0.4}[s]), 40),
+    # FALSE: one fall, then flat (not twice in a row)
+    (held_out(40, 10, lambda s: s / 40, lambda s: {10: 0.5, 20: 0.4, 30: 0.4, 40: 0.4}[s]), None),
+    # FALSE: both fall: a run getting worse, not a reward being gamed
+    (held_out(40, 10, lambda s: 1 - s / 40, lambda s: {10: 0.5, 20: 0.4, 30: 0.3, 40: 0.2}[s]), None),
+    # FALSE: both rise
+    (held_out(40, 10, lambda s: s / 40, lambda s: s / 80), None),
+    # FALSE: no held-out scores at all (evaluation.every 0)
+    (series(40, reward=lambda s: s / 40), None),
+]
+
+
+@pytest.mark.parametrize(("records", "expected"), DIVERGENCE_CASES)
+def test_held_out_divergence(records, expected):
+    assert fired(records, "held_out_divergence", held_out_key=KEY) == expected
+
+
+def test_held_out_divergence_needs_its_key_and_says_what_it_saw():
+    records = DIVERGENCE_CASES[0][0]
+    assert fired(records, "held_out_divergence") is None  # the monitor of a job without evaluation.every
+    [alert] = HealthMonitor(MAX_LEN, 0.0, held_out_key=KEY).check(records)
+    assert alert.kind == "held_out_divergence" and alert.step == 30
+    scores = [{"step": 10, "score": 0.5}, {"step": 20, "score": 0.4}, {"step": 30, "score": 0.3}]
+    assert alert.evidence["held_out"] == scores
+    assert [r["step"] for r in alert.evidence["reward"]] == [10, 20, 30]
+    assert alert.evidence["reward"][0]["mean_since_previous"] < alert.evidence["reward"][2]["mean_since_previous"]
+    assert "tighten the reward" in alert.advice.lower() and "evaluation.select: best" in alert.advice
+    assert verdict([alert]) == "held-out divergence suspected at step 30"
+
+
+def test_held_out_divergence_from_the_spec(make_spec):
+    from grpoflow.trainers.spec import load_spec
+
+    spec, _ = load_spec(make_spec("div", hyperparameters={"max_steps": 40}, evaluation={"holdout": 4, "every": 10}))
+    alerts = HealthMonitor.for_spec(spec).check(DIVERGENCE_CASES[0][0])
+    assert [a.kind for a in alerts] == ["held_out_divergence"]

@@ -110,3 +110,20 @@ def test_events_reader_keeps_event_records_only(tmp_path):
         '{"event": "grpoflow.job.started"}\n[1]\n{"step": 1, "values": {}}\n{"event": "grpoflow.job.completed"}\n'
     )
     assert [r["event"] for r in read_events(path)] == ["grpoflow.job.started", "grpoflow.job.completed"]
+
+
+def test_an_evaluated_step_is_one_line_with_its_held_out_score(tmp_path):
+    # Trainer logs an evaluated step twice (its training metrics, then eval_*): the line waits for the score.
+    path, callback = tmp_path / "metrics.jsonl", metrics_file_callback(tmp_path / "metrics.jsonl")
+    evaluating = TrainerControl(should_evaluate=True)
+    callback.on_log(None, TrainerState(global_step=1), TrainerControl(), logs={"reward": 0.1})
+    callback.on_log(None, TrainerState(global_step=2), evaluating, logs={"reward": 0.2})
+    assert [r["step"] for r in read_metrics(path)] == [1]  # step 2 waits for its held-out score
+    scores = {"eval_exact_answer": 0.35, "eval_seconds": 1.5, "epoch": 0.5}
+    callback.on_log(None, TrainerState(global_step=2), evaluating, logs=scores)
+    callback.on_log(None, TrainerState(global_step=3), TrainerControl(), logs={"reward": 0.3})
+    assert read_metrics(path) == [
+        {"step": 1, "values": {"reward": 0.1}},
+        {"step": 2, "values": {"reward": 0.2, "eval/exact_answer": 0.35, "eval/seconds": 1.5, "epoch": 0.5}},
+        {"step": 3, "values": {"reward": 0.3}},
+    ]

@@ -522,7 +522,8 @@ def test_every_violation_is_reported_at_once():
             f"{HP}.load_in_4bit: requires lora_rank (QLoRA trains LoRA adapters)",
             f"{HP}.lerning_rate: unknown key (did you mean 'learning_rate'?)",
             f"{HP}.global_batch_size: {GB} (got 64)",
-            "evaluation.metric: 'nope' is not one of this spec's rewards: exact_answer",
+            "evaluation.metric: 'nope' is not one of this spec's rewards: exact_answer (or give the metric as a "
+            "reward entry of its own: {name: ...} or {function: ...})",
             "nmae: unknown key (did you mean 'name'?)",
         ]
     )

@@ -389,7 +389,7 @@ class EvaluationSpec(_Section):
         0,
         ge=0,
         description="GRPO steps between held-out evaluations during training (greedy, in the training process, "
-        "logged as eval/<metric>; the last step is always scored); 0 scores only before and after training.",
+        "logged as eval/METRIC; the last step is always scored); 0 scores only before and after training.",
     )
     select: Literal["last", "best"] = Field(
         "last",
