@@ -22,7 +22,6 @@ from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 from grpoflow.trainers.spec import JobSpec, load_spec
 
-
 # One model load at a time in a process: a sweep's jobs evaluate in threads of one process, and neither transformers'
 # lazy imports nor `from_pretrained`'s meta-device initialisation is safe to run in two threads at once.
 _LOADING = threading.Lock()

@@ -246,7 +246,9 @@ def main(job_root: str) -> int:
     held_out = None
     if spec.evaluation.every:
         if "eval" not in splits:
-            raise SetupError("evaluation.every: the job's dataset/ has no held-out split (evaluation.holdout gave none)")
+            raise SetupError(
+                "evaluation.every: the dataset/ folder has no held-out split (evaluation.holdout gave none)"
+            )
         held_out = prepare_prompts(splits["eval"], spec.dataset.prompt_column, hp.system_prompt)
 
     # --- rewards (each call timed out and checked, so a bad reward stops the run naming itself and the step)
