@@ -45,6 +45,15 @@ def summary_rows(name: str, r: dict) -> list[list]:
             if side != "trl" and not side.startswith("trl"):
                 rows.append([name, f"steps/s vs TRL implied by time shares in the run, {side}", v["implied"], "", ""])
         return [*rows, [name, "startup vs TRL (child processes, wall)", r["startup"]["ratio"], "", ""]]
+    if name == "held_out":
+        s = r["summary"]
+        return [
+            [name, "held-out score of the kept (best) checkpoint, gamed reward (mean)", s["gamed_kept_mean"], "", ""],
+            [name, "held-out score of the last step, gamed reward (mean)", s["gamed_last_mean"], "", ""],
+            [name, "divergence alerts, gamed / honest reward (jobs)", f"{s['gamed_alerted']} / {s['honest_alerted']}",
+             "", ""],
+            [name, "seconds per held-out evaluation (demo)", s["eval_s_each"], "report", ""],
+        ]  # fmt: skip
     if name == "skip_zero_variance":
         return [
             [name, f"steps/s vs TRL (CPU time), skip on, {w}", s["skip_vs_trl"], f">= {s['target']}", s["target_met"]]

@@ -31,6 +31,7 @@ from grpoflow.integrations.stages import cancellable, resumable, retry_unless_fi
 from grpoflow.integrations.storage import is_remote, join
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.health import FATAL, Alert, HealthMonitor
+from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import run_child
 from grpoflow.trainers.metrics import read_events, read_metrics
@@ -125,9 +126,10 @@ class ProgressWatcher:
         max_steps = self.spec.hyperparameters.max_steps
         seconds_per_step = self.rate.seconds_per_step(step, values)
         self.progress.update(step, grpo_line(step, max_steps, values, seconds_per_step))
-        if step % self.every == 0 or step == max_steps:
+        held_out = {k: v for k, v in values.items() if k.startswith(EVAL_PREFIX) and k != EVAL_SECONDS}
+        if step % self.every == 0 or step == max_steps or held_out:  # every held-out score is announced
             summary = {k: values.get(k) for k in ("reward", "reward_std", "loss", "completions/mean_length", "kl")}
-            summary = {k: round(v, 4) for k, v in summary.items() if isinstance(v, float | int)}
+            summary = {k: round(v, 4) for k, v in (summary | held_out).items() if isinstance(v, float | int)}
             emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": max_steps, **summary})
         stop = None
         for alert in self.monitor.update(record):

@@ -185,9 +185,9 @@ class HealthMonitor:
         self._reward_best = -math.inf
         self._reward_worst = math.inf
         self._unscored_streak = 0  # steps in a row whose reward was NaN or null (no completion scored)
-        # Held-out scores during training: (step, score, mean training reward over the steps since the one before).
+        # Held-out scores during training: (step, score, the training rewards of the steps since the one before).
         self.held_out_key = held_out_key
-        self._held_out: list[tuple[int, float, float | None]] = []
+        self._held_out: list[tuple[int, float, list[float]]] = []
         self._rewards_since_held_out: list[float] = []
 
     @classmethod
@@ -259,7 +259,7 @@ class HealthMonitor:
             self._rewards_since_held_out.append(float(values["reward"]))
         if self.held_out_key and _finite(values.get(self.held_out_key)):
             rewards, self._rewards_since_held_out = self._rewards_since_held_out, []
-            self._held_out.append((step, float(values[self.held_out_key]), _mean(rewards) if rewards else None))
+            self._held_out = [*self._held_out[-2:], (step, float(values[self.held_out_key]), rewards)]
 
     def _track(self, key: str, value: float) -> None:
         # Running summaries, so that a step costs O(window) however long the run.
@@ -486,22 +486,30 @@ class HealthMonitor:
     # --- held-out divergence -----------------------------------------------------------------------------------------
 
     def _held_out_divergence(self, step: int) -> Alert | None:
-        points = self._held_out[-3:]
+        # The last three held-out scores fall, each below the one before, while the training reward of the steps
+        # since the first of them is above that of the steps up to it (a mean over two evaluation intervals: the
+        # reward of one step, or of a few, is too noisy to say it rose).
+        points = self._held_out
         if len(points) < 3 or points[-1][0] != step:
             return None
-        (first_step, first, first_reward), (_, middle, _), (_, last, last_reward) = points
-        if first_reward is None or last_reward is None or not (first > middle > last and last_reward > first_reward):
+        (first_step, first, before), (_, middle, later), (_, last, latest) = points
+        if not (before and later + latest) or not first > middle > last:
+            return None
+        reward_before, reward_since = _mean(before), _mean(later + latest)
+        if reward_since <= reward_before:
             return None
         metric = self.held_out_key.removeprefix("eval/")
         evidence = {
             "metric": self.held_out_key,
             "held_out": [{"step": s, "score": _r(score)} for s, score, _ in points],
-            "reward": [{"step": s, "mean_since_previous": _r(reward)} for s, _, reward in points],
+            "reward_up_to_first": _r(reward_before),
+            "reward_since_first": _r(reward_since),
         }
         message = (
             f"the held-out {metric} fell at two evaluations in a row ({first:.4g} at step {first_step}, then "
-            f"{middle:.4g}, then {last:.4g} at step {step}) while the training reward rose ({first_reward:.4g} to "
-            f"{last_reward:.4g}): the policy learns what the reward pays for, not the task."
+            f"{middle:.4g}, then {last:.4g} at step {step}) while the training reward rose (mean {reward_before:.4g} "
+            f"up to step {first_step}, {reward_since:.4g} since): the policy learns what the reward pays for, not "
+            "the task."
         )
         advice = (
             "Tighten the reward so that it pays only for what the task needs (check the answer itself, not its length "

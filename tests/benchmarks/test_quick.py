@@ -25,6 +25,7 @@ CASES = [
     ("ingest_scale", [], {"formats", "rows", "targets"}),
     ("cost_growth", [], {"cells", "fit_K_x_L", "fit_L_and_K_x_L", "fit_generated_tokens"}),
     ("generation", [], {"sides", "paged_speed_vs_transformers", "faster", "default_engine", "target_met"}),
+    ("held_out", [], {"runs", "summary", "seeds", "specs"}),
     # --smoke runs the GPU script's whole path on a CPU (a tiny-width model; QLoRA is skipped there, and says so).
     ("gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}),
 ]
@@ -129,3 +130,10 @@ def test_pipeline_overhead_rejects_a_repeat_count_that_is_not_a_run(repeats, cap
         pipeline_overhead.main(["--repeats", repeats])
     assert exited.value.code == 2
     assert f"{repeats!r} is not a whole number of runs, 1 or more" in capsys.readouterr().err
+
+
+def check_held_out(data):
+    assert [r["kind"] for r in data["runs"]] == ["gamed", "honest"]
+    for run in data["runs"]:
+        assert [p["step"] for p in run["series"]] == [0, 2, 4, 6] and run["evaluations"] == 3
+        assert run["kept_step"] in (2, 4, 6) and run["eval_s_each"] > 0

@@ -364,6 +364,16 @@ DIVERGENCE_CASES = [
     (held_out(50, 10, lambda s: s / 50, lambda s: {10: 0.3, 20: 0.5, 30: 0.45, 40: 0.4, 50: 0.4}[s]), 40),
     # FALSE: one fall, then flat (not twice in a row)
     (held_out(40, 10, lambda s: s / 40, lambda s: {10: 0.5, 20: 0.4, 30: 0.4, 40: 0.4}[s]), None),
+    # TRUE: the reward of one interval dips (noise), but it rose over the two since the first fall
+    (
+        held_out(
+            30,
+            5,
+            lambda s: {5: 0.6, 10: 0.5, 15: 0.7}.get(s, 0.6 if s <= 5 else 0.5 if s <= 10 else 0.8),
+            lambda s: {5: 0.3, 10: 0.2, 15: 0.1, 20: 0.1, 25: 0.1, 30: 0.1}[s],
+        ),
+        15,
+    ),
     # FALSE: both fall: a run getting worse, not a reward being gamed
     (held_out(40, 10, lambda s: 1 - s / 40, lambda s: {10: 0.5, 20: 0.4, 30: 0.3, 40: 0.2}[s]), None),
     # FALSE: both rise
@@ -385,8 +395,9 @@ def test_held_out_divergence_needs_its_key_and_says_what_it_saw():
     assert alert.kind == "held_out_divergence" and alert.step == 30
     scores = [{"step": 10, "score": 0.5}, {"step": 20, "score": 0.4}, {"step": 30, "score": 0.3}]
     assert alert.evidence["held_out"] == scores
-    assert [r["step"] for r in alert.evidence["reward"]] == [10, 20, 30]
-    assert alert.evidence["reward"][0]["mean_since_previous"] < alert.evidence["reward"][2]["mean_since_previous"]
+    # the training reward: steps 1-10 against steps 11-30
+    assert alert.evidence["reward_up_to_first"] == pytest.approx(5.5 / 40)
+    assert alert.evidence["reward_since_first"] == pytest.approx(20.5 / 40)
     assert "tighten the reward" in alert.advice.lower() and "evaluation.select: best" in alert.advice
     assert verdict([alert]) == "held-out divergence suspected at step 30"
 

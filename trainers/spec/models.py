@@ -361,6 +361,19 @@ class GateSpec(_Section):
     )
 
 
+def _metric_form(schema: dict) -> None:
+    """`evaluation.metric` in the JSON schema (the Prefect form): one flat choice of a reward's name, an entry of its
+    own, or nothing, as `RewardSpec.name` offers its choices (the discriminated union would nest a oneOf)."""
+    branches = next((b["oneOf"] for b in schema.get("anyOf", []) if "oneOf" in b), None)
+    if branches:
+        name, entry = branches
+        schema["anyOf"] = [
+            {**name, "title": "A job reward, by name"},
+            {**entry, "title": "A metric of its own (never trained on)"},
+            {"type": "null"},
+        ]
+
+
 def _metric_kind(value: Any) -> str:
     return METRIC_ENTRY if isinstance(value, dict | RewardSpec) else METRIC_NAME
 
@@ -384,6 +397,7 @@ class EvaluationSpec(_Section):
         description="What scores the held-out completions: a job reward by name, or one entry in the rewards' form "
         "(name | function | model, with kwargs) scored on the held-out prompts only and never trained on, so that "
         "a reward that can be gamed is checked by one that cannot; default: the first reward.",
+        json_schema_extra=_metric_form,
     )
     every: Int = Field(
         0,

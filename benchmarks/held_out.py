@@ -1,0 +1,138 @@
+"""Benchmark 8: held-out scores during training (`evaluation.every`), when the reward and the held-out metric disagree.
+
+    python -m benchmarks.held_out [--quick] [--json PATH] [--seeds 1,2,3]
+
+Two jobs per seed, each through the pipeline's own stages without Prefect (the ingested job folder, then the SFT and
+GRPO children, as in benchmarks/learning.py):
+
+- `gamed`: examples/held-out.yaml. GRPO is paid for the sentence form alone (`answer_format` with the pattern
+  "The answer is N."), the held-out metric is `exact_answer` (the bare, right number), scored every 5 steps, and
+  `select: best` keeps the best-scoring checkpoint. The table gives the held-out score before GRPO, of the kept
+  (best) checkpoint and of the last step, the step kept, and where the `held_out_divergence` alert fired.
+- `honest`: the demo (examples/arithmetic.yaml) with `evaluation.every: 10` and `select: best`: the reward is the
+  metric, so the alert should stay silent; and the cost of the evaluations: seconds per evaluation (greedy
+  completions of the 40 held-out prompts and their scores, `eval/seconds` in metrics.jsonl) and their share of TRL's
+  train_runtime.
+
+The alerts are the health monitor's (`HealthMonitor.for_spec`) over each job's metrics.jsonl, as the training task
+raises them live. Reported, never asserted. The whole run (3 seeds) takes about 8 minutes on a 2-core CPU; `--quick`
+runs one seed of each with 20 SFT and 6 GRPO steps on 8 held-out prompts: it checks the script.
+"""
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from benchmarks.common import REPO_ROOT, finish, fmt, markdown_table, parser
+from benchmarks.learning import merged, prepare_job
+
+SPECS = {"gamed": REPO_ROOT / "examples" / "held-out.yaml", "honest": REPO_ROOT / "examples" / "arithmetic.yaml"}
+CHANGES = {"gamed": {}, "honest": {"evaluation": {"every": 10, "select": "best"}, "checkpoint_every": None}}
+SEEDS = (1, 2, 3)
+QUICK = {"sft": {"max_steps": 20}, "hyperparameters": {"max_steps": 6}, "evaluation": {"holdout": 8, "every": 2}}
+
+
+def job_spec(kind: str, seed: int, root: Path, quick: bool) -> dict:
+    """The kind's spec with its changes, the seed (which also draws the held-out prompts) and the output root."""
+    base = yaml.safe_load(SPECS[kind].read_text())
+    spec = merged(base, CHANGES[kind])
+    spec = merged(spec, QUICK) if quick else spec
+    spec = merged(spec, {"hyperparameters": {"seed": seed}, "output_uri": str(root)})
+    spec["name"] = f"held-out-{kind}-{seed}"
+    spec["dataset"]["uri"] = str(REPO_ROOT / base["dataset"]["uri"])
+    return spec
+
+
+def run_one(kind: str, seed: int, root: Path, quick: bool) -> dict:
+    """One job: SFT and GRPO children; its held-out series, the step kept, the alerts and the evaluations' cost."""
+    from grpoflow.trainers.health import HealthMonitor
+    from grpoflow.trainers.held_out import EVAL_SECONDS
+    from grpoflow.trainers.launch import run_child
+    from grpoflow.trainers.metrics import read_metrics
+
+    spec, job = prepare_job(job_spec(kind, seed, root, quick), root)
+    started = time.monotonic()
+    run_child("grpoflow.trainers.sft", job, 1, "sft.log")
+    run_child("grpoflow.trainers.grpo", job, 1, "grpo.log", result=job.training_result)
+    training = json.loads(job.training_result.read_text())
+    evaluation = training["evaluation"]
+    records = read_metrics(job.metrics)
+    alerts = HealthMonitor.for_spec(spec).check(records)
+    divergence = next((a.step for a in alerts if a.kind == "held_out_divergence"), None)
+    eval_seconds = [r["values"][EVAL_SECONDS] for r in records if EVAL_SECONDS in r["values"]]
+    return {
+        "kind": kind,
+        "seed": seed,
+        "metric": evaluation["metric"],
+        "n": evaluation["n"],
+        "before": evaluation["before"],
+        "kept": evaluation["after"],
+        "kept_step": evaluation["selected_step"],
+        "last": evaluation["series"][-1]["score"],
+        "series": evaluation["series"],
+        "divergence_step": divergence,
+        "alerts": [a.kind for a in alerts],
+        "evaluations": len(eval_seconds),
+        "eval_s_each": statistics.mean(eval_seconds) if eval_seconds else None,
+        "eval_share_of_train_runtime": sum(eval_seconds) / training["train_runtime"] if eval_seconds else None,
+        "wall_s": time.monotonic() - started,
+    }
+
+
+def mean(runs: list[dict], key: str) -> float | None:
+    """The mean of `key` over the runs that have it."""
+    values = [r[key] for r in runs if r[key] is not None]
+    return statistics.mean(values) if values else None
+
+
+def table(runs: list[dict]) -> str:
+    rows = [
+        [r["kind"], r["seed"], fmt(r["before"]), fmt(r["kept"]), r["kept_step"], fmt(r["last"]),
+         r["divergence_step"] or "—", r["evaluations"], fmt(r["eval_s_each"]), fmt(r["eval_share_of_train_runtime"])]
+        for r in runs
+    ]  # fmt: skip
+    metric = runs[0]["metric"] if runs else "score"
+    headers = [
+        "job", "seed", f"held-out {metric} before", "kept (best)", "step kept", "last step",
+        "divergence alert at", "evaluations", "s each", "share of train_runtime",
+    ]  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+def main(argv=None) -> dict:
+    p = parser(__doc__)
+    p.add_argument("--seeds", help="comma-separated seeds (default 1,2,3; 1 with --quick)")
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([SEEDS[0]] if args.quick else list(SEEDS))
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="grpoflow-bench-held-out-") as tmp:
+        for seed in seeds:
+            for kind in SPECS:
+                print(f"--- {kind}, seed {seed}", file=sys.stderr, flush=True)
+                runs.append(run_one(kind, seed, Path(tmp), args.quick))
+    gamed = [r for r in runs if r["kind"] == "gamed"]
+    honest = [r for r in runs if r["kind"] == "honest"]
+    summary = {
+        "gamed_kept_mean": mean(gamed, "kept"),
+        "gamed_last_mean": mean(gamed, "last"),
+        "gamed_alerted": sum(r["divergence_step"] is not None for r in gamed),
+        "honest_alerted": sum(r["divergence_step"] is not None for r in honest),
+        "eval_s_each": mean(honest, "eval_s_each"),
+        "eval_share_of_train_runtime": mean(honest, "eval_share_of_train_runtime"),
+    }
+    return finish(
+        "held_out",
+        args,
+        table(runs),
+        {"specs": {k: str(v.relative_to(REPO_ROOT)) for k, v in SPECS.items()}, "changes": CHANGES, "seeds": seeds,
+         "summary": summary, "runs": runs},
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
