@@ -64,6 +64,10 @@ REWARD_GAIN_EPS = 0.05
 # No learning signal: over `no_signal_window` steps, this share of groups (at least) had zero reward variance.
 NO_SIGNAL_WINDOW = 20
 NO_SIGNAL_FRACTION = 0.95
+# Held-out divergence: the held-out score fell at two evaluations in a row by at least this much in all (10 points of a
+# 0-1 metric). On the demo (40 held-out prompts, a score every 10 steps) an honest run's score falls by 0.05-0.075
+# over two evaluations now and then, by noise alone; a gamed reward's falls by 0.1 and more (benchmarks/held_out.py).
+HELD_OUT_MIN_DROP = 0.1
 
 # kl is TRL's per-token estimate of KL(policy || reference) in nats. A run held by its KL term usually stays in the
 # hundredths; below this floor growth is the expected drift away from the reference at the start (kl is 0 at step 1).
@@ -103,6 +107,7 @@ class Thresholds:
     kl_keep_pace: float = KL_KEEP_PACE
     no_signal_window: int = NO_SIGNAL_WINDOW
     no_signal_fraction: float = NO_SIGNAL_FRACTION
+    held_out_min_drop: float = HELD_OUT_MIN_DROP
 
 
 @dataclass
@@ -202,6 +207,7 @@ class HealthMonitor:
             held_out_key=eval_key(spec) if spec.evaluation.every else None,
             no_signal_window=health.no_signal_window,
             no_signal_fraction=health.no_signal_fraction,
+            held_out_min_drop=health.held_out_min_drop,
         )
 
     # --- feeding -----------------------------------------------------------------------------------------------------
@@ -486,7 +492,8 @@ class HealthMonitor:
     # --- held-out divergence -----------------------------------------------------------------------------------------
 
     def _held_out_divergence(self, step: int) -> Alert | None:
-        # The last three held-out scores fall, each below the one before, while the training reward of the steps
+        # The last three held-out scores fall, each below the one before and by held_out_min_drop in all, while the
+        # training reward of the steps
         # since the first of them is above that of the steps up to it (a mean over two evaluation intervals: the
         # reward of one step, or of a few, is too noisy to say it rose).
         points = self._held_out
@@ -495,6 +502,8 @@ class HealthMonitor:
         (first_step, first, before), (_, middle, later), (_, last, latest) = points
         if not (before and later + latest) or not first > middle > last:
             return None
+        if first - last < self.thresholds.held_out_min_drop - 1e-9:  # 0.5 - 0.4 is 0.0999...; 0.1 counts
+            return None  # within the noise of the held-out prompts
         reward_before, reward_since = _mean(before), _mean(later + latest)
         if reward_since <= reward_before:
             return None
@@ -504,6 +513,7 @@ class HealthMonitor:
             "held_out": [{"step": s, "score": _r(score)} for s, score, _ in points],
             "reward_up_to_first": _r(reward_before),
             "reward_since_first": _r(reward_since),
+            "min_drop": self.thresholds.held_out_min_drop,
         }
         message = (
             f"the held-out {metric} fell at two evaluations in a row ({first:.4g} at step {first_step}, then "

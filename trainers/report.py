@@ -308,9 +308,16 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
         parts.append(selection)
     series = evaluation.get("series") or []
     if len(series) > 2:  # scores taken during training (evaluation.every)
-        rewards = dict(zip(*_series(records, "reward"), strict=True))
-        lines = [[str(p["step"]), _score(p["score"]), number(rewards.get(p["step"]))] for p in series]
-        parts.append(table(["step", f"held-out {evaluation.get('metric')}", "training reward"], lines))
+        steps, rewards = _series(records, "reward")
+        lines, previous = [], 0
+        for point in series:
+            since = [r for step, r in zip(steps, rewards, strict=True) if previous < step <= point["step"]]
+            lines.append(
+                [str(point["step"]), _score(point["score"]), number(sum(since) / len(since) if since else None)]
+            )
+            previous = point["step"]
+        headers = ["step", f"held-out {evaluation.get('metric')}", "training reward (mean since the row before)"]
+        parts.append(table(headers, lines))
     if plot is not None:
         parts.append(f"![{plot.stem}]({plot.name})")
     return "\n\n".join(parts)
@@ -339,8 +346,8 @@ def plot_held_out(evaluation: dict | None, records: list[dict], out_dir: Path) -
         return None
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 3.5))
-    fig.subplots_adjust(left=0.11, right=0.89, top=0.9, bottom=0.15)
+    fig = Figure(figsize=(7, 3.8))
+    fig.subplots_adjust(left=0.11, right=0.89, top=0.91, bottom=0.27)
     ax = fig.add_subplot()
     steps, scores = [p["step"] for p in series], [p["score"] for p in series]
     ax.plot(steps, scores, color="tab:green", marker="o", linewidth=2, label=f"held-out {evaluation['metric']}")
@@ -353,14 +360,9 @@ def plot_held_out(evaluation: dict | None, records: list[dict], out_dir: Path) -
         window = max(2, min(20, len(rewards) // 10))
         twin.plot(reward_steps, _moving_average(rewards, window), color="tab:blue", alpha=0.7, label="training reward")
         twin.set_ylabel(f"training reward ({window}-step average)")
-        ax.legend(
-            ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0],
-            [*ax.get_legend_handles_labels()[1], *twin.get_legend_handles_labels()[1]],
-            loc="best",
-            fontsize="small",
-        )
-    else:
-        ax.legend(loc="best", fontsize="small")
+    # Below the plot, where no curve runs.
+    handles, labels = (sum(pair, []) for pair in zip(*(a.get_legend_handles_labels() for a in fig.axes), strict=True))
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3, fontsize="small")
     ax.grid(alpha=0.3)
     path = Path(out_dir) / "held_out.png"
     with _DRAWING:

@@ -362,6 +362,8 @@ DIVERGENCE_CASES = [
     (held_out(40, 10, lambda s: s / 40, lambda s: {10: 0.5, 20: 0.4, 30: 0.3, 40: 0.2}[s]), 30),
     # TRUE: a rise first, then two falls
     (held_out(50, 10, lambda s: s / 50, lambda s: {10: 0.3, 20: 0.5, 30: 0.45, 40: 0.4, 50: 0.4}[s]), 40),
+    # FALSE: two falls of one prompt in 40 each (0.05 in all, below health.held_out_min_drop, 0.1): noise
+    (held_out(40, 10, lambda s: s / 40, lambda s: {10: 0.8, 20: 0.775, 30: 0.75, 40: 0.75}[s]), None),
     # FALSE: one fall, then flat (not twice in a row)
     (held_out(40, 10, lambda s: s / 40, lambda s: {10: 0.5, 20: 0.4, 30: 0.4, 40: 0.4}[s]), None),
     # TRUE: the reward of one interval dips (noise), but it rose over the two since the first fall

@@ -64,7 +64,7 @@ def test_the_series_and_after_are_the_kept_models(make_job):
     report = write_report(job, spec, evaluation, []).read_text()
     assert f"**Model kept:** step {best}, the best held-out score during training" in report
     assert "![held_out](held_out.png)" in report and (job.root / "held_out.png").stat().st_size > 0
-    assert "| step | held-out variety | training reward |" in report
+    assert "| step | held-out variety | training reward (mean since the row before) |" in report
 
 
 def test_select_last_keeps_the_last_step(make_job):

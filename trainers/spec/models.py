@@ -330,6 +330,14 @@ class HealthSpec(_Section):
         description="The least wait for a new step before the stall watchdog alerts (it stops at twice the wait), "
         "so a slow step or a checkpoint save on a fast run does not trip it.",
     )
+    held_out_min_drop: float = Field(
+        0.1,
+        ge=0,
+        description="The 'held-out divergence' alert (with evaluation.every) fires when the held-out score falls "
+        "at two evaluations in a row, by this much in all (in the metric's units: 0.1 is 10 points of a 0-1 metric, "
+        "4 of 40 prompts), while the training reward rises; smaller falls are within the noise of a few dozen "
+        "held-out prompts.",
+    )
 
 
 class GateSpec(_Section):
