@@ -1,16 +1,19 @@
 """One writer per job folder: `<job>/.lock` names the process that runs the job (pid, host, process start time).
 
-`JobLock(job).acquire()` creates the file atomically (`O_CREAT | O_EXCL`); a second run of the same job, here or on
-another machine sharing the folder, finds it and is refused with `JobLocked` naming the holder. A lock whose holder
-is gone (a crashed or killed run: same host, and no process with that pid and start time) is stale and taken over.
-A lock held from another host cannot be checked from here and is never taken over: remove the file by hand once
-that run is known to be dead. `release()` removes the file only if it is still ours.
+`JobLock(job).acquire()` takes an exclusive kernel lock on the file (`flock`), which the kernel drops when its process
+ends however it ends, then writes its owner record into it; a second run of the same job, here or on another machine
+sharing the folder, fails to take the lock and is refused with `JobLocked` naming the holder. Taking over a stale
+lock (a crashed or killed run's record, left in the file) happens under that same kernel lock, so two runs taking
+over at the same moment cannot both win. A record written by another host that did not release it is never taken
+over (a filesystem may not carry locks between machines): remove the file by hand once that run is known to be
+dead. `release()` removes the file and drops the lock, only if it is ours.
 """
 
+import fcntl
 import json
 import os
 import socket
-import time
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,6 +53,12 @@ def _held_by(path: Path, owner: dict) -> str:
     )
 
 
+# The locks this process holds: path -> the open file whose flock is the lock. A retried flow run in the same
+# process takes the same job again (re-entrant); flock would refuse a second open file of the same process.
+_held: dict[str, int] = {}
+_held_guard = threading.Lock()
+
+
 class JobLock:
     """The lock of one job folder. Re-entrant within a process: a retried flow run in the same process keeps it."""
 
@@ -57,7 +66,7 @@ class JobLock:
         self.path = Path(root) / ".lock"
 
     def holder(self) -> dict | None:
-        """The lock file's owner record, or None when unlocked (or unreadable: a torn write counts as no lock)."""
+        """The lock file's owner record, or None when unlocked (or not yet written: an empty file)."""
         try:
             owner = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -66,41 +75,70 @@ class JobLock:
 
     def acquire(self) -> None:
         """Takes the lock, taking over a stale one. Raises `JobLocked` when a live process holds it."""
-        me = _me()
-        for _ in range(3):  # a stale lock removed by two runs at once: one of them wins the create
+        key = str(self.path.resolve())
+        with _held_guard:
+            if key in _held:
+                return  # ours already
+            fd = self._locked_fd()
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+                self._check_record(fd)
+                record = json.dumps(_me()).encode()
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, record, 0)
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)  # drops the flock
+                raise
+            _held[key] = fd
+
+    def _locked_fd(self) -> int:
+        """An open file of `.lock` holding its flock, the file that is at the path now (a file another run removed
+        while this one opened it locks nothing: opened again)."""
+        for _ in range(20):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
                 owner = self.holder()
-                if owner and owner.get("pid") == me["pid"] and owner.get("host") == me["host"]:
-                    return  # ours already
-                if owner is None and time.time() - self._mtime() < 5:
-                    time.sleep(0.2)  # being written right now
-                    continue
-                if owner is not None and _alive(owner):
-                    raise JobLocked(_held_by(self.path, owner)) from None
-                self.path.unlink(missing_ok=True)  # stale: its owner is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            return
-        raise JobLocked(f"could not lock {self.path}: another run keeps taking it")
+                if owner is None:
+                    raise JobLocked(
+                        f"job {self.path.parent.name} is being started by another run; wait for it"
+                    ) from None
+                raise JobLocked(_held_by(self.path, owner)) from None
+            try:
+                same = os.fstat(fd).st_ino == self.path.stat().st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)  # released and removed by its holder between our open and our flock
+        raise JobLocked(f"could not lock {self.path}: other runs keep taking and releasing it")
+
+    def _check_record(self, fd: int) -> None:
+        """Under the flock: the record a run that ended without releasing left in the file. One of this host whose
+        process is gone is stale (taken over); one of another host, or of a live process that wrote it without the
+        flock (grpoflow before the flock), is refused."""
+        try:
+            owner = json.loads(os.pread(fd, 1 << 16, 0) or b"null")
+        except ValueError:
+            owner = None  # a torn record: its writer died mid-write
+        if isinstance(owner, dict) and owner.get("pid") is not None and _alive(owner):
+            raise JobLocked(_held_by(self.path, owner))
 
     def check(self) -> None:
         """Raises `JobLocked` when another live process holds the lock (without taking it)."""
+        if str(self.path.resolve()) in _held:
+            return
         owner = self.holder()
-        mine = owner and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname()
-        if owner and not mine and _alive(owner):
+        if owner and _alive(owner):
             raise JobLocked(_held_by(self.path, owner))
 
     def release(self) -> None:
-        """Removes the lock file when this process holds it."""
-        owner = self.holder()
-        if owner and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
-            self.path.unlink(missing_ok=True)
-
-    def _mtime(self) -> float:
-        try:
-            return self.path.stat().st_mtime
-        except OSError:
-            return 0.0
+        """Removes the lock file and drops the lock when this process holds it."""
+        with _held_guard:
+            fd = _held.pop(str(self.path.resolve()), None)
+            if fd is None:
+                return
+            self.path.unlink(missing_ok=True)  # before the flock goes: a waiting open then finds no file, or a new one
+            os.close(fd)
