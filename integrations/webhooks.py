@@ -52,6 +52,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.spec import WebhookSpec
+from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, link_local_address
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +233,8 @@ def _worker(q: queue.Queue) -> None:
 def _send(client: httpx2.Client, item: _Delivery) -> None:
     """Posts `item` until it is delivered, fails for good, or runs out of attempts; logs every attempt."""
     secret, problem = _secret(item.hook)
+    if why := link_local_address(item.hook.url, resolve=True):  # a name the spec's check could not see through
+        problem = f"{why}: not sent (the operator allows it with {ALLOW_LINK_LOCAL_ENV}=1)"
     if problem:
         _finish(item, attempt=0, outcome="failed", error=problem)
         return

@@ -191,6 +191,12 @@ def _check_file(src: _Source, storage_options: dict | None) -> None:
         if src.is_local and not os.path.isfile(path):
             # Opening a named pipe waits for a writer forever.
             raise DatasetError(f"dataset {src.uri} is not a regular file (a pipe, socket or device)")
+        if src.is_local and not _has_data_extension(os.path.realpath(path)):
+            # A link named data.csv to /etc/shadow: its lines would come back in the errors about its "columns".
+            raise DatasetError(
+                f"dataset {src.uri} is a link to {os.path.realpath(path)}, which is not a data file (.jsonl, .json, "
+                ".csv, .parquet); link the data file itself"
+            )
         with fs.open(path, "rb"):
             size = fs.size(path)
     except PermissionError as e:

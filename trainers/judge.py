@@ -30,6 +30,7 @@ import httpx2
 
 from grpoflow.trainers.rewards import NUMBER
 from grpoflow.trainers.rewards.text import completion_text
+from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, link_local_address, url_credentials
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -83,6 +84,8 @@ def judge_kwargs_problems(kwargs: dict) -> list[tuple[str, str]]:
             # A key pasted where its variable's name belongs is not echoed into logs.
             got = "a value that is not one" if key == "api_key_env" else repr(value)
             problems.append((key, f"must be {hint}, got {got}"))
+    if isinstance(kwargs.get("base_url"), str) and not any(key == "base_url" for key, _ in problems):
+        problems += _endpoint_problems(kwargs["base_url"])
     if isinstance(kwargs.get("rubric"), str):
         problems += [("rubric", p) for p in _rubric_problems(kwargs["rubric"])]
     if isinstance(kwargs.get("score_regex"), str):
@@ -91,6 +94,17 @@ def judge_kwargs_problems(kwargs: dict) -> list[tuple[str, str]]:
         except re.error as exc:
             problems.append(("score_regex", f"not a valid regular expression: {exc}"))
     return problems
+
+
+def _endpoint_problems(base_url: str, resolve: bool = False) -> list[tuple[str, str]]:
+    """A judge endpoint holding a credential, or on a link-local / cloud-metadata address (the URL is not echoed)."""
+    if where := url_credentials(base_url):
+        return [("base_url", f"holds credentials ({where}); give the key's variable name in api_key_env instead")]
+    if why := link_local_address(base_url, resolve=resolve):
+        return [
+            ("base_url", f"{why}: refused as a judge endpoint; the operator allows it with {ALLOW_LINK_LOCAL_ENV}=1")
+        ]
+    return []
 
 
 def rubric_fields(rubric: str) -> list[str]:
@@ -165,7 +179,8 @@ def get_llm_judge_reward(
     ```
     """
     given = {k: v for k, v in locals().items() if v is not None}
-    if problems := judge_kwargs_problems(given):
+    # Here the endpoint's name is looked up too: what the requests would reach.
+    if problems := judge_kwargs_problems(given) or _endpoint_problems(base_url, resolve=True):
         raise ValueError("; ".join(f"kwargs.{key}: {message}" for key, message in problems))
     headers = {"Authorization": f"Bearer {_api_key(api_key_env)}"} if api_key_env else {}
     pattern = re.compile(score_regex) if score_regex else None

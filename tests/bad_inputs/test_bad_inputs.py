@@ -154,9 +154,15 @@ def model_with_learned_positions(case: Path) -> dict:
     return {}
 
 
+def dataset_linked_to_a_system_file(case: Path) -> dict:
+    (case / "data.csv").symlink_to("/etc/passwd")  # a name with a data extension, the content of a system file
+    return {"dataset": case / "data.csv"}
+
+
 MAKERS = {
     maker.__name__: maker
     for maker in (
+        dataset_linked_to_a_system_file,
         latin1_spec,
         huge_spec,
         huge_override,
@@ -262,6 +268,8 @@ def test_bad_input_is_rejected(case, tmp_path, monkeypatch, request):
     for fragment in case["expect"]:
         assert fill(fragment, values) in err, f"{case['why']}\nmissing {fragment!r} in:\n{err}"
     assert "Traceback" not in err + out
+    for secret in case.get("never_shown", []):  # a credential, or a line of a file that is not the dataset
+        assert secret not in err + out, f"{case['why']}\n{secret!r} shown in:\n{err}"
     # No job folder, half-written or whole, and no stray temporary files: nothing new at all in the case folder.
     assert not list(values["root"].glob("*/spec.yaml"))
     assert sorted(str(p.relative_to(folder)) for p in set(folder.rglob("*")) - before if not p.is_dir()) == []

@@ -1,13 +1,14 @@
-"""URIs grpoflow accepts: their scheme, whether they are remote, and why fsspec cannot open one
-(`grpoflow.trainers.uris`)."""
+"""URIs grpoflow accepts: their scheme, whether they are remote, why fsspec cannot open one, and the credentials and
+link-local addresses refused in them (`grpoflow.trainers.uris`)."""
 
 import doctest
+import socket
 from pathlib import Path
 
 import pytest
 
 from grpoflow.trainers import uris
-from grpoflow.trainers.uris import is_remote, unopenable, url_scheme
+from grpoflow.trainers.uris import is_remote, link_local_address, unopenable, url_credentials, url_scheme
 
 
 def test_doctest():
@@ -53,3 +54,46 @@ def test_unopenable(uri, fragment):
         assert reason is None
     else:
         assert reason.startswith(fragment) and "s3://bucket/prefix" in reason
+
+
+@pytest.mark.parametrize(
+    "url, where",
+    [
+        ("s3://AKIAEXAMPLE:secret@bucket/runs", "user:password@"),
+        ("https://user@host/hook", "user:password@"),
+        ("https://h/x?X-Amz-Signature=abc&a=1", "?X-Amz-Signature="),
+        ("https://h/x?api_key=1&token=2", "?api_key=, ?token="),
+        ("s3://bucket/runs", None),
+        ("runs/a@b", None),  # a path, not a URL
+        ("https://h/x?page=2", None),
+    ],
+)
+def test_url_credentials(url, where):
+    assert url_credentials(url) == where
+
+
+@pytest.mark.parametrize(
+    "url, link_local",
+    [
+        ("http://169.254.169.254/latest/meta-data/", True),
+        ("http://2852039166/", True),  # 169.254.169.254 as one number
+        ("http://0xa9fea9fe/", True),
+        ("http://[::ffff:169.254.169.254]/", True),
+        ("http://[fe80::1]/", True),
+        ("http://metadata.google.internal/computeMetadata/v1/", True),
+        ("http://100.100.100.200/latest/meta-data/", True),  # Alibaba Cloud's
+        ("http://127.0.0.1:8000/v1", False),
+        ("https://hooks.example.com/x", False),  # a name, not looked up unless asked
+    ],
+)
+def test_link_local_address(url, link_local):
+    assert (link_local_address(url) is not None) == link_local
+
+
+def test_link_local_by_name_and_the_operators_switch(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port: [(None, None, None, "", ("169.254.10.1", 0))])
+    assert link_local_address("https://rebind.example/x", resolve=True) == (
+        "rebind.example resolves to 169.254.10.1, a link-local address"
+    )
+    monkeypatch.setenv("GRPOFLOW_ALLOW_LINK_LOCAL_URLS", "1")
+    assert link_local_address("http://169.254.169.254/", resolve=True) is None

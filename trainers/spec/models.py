@@ -8,7 +8,7 @@ rules (`trainers/spec/rules.py`) once its fields are valid, then fills the defau
 import importlib.util
 import re
 from typing import Annotated, Any, Literal, get_args
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -25,7 +25,13 @@ from pydantic_core import PydanticCustomError
 
 from grpoflow.trainers.rewards.builtin import REWARDS
 from grpoflow.trainers.spec.rules import GRPOFLOW_ONLY, TRL, function_name, model_name, rule_problems
-from grpoflow.trainers.uris import unopenable
+from grpoflow.trainers.uris import (
+    ALLOW_LINK_LOCAL_ENV,
+    credentials_instead,
+    link_local_address,
+    unopenable,
+    url_credentials,
+)
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
 # Spelled without \w so that the UI's JavaScript check and Python's agree (ASCII only).
@@ -49,6 +55,28 @@ class _Section(BaseModel):
         if isinstance(value, bool) and not _accepts_bool(cls.model_fields[info.field_name].annotation):
             raise PydanticCustomError("bool_not_number", "must be a number, not true or false")
         return value
+
+
+def _no_credentials(value: str) -> str:
+    """Refuses a URL holding a credential (`s3://KEY:SECRET@bucket`, `?token=`): the spec is stored in spec.yaml,
+    Prefect's database, events and logs. The message never repeats the URL."""
+    if where := url_credentials(value):
+        raise PydanticCustomError(
+            "url_credentials",
+            "holds credentials ({where}): a spec is stored in spec.yaml, Prefect's database, events and logs; "
+            "give them as {instead}",
+            {"where": where, "instead": credentials_instead(value)},
+        )
+    return value
+
+
+def _not_link_local(value: str, what: str) -> None:
+    """Refuses an endpoint on a link-local or cloud-metadata address unless the operator allows it."""
+    if why := link_local_address(value):
+        raise ValueError(
+            f"{why}: refused as {what}, since a spec could send the machine's own credentials there; the operator "
+            f"allows it with {ALLOW_LINK_LOCAL_ENV}=1 in the work pool's environment"
+        )
 
 
 def _no_form_default(schema: dict) -> None:
@@ -235,6 +263,11 @@ class DatasetSpec(_Section):
         description="Longest line a JSON Lines or CSV file may have, in bytes; a longer one rejects the dataset "
         "(found by streaming the file, before any of it is parsed).",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _no_credentials_in_uri(cls, value: str) -> str:
+        return _no_credentials(value)
 
 
 class RewardSpec(_Section):
@@ -461,10 +494,6 @@ class DeploySpec(_Section):
     name: Slug = Field(description="Deployment name (a slug).")
 
 
-# Query parameters that carry a credential (`?token=`, `?api_key=`, `?sig=`...): refused in a webhook URL.
-_CREDENTIAL = re.compile(r"(?i)(.*[_-])?(token|key|apikey|sig|signature|secret|password|passwd|pwd|auth|credentials?)")
-
-
 class WebhookSpec(_Section):
     """A webhook receiving the job's events (Standard Webhooks)."""
 
@@ -479,17 +508,14 @@ class WebhookSpec(_Section):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http(s) URL")
-        secret_params = [
-            name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if _CREDENTIAL.fullmatch(name)
-        ]
-        if "@" in parts.netloc or secret_params:
-            where = "user:password@" if "@" in parts.netloc else "?" + "=, ?".join(secret_params) + "="
+        if where := url_credentials(value):
             raise PydanticCustomError(
                 "url_credentials",
                 "holds credentials ({where}): credentials in the URL would be stored in spec.yaml and Prefect's "
                 "database; put the secret in secret_env (the receiver verifies the signature)",
                 {"where": where},
             )
+        _not_link_local(value, "a webhook receiver")
         return value
 
 
@@ -576,6 +602,8 @@ class GenerationSpec(_Section):
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("must be an http(s) URL such as http://host:8000")
+            _no_credentials(value)
+            _not_link_local(value, "a vLLM server")
         return value
 
 
@@ -670,7 +698,7 @@ class JobSpec(_Section):
         # training.
         if reason := unopenable(value):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
-        return value
+        return _no_credentials(value)
 
     @field_validator(
         "sft", "evaluation", "hyperparameters", "health", "webhooks", "trl", "generation", "distributed", mode="before"
