@@ -28,6 +28,7 @@ import yaml
 
 from grpoflow.flows.errors import EXIT_OK, Failed, Rejected, Stopped, UsageError, exit_code
 from grpoflow.trainers import collector
+from grpoflow.trainers.trust import command_line
 
 # The demo's spec, data and reward module ship as package data: found from any install, not only a checkout.
 EXAMPLES = Path(str(files("grpoflow.examples")))
@@ -833,7 +834,8 @@ def main(argv=None) -> int:
         args.started = started
         if args.command not in COLLECTOR_PAUSED:
             collector.resume()
-        return args.func(args)
+        with command_line():  # the user's own command: its specs may name any module (trainers/trust.py)
+            return args.func(args)
     except KeyboardInterrupt:  # Ctrl-C before `run` handles it (loading the spec, the preflight), or another command
         print("grpoflow: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT

@@ -35,6 +35,7 @@ from grpoflow.tasks.train import train_task
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.spec import JobSpec
+from grpoflow.trainers.trust import untrusted_code
 
 
 def _always(spec: JobSpec, done: dict) -> bool:
@@ -136,6 +137,9 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         job_id (`str`, *optional*): reuse an existing job folder instead of creating a new one.
     """
     started = time.monotonic()
+    if problems := untrusted_code(spec):  # before anything imports the spec's modules
+        get_run_logger().error("spec rejected:\n%s", "\n".join(problems))
+        return rejected("; ".join(problems))
 
     # --- job folder (the same one on every retry of this flow run)
     created = create_job_task(

@@ -81,17 +81,42 @@ def _build_builtin(name: str, kwargs: dict) -> Callable:
 
 
 def _build_custom(name: str, function: str, kwargs: dict | None) -> Callable:
+    """A `function:` reward. Only two shapes are ever called: a reward (TRL's signature: a `completions` parameter),
+    called by training, and a `get_*` factory, called here with `kwargs` (none: its defaults), which must return
+    one. Anything else (`os:system`, a class, a factory not named get_*) is refused before any call."""
     target = _import_callable(name, function)
-    # A spec entry always carries `kwargs` ({} by default): only non-empty kwargs make the callable a factory.
-    if not kwargs:
-        return target
-    reward = _call_factory(name, target, kwargs, function)
+    factory = function.rpartition(":")[2].startswith("get_")
+    # A spec entry always carries `kwargs` ({} by default).
+    if not factory:
+        if kwargs:
+            raise RewardError(
+                f"reward {name!r}: kwargs are for a factory (named get_*, returning the reward); {function!r} is not "
+                "one (drop kwargs, or point function at the get_* factory)"
+            )
+        return _reward_shaped(name, target, function)
+    reward = _call_factory(name, target, kwargs or {}, function)
     if not callable(reward):
         raise RewardError(
-            f"reward {name!r}: with kwargs, {function!r} is called as a factory and must return the reward function, "
-            f"but it returned {type(reward).__name__}"
+            f"reward {name!r}: {function!r} is called as a factory and must return the reward function, but it "
+            f"returned {type(reward).__name__}"
         )
-    return reward
+    return _reward_shaped(name, reward, f"what {function} returned")
+
+
+def _reward_shaped(name: str, reward: Callable, what: str) -> Callable:
+    """`reward` when it takes TRL's `completions` argument by name; else a `RewardError` (a bare **kwargs would let
+    any such library function pass for a reward)."""
+    try:
+        parameters = inspect.signature(reward).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a C function)
+        parameters = []
+    if any(p.name == "completions" and p.kind is not inspect.Parameter.POSITIONAL_ONLY for p in parameters):
+        return reward
+    raise RewardError(
+        f"reward {name!r}: {what!r} is not a reward function: TRL calls a reward with keyword arguments "
+        "(completions=..., prompts=..., and the dataset's columns), so it must take `completions` (def "
+        "reward(completions, **kwargs)); a get_* factory returning one may be named instead"
+    )
 
 
 def _build_reward_model(name: str, model: str, function: str | None, kwargs: dict | None) -> Callable:

@@ -1,0 +1,97 @@
+"""Who may run what: the code a spec may name, by where the spec came from (shared/DESIGN.md, "Who may run what").
+
+A spec given on the user's own command line (`grpoflow validate`, `run`, `sweep`) may name any importable module: the
+user is the operator of their machine. A spec that arrives any other way (a deployment's parameter from the Prefect
+UI form, `grpoflow submit`, an event, a watcher) comes from whoever may launch a run, and may name only modules the
+work pool allows: the project's own (found under the flow run's working folder, the project), grpoflow's,
+`trl.rewards`, and those listed in the pool's environment, `GRPOFLOW_REWARD_MODULES` (comma-separated; a package
+allows its submodules). The check reads only the spec and where each module's files are: it imports nothing.
+
+The CLI marks its commands with `command_line()`; every flow that takes a spec checks it with `untrusted_code`
+first, before any stage imports a reward, and ends `Rejected` naming the setting that would allow it.
+"""
+
+import contextlib
+import importlib.util
+import os
+import threading
+from pathlib import Path
+
+from grpoflow.trainers.spec import JobSpec
+
+REWARD_MODULES_ENV = "GRPOFLOW_REWARD_MODULES"
+ALWAYS_ALLOWED = ("grpoflow", "trl.rewards")
+
+_command_line = 0  # commands of the user's own command line running in this process
+_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def command_line():
+    """Marks what runs inside as the user's own command (its specs may name any module), threads included."""
+    global _command_line
+    with _guard:
+        _command_line += 1
+    try:
+        yield
+    finally:
+        with _guard:
+            _command_line -= 1
+
+
+def from_command_line() -> bool:
+    """Whether the spec being run came from the user's own command line in this process."""
+    return _command_line > 0
+
+
+def code_references(spec: JobSpec) -> list[tuple[str, str]]:
+    """Every `package.module:callable` the spec names, with where: (location, reference)."""
+    refs = [(f"rewards[{i}].function", r.function) for i, r in enumerate(spec.rewards) if r.function]
+    metric = spec.evaluation.metric
+    if not isinstance(metric, str | None) and metric.function:
+        refs.append(("evaluation.metric.function", metric.function))
+    refs += [(f"tools[{i}]", tool) for i, tool in enumerate(spec.tools)]
+    if spec.environment:
+        refs.append(("environment", spec.environment))
+    return refs
+
+
+def allowed_modules() -> list[str]:
+    """The module prefixes allowed besides the project's own: grpoflow's, trl.rewards, and the pool's list."""
+    listed = [m.strip() for m in os.environ.get(REWARD_MODULES_ENV, "").split(",") if m.strip()]
+    return [*ALWAYS_ALLOWED, *listed]
+
+
+def _in_project(module: str, project: Path) -> bool:
+    """Whether `module`'s top-level package or module lives under `project` (found, not imported)."""
+    try:
+        found = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return False
+    if found is None:
+        return False
+    places = [found.origin] if found.origin else []
+    places += list(found.submodule_search_locations or [])
+    root = project.resolve()
+    return bool(places) and all(Path(p).resolve().is_relative_to(root) for p in places if p)
+
+
+def untrusted_code(spec: JobSpec, project: Path | None = None) -> list[str]:
+    """The spec's references to modules a spec from outside the command line may not name; empty when allowed (or
+    when the spec came from the command line)."""
+    if from_command_line():
+        return []
+    project = Path(project or os.getcwd())
+    allowed = allowed_modules()
+    problems = []
+    for where, ref in code_references(spec):
+        module = ref.partition(":")[0]
+        if any(module == a or module.startswith(a + ".") for a in allowed) or _in_project(module, project):
+            continue
+        problems.append(
+            f"{where}: module {module!r} is not allowed for a run launched from a deployment (the UI form, submit, "
+            f"an event): a spec from there may name the project's own modules, {', '.join(ALWAYS_ALLOWED)} and "
+            f"those the work pool lists in {REWARD_MODULES_ENV} (set {REWARD_MODULES_ENV}={module} in its "
+            "environment to allow this one)"
+        )
+    return problems
