@@ -12,8 +12,9 @@ first, before any stage imports a reward, and ends `Rejected` naming the setting
 """
 
 import contextlib
-import importlib.util
+import importlib.machinery
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -63,17 +64,18 @@ def allowed_modules() -> list[str]:
 
 
 def _in_project(module: str, project: Path) -> bool:
-    """Whether `module`'s top-level package or module lives under `project` (found, not imported)."""
-    try:
-        found = importlib.util.find_spec(module.split(".")[0])
-    except (ImportError, ValueError):
-        return False
+    """Whether `module`'s top-level package or module lives under `project`, looked up as its import would find it
+    (the project folder after sys.path, as trainers/rewards/build.py imports it), without importing anything."""
+    top = module.split(".")[0]
+    if top in sys.builtin_module_names or importlib.machinery.FrozenImporter.find_spec(top) is not None:
+        return False  # os, sys, ...: no file, never the project's
+    found = importlib.machinery.PathFinder.find_spec(top, [*sys.path, str(project)])
     if found is None:
         return False
-    places = [found.origin] if found.origin else []
+    places = [found.origin] if found.has_location and found.origin else []
     places += list(found.submodule_search_locations or [])
     root = project.resolve()
-    return bool(places) and all(Path(p).resolve().is_relative_to(root) for p in places if p)
+    return bool(places) and all(Path(p).is_absolute() and Path(p).resolve().is_relative_to(root) for p in places)
 
 
 def untrusted_code(spec: JobSpec, project: Path | None = None) -> list[str]:

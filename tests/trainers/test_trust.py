@@ -1,0 +1,83 @@
+"""Who may run what (`grpoflow.trainers.trust`, `trainers/rewards/build.py`): a reward function must have TRL's
+reward signature, and a spec that does not come from the user's own command line may name only the modules the work
+pool allows. The bad-input corpus holds the command-line side; here, the flows a deployment runs."""
+
+import pytest
+
+from grpoflow.flows.pipeline import grpo_pipeline
+from grpoflow.flows.sweep import grpo_sweep
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.spec import load_spec
+from grpoflow.trainers.trust import REWARD_MODULES_ENV, command_line, untrusted_code
+
+CALLED = []
+
+
+def not_a_reward(command: str) -> int:  # a callable with the shape of os.system: never called as a reward
+    CALLED.append(command)
+    return 0
+
+
+def get_not_a_reward(command: str):  # a factory returning something that is no reward
+    return not_a_reward
+
+
+@pytest.mark.parametrize(
+    "function, kwargs, message",
+    [
+        ("os:system", {}, "'os:system' is not a reward function: TRL calls a reward with keyword arguments"),
+        ("os:system", {"command": "touch x"}, "kwargs are for a factory (named get_*, returning the reward)"),
+        (f"{__name__}:not_a_reward", {}, "must take `completions`"),
+        (f"{__name__}:get_not_a_reward", {"command": "x"}, "is not a reward function"),
+    ],
+)
+def test_only_reward_shaped_callables_are_called(function, kwargs, message):
+    with pytest.raises(RewardError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+        build_reward("r", function, kwargs)
+    assert CALLED == []  # refused before any call
+
+
+def spec_naming(make_spec, function: str):
+    spec, _ = load_spec(make_spec("trust", rewards=[{"name": "mine", "function": function}]))
+    return spec
+
+
+def test_a_spec_from_a_deployment_names_only_allowed_modules(make_spec, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the project folder of the flow run
+    (tmp_path / "project_rewards.py").write_text(
+        "def score(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    )
+    assert untrusted_code(spec_naming(make_spec, "project_rewards:score")) == []  # the project's own
+    assert untrusted_code(spec_naming(make_spec, "grpoflow.examples.rewards.arithmetic:close_answer_reward")) == []
+    [problem] = untrusted_code(spec_naming(make_spec, "os:system"))
+    assert problem.startswith("rewards[0].function: module 'os' is not allowed for a run launched from a deployment")
+    assert f"set {REWARD_MODULES_ENV}=os in its environment" in problem
+    monkeypatch.setenv(REWARD_MODULES_ENV, "json, os")
+    assert untrusted_code(spec_naming(make_spec, "os.path:join")) == []  # a listed package allows its submodules
+    monkeypatch.delenv(REWARD_MODULES_ENV)
+    with command_line():  # the user's own command line: any module
+        assert untrusted_code(spec_naming(make_spec, "os:system")) == []
+    assert untrusted_code(spec_naming(make_spec, "os:system")) != []
+
+
+def test_tools_and_the_metric_are_checked_too(make_spec):
+    spec, _ = load_spec(
+        make_spec(
+            "trust",
+            evaluation={"holdout": 4, "metric": {"name": "m", "function": "subprocess:run"}},
+            tools=["shutil:rmtree"],
+        )
+    )
+    problems = untrusted_code(spec)
+    assert [p.split(":")[0] for p in problems] == ["evaluation.metric.function", "tools[0]"]
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_the_flows_reject_it_before_anything_runs(make_spec, tmp_path):
+    spec = spec_naming(make_spec, "os:system")
+    state = grpo_pipeline(spec, return_state=True)
+    assert state.name == "Rejected" and "module 'os' is not allowed" in state.message
+    state = grpo_sweep(spec, {"hyperparameters.seed": [1, 2]}, return_state=True)
+    assert state.name == "Rejected" and "module 'os' is not allowed" in state.message
+    assert not (tmp_path / "runs").exists()  # no job folder, nothing imported or called
