@@ -11,14 +11,18 @@ The CLI marks its commands with `command_line()`; every flow that takes a spec c
 first, before any stage imports a reward, and ends `Rejected` naming the setting that would allow it.
 """
 
+from __future__ import annotations
+
 import contextlib
 import importlib.machinery
 import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from grpoflow.trainers.spec import JobSpec
+if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic models then
+    from grpoflow.trainers.spec import JobSpec
 
 REWARD_MODULES_ENV = "GRPOFLOW_REWARD_MODULES"
 ALWAYS_ALLOWED = ("grpoflow", "trl.rewards")

@@ -37,6 +37,7 @@ FIELDS = {
     "env",
     "expect",
     "spec_output",
+    "never_shown",
     "skip_if_root",
     "xfail",
 }

@@ -288,10 +288,16 @@ def test_build_custom_async_stays_async(tmp_path, monkeypatch):
             {"function": "grpoflow.trainers.rewards:DRY_RUN_ROWS"},
             "reward 'my_reward': 'grpoflow.trainers.rewards:DRY_RUN_ROWS' is a int, not a function",
         ),
-        # kwargs make the callable a factory, but a reward function does not take them
+        # kwargs are for a get_* factory, and a reward function is not one
         (
             {"function": "grpoflow.trainers.rewards.builtin:exact_answer_reward", "kwargs": {"x": 1}},
-            "reward 'my_reward': bad kwargs for grpoflow.trainers.rewards.builtin:exact_answer_reward: ",
+            "reward 'my_reward': kwargs are for a factory (named get_*, returning the reward); "
+            "'grpoflow.trainers.rewards.builtin:exact_answer_reward' is not one",
+        ),
+        # a factory's kwargs it does not take
+        (
+            {"function": "grpoflow.trainers.rewards.builtin:get_length_penalty_reward", "kwargs": {"x": 1}},
+            "reward 'my_reward': bad kwargs for grpoflow.trainers.rewards.builtin:get_length_penalty_reward: ",
         ),
         # an unknown built-in: the message lists every built-in
         (
