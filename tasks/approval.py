@@ -11,10 +11,12 @@ It runs in the flow itself, not as a task: Prefect pauses flow runs. By hand (wh
     resume_flow_run(FLOW_RUN_ID, run_input={"approve": True, "note": "looks good"})
 """
 
-from prefect import get_run_logger
+from prefect import get_client, get_run_logger
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.runtime import flow_run
+from prefect.states import Running
 from pydantic import Field
 
 from grpoflow.integrations.artifacts import samples_artifact, score_summary
@@ -52,6 +54,7 @@ def await_approval(job: JobDir, spec: JobSpec, decision: dict, evaluation: dict 
         }
     except FlowPauseTimeout:
         outcome = {"approve": False, "note": "", "reason": "timeout"}
+        running_again(f"no decision within {hours:g} h: the model is not promoted")
     gate_record = {**decision, "promote": outcome["approve"], "approval": outcome}
     if not outcome["approve"]:  # what `grpoflow run` and the run's final state say
         gate_record["reason"] = (
@@ -66,6 +69,15 @@ def await_approval(job: JobDir, spec: JobSpec, decision: dict, evaluation: dict 
         logger.warning("not promoted (no publish, no deploy): %s %s", outcome["reason"], outcome["note"])
         emit(job, "grpoflow.model.rejected", {**decision, "promote": False, **outcome})
     return outcome
+
+
+def running_again(message: str) -> None:
+    """Sets this flow run Running again after its pause timed out, since it goes on without the decision. Prefect
+    leaves a timed-out pause Paused (its pause-expiration service fails it within seconds) and its rules refuse any
+    later state but Failed ("The flow was completed and never resumed"), so the state is forced; whether the service
+    failed the run first or not, the run then ends as its stages do."""
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run.id, Running(message=message), force=True)
 
 
 def _description(job: JobDir, spec: JobSpec, evaluation: dict | None, hours: float) -> str:

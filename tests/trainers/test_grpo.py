@@ -208,7 +208,9 @@ def test_tensorboard_writes_the_reward_into_the_job_folder(make_job, monkeypatch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "unset")  # restored after the run set it to the job's folder
-    job, _ = make_job("tb", hyperparameters={"max_steps": 2}, tracking={"report_to": ["tensorboard"]})
+    job, _ = make_job(
+        "tb", hyperparameters={"max_steps": 2}, tracking={"report_to": ["tensorboard"]}, evaluation={"every": 1}
+    )
     assert grpo.main(str(job.root)) == 0
     assert list((job.root / "tracking").glob("events.out.tfevents.*"))
     events = EventAccumulator(str(job.root / "tracking"))
@@ -216,6 +218,12 @@ def test_tensorboard_writes_the_reward_into_the_job_folder(make_job, monkeypatch
     rewards = events.Scalars("train/reward")
     assert [e.step for e in rewards] == [1, 2]
     assert [e.value for e in rewards] == pytest.approx([r["values"]["reward"] for r in read_metrics(job.metrics)])
+    # the held-out score during training (evaluation.every) is a tracker curve of its own
+    held_out = events.Scalars("eval/exact_answer")
+    assert [e.step for e in held_out] == [1, 2]
+    assert [e.value for e in held_out] == pytest.approx(
+        [r["values"]["eval/exact_answer"] for r in read_metrics(job.metrics)]
+    )
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------
