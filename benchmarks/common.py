@@ -13,6 +13,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,3 +161,22 @@ def finish(name: str, args, table: str, data: dict) -> dict:
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"\n### {name}{' (quick)' if args.quick else ''}\n\n{table}\n\nJSON: {path}", file=sys.stdout)
     return data
+
+
+def seeds_of(args, defaults: tuple[int, ...]) -> list[int]:
+    """`--seeds` as given, else `defaults` (only the first with `--quick`)."""
+    if args.seeds:
+        return [int(s) for s in args.seeds.split(",")]
+    return [defaults[0]] if args.quick else list(defaults)
+
+
+def seed_major(name: str, seeds: list[int], kinds: list[str], run_one: Callable, quick: bool) -> list[dict]:
+    """`run_one(kind, seed, folder, quick)` for every kind at every seed, seed-major (a run stopped halfway still has
+    every kind at the first seeds), in a temporary folder removed afterwards."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix=f"grpoflow-bench-{name}-") as tmp:
+        for seed in seeds:
+            for kind in kinds:
+                print(f"--- {kind}, seed {seed}", file=sys.stderr, flush=True)
+                runs.append(run_one(kind, seed, Path(tmp), quick))
+    return runs

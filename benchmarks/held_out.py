@@ -21,14 +21,12 @@ runs one seed of each with 20 SFT and 6 GRPO steps on 8 held-out prompts: it che
 
 import json
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from benchmarks.common import REPO_ROOT, finish, fmt, markdown_table, parser
+from benchmarks.common import REPO_ROOT, finish, fmt, markdown_table, parser, seed_major, seeds_of
 from benchmarks.learning import merged, prepare_job
 
 SPECS = {"gamed": REPO_ROOT / "examples" / "held-out.yaml", "honest": REPO_ROOT / "examples" / "arithmetic.yaml"}
@@ -108,13 +106,8 @@ def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--seeds", help="comma-separated seeds (default 1,2,3; 1 with --quick)")
     args = p.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([SEEDS[0]] if args.quick else list(SEEDS))
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="grpoflow-bench-held-out-") as tmp:
-        for seed in seeds:
-            for kind in SPECS:
-                print(f"--- {kind}, seed {seed}", file=sys.stderr, flush=True)
-                runs.append(run_one(kind, seed, Path(tmp), args.quick))
+    seeds = seeds_of(args, SEEDS)
+    runs = seed_major("held-out", seeds, list(SPECS), run_one, args.quick)
     gamed = [r for r in runs if r["kind"] == "gamed"]
     honest = [r for r in runs if r["kind"] == "honest"]
     summary = {

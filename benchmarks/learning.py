@@ -19,14 +19,12 @@ The whole benchmark (4 variants x 3 seeds, the demo's 600 SFT and 300 GRPO steps
 
 import json
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from benchmarks.common import REPO_ROOT, finish, fmt, markdown_table, parser
+from benchmarks.common import REPO_ROOT, finish, fmt, markdown_table, parser, seed_major, seeds_of
 
 DEMO_SPEC = REPO_ROOT / "examples" / "arithmetic.yaml"
 # variant: the changes to the demo's spec
@@ -151,14 +149,8 @@ def main(argv=None) -> dict:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([SEEDS[0]] if args.quick else list(SEEDS))
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="grpoflow-bench-learning-") as tmp:
-        # Seed-major order: a run stopped halfway still has every variant at the first seeds.
-        for seed in seeds:
-            for variant in variants:
-                print(f"--- {variant}, seed {seed}", file=sys.stderr, flush=True)
-                runs.append(run_one(variant, seed, Path(tmp), args.quick))
+    seeds = seeds_of(args, SEEDS)
+    runs = seed_major("learning", seeds, variants, run_one, args.quick)
     summary = summarize(runs)
     demo = yaml.safe_load(DEMO_SPEC.read_text())
     steps = merged(demo, QUICK) if args.quick else demo
