@@ -794,7 +794,7 @@ def test_model_validation_alone_enforces_rules_and_resolves():
 def test_json_schema_describes_every_field():
     schema = JobSpec.model_json_schema()
     sections = [schema, *schema["$defs"].values()]
-    assert {d["title"] for d in sections} >= {"JobSpec", "Hyperparameters", "RewardSpec", "WebhookSpec"}
+    assert {d["title"] for d in sections} >= {"JobSpec", "Hyperparameters", "Reward entry", "WebhookSpec"}
     for section in sections:
         assert section["additionalProperties"] is False, section["title"]
         for name, prop in section["properties"].items():

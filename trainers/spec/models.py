@@ -273,6 +273,8 @@ class DatasetSpec(_Section):
 class RewardSpec(_Section):
     """One reward; the spec's rewards are summed with their weights."""
 
+    model_config = ConfigDict(title="Reward entry")  # the Prefect form's label (the metric's choice shows it)
+
     name: str | None = Field(
         None,
         min_length=1,
