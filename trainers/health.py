@@ -9,9 +9,11 @@ evidence and what to do about it:
 - `kl_drift`: `kl` keeps growing (only when `kl_coef` > 0; TRL logs `kl` only then);
 - `no_learning_signal`: over a window, nearly every group scored all its completions alike (TRL's
   `frac_reward_zero_std`), or the rewards scored no completion at all (`reward` is NaN: every reward returned None).
-  GRPO's advantages are then 0 and nothing trains, whatever the loss curve looks like;
+  GRPO's advantages are then 0 and nothing trains, whatever the loss curve looks like. A run shorter than the window
+  is judged at its last step on the steps it has;
 - `held_out_divergence`: with held-out scores during training (`evaluation.every`), the held-out metric fell at two
   evaluations in a row while the training reward rose: the policy learns what the reward pays for, not the task;
+- `reward_unscored`: one reward returned None for every completion over the window (it adds nothing);
 - `non_finite`: `loss` or `grad_norm` is NaN or inf (metrics.jsonl writes them as null): the weights are, or are about
   to be, non-finite, and no later step can recover. It is in `FATAL`: the run stops whatever `stop_on_alert` says.
 
@@ -35,6 +37,7 @@ per run. The detectors are pure: no I/O, no torch.
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
 # --- thresholds (each can be overridden by name: HealthMonitor(..., collapse_reward_std=0.02)) ----------------------
@@ -175,7 +178,13 @@ class HealthMonitor:
     """
 
     def __init__(
-        self, max_response_length: int, kl_coef: float, window: int = 10, held_out_key: str | None = None, **thresholds
+        self,
+        max_response_length: int,
+        kl_coef: float,
+        window: int = 10,
+        held_out_key: str | None = None,
+        max_steps: int | None = None,
+        **thresholds,
     ):
         if window < 2:
             raise ValueError(f"window must be >= 2 steps, got {window}")
@@ -190,6 +199,9 @@ class HealthMonitor:
         self._reward_best = -math.inf
         self._reward_worst = math.inf
         self._unscored_streak = 0  # steps in a row whose reward was NaN or null (no completion scored)
+        self._unscored_by_reward: dict[str, int] = {}  # the same, per reward (rewards/<name>/mean)
+        # A run shorter than a window is judged at its last step on the steps it has.
+        self.max_steps, self._steps = max_steps, 0
         # Held-out scores during training: (step, score, the training rewards of the steps since the one before).
         self.held_out_key = held_out_key
         self._held_out: list[tuple[int, float, list[float]]] = []
@@ -205,6 +217,7 @@ class HealthMonitor:
             max_response_length=hp.max_response_length,
             kl_coef=hp.kl_coef,
             held_out_key=eval_key(spec) if spec.evaluation.every else None,
+            max_steps=hp.max_steps,
             no_signal_window=health.no_signal_window,
             no_signal_fraction=health.no_signal_fraction,
             held_out_min_drop=health.held_out_min_drop,
@@ -223,6 +236,10 @@ class HealthMonitor:
         """
         values = record.get("values") or {}
         self._add(values, int(record["step"]))
+        self._steps += 1
+        for key, value in values.items():
+            if _PER_REWARD.fullmatch(key):
+                self._unscored_by_reward[key] = 0 if _finite(value) else self._unscored_by_reward.get(key, 0) + 1
         # metrics.jsonl writes TRL's NaN reward (no completion scored) as null; a record without the key says nothing.
         reward = values.get("reward", 0.0)
         scored = isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward)
@@ -231,6 +248,7 @@ class HealthMonitor:
         detectors = {
             "non_finite": lambda step: self._non_finite(step, values),
             "no_learning_signal": self._no_learning_signal,
+            "reward_unscored": self._reward_unscored,
             "policy_collapse": self._policy_collapse,
             "length_explosion": self._length_explosion,
             "kl_drift": self._kl_drift,
@@ -305,9 +323,17 @@ class HealthMonitor:
 
     # --- no learning signal ------------------------------------------------------------------------------------------
 
+    def _judged_window(self, step: int) -> int:
+        """`no_signal_window`, or at the last step of a run shorter than it, the steps the run has."""
+        window = self.thresholds.no_signal_window
+        if self.max_steps is not None and step >= self.max_steps and 0 < self._steps < window:
+            return self._steps
+        return window
+
     def _no_learning_signal(self, step: int) -> Alert | None:
         t = self.thresholds
-        window, evidence = t.no_signal_window, {"window": t.no_signal_window}
+        window = self._judged_window(step)
+        evidence = {"window": window}
         if self._unscored_streak >= window:
             message = (
                 f"no completion was scored over the last {window} steps (every reward returned None, so the "
@@ -341,6 +367,26 @@ class HealthMonitor:
             "also make groups differ."
         )
         return Alert("no_learning_signal", step, message, evidence, advice)
+
+    # --- a reward that scores nothing --------------------------------------------------------------------------------
+
+    def _reward_unscored(self, step: int) -> Alert | None:
+        window = self._judged_window(step)
+        keys = [key for key, streak in self._unscored_by_reward.items() if streak >= window]
+        if not keys:
+            return None
+        names = [_PER_REWARD.fullmatch(key).group(1) for key in keys]
+        message = (
+            f"the reward{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)} scored no completion over "
+            f"the last {window} steps (None for every one): {'they add' if len(names) > 1 else 'it adds'} nothing to "
+            "what GRPO learns from."
+        )
+        advice = (
+            "A reward returns None for a completion it does not apply to. If it should apply, check the dataset "
+            "columns it reads and the format it expects (grpoflow validate dry-runs every reward on a few rows), or "
+            "remove it from the spec."
+        )
+        return Alert("reward_unscored", step, message, {"window": window, "rewards": names}, advice)
 
     # --- policy collapse ---------------------------------------------------------------------------------------------
 
@@ -529,7 +575,10 @@ class HealthMonitor:
         return Alert("held_out_divergence", step, message, evidence, advice)
 
 
+_PER_REWARD = re.compile(r"rewards/(.+)/mean")
+
 _LABELS = {
+    "reward_unscored": "a reward that scores nothing",
     "held_out_divergence": "held-out divergence",
     "policy_collapse": "policy collapse",
     "length_explosion": "length explosion",

@@ -410,3 +410,32 @@ def test_held_out_divergence_from_the_spec(make_spec):
     spec, _ = load_spec(make_spec("div", hyperparameters={"max_steps": 40}, evaluation={"holdout": 4, "every": 10}))
     alerts = HealthMonitor.for_spec(spec).check(DIVERGENCE_CASES[0][0])
     assert [a.kind for a in alerts] == ["held_out_divergence"]
+
+
+# --- a reward that scores nothing, and runs shorter than a window ----------------------------------------------------
+
+
+def test_a_reward_that_scores_nothing_is_an_alert():
+    # exact_answer scores, the other reward returns None for every completion (TRL logs its mean as NaN: null here)
+    records = series(
+        30, reward=lambda s: 0.5, reward_std=lambda s: 0.3, **{"rewards/exact_answer/mean": lambda s: 0.5}
+    )
+    for r in records:
+        r["values"]["rewards/mine/mean"] = None
+    alerts = HealthMonitor(MAX_LEN, 0.0).check(records)
+    assert [(a.kind, a.step) for a in alerts] == [("reward_unscored", 20)]  # health.no_signal_window steps
+    assert alerts[0].evidence["rewards"] == ["mine"] and "'mine' scored no completion" in alerts[0].message
+    assert verdict(alerts) == "a reward that scores nothing suspected at step 20"
+
+
+def test_a_run_shorter_than_the_window_is_judged_on_what_it_has():
+    # 12 steps, every group scored alike (a random model, an exact-match reward): nothing could be learned
+    records = series(12, reward=lambda s: 0.0, reward_std=lambda s: 0.0, frac_reward_zero_std=lambda s: 1.0)
+    assert fired(records, "no_learning_signal") is None  # without knowing the run ends there, the window is not full
+    assert fired(records, "no_learning_signal", max_steps=12) == 12  # at its last step, judged on its 12 steps
+    learning = series(12, reward=lambda s: 0.5, reward_std=lambda s: 0.4, frac_reward_zero_std=lambda s: 0.25)
+    assert fired(learning, "no_learning_signal", max_steps=12) is None
+    unscored = series(5, reward=lambda s: 0.5, **{"rewards/mine/mean": lambda s: None})
+    for r in unscored:
+        r["values"]["rewards/mine/mean"] = None
+    assert fired(unscored, "reward_unscored", max_steps=5) == 5

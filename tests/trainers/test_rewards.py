@@ -553,3 +553,24 @@ def test_trl_accuracy_reward_with_the_math_extra(in_repo):
 def test_doctests(module_name):
     results = doctest.testmod(importlib.import_module(module_name))
     assert results.attempted > 0 and results.failed == 0
+
+
+def _overwrites(completions, answer, **kwargs):
+    """A reward that rewrites the completions it is given, in place (and still scores)."""
+    completions[:] = [str(a) for a in answer]
+    return [0.0] * len(completions)
+
+
+def test_each_reward_sees_its_own_copy_of_the_completions():
+    from grpoflow.trainers.rewards.build import guarded_reward
+    from grpoflow.trainers.rewards.dry_run import call_reward
+
+    # TRL hands every reward the same lists; the in-place rewrite must not reach exact_answer after it.
+    kwargs = {"prompts": ["1+1?", "2+2?"], "completions": ["3", "5"], "answer": ["2", "4"], "trainer_state": None}
+    first = guarded_reward(_overwrites, "overwrites", timeout_s=10)
+    second = guarded_reward(build_reward("exact_answer"), "exact_answer", timeout_s=10)
+    assert first(**kwargs) == [0.0, 0.0] and second(**kwargs) == [0.0, 0.0]  # not 1.0: the completions are wrong
+    assert kwargs["completions"] == ["3", "5"]
+    columns = {"answer": ["2", "4"]}
+    call_reward(_overwrites, ["1+1?", "2+2?"], kwargs["completions"], [[1], [2]], columns)  # the dry run's call
+    assert kwargs["completions"] == ["3", "5"]

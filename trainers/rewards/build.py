@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import importlib
 import inspect
@@ -182,6 +183,13 @@ def _named(reward: Callable, name: str) -> Callable:
     return named
 
 
+def own_copies(kwargs: dict) -> dict:
+    """A reward's keyword arguments with every list (completions, prompts, completion_ids, the dataset's columns) its
+    own deep copy: TRL hands every reward the same lists, and a reward that changed them in place (stripping each
+    completion, say) would change what every reward after it scores."""
+    return {key: copy.deepcopy(value) if isinstance(value, list) else value for key, value in kwargs.items()}
+
+
 def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
     """Training's wrapper of a built reward: each call runs with a timeout and its output is checked as in the dry
     run, so a reward that raises, hangs, or returns NaN, inf, a wrong count or a non-number stops training with a
@@ -209,7 +217,7 @@ def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
 
         async def guarded(*args, **kwargs):
             try:
-                values = await asyncio.wait_for(reward(*args, **kwargs), timeout_s)
+                values = await asyncio.wait_for(reward(*args, **own_copies(kwargs)), timeout_s)
             except TimeoutError as exc:
                 raise fail(f"did not return within {timeout_s:g} s", kwargs) from exc
             except Exception as exc:
@@ -223,7 +231,7 @@ def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
 
             def call() -> None:
                 try:
-                    outcome["value"] = reward(*args, **kwargs)
+                    outcome["value"] = reward(*args, **own_copies(kwargs))
                 except BaseException as exc:  # sys.exit() in a reward too: reported, not a silent end
                     outcome["error"] = exc
 

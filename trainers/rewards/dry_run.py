@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpoflow.trainers.rewards import DRY_RUN_MAX_MODEL_BYTES, DRY_RUN_ROWS, RewardError
-from grpoflow.trainers.rewards.build import check_output, reward_columns
+from grpoflow.trainers.rewards.build import check_output, own_copies, reward_columns
 from grpoflow.trainers.rewards.models import load_reward_model, reward_model_bytes
 
 # --- dry run ---------------------------------------------------------------------------------------------------------
@@ -71,14 +71,12 @@ def call_reward(reward: Callable, prompts: list, completions: list, completion_i
     Returns:
         What the reward returned: a list with one float (or None) per completion, unless it is broken.
     """
+    arguments = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
     result = reward(
-        prompts=prompts,
-        completions=completions,
-        completion_ids=completion_ids,
+        **own_copies(arguments),  # its own copies, as in training: what it changes no other reward sees
         trainer_state=None,  # no trainer outside training
         log_extra=lambda column, values: None,
         log_metric=lambda name, value: None,
-        **columns,
     )
     return asyncio.run(result) if inspect.iscoroutine(result) else result
 

@@ -483,6 +483,12 @@ def _reward_problems(data: dict) -> list[str]:
         if name in names:
             problems.append(f"rewards[{i}].name: duplicate reward name {name!r}; each reward needs its own name")
         names.append(name)
+    weights = [r.get("weight", 1.0) if isinstance(r, dict) else 1.0 for r in rewards]
+    if weights and all(isinstance(w, int | float) and not isinstance(w, bool) and w == 0 for w in weights):
+        problems.append(
+            "rewards: every weight is 0, so every completion's reward is 0 and GRPO has nothing to learn from; give "
+            "at least one reward a non-zero weight"
+        )
     return problems + _metric_problems(_section(data, "evaluation").get("metric"), names, builtins)
 
 
