@@ -539,9 +539,8 @@ class HealthMonitor:
 
     def _held_out_divergence(self, step: int) -> Alert | None:
         # The last three held-out scores fall, each below the one before and by held_out_min_drop in all, while the
-        # training reward of the steps
-        # since the first of them is above that of the steps up to it (a mean over two evaluation intervals: the
-        # reward of one step, or of a few, is too noisy to say it rose).
+        # training reward of the steps since the first of them is above that of the steps up to it (a mean over two
+        # evaluation intervals: the reward of one step, or of a few, is too noisy to say it rose).
         points = self._held_out
         if len(points) < 3 or points[-1][0] != step:
             return None
