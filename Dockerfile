@@ -5,10 +5,10 @@
 # torch comes with the base image; keep its version equal to the Makefile's TORCH_VERSION (a test checks).
 FROM pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime
 
-# qlora, math and kubernetes (distributed.num_machines > 1) are the extras constraints.txt pins; vllm and deepspeed are
-# not pinned there (their builds follow CUDA and torch closely), so they are opt-in:
-# --build-arg EXTRAS=qlora,math,kubernetes,deepspeed.
-ARG EXTRAS=qlora,math,kubernetes
+# qlora, math, graders (OpenAI text_similarity graders) and kubernetes (distributed.num_machines > 1) are the extras
+# constraints.txt pins; vllm and deepspeed are not pinned there (their builds follow CUDA and torch closely), so they
+# are opt-in: --build-arg EXTRAS=qlora,math,graders,kubernetes,deepspeed.
+ARG EXTRAS=qlora,math,graders,kubernetes
 # What a project of `grpoflow init` installs (from the package index pip uses, or a wheel in the project's wheels/
 # folder); grpoflow's own checkout installs itself.
 ARG GRPOFLOW_VERSION=0.1.0
@@ -26,6 +26,8 @@ RUN groupadd --gid 10001 grpoflow \
 WORKDIR /opt/project
 COPY --chown=10001:10001 . .
 RUN bash scripts/install.sh python "$EXTRAS"
+# WordNet for the meteor text_similarity grader (NLTK looks in /usr/share/nltk_data).
+RUN if python -c "import nltk" 2>/dev/null; then python -m nltk.downloader -q -d /usr/share/nltk_data wordnet; fi
 
 USER 10001:10001
 CMD ["grpoflow", "--help"]

@@ -7,6 +7,7 @@
     grpoflow metrics JOB_ID --keys reward,reward_std --json
     grpoflow model JOB_ID --json
     grpoflow sweep examples/arithmetic.yaml --grid trl.loss_type=grpo,dr_grpo --max-concurrent 1
+    grpoflow graders run examples/openai-rft/job.yaml --rows 20
 
 Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument, or a run
 whose training could not start (a setup problem, not retried).
@@ -763,6 +764,38 @@ def _add_sweep_command(sub) -> None:
     sweep.set_defaults(func=cmd_sweep)
 
 
+def cmd_graders_run(args) -> int:
+    from grpoflow.integrations.storage import storage_options
+    from grpoflow.trainers.graders.run import score_completions, table
+
+    spec = load(args)
+    completions = Path(args.completions) if args.completions else None
+    scores = score_completions(spec, completions, args.rows, storage_options(spec.dataset.uri))
+    print(json.dumps(scores.as_json()) if args.json else table(scores))
+    return EXIT_OK
+
+
+def _add_graders_command(sub) -> None:
+    """`graders run`: a spec's rewards on given completions, as training scores them (trainers/graders/run.py)."""
+    graders = sub.add_parser("graders", help="score completions with a spec's rewards (OpenAI graders included)")
+    actions = graders.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    run = actions.add_parser(
+        "run", help="score completions against the dataset's rows with every reward of the spec, as training would"
+    )
+    run.add_argument("spec", help="job spec YAML file")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+    run.add_argument(
+        "--completions",
+        metavar="FILE.jsonl",
+        help='lines of {"row": i, "completion": ...}, i a 0-based dataset row (default: the dataset\'s completion '
+        "column)",
+    )
+    run.add_argument("--rows", type=_positive, metavar="N", help="score only the first N completions")
+    run.add_argument("--json", action="store_true", help='print {"scores": [{"row", "rewards", "total"}]}')
+    run.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    run.set_defaults(func=cmd_graders_run)
+
+
 def _positive(text: str) -> int:
     """argparse type of --max-concurrent: an integer >= 1."""
     try:
@@ -818,6 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_commands(sub)
     _add_model_commands(sub)
     _add_sweep_command(sub)
+    _add_graders_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

@@ -29,7 +29,10 @@ def ingest_task(job: JobDir, spec: JobSpec):
 
     datasets.disable_progress_bars()  # per-batch bars drown the flow's log; the event carries the counts
     try:
-        rewards = [build_reward(r.name, r.function, r.kwargs, r.model) for r in spec.rewards]
+        rewards = [
+            build_reward(r.name, r.function, r.kwargs, r.model, r.grader, spec.dataset.prompt_column)
+            for r in spec.rewards
+        ]
         result = ingest_dataset(
             spec.dataset.uri,
             job.dataset,

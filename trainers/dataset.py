@@ -684,6 +684,30 @@ def check_dataset(
     return prompt_format, sample
 
 
+def read_dataset(
+    uri: str,
+    *,
+    prompt_column: str = "prompt",
+    split: str | None = None,
+    storage_options: dict | None = None,
+    max_row_bytes: int = 1_000_000,
+    rows: int | None = None,
+) -> datasets.Dataset:
+    """Loads and checks a prompt dataset as `ingest_dataset` does, whole and in its own row order (no hold-out split),
+    and returns its first `rows` rows (all when None) held in memory; saves nothing.
+
+    Raises:
+        DatasetError: as `ingest_dataset`.
+    """
+    src = _checked_source(uri, split, 0.0, storage_options, max_row_bytes)
+    with tempfile.TemporaryDirectory(prefix="grpoflow-read-", ignore_cleanup_errors=True) as cache:
+        ds = _load(src, cache, storage_options)
+        _check_loaded(src, ds, storage_options)
+        _check_columns(uri, ds.with_format("arrow")[:], prompt_column, None)
+        kept = ds.select(range(min(rows, len(ds)))) if rows is not None else ds
+        return datasets.Dataset.from_list(kept.to_list(), kept.features)
+
+
 def load_ingested(dest: Path) -> datasets.DatasetDict:
     """Loads what `ingest_dataset` saved.
 

@@ -87,7 +87,9 @@ SAMPLES = 5  # held-out completions of the GRPO result kept in evaluation.json (
 def metric_reward(spec: JobSpec):
     """The callable of `evaluation.metric`: a job reward, or the metric's own entry."""
     entry = spec.evaluation_reward
-    return build_reward(entry.name, entry.function, entry.kwargs, entry.model)
+    return build_reward(
+        entry.name, entry.function, entry.kwargs, entry.model, entry.grader, spec.dataset.prompt_column
+    )
 
 
 def score(model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None = None, reward=None) -> float | None:

@@ -254,8 +254,10 @@ def main(job_root: str) -> int:
     # --- rewards (each call timed out and checked, so a bad reward stops the run naming itself and the step)
     timeout = spec.health.reward_timeout_s
     # A reward model goes to TRL as its id: TRL loads it as a sequence classifier and places it on the GPU.
+    column = spec.dataset.prompt_column
     reward_funcs = [
-        r.model or guarded_reward(build_reward(r.name, r.function, r.kwargs), r.name, timeout) for r in spec.rewards
+        r.model or guarded_reward(build_reward(r.name, r.function, r.kwargs, None, r.grader, column), r.name, timeout)
+        for r in spec.rewards
     ]
 
     # --- model and trainer

@@ -24,6 +24,7 @@ import re
 import string
 from collections.abc import Callable
 from inspect import Parameter, Signature
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
@@ -37,7 +38,7 @@ FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_BACKOFF_S = 30.0
 REQUIRED = ("base_url", "model", "rubric")
 # kwarg -> (accepted types, a check on the value, the message when it fails); the defaults are get_llm_judge_reward's.
-_CHECKS: dict[str, tuple[tuple[type, ...], Callable, str]] = {
+KWARG_CHECKS: dict[str, tuple[tuple[type, ...], Callable, str]] = {
     "base_url": (
         (str,),
         lambda v: urlsplit(v).scheme in ("http", "https") and bool(urlsplit(v).netloc),
@@ -74,18 +75,18 @@ def judge_kwargs_problems(kwargs: dict) -> list[tuple[str, str]]:
     ('base_url', 'required: an http(s) URL such as http://127.0.0.1:8000/v1')
     ('retries', 'must be an integer >= 0, got -1')
     """
-    problems = [(key, f"required: {_CHECKS[key][2]}") for key in REQUIRED if key not in kwargs]
+    problems = [(key, f"required: {KWARG_CHECKS[key][2]}") for key in REQUIRED if key not in kwargs]
     for key, value in kwargs.items():
-        if key not in _CHECKS:
-            problems.append((key, f"unknown llm_judge kwarg; choose from: {', '.join(_CHECKS)}"))
+        if key not in KWARG_CHECKS:
+            problems.append((key, f"unknown llm_judge kwarg; choose from: {', '.join(KWARG_CHECKS)}"))
             continue
-        kinds, ok, hint = _CHECKS[key]
+        kinds, ok, hint = KWARG_CHECKS[key]
         if isinstance(value, bool) or not isinstance(value, kinds) or not ok(value):
             # A key pasted where its variable's name belongs is not echoed into logs.
             got = "a value that is not one" if key == "api_key_env" else repr(value)
             problems.append((key, f"must be {hint}, got {got}"))
     if isinstance(kwargs.get("base_url"), str) and not any(key == "base_url" for key, _ in problems):
-        problems += _endpoint_problems(kwargs["base_url"])
+        problems += endpoint_problems(kwargs["base_url"])
     if isinstance(kwargs.get("rubric"), str):
         problems += [("rubric", p) for p in _rubric_problems(kwargs["rubric"])]
     if isinstance(kwargs.get("score_regex"), str):
@@ -96,7 +97,7 @@ def judge_kwargs_problems(kwargs: dict) -> list[tuple[str, str]]:
     return problems
 
 
-def _endpoint_problems(base_url: str, resolve: bool = False) -> list[tuple[str, str]]:
+def endpoint_problems(base_url: str, resolve: bool = False) -> list[tuple[str, str]]:
     """A judge endpoint holding a credential, or on a link-local / cloud-metadata address (the URL is not echoed)."""
     if where := url_credentials(base_url):
         return [("base_url", f"holds credentials ({where}); give the key's variable name in api_key_env instead")]
@@ -180,9 +181,9 @@ def get_llm_judge_reward(
     """
     given = {k: v for k, v in locals().items() if v is not None}
     # Here the endpoint's name is looked up too: what the requests would reach.
-    if problems := judge_kwargs_problems(given) or _endpoint_problems(base_url, resolve=True):
+    if problems := judge_kwargs_problems(given) or endpoint_problems(base_url, resolve=True):
         raise ValueError("; ".join(f"kwargs.{key}: {message}" for key, message in problems))
-    headers = {"Authorization": f"Bearer {_api_key(api_key_env)}"} if api_key_env else {}
+    headers = {"Authorization": f"Bearer {api_key_from_env(api_key_env)}"} if api_key_env else {}
     pattern = re.compile(score_regex) if score_regex else None
     url = base_url.rstrip("/") + "/chat/completions"
     limits = {"timeout": timeout, "retries": retries, "backoff": backoff}
@@ -221,7 +222,7 @@ def get_llm_judge_reward(
     return llm_judge_reward
 
 
-def _api_key(variable: str) -> str:
+def api_key_from_env(variable: str) -> str:
     key = os.environ.get(variable)
     if not key:
         raise ValueError(
@@ -276,9 +277,17 @@ def parse_score(reply: str, pattern: re.Pattern | None, max_score: float | None)
 
 
 async def ask(
-    client: httpx2.AsyncClient, url: str, body: dict, base_url: str, timeout: float, retries: int, backoff: float
-) -> str:
+    client: httpx2.AsyncClient,
+    url: str,
+    body: dict,
+    base_url: str,
+    timeout: float,
+    retries: int,
+    backoff: float,
+    reply: Callable[[httpx2.Response, str], Any] | None = None,
+) -> Any:
     """POSTs one chat-completions request and returns the reply's text, retrying 429, 5xx and connection errors.
+    `reply(response, base_url)` reads another kind of answer (an embeddings one, say) instead of the text.
 
     Raises:
         JudgeError: the endpoint is unreachable, or answered an error status after the last attempt, or a reply
@@ -306,7 +315,7 @@ async def ask(
             continue
         if response.status_code >= 400:
             raise JudgeError(f"the judge at {base_url} answered HTTP {response.status_code}: {response.text[:200]}")
-        return _reply_text(response, base_url)
+        return (reply or _reply_text)(response, base_url)
     raise AssertionError("unreachable")
 
 

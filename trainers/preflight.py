@@ -152,7 +152,10 @@ def check_rewards_build(p: Preflight) -> list[str]:
             problems.append(f"rewards[{i}].model: {problem}")
             continue
         try:
-            p.rewards.append((i, build_reward(reward.name, reward.function, reward.kwargs, reward.model)))
+            built = build_reward(
+                reward.name, reward.function, reward.kwargs, reward.model, reward.grader, p.spec.dataset.prompt_column
+            )
+            p.rewards.append((i, built))
         except RewardError as e:
             problems.append(f"rewards[{i}]: {e}")
     return problems

@@ -5,7 +5,9 @@ user is the operator of their machine. A spec that arrives any other way (a depl
 UI form, `grpoflow submit`, an event, a watcher) comes from whoever may launch a run, and may name only modules the
 work pool allows: the project's own (found under the flow run's working folder, the project), grpoflow's,
 `trl.rewards`, and those listed in the pool's environment, `GRPOFLOW_REWARD_MODULES` (comma-separated; a package
-allows its submodules). The check reads only the spec and where each module's files are: it imports nothing.
+allows its submodules); and it may carry code of its own (a `python` grader's source) only where the pool's
+environment sets `GRPOFLOW_ALLOW_SPEC_CODE=1`. The check reads only the spec and where each module's files are: it
+imports nothing.
 
 The CLI marks its commands with `command_line()`; every flow that takes a spec checks it with `untrusted_code`
 first, before any stage imports a reward, and ends `Rejected` naming the setting that would allow it.
@@ -25,6 +27,7 @@ if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic model
     from grpoflow.trainers.spec import JobSpec
 
 REWARD_MODULES_ENV = "GRPOFLOW_REWARD_MODULES"
+SPEC_CODE_ENV = "GRPOFLOW_ALLOW_SPEC_CODE"
 ALWAYS_ALLOWED = ("grpoflow", "trl.rewards")
 
 _command_line = 0  # commands of the user's own command line running in this process
@@ -59,6 +62,27 @@ def code_references(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.environment:
         refs.append(("environment", spec.environment))
     return refs
+
+
+def spec_code(spec: JobSpec) -> list[str]:
+    """Where the spec carries code of its own: each `python` grader (a multi grader's sub-graders included)."""
+    entries = [(f"rewards[{i}]", r) for i, r in enumerate(spec.rewards)]
+    metric = spec.evaluation.metric
+    if not isinstance(metric, str | None):
+        entries.append(("evaluation.metric", metric))
+    places = []
+    for where, entry in entries:
+        grader = getattr(entry, "grader", None) or {}
+        subs = grader.get("graders") if grader.get("type") == "multi" else None
+        named = {} if not isinstance(subs, dict) else {"": subs} if "type" in subs else subs
+        if grader.get("type") == "python":
+            places.append(f"{where}.grader")
+        places += [f"{where}.grader.graders" + (f".{n}" if n else "") for n, g in named.items() if _is_python(g)]
+    return places
+
+
+def _is_python(grader: object) -> bool:
+    return isinstance(grader, dict) and grader.get("type") == "python"
 
 
 def allowed_modules() -> list[str]:
@@ -100,4 +124,10 @@ def untrusted_code(spec: JobSpec, project: Path | None = None) -> list[str]:
             f"those the work pool lists in {REWARD_MODULES_ENV} (set {REWARD_MODULES_ENV}={module} in its "
             "environment to allow this one)"
         )
+    if os.environ.get(SPEC_CODE_ENV) != "1":
+        problems += [
+            f"{where}: a python grader is code carried inside the spec, which a run launched from a deployment (the "
+            f"UI form, submit, an event) may carry only where the work pool's environment sets {SPEC_CODE_ENV}=1"
+            for where in spec_code(spec)
+        ]
     return problems

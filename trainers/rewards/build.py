@@ -23,7 +23,12 @@ from grpoflow.trainers.rewards.models import get_reward_model_reward, reward_mod
 
 
 def build_reward(
-    name: str, function: str | None = None, kwargs: dict | None = None, model: str | None = None
+    name: str,
+    function: str | None = None,
+    kwargs: dict | None = None,
+    model: str | None = None,
+    grader: dict | None = None,
+    prompt_column: str = "prompt",
 ) -> Callable:
     """Build the reward a spec entry describes, named `name` so TRL logs it as `rewards/<name>/mean`.
 
@@ -31,13 +36,17 @@ def build_reward(
     With `function` ("package.module:callable", importable from the working directory too), the callable is the
     reward itself, or, when `kwargs` is non-empty, a factory called as `callable(**kwargs)` that returns the reward.
     With `model`, the reward is that sequence-classification model's score (see `get_reward_model_reward`); training
-    hands the model id to TRL instead, which loads it as this does and places it on the GPU.
+    hands the model id to TRL instead, which loads it as this does and places it on the GPU. With `grader`, the reward
+    scores with that OpenAI grader object (see `grpoflow.trainers.graders.reward.get_grader_reward`).
 
     Args:
         name (`str`): the spec entry's name.
         function (`str` or `None`, *optional*, defaults to `None`): where a custom reward lives.
         kwargs (`dict` or `None`, *optional*, defaults to `None`): arguments for a factory.
         model (`str` or `None`, *optional*, defaults to `None`): a reward model's folder or Hub id.
+        grader (`dict` or `None`, *optional*, defaults to `None`): an OpenAI grader object.
+        prompt_column (`str`, *optional*, defaults to `"prompt"`): the dataset's prompt column (a grader's `item`
+            holds the prompt under that name).
 
     Raises:
         RewardError: unknown built-in, import failure, bad kwargs, or something that is not callable.
@@ -58,7 +67,9 @@ def build_reward(
 
     ```
     """
-    if model is not None:
+    if grader is not None:
+        reward = _build_grader(name, grader, kwargs or {}, prompt_column)
+    elif model is not None:
         reward = _build_reward_model(name, model, function, kwargs)
     elif function is None:
         reward = _build_builtin(name, kwargs or {})
@@ -118,6 +129,15 @@ def _reward_shaped(name: str, reward: Callable, what: str) -> Callable:
         "(completions=..., prompts=..., and the dataset's columns), so it must take `completions` (def "
         "reward(completions, **kwargs)); a get_* factory returning one may be named instead"
     )
+
+
+def _build_grader(name: str, grader: dict, kwargs: dict, prompt_column: str) -> Callable:
+    from grpoflow.trainers.graders.reward import get_grader_reward
+
+    try:
+        return get_grader_reward(grader, prompt_column, **kwargs)
+    except ValueError as exc:
+        raise RewardError(f"reward {name!r}: {exc}") from exc
 
 
 def _build_reward_model(name: str, model: str, function: str | None, kwargs: dict | None) -> Callable:

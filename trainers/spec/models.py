@@ -297,18 +297,28 @@ class RewardSpec(_Section):
         "already in the local Hugging Face cache, whose config.json architecture is ...ForSequenceClassification. "
         "Its score (logits[:, 0]) of prompt + completion is the reward; not with function or kwargs.",
     )
+    grader: dict[str, Any] | None = Field(
+        None,
+        description="An OpenAI grader object, as OpenAI's fine-tuning API takes it (type: string_check, "
+        "text_similarity, score_model, label_model, python or multi; templates {{ item.<column> }} and "
+        "{{ sample.output_text }}); its name is the reward's name. Not with function or model.",
+    )
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
     kwargs: dict[str, Any] = Field(
         {},
         description="Arguments for parameterised rewards. llm_judge takes base_url, model, rubric (a template with "
         "{completion}, {prompt} and dataset columns), api_key_env (the NAME of the variable holding the key), "
-        "score_regex, max_score, concurrency, timeout, retries, backoff, temperature, max_tokens.",
+        "score_regex, max_score, concurrency, timeout, retries, backoff, temperature, max_tokens. A model grader (and "
+        "cosine) takes base_url, api_key_env, model (or embedding_model), concurrency, timeout, retries, backoff; a "
+        "python grader timeout and memory_mb.",
     )
 
     @model_validator(mode="after")
     def _name_from_function(self) -> "RewardSpec":
         # Giving neither name nor function is a rule violation (rules.py), reported with the spec's other problems.
-        if self.name is None and self.function is not None:
+        if self.name is None and isinstance(self.grader, dict) and isinstance(self.grader.get("name"), str):
+            self.name = self.grader["name"]
+        elif self.name is None and self.function is not None:
             self.name = function_name(self.function)
         elif self.name is None and self.model is not None:
             self.name = model_name(self.model)

@@ -428,6 +428,9 @@ def _reward_name(reward: Any) -> Any:
     if not isinstance(reward, dict):
         return None
     name, function, model = reward.get("name"), reward.get("function"), reward.get("model")
+    grader = reward.get("grader")
+    if name is None and isinstance(grader, dict) and isinstance(grader.get("name"), str):
+        return grader["name"]
     if name is None and isinstance(function, str):
         return function_name(function)
     if name is None and isinstance(model, str) and model:
@@ -449,6 +452,8 @@ def _judge_problems(where: str, kwargs: Any) -> list[str]:
 def _entry_problems(where: str, reward: dict, builtins: list[str] | None) -> list[str]:
     """One entry in the rewards' form (a job reward, or `evaluation.metric` given as an entry) against the rules that
     tie its keys together; `where` is its location (`rewards[2]`, `evaluation.metric`)."""
+    if reward.get("grader") is not None:
+        return _grader_entry_problems(where, reward)
     name = _reward_name(reward)
     if name is None and reward.get("function") is None and not reward.get("model"):
         choices = f"a built-in: {', '.join(builtins)}" if builtins else "a built-in reward"
@@ -468,6 +473,24 @@ def _entry_problems(where: str, reward: dict, builtins: list[str] | None) -> lis
     if reward.get("function") is None and name == "llm_judge":
         return _judge_problems(where, reward.get("kwargs", {}))
     return []
+
+
+def _grader_entry_problems(where: str, reward: dict) -> list[str]:
+    """A `grader:` entry: the object checked with the openai package's types (trainers/graders/checks.py), its name
+    the reward's, nothing else beside it but weight and kwargs."""
+    from grpoflow.trainers.graders.checks import grader_problems
+
+    problems = [
+        f"{where}.{key}: a grader entry is the grader object alone (with weight and kwargs); remove {key}"
+        for key in ("function", "model")
+        if reward.get(key) is not None
+    ]
+    grader, name = reward["grader"], reward.get("name")
+    if name is not None and isinstance(grader, dict) and name != grader.get("name"):
+        problems.append(
+            f"{where}.name: a grader's reward is named by grader.name ({grader.get('name')!r}); remove name"
+        )
+    return problems + [f"{where}.{path}: {message}" for path, message in grader_problems(grader, reward.get("kwargs"))]
 
 
 def _reward_problems(data: dict) -> list[str]:

@@ -1,0 +1,99 @@
+"""`text_similarity`'s metrics, each computed by the library that defines it, as a score in 0..1.
+
+| metric | computed by |
+| --- | --- |
+| `fuzzy_match` | rapidfuzz: `fuzz.WRatio(input, reference) / 100` |
+| `bleu` | sacrebleu: `sentence_bleu(input, [reference]).score / 100` (its defaults: 13a tokens, exp smoothing) |
+| `gleu` | NLTK: `sentence_gleu([reference tokens], input tokens)` (Google's GLEU) |
+| `meteor` | NLTK: `meteor_score([reference tokens], input tokens)` (needs NLTK's WordNet data) |
+| `rouge_1` ... `rouge_5`, `rouge_l` | rouge-score: `RougeScorer([rougeN]).score(reference, input)` F-measure |
+| `cosine` | an OpenAI-compatible embeddings endpoint (see `grpoflow.trainers.graders.reward`) |
+
+Tokens for NLTK are whitespace-separated words, as NLTK's own examples split them. The libraries come with
+`pip install 'grpoflow[graders]'`; `metric_problem` says which one is missing before anything is scored.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+
+# metric -> (the module it needs, the package that brings it)
+LIBRARIES = {
+    "fuzzy_match": ("rapidfuzz", "rapidfuzz"),
+    "bleu": ("sacrebleu", "sacrebleu"),
+    "gleu": ("nltk", "nltk"),
+    "meteor": ("nltk", "nltk"),
+    **{f"rouge_{n}": ("rouge_score", "rouge-score") for n in ("1", "2", "3", "4", "5", "l")},
+}
+EMBEDDING_METRICS = ("cosine",)
+
+
+def metric_problem(metric: str) -> str | None:
+    """Why `metric` cannot be computed here (its library, or METEOR's WordNet data, is missing); None when it can.
+
+    >>> metric_problem("rouge_l") is None
+    True
+    """
+    if metric in EMBEDDING_METRICS or metric not in LIBRARIES:
+        return None
+    module, package = LIBRARIES[metric]
+    if importlib.util.find_spec(module) is None:
+        return f"{metric} is computed by {package}, which is not installed: pip install 'grpoflow[graders]'"
+    if metric == "meteor" and not _has_wordnet():
+        return (
+            "meteor matches synonyms through NLTK's WordNet data, which is not installed: python -m nltk.downloader "
+            "wordnet (or set NLTK_DATA to a folder holding corpora/wordnet)"
+        )
+    return None
+
+
+def _has_wordnet() -> bool:
+    import nltk
+
+    for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
+        try:
+            nltk.data.find(resource)
+            return True
+        except LookupError:
+            continue
+    return False
+
+
+def similarity(metric: str, output: str, reference: str) -> float:
+    """The `metric` similarity of `output` to `reference`, in 0..1 (not `cosine`: that one needs an endpoint).
+
+    >>> similarity("fuzzy_match", "the cat sat", "the cat sat")
+    1.0
+    >>> round(similarity("rouge_1", "the cat sat", "the cat sat down"), 4)
+    0.8571
+    """
+    return float(_scorer(metric)(output, reference))
+
+
+@functools.cache
+def _scorer(metric: str) -> Callable[[str, str], float]:
+    if metric == "fuzzy_match":
+        from rapidfuzz import fuzz
+
+        return lambda output, reference: fuzz.WRatio(output, reference) / 100
+    if metric == "bleu":
+        import sacrebleu
+
+        return lambda output, reference: sacrebleu.sentence_bleu(output, [reference]).score / 100
+    if metric == "gleu":
+        from nltk.translate.gleu_score import sentence_gleu
+
+        return lambda output, reference: sentence_gleu([reference.split()], output.split())
+    if metric == "meteor":
+        from nltk.translate.meteor_score import meteor_score
+
+        return lambda output, reference: meteor_score([reference.split()], output.split())
+    if metric.startswith("rouge_"):
+        from rouge_score import rouge_scorer
+
+        kind = f"rouge{metric.removeprefix('rouge_').upper()}"
+        scorer = rouge_scorer.RougeScorer([kind])
+        return lambda output, reference: scorer.score(reference, output)[kind].fmeasure
+    raise ValueError(f"unknown text_similarity metric {metric!r}")
