@@ -21,6 +21,7 @@ BENCHMARKS = [
     "ingest_scale",
     "cost_growth",
     "generation",
+    "graders",
     "gpu",
 ]
 
@@ -54,6 +55,23 @@ def summary_rows(name: str, r: dict) -> list[list]:
              "", ""],
             [name, "seconds per held-out evaluation (demo)", s["eval_s_each"], "report", ""],
         ]  # fmt: skip
+    if name == "graders":
+        s, seconds, difference = (
+            r["summary"],
+            r["summary"]["seconds"]["graders run"],
+            r["summary"]["max_score_difference"],
+        )
+        return [
+            [
+                name,
+                f"graders run: seconds, {s['rows']:,} rows x {s['graders']} graders",
+                seconds,
+                "< 60",
+                seconds < 60,
+            ],
+            [name, "graders run vs the libraries called directly (x, wall)", s["vs_libraries"], "report", ""],
+            [name, "largest score difference vs the libraries", difference, "0", difference == 0],
+        ]
     if name == "skip_zero_variance":
         return [
             [name, f"steps/s vs TRL (CPU time), skip on, {w}", s["skip_vs_trl"], f">= {s['target']}", s["target_met"]]

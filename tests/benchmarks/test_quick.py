@@ -26,6 +26,7 @@ CASES = [
     ("cost_growth", [], {"cells", "fit_K_x_L", "fit_L_and_K_x_L", "fit_generated_tokens"}),
     ("generation", [], {"sides", "paged_speed_vs_transformers", "faster", "default_engine", "target_met"}),
     ("held_out", [], {"runs", "summary", "seeds", "specs"}),
+    ("graders", [], {"summary", "repeats", "graders_spec"}),
     # --smoke runs the GPU script's whole path on a CPU (a tiny-width model; QLoRA is skipped there, and says so).
     ("gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}),
 ]
@@ -50,6 +51,12 @@ def test_quick_mode_writes_every_figure(name, extra, keys, tmp_path):
     assert summary_rows(name, data)  # what `make bench` prints from it
     check = globals()[f"check_{name}"]
     check(data)
+
+
+def check_graders(data):
+    s = data["summary"]
+    assert s["rows"] == 100 and s["graders"] == 6 and s["rows_per_s"] > 0
+    assert s["max_score_difference"] == 0  # graders run scores exactly as the libraries do
 
 
 def check_generation(data):

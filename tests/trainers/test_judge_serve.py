@@ -1,5 +1,6 @@
 """`llm_judge` end to end with `grpoflow serve` on loopback as the judge: validate's preflight dry-runs it, a GRPO
-run logs its metric next to a reward model's, and the key (passed by its variable's name) is nowhere in the job
+run logs its metric next to a reward model's and OpenAI graders' (a score_model asking the same endpoint, a multi with
+a python grader), and the key (passed by its variable's name) is nowhere in the job
 folder, the logs or the CLI's output."""
 
 import threading
@@ -106,10 +107,36 @@ def test_grpo_with_a_judge_and_a_reward_model_keeps_the_key_secret(
 
     monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)
     classifier = build_tiny_classifier(tmp_path / "tiny-rm")
+    score_model = {  # an OpenAI grader against the same endpoint: the digit judge answers 3 or 7
+        "type": "score_model",
+        "name": "graded",
+        "model": "gpt-4o-2024-08-06",
+        "input": [{"role": "user", "content": "Answer: {{ sample.output_text }} Expected: {{ item.answer }}"}],
+        "range": [0, 10],
+        "sampling_params": {"max_completions_tokens": 1, "temperature": 0},
+    }
+    multi = {  # a python grader (its own process) and a string_check, combined
+        "type": "multi",
+        "name": "blend",
+        "graders": {
+            "py": {"type": "python", "name": "py", "source": "def grade(sample, item):\n    return 0.5\n"},
+            "exact": {
+                "type": "string_check",
+                "name": "exact",
+                "operation": "eq",
+                "input": "{{ sample.output_text }}",
+                "reference": "{{ item.answer }}",
+            },
+        },
+        "calculate_output": "py + exact",
+    }
+    endpoint = {"base_url": judge_url, "model": "tiny-judge", "api_key_env": "GRPOFLOW_TEST_JUDGE_KEY", "retries": 0}
     rewards = [
         {"name": "exact_answer"},
         {"name": "llm_judge", "kwargs": judge_kwargs(judge_url), "weight": 0.5},
         {"model": str(classifier), "weight": 0.1},
+        {"grader": score_model, "kwargs": endpoint, "weight": 0.05},
+        {"grader": multi, "weight": 0.1},
     ]
     changes = {
         "rewards": rewards,
@@ -123,8 +150,11 @@ def test_grpo_with_a_judge_and_a_reward_model_keeps_the_key_secret(
 
     rows = read_metrics(job.metrics)
     assert len(rows) == 2
-    assert {"rewards/llm_judge/mean", "rewards/tiny-rm/mean", "rewards/exact_answer/mean"} <= set(rows[-1]["values"])
+    keys = {"rewards/llm_judge/mean", "rewards/tiny-rm/mean", "rewards/exact_answer/mean", "rewards/graded/mean"}
+    assert keys | {"rewards/blend/mean"} <= set(rows[-1]["values"])
     assert all(0.3 <= row["values"]["rewards/llm_judge/mean"] <= 0.7 for row in rows)  # the judge's parsed scores
+    assert all(3 <= row["values"]["rewards/graded/mean"] <= 7 for row in rows)  # the grader's, within its range
+    assert all(0.5 <= row["values"]["rewards/blend/mean"] <= 1.5 for row in rows)
     assert yaml.safe_load(job.spec.read_text())["rewards"][1]["kwargs"]["api_key_env"] == "GRPOFLOW_TEST_JUDGE_KEY"
     leaked = [p for p in job.root.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert leaked == [] and KEY not in out + err

@@ -9,7 +9,7 @@ from grpoflow.flows.sweep import grpo_sweep
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.trust import REWARD_MODULES_ENV, command_line, untrusted_code
+from grpoflow.trainers.trust import REWARD_MODULES_ENV, SPEC_CODE_ENV, command_line, untrusted_code
 
 CALLED = []
 
@@ -71,6 +71,23 @@ def test_tools_and_the_metric_are_checked_too(make_spec):
     )
     problems = untrusted_code(spec)
     assert [p.split(":")[0] for p in problems] == ["evaluation.metric.function", "tools[0]"]
+
+
+PYTHON_GRADER = {"type": "python", "name": "py", "source": "def grade(sample, item):\n    return 1.0\n"}
+
+
+def test_a_python_grader_is_spec_code_allowed_only_where_the_pool_says(make_spec, monkeypatch):
+    check = {"type": "string_check", "name": "c", "input": "x", "reference": "x", "operation": "eq"}
+    multi = {"type": "multi", "name": "m", "calculate_output": "py + c", "graders": {"py": PYTHON_GRADER, "c": check}}
+    spec, _ = load_spec(make_spec("code", rewards=[{"grader": PYTHON_GRADER}, {"grader": multi}, {"grader": check}]))
+    problems = untrusted_code(spec)
+    assert [p.split(":")[0] for p in problems] == ["rewards[0].grader", "rewards[1].grader.graders.py"]
+    assert all(f"{SPEC_CODE_ENV}=1" in p for p in problems)
+    monkeypatch.setenv(SPEC_CODE_ENV, "1")  # the operator allows it on this pool
+    assert untrusted_code(spec) == []
+    monkeypatch.delenv(SPEC_CODE_ENV)
+    with command_line():  # the user's own command line: their machine
+        assert untrusted_code(spec) == []
 
 
 @pytest.mark.usefixtures("prefect_server")

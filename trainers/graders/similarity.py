@@ -69,7 +69,8 @@ def similarity(metric: str, output: str, reference: str) -> float:
     >>> round(similarity("rouge_1", "the cat sat", "the cat sat down"), 4)
     0.8571
     """
-    return float(_scorer(metric)(output, reference))
+    # Clipped: sacrebleu's 100-point scale gives 100.00000000000004 for identical texts.
+    return min(1.0, max(0.0, float(_scorer(metric)(output, reference))))
 
 
 @functools.cache
