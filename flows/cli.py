@@ -6,11 +6,13 @@
     grpoflow jobs
     grpoflow metrics JOB_ID --keys reward,reward_std --json
     grpoflow model JOB_ID --json
+    grpoflow webhooks retry JOB_ID
     grpoflow sweep examples/arithmetic.yaml --grid trl.loss_type=grpo,dr_grpo --max-concurrent 1
     grpoflow graders run examples/openai-rft/job.yaml --rows 20
 
 Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument, or a run
-whose training could not start (a setup problem, not retried).
+whose training could not start (a setup problem, not retried). `webhooks retry` exits 1 while deliveries stay
+undelivered, so an unknown job is 2 there.
 """
 
 import argparse
@@ -433,6 +435,66 @@ def cmd_model(args) -> int:
     return EXIT_OK
 
 
+def cmd_webhooks_retry(args) -> int:
+    """Sends the job's undelivered webhook deliveries once more, with their first `webhook-id`, and waits for them
+    (`grpoflow.integrations.webhooks.retry`); one line each. Exit 0 when none is left undelivered, 1 when some are, 2
+    for an unknown job or one a live run holds (that run sends its own)."""
+    from grpoflow.integrations import webhooks
+    from grpoflow.integrations.jobs import UnknownJob
+    from grpoflow.integrations.storage import filesystem, is_remote, join
+    from grpoflow.trainers.joblock import JobLock, JobLocked
+    from grpoflow.trainers.report import note_undelivered
+
+    try:
+        job, location = find_args_job(args, args.job_id)
+    except UnknownJob as e:  # exit 1 means deliveries left undelivered here
+        raise UsageError(str(e)) from None
+    lock = JobLock(job.root)
+    try:
+        lock.acquire()
+    except JobLocked as e:
+        raise UsageError(f"webhooks retry: {e}") from None
+    try:
+        results = webhooks.retry(job, args.timeout)
+        note_undelivered(job, webhooks.undelivered(job))
+    finally:
+        lock.release()
+    if is_remote(location):  # the local copy's log and report go back, so a later retry skips what was delivered
+        for path in (job.webhooks, job.report):
+            if path.exists():
+                fs, remote = filesystem(join(location, path.name))
+                fs.put_file(str(path), remote)
+    for result in results:
+        print(f"{result['type']}  {result['event_id']}  {result['url']}  {_delivery_outcome(result)}")
+    if not results:
+        print(f"job {job.job_id}: no webhook delivery is undelivered")
+    if left := sum(not result["settled"] for result in results):
+        raise Failed(f"{left} of {len(results)} webhook deliveries still undelivered; run it again later")
+    return EXIT_OK
+
+
+def _delivery_outcome(result: dict) -> str:
+    last = result["last"] or {"outcome": "queued", "error": "not attempted before --timeout"}
+    if result["settled"]:
+        return "delivered" if last["outcome"] == "delivered" else f"failed for good: HTTP {last['status']}"
+    return f"undelivered ({last['outcome']}): {last['error']}"
+
+
+def _add_webhooks_command(sub) -> None:
+    """`webhooks retry`: a job's undelivered webhook deliveries sent again (integrations/webhooks.py)."""
+    hooks = sub.add_parser("webhooks", help="a job's webhook deliveries")
+    actions = hooks.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    retry = actions.add_parser(
+        "retry", help="send a job's undelivered webhook deliveries again (the same webhook-id) and wait for them"
+    )
+    retry.add_argument("job_id")
+    retry.add_argument(
+        "--timeout", type=float, default=300.0, metavar="SECONDS", help="the most to wait for them (default: 300)"
+    )
+    retry.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    retry.set_defaults(func=cmd_webhooks_retry)
+
+
 def cmd_deployments_apply(args) -> int:
     import asyncio
 
@@ -848,6 +910,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("job_id")
     model.add_argument("--json", action="store_true")
     model.set_defaults(func=cmd_model)
+    _add_webhooks_command(sub)
     _add_server_commands(sub)
     _add_model_commands(sub)
     _add_sweep_command(sub)

@@ -1,17 +1,24 @@
-"""Signed webhook delivery of the job's events (Standard Webhooks), off the training's critical path.
+"""Signed webhook delivery of the job's events (Standard Webhooks), at least once, off the training's critical path.
 
 `grpoflow.integrations.events.emit` calls `deliver(job, record)` for every event; it reads the webhooks from the job's
-`spec.yaml`, queues one delivery per webhook and returns. One daemon thread per endpoint URL posts that endpoint's
-events in order, retrying connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx are final. A dead
-or hanging endpoint therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout`
-seconds, for the queues to drain; whatever is still queued when the process exits is lost.
+`spec.yaml`, records one delivery per webhook in the job folder's outbox (synced to disk before anything is sent),
+queues them and returns. One daemon thread per endpoint URL posts that endpoint's events in order, retrying
+connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx are final. A dead or hanging endpoint
+therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout` seconds, for the queues
+to drain.
+
+A delivery that gave up (retries exhausted, still queued when the process exited, or `dropped`) stays undelivered in
+the outbox and is sent again, with the same `webhook-id` and body, when the job resumes (`resend`, from
+`grpoflow.tasks.job.create_job_task`) or on `grpoflow webhooks retry JOB_ID` (`retry`); `undelivered(job)` lists
+them, and the job's end writes them into `report.md`. Receivers therefore get each event at least once and
+deduplicate on `webhook-id`. Within one process, a delivery still queued or under way is never queued twice.
 
 Each request: a POST of `{"type": "training.completed", "timestamp": "<ISO 8601 UTC>", "data": {..., "job_id": ...}}`
-with headers `webhook-id` (the event id, the same on every retry: use it to deduplicate), `webhook-timestamp` (unix
-seconds of this attempt), `webhook-signature` (`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, only when the
-webhook has a `secret_env`), `content-type: application/json` and `user-agent: grpoflow/<version>`. A `secret_env`
-naming an unset or empty variable is a failed delivery: nothing is sent unsigned (a verifying receiver would reject
-it anyway).
+with headers `webhook-id` (the event id, the same on every retry and resend: use it to deduplicate),
+`webhook-timestamp` (unix seconds of this attempt), `webhook-signature` (`v1,<base64 HMAC-SHA256 of
+"{id}.{timestamp}.{body}">`, only when the webhook has a `secret_env`), `content-type: application/json` and
+`user-agent: grpoflow/<version>`. A `secret_env` naming an unset or empty variable is a failed delivery: nothing is
+sent unsigned (a verifying receiver would reject it anyway).
 
 Signing is the `standardwebhooks` package's (the convention's reference implementation). A secret written
 `whsec_<base64>` is the package's own form and signs with the decoded bytes; any other secret signs with its UTF-8
@@ -24,11 +31,14 @@ verify with the package too:
 
 or with `verify` here, which does the same and returns a bool. Both reject a timestamp more than 5 minutes from now.
 
-The job folder's `webhooks.jsonl` gets one line per attempt: `time`, `event_id`, `type`, `url` (scheme://host[:port]
-/path: no userinfo, no query), `attempt` (1-based; 0 when nothing was sent), `outcome` (`retrying`, `delivered`,
-`failed`, or `dropped` when the endpoint's queue is full), `status` (HTTP status or null), `error` (or null),
-`duration_s`. The line whose outcome is not `retrying` is the event's final one. Neither secrets nor signatures are
-ever written or logged.
+The job folder's `webhooks-outbox.jsonl` (`OUTBOX`) gets one line per queued delivery, appended and never rewritten:
+`time` (when queued), `event_id`, `type`, `url` (the spec's webhook URL, which the spec keeps free of credentials),
+`body` (the exact request body, as text). Its `webhooks.jsonl` gets one line per attempt: `time`, `event_id`, `type`,
+`url` (scheme://host[:port]/path: no userinfo, no query), `attempt` (1-based; 0 when nothing was sent), `outcome`
+(`retrying`, `delivered`, `failed`, or `dropped` when the endpoint's queue is full), `status` (HTTP status or null),
+`error` (or null), `duration_s`. The line whose outcome is not `retrying` is the attempt's final one. A delivery is
+settled by a `delivered` line, or a `failed` one with a 4xx status other than 429 (the receiver's final word); every
+other outbox line is undelivered. Neither secrets nor signatures are ever written or logged.
 """
 
 import base64
@@ -51,6 +61,7 @@ from pydantic import TypeAdapter
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_jsonl
 from grpoflow.trainers.spec import WebhookSpec
 from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, link_local_address
 
@@ -67,6 +78,7 @@ class Policy:
 
 
 POLICY = Policy()
+OUTBOX = "webhooks-outbox.jsonl"  # in the job folder, beside webhooks.jsonl
 # Per endpoint. A hanging endpoint and a chatty job (a progress event per step) would otherwise grow memory unbounded.
 MAX_QUEUED = 1000
 
@@ -91,8 +103,9 @@ class _Delivery:
 _queues: dict[str, queue.Queue] = {}
 _queues_lock = threading.Lock()
 _spec_cache: dict[Path, tuple[int, list[WebhookSpec]]] = {}
-_idle = threading.Condition()  # guards _pending; notified when it drops to 0
+_idle = threading.Condition()  # guards _pending and _in_flight; notified when _pending drops to 0
 _pending = 0
+_in_flight: set[tuple[Path, str, str]] = set()  # (job folder, event id, log URL) queued or under way here
 _log_lock = threading.Lock()
 _warned: set[tuple[Path, str]] = set()
 
@@ -113,8 +126,10 @@ def deliver(job: JobDir, record: dict) -> None:
     data = {**record["payload"], "job_id": job.job_id}
     body = {"type": record["event"].removeprefix("grpoflow."), "timestamp": record["occurred"], "data": data}
     raw = json.dumps(body, separators=(",", ":")).encode()
-    for hook in hooks:
-        _enqueue(_Delivery(job, hook, record["id"], body["type"], raw, POLICY))
+    items = [_Delivery(job, hook, record["id"], body["type"], raw, POLICY) for hook in hooks]
+    _to_outbox(items)
+    for item in items:
+        _enqueue(item)
 
 
 def flush(timeout: float = 10.0) -> bool:
@@ -132,6 +147,67 @@ def flush(timeout: float = 10.0) -> bool:
     if not drained:
         logger.warning("webhooks: %d deliveries still under way after %.1fs; see webhooks.jsonl", left, timeout)
     return drained
+
+
+def undelivered(job: JobDir) -> list[dict]:
+    """The deliveries of `job` that reached no final outcome, in the order they were queued: what `resend` sends.
+
+    A delivery is settled by a `delivered` line in `webhooks.jsonl`, or a `failed` one with a 4xx status other than
+    429 (the receiver's final word). One that gave up after its retries, failed before sending (an unset
+    `secret_env`), was still queued when its process exited, or was `dropped` is undelivered.
+
+    Args:
+        job (`JobDir`): the job; one without an outbox (no webhooks) has nothing undelivered.
+
+    Returns:
+        `list[dict]`: `time` (when first queued), `event_id`, `type`, `url` (as `webhooks.jsonl` shows it: no
+        userinfo, no query) and `last` (its latest `webhooks.jsonl` line; None when it was never attempted).
+    """
+    settled, last = _attempts(job)
+    return [_listed(entry, last) for entry in _unsettled(job, settled)]
+
+
+def resend(job: JobDir) -> list[dict]:
+    """Queues `job`'s undelivered deliveries again and returns at once: the same `webhook-id` and body, signed afresh.
+
+    Each goes to the webhook of the same URL in the job's spec.yaml as it is now (its `secret_env` too); one the spec
+    no longer lists is logged `failed`, unsent. A delivery still queued or under way in this process is left to it.
+
+    Args:
+        job (`JobDir`): the job, e.g. one being resumed (`grpoflow.tasks.job.create_job_task`).
+
+    Returns:
+        `list[dict]`: the deliveries sent again (or failed at once), as `undelivered` lists them.
+    """
+    hooks = {hook.url: hook for hook in _webhooks(job)}
+    settled, last = _attempts(job)
+    tried = []
+    for entry in _unsettled(job, settled):
+        hook = hooks.get(entry["url"]) or WebhookSpec.model_construct(url=entry["url"], secret_env=None)
+        item = _Delivery(job, hook, entry["event_id"], entry["type"], entry["body"].encode(), POLICY)
+        if entry["url"] not in hooks:
+            _finish(item, attempt=0, outcome="failed", error="spec.yaml no longer lists this webhook: not sent")
+        elif not _enqueue(item):
+            continue
+        tried.append(_listed(entry, last))
+    return tried
+
+
+def retry(job: JobDir, timeout: float) -> list[dict]:
+    """`resend`s `job`'s undelivered deliveries and waits for them, at most `timeout` seconds (`flush`).
+
+    Args:
+        job (`JobDir`): the job (`grpoflow webhooks retry JOB_ID`).
+        timeout (`float`): the most seconds to wait; a delivery still under way then stays undelivered.
+
+    Returns:
+        `list[dict]`: each delivery sent again, as `undelivered` lists it, with `last` its latest line now and
+        `settled` whether it is delivered (or failed for good, a 4xx).
+    """
+    tried = resend(job)
+    flush(timeout)
+    settled, last = _attempts(job)
+    return [{**e, "last": last.get(key := (e["event_id"], e["url"])), "settled": key in settled} for e in tried]
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -185,15 +261,24 @@ def _webhooks(job: JobDir) -> list[WebhookSpec]:
     return cached[1]
 
 
-def _enqueue(item: _Delivery) -> None:
+def _enqueue(item: _Delivery) -> bool:
+    """Queues `item` unless the same delivery is already queued or under way in this process (False then)."""
     global _pending
     with _idle:
+        if _key(item) in _in_flight:
+            return False
+        _in_flight.add(_key(item))
         _pending += 1
     try:
         _queue_for(item.hook.url).put_nowait(item)
     except queue.Full:
         _finish(item, attempt=0, outcome="dropped", error=f"more than {MAX_QUEUED} events waiting for this endpoint")
-        _done()
+        _done(item)
+    return True
+
+
+def _key(item: _Delivery) -> tuple[Path, str, str]:
+    return item.job.root, item.msg_id, safe_url(item.hook.url)
 
 
 def _queue_for(url: str) -> queue.Queue:
@@ -205,9 +290,10 @@ def _queue_for(url: str) -> queue.Queue:
         return _queues[url]
 
 
-def _done() -> None:
+def _done(item: _Delivery) -> None:
     global _pending
     with _idle:
+        _in_flight.discard(_key(item))
         _pending -= 1
         if _pending == 0:
             _idle.notify_all()
@@ -224,7 +310,7 @@ def _worker(q: queue.Queue) -> None:
             # A bug here must not kill the thread: the endpoint's later events would never be sent.
             logger.exception("webhooks: delivering %s to %s failed", item.msg_id, safe_url(item.hook.url))
         finally:
-            _done()
+            _done(item)
 
 
 # --- one delivery -------------------------------------------------------------------------------------------------
@@ -346,6 +432,68 @@ def safe_url(url: str) -> str:
     """`url` without userinfo, query or fragment: what logs and `webhooks.jsonl` may show."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+# --- the outbox ---------------------------------------------------------------------------------------------------
+
+
+def _to_outbox(items: list[_Delivery]) -> None:
+    """Appends one outbox line per delivery (of one event) and syncs it to disk, before any of them is sent."""
+    job, now = items[0].job, datetime.now(UTC).isoformat()
+    lines = [
+        {"time": now, "event_id": i.msg_id, "type": i.type, "url": i.hook.url, "body": i.body.decode()} for i in items
+    ]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    try:
+        fd = os.open(job.root / OUTBOX, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a line torn by a crash: the next must not join it
+                data = b"\n" + data
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:  # sent all the same, once; a discarded job's folder has nothing to keep
+        if job.root.is_dir():
+            logger.warning("webhooks: could not record %s in %s (%s); sending it once", items[0].type, OUTBOX, e)
+
+
+def _attempts(job: JobDir) -> tuple[set[tuple[str, str]], dict[tuple[str, str], dict]]:
+    """The (event id, URL) of each settled delivery in `webhooks.jsonl`, and each delivery's latest line there."""
+    settled, last = set(), {}
+    for line in read_jsonl(job.webhooks, lambda r: isinstance(r, dict) and {"event_id", "url", "outcome"} <= r.keys()):
+        key = (line["event_id"], line["url"])
+        last[key] = line
+        status = line.get("status")
+        final_4xx = isinstance(status, int) and 400 <= status < 500 and status != 429
+        if line["outcome"] == "delivered" or (line["outcome"] == "failed" and final_4xx):
+            settled.add(key)
+    return settled, last
+
+
+def _unsettled(job: JobDir, settled: set[tuple[str, str]]) -> list[dict]:
+    """The outbox lines of the deliveries not `settled`, once each, in outbox order."""
+    seen, entries = set(settled), []
+    for entry in read_jsonl(
+        job.root / OUTBOX, lambda r: isinstance(r, dict) and {"event_id", "type", "url", "body"} <= r.keys()
+    ):
+        key = (entry["event_id"], safe_url(entry["url"]))
+        if key not in seen:
+            seen.add(key)
+            entries.append(entry)
+    return entries
+
+
+def _listed(entry: dict, last: dict) -> dict:
+    url = safe_url(entry["url"])
+    return {
+        "time": entry.get("time"),
+        "event_id": entry["event_id"],
+        "type": entry["type"],
+        "url": url,
+        "last": last.get((entry["event_id"], url)),
+    }
 
 
 # --- delivery log -------------------------------------------------------------------------------------------------

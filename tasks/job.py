@@ -26,6 +26,7 @@ from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.job_index import remember
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.joblock import JobLock, JobLocked, _alive, _me
+from grpoflow.trainers.report import note_undelivered
 from grpoflow.trainers.spec import JobSpec, to_yaml
 
 logger = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
     """Creates `<output_uri>/<job_id>/` with the resolved spec, locks it, and emits `grpoflow.job.started`.
 
     An existing folder is reused only when `job_id` is given (a resumed job); a new id never collides. A resumed job
-    with a remote output_uri whose staging folder is gone (another machine) is downloaded first. A folder another
-    live run holds (`grpoflow.trainers.joblock`) ends the task `Rejected`, naming that run; nothing is written or
-    announced.
+    with a remote output_uri whose staging folder is gone (another machine) is downloaded first; the webhook
+    deliveries an earlier run left undelivered are sent again, before job.started (`webhooks.resend`). A folder
+    another live run holds (`grpoflow.trainers.joblock`) ends the task `Rejected`, naming that run; nothing is
+    written or announced.
     """
     job = job_dir(spec.output_uri, job_id or new_job_id(spec.name))
     try:
@@ -73,6 +75,7 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
     record_flow_run(job)
     write_text_atomic(job.spec, to_yaml(spec))
     remember(job.job_id, job_location(job, spec))  # `grpoflow metrics JOB_ID` then finds it from any folder
+    webhooks.resend(job)  # a new job has none; queued first, each endpoint still gets the events in their order
     emit(
         job,
         "grpoflow.job.started",
@@ -178,7 +181,7 @@ class JobEnding:
     (reason `rejected`), removes the folder of a new job and returns the `Rejected` state; `end.cancelled(message)`
     ends it cancelled (a stage stopped by a cancel, its task Cancelled); an exception leaving the
     block (a failed stage, a cancelled flow run, Ctrl-C) emits `grpoflow.job.failed`, uploads what the job left and
-    propagates. Each waits for the webhook deliveries.
+    propagates. Each waits for the webhook deliveries, then lists those still undelivered in `report.md`.
     """
 
     def __init__(self, job: JobDir, spec: JobSpec, resumed: bool):
@@ -216,10 +219,11 @@ class JobEnding:
         # Uploaded before job.completed announces the folder, then once more for the events that announced it.
         upload_job_task(self.job, self.spec)
         self._announce("grpoflow.job.completed", result)
-        upload_job_task(self.job, self.spec, names=("events.jsonl", "webhooks.jsonl"))
+        upload_job_task(self.job, self.spec, names=("events.jsonl", "webhooks.jsonl", webhooks.OUTBOX, "report.md"))
         return result
 
     def _announce(self, event: str, payload: dict) -> None:
         self.ended = True
         emit(self.job, event, payload)
         webhooks.flush(timeout=WEBHOOK_FLUSH_S)
+        note_undelivered(self.job, webhooks.undelivered(self.job))  # `grpoflow webhooks retry` sends them

@@ -3,6 +3,8 @@
 `write_report(job, spec, evaluation, alerts)` reads the job's `metrics.jsonl` and writes the human summary that
 shared/DESIGN.md lists under "The job folder": what was trained from what, the resolved hyperparameters, the held-out
 before/after scores, the metric series (a table and plots) and the health verdict with what to do about each alert.
+`note_undelivered` keeps its last section, the webhook deliveries not delivered, up to date at the job's end and after
+`grpoflow webhooks retry`.
 
 Plots are drawn on `matplotlib.figure.Figure` objects, never through pyplot: no GUI backend is touched and no global
 state changes (matplotlib's recommended way in servers and workers), so importing this module in a notebook or a
@@ -448,3 +450,42 @@ def write_report(
     ]
     write_text_atomic(job.report, "\n\n".join(sections) + "\n")
     return job.report
+
+
+# --- webhooks not delivered (rewritten at the job's end and by `grpoflow webhooks retry`) ---------------------------
+
+UNDELIVERED = "## Webhooks not delivered"
+
+
+def note_undelivered(job: JobDir, undelivered: list[dict]) -> None:
+    """Rewrites `report.md`'s last section, the webhook deliveries that reached no final outcome, or removes it when
+    there are none. A job without a report yet (it ended before the evaluation) is left as it is.
+
+    Args:
+        job (`JobDir`): the job.
+        undelivered (`list[dict]`): `grpoflow.integrations.webhooks.undelivered(job)`: `type`, `event_id`, `url`
+            (without credentials) and `last` (the latest attempt's line in `webhooks.jsonl`, or None).
+    """
+    try:
+        text = job.report.read_text()
+    except FileNotFoundError:
+        return
+    sections = [text.split(f"\n\n{UNDELIVERED}", 1)[0].rstrip("\n")]
+    if undelivered:
+        rows = [
+            [cell(d["type"]), f"`{d['event_id']}`", cell(d["url"]), cell(_last_attempt(d["last"]))]
+            for d in undelivered
+        ]
+        sections.append(
+            f"{UNDELIVERED}: {len(undelivered)} (run `grpoflow webhooks retry {job.job_id}`)\n\n"
+            "They are sent again, with the same `webhook-id`, by that command or when the job is resumed.\n\n"
+            + table(["event", "webhook-id", "webhook", "last attempt"], rows)
+        )
+    if (new := "\n\n".join(sections) + "\n") != text:
+        write_text_atomic(job.report, new)
+
+
+def _last_attempt(line: dict | None) -> str:
+    if line is None:
+        return "no attempt ended yet"
+    return f"{line['outcome']} (attempt {line['attempt']}): {line['error'] or line['status']}"

@@ -10,8 +10,11 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from grpoflow.integrations import webhooks
 from grpoflow.integrations.events import emit
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.spec import load_spec, to_yaml
+from tests.conftest import cli
 
 SECRET_ENV = "GRPOFLOW_TEST_SECRET"
 PLAIN = "plain-secret-do-not-leak-7f3a"
@@ -51,6 +55,7 @@ class Request:
     arrived: float
     headers: dict[str, str]
     body: bytes
+    status: int | None = None  # the answer sent; None: none (the connection closed, or the sender hung up)
 
 
 class Receiver:
@@ -60,28 +65,33 @@ class Receiver:
         statuses (`list[int]`): the first answers, in order.
         delay (`float`): seconds to hang before answering (released early by `release` or `stop`).
         retry_after (`str`, *optional*): a `Retry-After` header sent with every answer.
+        fault (`str`, *optional*): while set (the attribute can change), every request meets it: `500` answers 500,
+            `hang` holds the request until `stop` (then 500), `close` hangs up without an answer.
     """
 
-    def __init__(self, statuses=(), delay: float = 0.0, retry_after: str | None = None):
-        self.statuses, self.requests, self.released = list(statuses), [], threading.Event()
+    def __init__(self, statuses=(), delay: float = 0.0, retry_after: str | None = None, fault: str | None = None):
+        self.statuses, self.requests, self.released, self.fault = list(statuses), [], threading.Event(), fault
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["content-length"]))
-                receiver.requests.append(
-                    Request(time.monotonic(), {k.lower(): v for k, v in self.headers.items()}, body)
-                )
-                receiver.released.wait(delay)
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                request = Request(time.monotonic(), {k.lower(): v for k, v in self.headers.items()}, body)
+                receiver.requests.append(request)
+                fault = receiver.fault
+                if fault == "close":
+                    self.close_connection = True
+                    return
+                receiver.released.wait(3600 if fault == "hang" else delay)
+                request.status = 500 if fault else receiver.statuses.pop(0) if receiver.statuses else 200
                 try:
-                    self.send_response(status)
+                    self.send_response(request.status)
                     if retry_after is not None:
                         self.send_header("retry-after", retry_after)
                     self.send_header("content-length", "0")
                     self.end_headers()
                 except OSError:  # the sender timed out and hung up
-                    pass
+                    request.status = None
 
             def log_message(self, *args):
                 pass
@@ -93,6 +103,10 @@ class Receiver:
 
     def ids(self) -> list[str]:
         return [r.headers["webhook-id"] for r in self.requests]
+
+    def delivered(self) -> list[Request]:
+        """The requests answered 200, in the order they arrived."""
+        return [r for r in self.requests if r.status == 200]
 
     def release(self) -> None:
         """Answers every held and later request at once."""
@@ -147,6 +161,7 @@ def make_job(tmp_path):
                 "dataset": {"uri": "x.jsonl"},
                 "rewards": [{"name": "exact_answer"}],
                 "webhooks": hooks,
+                "output_uri": str(tmp_path / "runs"),
             }
         )
         job = JobDir(tmp_path / "runs" / "t-job")
@@ -370,8 +385,9 @@ def test_hanging_endpoint_does_not_slow_emit_and_flush_is_bounded(monkeypatch, r
 
     ids = [emit(job, "grpoflow.training.progress", {"step": step})["id"] for step in range(50)]
 
-    # All 50 emits returned while the first delivery was still waiting for its answer.
+    # All 50 emits returned while the first delivery was still waiting for its answer, each in the outbox already.
     assert not job.webhooks.exists()
+    assert [d["event_id"] for d in webhooks.undelivered(job)] == ids
     started = time.monotonic()
     assert webhooks.flush(0.5) is False
     # It waited its 0.5 s (a lower bound: load only adds to it) and returned with nothing delivered.
@@ -435,7 +451,7 @@ def test_secret_and_signatures_never_written_or_logged(monkeypatch, receiver, ma
     assert len(signatures) == 4
     forbidden = [secret, secret.removeprefix("whsec_"), *signatures, *(s.removeprefix("v1,") for s in signatures)]
     files = [p for p in job.root.rglob("*") if p.is_file()]
-    assert {p.name for p in files} == {"spec.yaml", "events.jsonl", "webhooks.jsonl"}
+    assert {p.name for p in files} == {"spec.yaml", "events.jsonl", "webhooks.jsonl", webhooks.OUTBOX}
     for text in [p.read_text() for p in files] + [caplog.text]:
         assert not [f for f in forbidden if f in text]
     assert all("signature" not in line for line in attempts(job))
@@ -523,3 +539,247 @@ def test_the_secret_comes_from_a_prefect_secret_block_when_the_variable_is_unset
     [request] = r.requests
     Webhook(WHSEC).verify(request.body, request.headers)  # raises on a bad signature
     assert WHSEC not in (job.root / "webhooks.jsonl").read_text()
+
+
+# --- at least once: the outbox, a resumed job, `grpoflow webhooks retry` -----------------------------------------
+
+# The first process of a job: it emits EVENTS to the job's webhooks with short timeouts, waits FLUSH_S for them at
+# most, and exits (its delivery threads die with it), as `grpoflow run` does at its end.
+FIRST_PROCESS = """
+import json, sys
+from pathlib import Path
+
+from grpoflow.integrations import webhooks
+from grpoflow.integrations.events import emit
+from grpoflow.trainers.jobdir import JobDir
+
+webhooks.POLICY = webhooks.Policy(timeout_s=0.3, backoff_s=(0.05,))
+job = JobDir(Path(sys.argv[1]))
+print(json.dumps([emit(job, event, {"n": n})["id"] for n, event in enumerate(json.loads(sys.argv[2]))]))
+webhooks.flush(float(sys.argv[3]))
+"""
+EVENTS = [
+    "grpoflow.job.started",
+    "grpoflow.dataset.ingested",
+    "grpoflow.training.progress",
+    "grpoflow.training.progress",
+    "grpoflow.training.completed",
+    "grpoflow.adapter.merged",
+    "grpoflow.model.published",
+    "grpoflow.job.completed",
+]
+FLUSH_S = 0.5
+
+
+def environment() -> dict:
+    # No Prefect API: the events go to events.jsonl and the webhooks only.
+    return {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+
+
+def first_process(job: JobDir) -> list[str]:
+    """Runs FIRST_PROCESS on `job`; the ids of the events it emitted."""
+    argv = [sys.executable, "-c", FIRST_PROCESS, str(job.root), json.dumps(EVENTS), str(FLUSH_S)]
+    done = subprocess.run(argv, env=environment(), capture_output=True, text=True, timeout=DRAIN_S, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def check_delivered_once(r: Receiver, ids: list[str]) -> None:
+    """Each of `ids` answered 200 exactly once, in order, signed, with the first attempt's id and body."""
+    delivered = r.delivered()
+    assert [d.headers["webhook-id"] for d in delivered] == ids
+    first_bodies = {}
+    for request in r.requests:
+        first_bodies.setdefault(request.headers["webhook-id"], request.body)
+    for request in delivered:
+        assert Webhook(PLAIN.encode()).verify(request.body, request.headers)["data"]["job_id"] == "t-job"
+        assert request.body == first_bodies[request.headers["webhook-id"]]
+
+
+@pytest.mark.parametrize("fault", ["500", "hang", "close"])
+def test_what_a_process_left_undelivered_is_delivered_once_by_webhooks_retry(receiver, make_job, fault):
+    r = receiver(fault=fault)
+    job = make_job(r.url)
+
+    ids = first_process(job)
+
+    assert [d["event_id"] for d in webhooks.undelivered(job)] == ids  # job.completed included
+    assert r.requests and set(r.ids()) <= set(ids) and r.delivered() == []
+    r.fault = None  # the endpoint is back
+    command = [sys.executable, "-m", "grpoflow.flows.cli", "webhooks", "retry", job.job_id]
+    done = subprocess.run(
+        [*command, "--output-uri", str(job.root.parent)], env=environment(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split() for line in lines] == [
+        [event.removeprefix("grpoflow."), event_id, r.url, "delivered"]
+        for event, event_id in zip(EVENTS, ids, strict=True)
+    ]
+    check_delivered_once(r, ids)
+    assert webhooks.undelivered(job) == []
+
+    # A delivered event is never sent again.
+    assert cli("webhooks", "retry", job.job_id, "--output-uri", job.root.parent) == (
+        0,
+        "job t-job: no webhook delivery is undelivered\n",
+        "",
+    )
+    assert len(r.delivered()) == len(ids)
+
+
+def test_a_resumed_job_first_sends_what_its_earlier_run_left_undelivered(receiver, make_job):
+    from grpoflow.tasks.job import create_job_task
+    from grpoflow.trainers.joblock import JobLock
+
+    r = receiver(fault="500")
+    job = make_job(r.url)
+    ids = first_process(job)
+    r.fault = None
+
+    create_job_task.fn(load_spec(job.spec)[0], job.job_id)  # what `grpoflow run --resume JOB_ID` starts with
+    JobLock(job.root).release()
+
+    assert webhooks.flush(DRAIN_S)
+    started = json.loads(job.events.read_text().splitlines()[-1])
+    assert started["event"] == "grpoflow.job.started" and started["id"] not in ids
+    check_delivered_once(r, [*ids, started["id"]])  # the earlier run's events first, in their order
+    assert webhooks.undelivered(job) == []
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "outcome", "left"),
+    [
+        ([], 0, "delivered", 0),  # the endpoint is back
+        ([500] * 5, 1, "undelivered (failed): HTTP 500", 1),  # still down: gave up again, still in the outbox
+        ([404], 0, "failed for good: HTTP 404", 0),  # the receiver's final word: not sent again
+    ],
+)
+def test_webhooks_retry_outcomes(receiver, make_job, script, code, outcome, left):
+    r = receiver(fault="close")
+    job = make_job(r.url)
+    record = emit(job, "grpoflow.job.completed")
+    assert webhooks.flush(DRAIN_S)
+    r.fault, r.statuses = None, list(script)
+
+    exit_code, out, err = cli("webhooks", "retry", job.job_id, "--output-uri", job.root.parent)
+
+    assert exit_code == code
+    assert out == f"job.completed  {record['id']}  {r.url}  {outcome}\n"
+    assert len(webhooks.undelivered(job)) == left
+    assert ("1 of 1 webhook deliveries still undelivered" in err) is bool(left)
+
+
+def test_webhooks_retry_of_an_unknown_job_exits_2(tmp_path):
+    code, out, err = cli("webhooks", "retry", "no-such-job", "--output-uri", tmp_path)
+
+    assert (code, out) == (2, "")
+    assert "unknown job 'no-such-job'" in err
+
+
+def test_webhooks_retry_leaves_a_job_a_live_run_holds_to_that_run(receiver, make_job):
+    from grpoflow.trainers.joblock import JobLock
+
+    r = receiver(fault="500")
+    job = make_job(r.url)
+    emit(job, "grpoflow.job.started")
+    assert webhooks.flush(DRAIN_S)
+    r.fault = None
+    # Taken by another process: this one's own locks are re-entrant.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(job.root)], stdout=subprocess.PIPE, text=True, env=environment()
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        code, _, err = cli("webhooks", "retry", job.job_id, "--output-uri", job.root.parent)
+    finally:
+        holder.kill()
+        holder.wait()
+
+    assert code == 2 and "is being run by pid" in err
+    assert r.delivered() == [] and len(webhooks.undelivered(job)) == 1
+    assert JobLock(job.root).holder()["pid"] == holder.pid  # the run's lock is left as it was
+
+
+HOLD_LOCK = """
+import sys, time
+from grpoflow.trainers.joblock import JobLock
+
+JobLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_resend_never_queues_a_delivery_twice_in_one_process(monkeypatch, receiver, make_job):
+    monkeypatch.setattr(webhooks, "POLICY", webhooks.Policy(timeout_s=3600, backoff_s=()))
+    r = receiver(delay=3600)
+    job = make_job(r.url)
+    ids = [emit(job, "grpoflow.training.progress", {"step": step})["id"] for step in range(3)]
+
+    # All three are undelivered, and all three are still queued or under way here: none is queued again.
+    assert len(webhooks.undelivered(job)) == 3
+    assert webhooks.resend(job) == []
+
+    r.release()
+    assert webhooks.flush(DRAIN_S)
+    assert r.ids() == ids
+
+
+@pytest.mark.parametrize(
+    ("attempts_logged", "undelivered"),
+    [
+        ([], True),  # queued, never attempted: its process ended first
+        ([("retrying", 500)], True),  # the process ended between two attempts
+        ([("retrying", 500), ("failed", 500)], True),  # gave up after its retries
+        ([("failed", 429)], True),  # rate limited to the last attempt: gave up too
+        ([("failed", None)], True),  # failed before sending (secret_env unset): sent once it is set
+        ([("dropped", None)], True),  # its endpoint's queue was full
+        ([("retrying", None), ("delivered", 200)], False),
+        ([("failed", 404)], False),  # a 4xx other than 429 is the receiver's final word
+        ([("failed", 500), ("delivered", 204)], False),  # delivered by a later resend
+    ],
+)
+def test_which_deliveries_are_undelivered(make_job, attempts_logged, undelivered):
+    url = dead_url()
+    job = make_job(url)
+    outbox = {"time": "t", "event_id": "e1", "type": "job.started", "url": url, "body": "{}"}
+    (job.root / webhooks.OUTBOX).write_text(json.dumps(outbox) + "\n")
+    lines = [
+        {"event_id": "e1", "url": url, "outcome": outcome, "status": status} for outcome, status in attempts_logged
+    ]
+    job.webhooks.write_text("".join(json.dumps({**line, "attempt": 1, "error": "x"}) + "\n" for line in lines))
+
+    assert [d["event_id"] for d in webhooks.undelivered(job)] == (["e1"] if undelivered else [])
+
+
+def test_a_torn_outbox_line_does_not_swallow_the_next(receiver, make_job):
+    r = receiver()
+    job = make_job(r.url)
+    (job.root / webhooks.OUTBOX).write_text('{"time": "t", "event_id": "torn", "ty')  # a crash mid-write
+
+    record = emit(job, "grpoflow.job.started")
+
+    assert webhooks.flush(DRAIN_S)
+    assert r.ids() == [record["id"]]
+    assert webhooks.undelivered(job) == []  # its line was read: delivered, settled
+    assert json.loads((job.root / webhooks.OUTBOX).read_text().splitlines()[-1])["event_id"] == record["id"]
+
+
+def test_the_job_end_lists_undelivered_webhooks_in_the_report_until_they_are_delivered(receiver, make_job):
+    from grpoflow.tasks.job import JobEnding
+
+    r = receiver(fault="500")
+    job = make_job(r.url)
+    job.report.write_text("# GRPO job report: t-job\n\n## Health\n\n**Verdict:** healthy\n")
+
+    JobEnding(job, load_spec(job.spec)[0], resumed=True).cancelled("stopped")
+
+    [record] = [json.loads(line) for line in job.events.read_text().splitlines()]
+    report = job.report.read_text()
+    assert report.startswith("# GRPO job report: t-job\n\n## Health\n\n**Verdict:** healthy\n\n")
+    assert "## Webhooks not delivered: 1 (run `grpoflow webhooks retry t-job`)" in report
+    assert f"| job.failed | `{record['id']}` | {r.url} | failed (attempt 5): HTTP 500 |" in report
+
+    r.fault = None
+    assert cli("webhooks", "retry", job.job_id, "--output-uri", job.root.parent)[0] == 0
+    assert job.report.read_text() == "# GRPO job report: t-job\n\n## Health\n\n**Verdict:** healthy\n"
