@@ -298,15 +298,38 @@ def to_prompt(value, system_prompt: str | None):
     return [{"role": "system", "content": system_prompt}, *value]
 
 
+def openai_roles(messages: list[dict]) -> list[dict]:
+    """A chat with OpenAI's `developer` role (its name for the system role since o1) as `system`, the role model chat
+    templates know (Qwen's drops a message of a role it does not know, silently).
+
+    >>> openai_roles([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "2+2?"}])[0]["role"]
+    'system'
+    """
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
 def prepare_prompts(dataset, prompt_column: str, system_prompt: str | None):
-    """Renames the spec's prompt column to TRL's `prompt` and applies the system prompt."""
+    """Renames the spec's prompt column to TRL's `prompt`, reads OpenAI's `developer` role as `system`, and applies
+    the system prompt."""
     if prompt_column != "prompt":
         if "prompt" in dataset.column_names:
             dataset = dataset.remove_columns("prompt")
         dataset = dataset.rename_column(prompt_column, "prompt")
+    if _has_developer_role(dataset):
+        dataset = dataset.map(lambda row: {"prompt": openai_roles(row["prompt"])})
     if system_prompt is not None:
         dataset = dataset.map(lambda row: {"prompt": to_prompt(row["prompt"], system_prompt)})
     return dataset
+
+
+def _has_developer_role(dataset) -> bool:
+    import pyarrow.compute as pc
+
+    column = dataset.data.column("prompt")
+    if not hasattr(column.type, "value_type"):  # text prompts
+        return False
+    roles = pc.struct_field(pc.list_flatten(column), "role")
+    return bool(pc.any(pc.equal(roles, "developer")).as_py())
 
 
 def start_model(spec, job) -> str:

@@ -504,3 +504,96 @@ def test_the_reward_is_async_and_names_its_columns():
     echo = get_grader_reward({**string_check("eq"), "reference": "{{ item.messages[0].content }}"}, "messages")
     got = asyncio.run(echo(["hi", "ho"], prompts=[[{"role": "user", "content": "hi"}]] * 2))
     assert got == [1.0, 0.0] and not math.isnan(got[1])
+
+
+# --- grpoflow graders run -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rft_spec(tmp_path):
+    """A spec over an OpenAI-format chat dataset with a grader, a built-in and a function reward."""
+    rows = [
+        {
+            "messages": [{"role": "user", "content": f"What is {i}+{i}?"}],
+            "answer": str(2 * i),
+            "completion": str(2 * i),
+        }
+        for i in range(6)
+    ]
+    data = write_jsonl(tmp_path / "rft.jsonl", rows)
+    spec = {
+        "name": "rft",
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": str(data), "prompt_column": "messages"},
+        "rewards": [
+            {"grader": string_check("eq", "exact_grader"), "weight": 2.0},
+            {"name": "length_penalty", "kwargs": {"max_chars": 1}},
+            {"function": "grpoflow.examples.rewards.arithmetic:close_answer_reward", "weight": 0.5},
+        ],
+    }
+    path = tmp_path / "rft.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_graders_run_scores_every_reward_as_training_would(rft_spec, tmp_path):
+    completions = write_jsonl(
+        tmp_path / "c.jsonl",
+        [{"row": 1, "completion": "2"}, {"row": 3, "completion": "7"}, {"row": 5, "completion": "ten"}],
+    )
+    code, out, err = cli("graders", "run", rft_spec, "--completions", completions, "--json")
+    assert code == 0, err
+    scores = json.loads(out)["scores"]
+    assert [s["row"] for s in scores] == [1, 3, 5]
+    assert [s["rewards"]["exact_grader"] for s in scores] == [1.0, 0.0, 0.0]
+    assert set(scores[0]["rewards"]) == {"exact_grader", "length_penalty", "close_answer_reward"}
+    first = scores[0]["rewards"]
+    total = 2.0 * first["exact_grader"] + first["length_penalty"] + 0.5 * first["close_answer_reward"]
+    assert scores[0]["total"] == pytest.approx(total)
+    code, out, err = cli("graders", "run", rft_spec, "--rows", "2")  # the dataset's completion column, as a table
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["row", "exact_grader", "length_penalty", "close_answer_reward", "total"]
+    assert [line.split()[:2] for line in lines[1:3]] == [["0", "1.0000"], ["1", "1.0000"]] and lines[3].startswith(
+        "mean"
+    )
+
+
+@pytest.mark.parametrize(
+    "lines, expect",
+    [
+        (['{"row": 99, "completion": "4"}'], 'line 1: "row" must be a dataset row, 0 to 5'),
+        (['{"row": 0, "text": "4"}'], 'line 1: "completion" must be text or a list of messages'),
+        (['{"row": 0, "completion": "4"}', "not json"], "line 2: not JSON"),
+    ],
+)
+def test_graders_run_refuses_bad_completions(rft_spec, tmp_path, lines, expect):
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    code, out, err = cli("graders", "run", rft_spec, "--completions", path)
+    assert code == 2 and expect in err and out == ""
+
+
+def test_graders_run_without_completions_says_how_to_give_them(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "2+2?", "answer": "4"}])
+    spec = {
+        "name": "g",
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": str(data)},
+        "rewards": [{"grader": string_check("eq")}],
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    code, _, err = cli("graders", "run", tmp_path / "s.yaml")
+    assert code == 2 and "has no 'completion' column to score" in err and "--completions FILE.jsonl" in err
+
+
+def test_graders_run_shows_what_a_grader_could_not_score(rft_spec, tmp_path):
+    spec = yaml.safe_load(rft_spec.read_text())
+    spec["rewards"] = [
+        {"grader": python_grader("def grade(sample, item):\n    return 1 / int(sample['output_text'])\n")}
+    ]
+    rft_spec.write_text(yaml.safe_dump(spec))
+    code, out, err = cli("graders", "run", rft_spec, "--rows", "2")
+    assert code == 0, err
+    assert out.splitlines()[1].split() == ["0", "None", "0.0000"]  # 1 / 0: not scored, the total counts it 0
+    assert "py: 1 completion(s) not scored (None); first, row 0: ZeroDivisionError: division by zero" in out

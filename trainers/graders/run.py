@@ -134,7 +134,7 @@ def score_completions(
             if (problem := check_output(got, len(texts))) is not None:
                 raise SpecError(f"reward {entry.name!r} {problem}")
             values.setdefault(entry.name, []).extend(got)
-            for (row, _), error in zip(batch, getattr(reward, "errors", None) or [], strict=False):
+            for (row, _), error in zip(batch, _errors(reward), strict=False):
                 if error is not None:
                     scores.errors.setdefault(entry.name, []).append((row, error))
     weights = {r.name: r.weight for r in spec.rewards}
@@ -143,6 +143,13 @@ def score_completions(
         total = sum(weights[n] * v for n, v in got.items() if v is not None)
         scores.rows.append({"row": row, "rewards": got, "total": total})
     return scores
+
+
+def _errors(reward) -> list[str | None]:
+    """Why a grader's last call left completions unscored (its `errors`, under the wrappers); [] for other rewards."""
+    while reward is not None and not hasattr(reward, "errors"):
+        reward = getattr(reward, "__wrapped__", None)
+    return getattr(reward, "errors", None) or []
 
 
 def _shaped(completion: object, prompt: object) -> object:
