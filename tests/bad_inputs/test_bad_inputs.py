@@ -24,7 +24,8 @@ import yaml
 from grpoflow.flows.cli import main
 
 HERE = Path(__file__).parent
-CASES = yaml.safe_load((HERE / "cases.yaml").read_text())
+# cases.yaml, then each cases-<topic>.yaml beside it (same fields), in name order.
+CASES = [case for path in sorted(HERE.glob("cases*.yaml")) for case in yaml.safe_load(path.read_text()) or []]
 CATEGORIES = ("spec", "model", "dataset", "reward", "uri", "cli")
 FIELDS = {
     "id",
