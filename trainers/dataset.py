@@ -459,6 +459,12 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
             f"prompt column '{prompt_column}' holds a null or empty message list, or a message without role or "
             f"content, in {rows}; fill them in or drop them"
         )
+    if prompt_format == "chat" and not problems and (rows := _rows_note(_ends_with_assistant(table[prompt_column]))):
+        problems.append(
+            f"prompt column '{prompt_column}' ends with an assistant message in {rows}: a prompt ends with the turn "
+            "the model answers (the user's), as OpenAI's RFT format requires; a trailing assistant message is an "
+            "answer: put it in a column of its own (e.g. reference_answer) for the rewards to read"
+        )
     for name, reason in (required_columns or {}).items():
         if name == prompt_column:
             continue
@@ -518,6 +524,20 @@ def _empty_chat(column: pa.ChunkedArray) -> pa.ChunkedArray:
         if len(bad_rows):  # rare, so building a row-number array here costs nothing on good data
             bad = pc.or_(bad, pc.is_in(pa.array(range(len(chunk)), pa.int64()), value_set=bad_rows.cast(pa.int64())))
         masks.append(bad)
+    return pa.chunked_array(masks, type=pa.bool_())
+
+
+def _ends_with_assistant(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Per row: whether the chat's last message has the role `assistant`."""
+    masks = []
+    for chunk in column.chunks:
+        lengths = pc.fill_null(pc.list_value_length(chunk), 0)
+        roles = pc.struct_field(chunk.flatten(), "role")
+        offsets = chunk.offsets  # of a sliced chunk, they count from its first value: flatten() starts there
+        last = pc.subtract(pc.subtract(offsets[1:], offsets[0]), 1)  # each row's last message's index in `roles`
+        kept = pc.greater(lengths, 0)
+        is_assistant = pc.equal(pc.take(roles, pc.if_else(kept, last, 0)), "assistant") if len(roles) else kept
+        masks.append(pc.fill_null(pc.and_(kept, is_assistant), False))
     return pa.chunked_array(masks, type=pa.bool_())
 
 

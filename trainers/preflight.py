@@ -321,10 +321,13 @@ def check_context_length(p: Preflight) -> list[str]:
 
 def check_chat_roles(p: Preflight) -> list[str]:
     """Chat prompts use roles the chat template knows: a role outside system/user/assistant/tool is a warning; a
-    template that raises on the sampled rows (when the tokenizer loads from a local folder) is a problem."""
+    template that raises on the sampled rows (when the tokenizer loads from a local folder) is a problem. OpenAI's
+    `developer` role is read as `system`, as training reads it (`grpoflow.trainers.modeling.openai_roles`)."""
+    from grpoflow.trainers.modeling import openai_roles
+
     if p.prompt_format != "chat" or p.sample is None:
         return []
-    prompts = p.sample[p.spec.dataset.prompt_column]
+    prompts = [openai_roles(prompt) for prompt in p.sample[p.spec.dataset.prompt_column]]
     odd = sorted(
         {str(m.get("role")) for prompt in prompts for m in prompt if m.get("role") not in KNOWN_ROLES} - {"None"}
     )

@@ -8,6 +8,7 @@ import json
 import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
@@ -597,3 +598,73 @@ def test_graders_run_shows_what_a_grader_could_not_score(rft_spec, tmp_path):
     assert code == 0, err
     assert out.splitlines()[1].split() == ["0", "None", "0.0000"]  # 1 / 0: not scored, the total counts it 0
     assert "py: 1 completion(s) not scored (None); first, row 0: ZeroDivisionError: division by zero" in out
+
+
+# --- OpenAI's datasets as they are: examples/openai-rft ------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai-rft"
+
+
+def test_the_example_grader_is_openais_own_object_unchanged():
+    openai_job = json.loads((EXAMPLE / "openai-job.json").read_text())
+    spec, _ = load_spec(EXAMPLE / "job.yaml")
+    assert spec.rewards[0].grader == openai_job["method"]["reinforcement"]["grader"]
+
+
+def test_graders_run_on_the_example(monkeypatch):
+    monkeypatch.chdir(EXAMPLE.parents[1])  # the README's commands run from the checkout
+    code, out, err = cli(
+        "graders", "run", EXAMPLE / "job.yaml", "--completions", EXAMPLE / "completions.jsonl", "--json"
+    )
+    assert code == 0, err
+    # right; right in a sentence (close only); wrong; right with spaces (close only); no number; right
+    assert [s["rewards"]["answer"] for s in json.loads(out)["scores"]] == [1.0, 0.5, 0.1, 0.5, 0.0, 1.0]
+
+
+def test_a_trailing_assistant_message_is_refused_naming_the_rows(tmp_path):
+    rows = [
+        {"messages": [{"role": "user", "content": "2+2?"}], "reference_answer": "4"},
+        {
+            "messages": [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}],
+            "reference_answer": "5",
+        },
+    ]
+    data = write_jsonl(tmp_path / "rft.jsonl", rows)
+    spec = {
+        "name": "g",
+        "base_model": "builtin:tiny",
+        "dataset": {"uri": str(data), "prompt_column": "messages"},
+        "rewards": [{"grader": {**string_check("eq"), "reference": "{{ item.reference_answer }}"}}],
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    code, _, err = cli("validate", tmp_path / "s.yaml")
+    assert code == 2 and "ends with an assistant message in 1 row (row 2;" in err and "OpenAI's RFT format" in err
+
+
+def test_the_developer_role_reaches_the_chat_template_as_system():
+    import datasets
+
+    from grpoflow.trainers.modeling import prepare_prompts
+
+    rows = [json.loads(line) for line in (EXAMPLE / "train.jsonl").read_text().splitlines()[:3]]
+    shaped = prepare_prompts(datasets.Dataset.from_list(rows), "messages", None)
+    assert [m["role"] for m in shaped[0]["prompt"]] == ["system", "user"]
+    assert shaped[0]["reference_answer"] == rows[0]["reference_answer"]  # the reference fields stay columns (item)
+
+
+@pytest.mark.slow
+def test_the_example_trains_from_openais_format(tmp_path, monkeypatch, prefect_server):
+    monkeypatch.chdir(EXAMPLE.parents[1])
+    code, out, err = cli(
+        "--output-uri", tmp_path / "runs", "run", EXAMPLE / "job.yaml", "--json",
+        "--set", "hyperparameters.max_steps=2", "--set", "hyperparameters.rollouts_per_prompt=2",
+        "--set", "hyperparameters.prompts_per_step=2", "--set", "hyperparameters.max_response_length=4",
+        "--set", "evaluation.every=0", "--set", "evaluation.holdout=2",
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    from grpoflow.trainers.metrics import read_metrics
+
+    job = Path(json.loads(out)["output_dir"])
+    rows = read_metrics(job / "metrics.jsonl")
+    assert len(rows) == 2 and all("rewards/answer/mean" in r["values"] for r in rows)
+    assert json.loads((job / "evaluation.json").read_text())["metric"] == "answer"
