@@ -165,6 +165,14 @@ def test_grader_entry_rules(entry, expect):
     assert any(expect in problem for problem in caught.value.problems), caught.value.problems
 
 
+def test_a_pass_threshold_of_an_evals_grader_is_kept_unread():
+    grader = {**text_similarity("bleu"), "pass_threshold": 0.6}  # as OpenAI's Evals API writes it
+    assert checks.grader_problems(grader) == []
+    assert checks.grader_problems({**grader, "pass_threshold": "high"}) == [
+        ("grader.pass_threshold", "must be a number, got 'high'")
+    ]
+
+
 def test_the_grader_name_is_the_reward_name_and_the_object_is_kept_as_given():
     grader = string_check("ilike", "contains_answer")
     spec, _ = load_spec(

@@ -17,6 +17,9 @@ from grpoflow.trainers.graders.formula import FormulaError, parse_formula
 from grpoflow.trainers.graders.similarity import EMBEDDING_METRICS, metric_problem
 from grpoflow.trainers.graders.templates import path_problem, template_paths
 
+# Graders of OpenAI's Evals API carry a pass_threshold (a score at or above it passes); a reward has no use for it,
+# so a grader copied from an eval keeps it, unread.
+EVAL_THRESHOLD = ("text_similarity", "python", "score_model")
 MAX_SOURCE_BYTES = 256 * 1024  # OpenAI's limit on a python grader's source
 _ENDPOINT_KWARGS = ("base_url", "api_key_env", "concurrency", "timeout", "retries", "backoff")
 # grader type -> the kwargs it takes (model graders and cosine: the endpoint; python: its process's limits)
@@ -72,6 +75,9 @@ def _object_problems(grader: Any, where: str, nested: bool) -> list[tuple[str, s
     if kind == "multi":
         return _multi_problems(grader, where)
     templates = [(f"{where}.{field}", message) for field, message in _template_problems(grader)]
+    threshold = grader.get("pass_threshold")
+    if "pass_threshold" in grader and kind in EVAL_THRESHOLD and not isinstance(threshold, int | float):
+        templates.append((f"{where}.pass_threshold", f"must be a number, got {_show(threshold)}"))
     try:
         model = openai_types()[kind].model_validate(grader)
     except ValidationError as exc:
@@ -115,7 +121,12 @@ def _unknown_fields(model: Any, where: str) -> list[tuple[str, str]]:
     problems = []
     if isinstance(model, BaseModel):
         known = ", ".join(type(model).model_fields)
-        problems += [(f"{where}.{key}", f"unknown field; the fields are: {known}") for key in model.model_extra or {}]
+        extra = [
+            k
+            for k in model.model_extra or {}
+            if not (k == "pass_threshold" and getattr(model, "type", "") in EVAL_THRESHOLD)
+        ]
+        problems += [(f"{where}.{key}", f"unknown field; the fields are: {known}") for key in extra]
         for name in type(model).model_fields:
             problems += _unknown_fields(getattr(model, name), f"{where}.{name}")
     elif isinstance(model, list):
