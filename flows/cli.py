@@ -123,7 +123,15 @@ def cmd_validate(args) -> int:
     spec = load(args)
     preflight(args, spec)
     print(json.dumps(resolved_dict(spec), indent=2) if args.json else to_yaml(spec), end="\n" if args.json else "")
+    print_estimate(args, spec)
     return EXIT_OK
+
+
+def print_estimate(args, spec) -> None:
+    """The training time to expect, from a job of the same base model that trained here (trainers/budget.py)."""
+    from grpoflow.trainers.budget import estimate
+
+    print(f"training time: {estimate(spec, roots_to_search(args))}", file=sys.stderr)
 
 
 def check_resume(spec, job_id: str) -> None:

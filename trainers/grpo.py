@@ -20,6 +20,7 @@ from pathlib import Path
 
 from grpoflow.trainers.agents import agent_args, tool_tokenizer
 from grpoflow.trainers.architecture import adapter_summary
+from grpoflow.trainers.budget import budget_callback, budget_summary, spent
 from grpoflow.trainers.held_out import held_out_args, held_out_trainer, selected_step
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
@@ -202,10 +203,11 @@ def checkpoint_step(path: str | Path) -> int:
 
 
 def restore_final_checkpoint(trainer, checkpoint: str, job: JobDir, spec: JobSpec) -> float:
-    """Puts the trainer in the state of `checkpoint`, saved at max_steps: a child killed after the final checkpoint
-    resumes to nothing more than saving it. `Trainer.train` would instead run one step past max_steps (it checks the
-    limit only after a step). With `evaluation.select: best` the model is then the best checkpoint's, as
-    `load_best_model_at_end` would have left it. Returns the train_runtime of this process: 0, nothing trained."""
+    """Puts the trainer in the state of `checkpoint`, saved at max_steps (or when the budget ran out): a child killed
+    after the final checkpoint resumes to nothing more than saving it. `Trainer.train` would instead run one step past
+    max_steps (it checks the limit only after a step). With `evaluation.select: best` the model is then the best
+    checkpoint's, as `load_best_model_at_end` would have left it. Returns the train_runtime of this process: 0, nothing
+    trained."""
     from transformers import TrainerState
 
     trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
@@ -214,8 +216,9 @@ def restore_final_checkpoint(trainer, checkpoint: str, job: JobDir, spec: JobSpe
         checkpoint = str(job.checkpoints / f"checkpoint-{best}")  # the folder as it is now (the job may have moved)
         trainer.state.best_model_checkpoint = checkpoint
     trainer._load_from_checkpoint(checkpoint)
+    reached = "max_steps" if checkpoint_step(checkpoint) >= spec.hyperparameters.max_steps else "the budget"
     print(
-        f"grpoflow: the final checkpoint (max_steps reached) is saved: nothing left to train; model from {checkpoint}"
+        f"grpoflow: the final checkpoint ({reached} reached) is saved: nothing left to train; model from {checkpoint}"
     )
     return 0.0
 
@@ -277,6 +280,7 @@ def main(job_root: str) -> int:
     agents = agent_args(spec)  # the spec's tools and environment (TRL's multi-turn rollouts), when set
     if agents:
         tokenizer = tool_tokenizer(tokenizer, spec.base_model)
+    budget = budget_callback(job, spec)  # budget.max_training_hours: stops at a checkpoint when reached
     trainer_class = grpo_trainer_class(hp.skip_zero_variance_groups)
     if held_out is not None:
         trainer_class = held_out_trainer(trainer_class, spec, held_out)
@@ -289,7 +293,7 @@ def main(job_root: str) -> int:
         processing_class=tokenizer,
         peft_config=peft,
         quantization_config=quantization,
-        callbacks=[metrics_file_callback(job.metrics)],
+        callbacks=[metrics_file_callback(job.metrics), budget],
         **agents,
     )
     trainer.reward_func_names[: len(spec.rewards)] = [r.name for r in spec.rewards]  # TRL names a model by its path
@@ -309,8 +313,9 @@ def main(job_root: str) -> int:
     checkpoint = resume_checkpoint(job, tidy=trainer.is_world_process_zero())
     started = time.monotonic()
     setup_seconds = round(started - setup_started, 3)
-    if checkpoint and checkpoint_step(checkpoint) >= hp.max_steps:
+    if checkpoint and (checkpoint_step(checkpoint) >= hp.max_steps or spent(job, spec)):
         train_runtime = restore_final_checkpoint(trainer, checkpoint, job, spec)
+        budget.stopped_at = checkpoint_step(checkpoint) if checkpoint_step(checkpoint) < hp.max_steps else None
     else:
         train_runtime = trainer.train(resume_from_checkpoint=checkpoint).metrics.get("train_runtime")
 
@@ -327,6 +332,7 @@ def main(job_root: str) -> int:
         "train_seconds": train_seconds,
         "train_runtime": train_runtime,
         **adapters,
+        **budget_summary(spec, job, budget.stopped_at),
     }
 
     # --- held-out evaluation, here when the trained model in memory is exactly what merged/ holds

@@ -21,6 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.markdown import cell, number, table
@@ -250,6 +251,9 @@ def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> st
     steps = "none (no training steps were logged)"
     if records:
         steps = f"{max(r['step'] for r in records)} of max_steps {hp.max_steps}"
+    trained = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
+    if budget := budget_line(trained):
+        steps += f" ({budget})"
     lines = [
         f"- **Base model:** `{spec.base_model}`",
         f"- **GRPO started from:** {start}",

@@ -341,6 +341,18 @@ class SFTSpec(_Section):
     batch_size: Int = Field(8, ge=1, description="SFT per-device batch size.")
 
 
+class BudgetSpec(_Section):
+    """What a job may spend."""
+
+    max_training_hours: float | None = Field(
+        None,
+        gt=0,
+        description="Wall-clock cap on GRPO training (resumed attempts add up). At the cap training stops at a "
+        "checkpoint; the merge, evaluation and report run on that model, and the job says the budget ended it. "
+        "Null: no cap.",
+    )
+
+
 class HealthSpec(_Section):
     """The health monitor's thresholds that a job may tune (the others are fixed: grpoflow.trainers.health)."""
 
@@ -659,6 +671,7 @@ class JobSpec(_Section):
     )
     stop_on_alert: bool = Field(False, description="Stop training on a health alert.")
     health: HealthSpec = Field(HealthSpec(), description="Thresholds of the training health alerts.")
+    budget: BudgetSpec = Field(BudgetSpec(), description="A cap on what the job may spend (training hours).")
     publish: PublishSpec | None = Field(None, description="Optional: push the model to the Hugging Face Hub.")
     deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
