@@ -300,7 +300,7 @@ class RewardSpec(_Section):
     grader: dict[str, Any] | None = Field(
         None,
         description="An OpenAI grader object, as OpenAI's fine-tuning API takes it (type: string_check, "
-        "text_similarity, score_model, label_model, python or multi; templates {{ item.<column> }} and "
+        "text_similarity, score_model, label_model, python or multi; templates {{ item.COLUMN }} and "
         "{{ sample.output_text }}); its name is the reward's name. Not with function or model.",
     )
     weight: float = Field(1.0, description="Weight of this reward in the sum.")

@@ -3,7 +3,7 @@
 # install command of CI (`make install`, which `.ci/run`'s `make test` runs first) and of the image (Dockerfile).
 # Run it from the project folder:
 #
-#   scripts/install.sh .venv/bin/python dev,qlora,math     # make install, in grpoflow's checkout
+#   scripts/install.sh .venv/bin/python dev,qlora,math,graders    # make install, in grpoflow's checkout
 #   scripts/install.sh python qlora,math                   # the Dockerfile
 #
 # In grpoflow's checkout it installs the checkout (editable); in a project of `grpoflow init`, grpoflow at
