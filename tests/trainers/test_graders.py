@@ -186,16 +186,16 @@ def test_the_grader_name_is_the_reward_name_and_the_object_is_kept_as_given():
     assert spec.rewards[0].name == "contains_answer" and spec.rewards[0].grader == grader
 
 
+def grader_spec(tmp_path, rows: list[dict]) -> Path:
+    """A spec file of one string_check grader over a dataset of `rows`."""
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    spec = {"name": "g", "base_model": "builtin:tiny", "dataset": {"uri": str(data)}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec | {"rewards": [{"grader": string_check("eq")}]}))
+    return tmp_path / "s.yaml"
+
+
 def test_validate_names_a_template_column_the_dataset_lacks(tmp_path):
-    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "2+2?", "reference_answer": "4"}] * 4)
-    spec = {
-        "name": "g",
-        "base_model": "builtin:tiny",
-        "dataset": {"uri": str(data)},
-        "rewards": [{"grader": string_check("eq")}],
-    }
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
-    code, _, err = cli("validate", tmp_path / "s.yaml")
+    code, _, err = cli("validate", grader_spec(tmp_path, [{"prompt": "2+2?", "reference_answer": "4"}] * 4))
     assert code == 2
     assert "column 'answer' (needed by reward 'check') not found; the columns are 'prompt', 'reference_answer'" in err
 
@@ -584,15 +584,7 @@ def test_graders_run_refuses_bad_completions(rft_spec, tmp_path, lines, expect):
 
 
 def test_graders_run_without_completions_says_how_to_give_them(tmp_path):
-    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "2+2?", "answer": "4"}])
-    spec = {
-        "name": "g",
-        "base_model": "builtin:tiny",
-        "dataset": {"uri": str(data)},
-        "rewards": [{"grader": string_check("eq")}],
-    }
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
-    code, _, err = cli("graders", "run", tmp_path / "s.yaml")
+    code, _, err = cli("graders", "run", grader_spec(tmp_path, [{"prompt": "2+2?", "answer": "4"}]))
     assert code == 2 and "has no 'completion' column to score" in err and "--completions FILE.jsonl" in err
 
 
