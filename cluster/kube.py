@@ -1,8 +1,8 @@
 """The Kubernetes side of several machines per training job (`distributed.num_machines` > 1), without Prefect: the
-indexed Job and headless Service manifests (`job_manifest`, `service_manifest`), the API client the training task
-calls (`Kube`, over kubernetes_asyncio), and what the pods get besides the spec (`pod_settings`).
-`grpoflow.cluster.multinode` creates, watches and deletes the Job with them; the module's table there says where each
-setting comes from.
+API client the training task calls (`Kube`, over kubernetes_asyncio), a TrainJob's name (`run_name`), and what the
+pods get besides the spec (`pod_settings`). `grpoflow.cluster.trainjob` builds the TrainJob with them and
+`grpoflow.cluster.multinode` creates, watches and deletes it; the module's table there says where each setting comes
+from.
 """
 
 import asyncio
@@ -14,16 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpoflow.trainers.launch import TrainingSetupError
-from grpoflow.trainers.spec import JobSpec
 
 IMAGE_ENV = "GRPOFLOW_IMAGE"
 NAMESPACE_ENV = "GRPOFLOW_K8S_NAMESPACE"
 SERVICE_ACCOUNT_ENV = "GRPOFLOW_K8S_SERVICE_ACCOUNT"
 S3_SECRET_ENV = "GRPOFLOW_S3_SECRET"
-PORT_ENV = "GRPOFLOW_RENDEZVOUS_PORT"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-RENDEZVOUS_PORT = 29500
-STAGING_MOUNT = "/var/lib/grpoflow/staging"  # an emptyDir per pod: checkpoints can outgrow the container's disk
 SHM_SIZE = "16Gi"
 # The Secret's keys that become the pods' environment, each optional (workload identity needs none); as the pool's.
 S3_KEYS = (
@@ -35,7 +31,6 @@ S3_KEYS = (
 )
 # Passed on to the pods as they are in the flow run (no secrets among them: those come from Secrets).
 PASSED_ENV = ("GRPOFLOW_STORAGE_BLOCK", "PREFECT_API_URL", "HF_HUB_OFFLINE", "HF_ENDPOINT")
-FINISHED_JOB_TTL_S = 3600  # Kubernetes removes a Job the task could not (a lost worker) after this
 LABEL = "grpoflow.io/run"
 
 
@@ -50,117 +45,20 @@ class PodSettings:
     namespace: str = "default"
     service_account: str | None = None
     s3_secret: str = "grpoflow-s3"
-    port: int = RENDEZVOUS_PORT
     node_selector: dict = field(default_factory=dict)
     tolerations: list = field(default_factory=list)
     env: dict = field(default_factory=dict)  # PASSED_ENV's values
-    # The flow run's own pod as the Job's owner: Kubernetes deletes the Job with it (a flow run's pod lost while the
-    # task could not delete the Job leaves no training running).
+    # The flow run's own pod as the TrainJob's owner: Kubernetes deletes the TrainJob with it (a flow run's pod lost
+    # while the task could not delete the TrainJob leaves no training running).
     owner: dict | None = None
 
 
 def run_name(job_id: str) -> str:
-    """A fresh name for one attempt's Job and Service: a DNS label (the Service's name must start with a letter, and
-    the pods' hostnames `<name>-<index>` must stay within 63 characters), unique per attempt so a retry never meets
-    the Job of the attempt before while Kubernetes deletes it."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")[:44].rstrip("-")
+    """A fresh name for one attempt's TrainJob: a DNS label starting with a letter, short enough that its JobSet's pod
+    hostnames (`<name>-node-0-<index>`) stay within 63 characters, unique per attempt so a retry never meets the
+    TrainJob of the attempt before while Kubernetes deletes it."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")[:36].rstrip("-")
     return f"grpo-{slug}-{secrets.token_hex(3)}"
-
-
-def main_host(name: str, namespace: str) -> str:
-    """The DNS name of index 0's pod: its hostname under the headless Service (the Job's `subdomain`)."""
-    return f"{name}-0.{name}.{namespace}.svc"
-
-
-def service_manifest(name: str, settings: PodSettings) -> dict:
-    """The headless Service that gives each pod of the Job a DNS name; `publishNotReadyAddresses`, as the ranks meet
-    before any readiness."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": {LABEL: name}},
-        "spec": {
-            "clusterIP": "None",
-            "selector": {LABEL: name},
-            "publishNotReadyAddresses": True,
-            "ports": [{"name": "rendezvous", "port": settings.port, "targetPort": settings.port}],
-        },
-    }
-
-
-def _env(spec: JobSpec, settings: PodSettings) -> list[dict]:
-    env = [{"name": "GRPOFLOW_STAGING_DIR", "value": STAGING_MOUNT}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
-    env += [{"name": k, "value": v} for k, v in sorted(settings.env.items())]
-    secret = [
-        {"name": key, "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": key, "optional": True}}}
-        for key in S3_KEYS
-    ]
-    return env + secret
-
-
-def job_manifest(
-    spec: JobSpec, location: str, name: str, settings: PodSettings, checkpoint: str | None = None
-) -> dict:
-    """The indexed Job: `distributed.num_machines` pods, each `gpu_count` GPUs, all started at once (parallelism =
-    completions) and none restarted (backoffLimit 0): a lost rank breaks the rendezvous of the others, so the whole
-    attempt fails and Prefect's retry starts a new Job from the newest checkpoint, `checkpoint` (None: from the
-    beginning), which every pod resumes from."""
-    machines, gpus = spec.distributed.num_machines, spec.gpu_count
-    command = [
-        "python",
-        "-m",
-        "grpoflow.cluster.node",
-        location,
-        "--main-process-ip",
-        main_host(name, settings.namespace),
-        "--main-process-port",
-        str(settings.port),
-        "--checkpoint",
-        checkpoint or "none",
-    ]
-    container = {
-        "name": "trainer",
-        "image": settings.image,
-        "command": command,
-        "env": _env(spec, settings),
-        "ports": [{"name": "rendezvous", "containerPort": settings.port}],
-        "resources": {"requests": {"nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "staging", "mountPath": STAGING_MOUNT}],
-    }
-    pod = {
-        "subdomain": name,
-        "restartPolicy": "Never",
-        "containers": [container],
-        "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
-            {"name": "staging", "emptyDir": {}},
-        ],
-    }
-    if settings.service_account:
-        pod["serviceAccountName"] = settings.service_account
-    if settings.node_selector:
-        pod["nodeSelector"] = settings.node_selector
-    if settings.tolerations:
-        pod["tolerations"] = settings.tolerations
-    labels = {LABEL: name, "app.kubernetes.io/name": "grpoflow", "app.kubernetes.io/component": "training"}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": settings.namespace,
-            "labels": labels,
-            **({"ownerReferences": [settings.owner]} if settings.owner else {}),
-        },
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": machines,
-            "parallelism": machines,
-            "backoffLimit": 0,
-            "ttlSecondsAfterFinished": FINISHED_JOB_TTL_S,
-            "template": {"metadata": {"labels": labels}, "spec": pod},
-        },
-    }
 
 
 # --- the Kubernetes API ----------------------------------------------------------------------------------------------
@@ -168,9 +66,9 @@ def job_manifest(
 
 def _api_missing() -> TrainingSetupError:
     return TrainingSetupError(
-        "grpoflow: distributed.num_machines > 1 creates a Kubernetes Job, but no Kubernetes API is reachable from "
-        "here: run the flow in a pod whose service account may create Jobs and Services and read pods and their "
-        "logs (in-cluster: KUBERNETES_SERVICE_HOST and the service account token), or set KUBECONFIG"
+        "grpoflow: distributed.num_machines > 1 creates a Kubeflow Trainer TrainJob, but no Kubernetes API is "
+        "reachable from here: run the flow in a pod whose service account may create and delete trainjobs and read "
+        "pods and their logs (in-cluster: KUBERNETES_SERVICE_HOST and the service account token), or set KUBECONFIG"
     )
 
 
@@ -193,10 +91,10 @@ class Kube:
 
     def __init__(self):
         try:
-            from kubernetes_asyncio.client import BatchV1Api, CoreV1Api
+            from kubernetes_asyncio.client import CoreV1Api
         except ImportError:
             raise TrainingSetupError(
-                "grpoflow: distributed.num_machines > 1 creates a Kubernetes Job through kubernetes_asyncio, which is "
+                "grpoflow: distributed.num_machines > 1 creates a TrainJob through kubernetes_asyncio, which is "
                 "not installed here: pip install 'grpoflow[kubernetes]' (the image's default extras have it)"
             ) from None
 
@@ -208,7 +106,7 @@ class Kube:
         except BaseException:
             self._stop_loop()
             raise
-        self.batch, self.core = BatchV1Api(self.client), CoreV1Api(self.client)
+        self.core = CoreV1Api(self.client)
 
     def call(self, coro, timeout: float = 120.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -235,21 +133,6 @@ class Kube:
         except ApiException:
             return None
 
-    def delete(self, name: str, namespace: str) -> None:
-        """Deletes the Job (its pods with it) and the Service; those already gone are fine."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        calls = (
-            lambda: self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background"),
-            lambda: self.core.delete_namespaced_service(name, namespace),
-        )
-        for call in calls:
-            try:
-                self.call(call(), timeout=60)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-
 
 def pod_settings(kube: Kube) -> PodSettings:
     """The pods' image, namespace, service account and scheduling (see the module's table)."""
@@ -270,7 +153,6 @@ def pod_settings(kube: Kube) -> PodSettings:
         namespace=namespace,
         service_account=os.environ.get(SERVICE_ACCOUNT_ENV) or (own.spec.service_account_name if own else None),
         s3_secret=os.environ.get(S3_SECRET_ENV, "grpoflow-s3"),
-        port=int(os.environ.get(PORT_ENV) or RENDEZVOUS_PORT),
         node_selector=dict(own.spec.node_selector or {}) if own else {},
         tolerations=[serialize(t) for t in own.spec.tolerations or []] if own else [],
         env={k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)},

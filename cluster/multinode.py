@@ -1,20 +1,22 @@
-"""Several machines per training job (`distributed.num_machines` > 1): the training stage as a Kubernetes indexed Job.
+"""Several machines per training job (`distributed.num_machines` > 1): the training stage as a Kubeflow Trainer
+TrainJob.
 
-`run_on_machines(job, spec, poll)` is what `grpoflow.tasks.train.train_task` runs instead of a local child. It uploads
-the job folder to the spec's `s3://` output_uri (pods share no disk), creates a headless Service and an indexed Job of
-`num_machines` pods (completionMode Indexed: pod `<name>-<i>` gets JOB_COMPLETION_INDEX=i and, through the Service's
-`subdomain`, the DNS name `<name>-<i>.<name>.<namespace>.svc`), and watches it to its end: each pod runs `python -m
-grpoflow.cluster.node` (the node entry: download the job folder and newest intact checkpoint, `accelerate launch
---num_machines N --machine_rank i --main_process_ip <name>-0...`, rank 0 uploading checkpoints as they are saved and
-the results at the end). The pods' logs are copied into `logs/train.log` (one `[rank i]` prefix per pod) and
-`metrics.jsonl` is read back from the store while they train, so the progress lines, events and health monitor work as
-for one machine.
+`run_on_machines(job, spec, poll)` is what `grpoflow.tasks.train.train_task` runs instead of a local child. It creates
+one TrainJob (`trainer.kubeflow.org/v1alpha1`, `grpoflow.cluster.trainjob`): Kubeflow Trainer's controller makes its
+JobSet, one pod per node with `gpu_count` GPUs, sets the torch rendezvous environment on every node and restarts or
+fails the set by its runtime's policy; Kueue may hold it suspended in a queue. Every node runs `python -m
+grpoflow.cluster.node <job folder>` on the shared volume (`distributed.shared_volume`), which is mounted at the same
+path in the flow run's pod: the nodes read the spec and dataset from the job folder and write their checkpoints,
+metrics and results into it, so nothing is downloaded or uploaded here, and the job folder reaches the spec's
+`output_uri` the way a one-machine job's does (checkpoints as they are saved, the rest when the job ends).
 
-Every index succeeded: the results (training.json, merged/ or adapter/, metrics.jsonl) are downloaded into the local
-job folder. A pod that failed: `RuntimeError` naming the pod, its exit code and the end of its log (Prefect's retry
-creates a new Job, which resumes from the newest checkpoint on the store); a pod that exited 2 or 3 (the child's
-setup error or failed reward, `grpoflow.trainers.launch`): `TrainingSetupError` / `RewardFailed`, not retried. The Job
-(with its pods) and the Service are deleted however the task ends.
+The task watches the TrainJob's status conditions (`Suspended`, `Complete`, `Failed`) and its pods: their logs go into
+`logs/train.log` (one `[node i]` prefix per pod), pods that never run fail the attempt after
+GRPOFLOW_K8S_START_TIMEOUT_S (a suspended TrainJob waits in its queue without that limit). Complete: done. Failed: the
+node that failed first names why; its exit 2 (the child's setup error) is a `TrainingSetupError` and its exit 3 (a
+failed reward) a `RewardFailed`, neither retried; anything else is one failed attempt, which Prefect's retry resumes
+from the newest checkpoint on the shared volume with a new TrainJob. A TrainJob deleted by someone else fails the
+attempt too. The TrainJob (its pods with it) is deleted however the task ends.
 
 Where things come from (environment of the flow run, e.g. the work pool's `env` job variable):
 
@@ -25,23 +27,19 @@ Where things come from (environment of the flow run, e.g. the work pool's `env` 
 | image | GRPOFLOW_IMAGE, else the image of the flow run's own pod (HOSTNAME) |
 | service account, nodeSelector, tolerations | GRPOFLOW_K8S_SERVICE_ACCOUNT, else the flow run's own pod's |
 | S3 credentials | the Secret GRPOFLOW_S3_SECRET (default `grpoflow-s3`, as the grpo-k8s pool's `s3_secret`) |
-| rendezvous port | GRPOFLOW_RENDEZVOUS_PORT (default 29500) |
 | how long the pods may wait to run | GRPOFLOW_K8S_START_TIMEOUT_S (default 1800) |
 """
 
 import os
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
 from prefect import get_run_logger
 
-from grpoflow.cluster.kube import LABEL, Kube, job_manifest, pod_settings, run_name, service_manifest
-from grpoflow.cluster.node import complete_checkpoint
-from grpoflow.integrations.jobs import upload_job
-from grpoflow.integrations.storage import filesystem, join
-from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+from grpoflow.cluster.kube import Kube, pod_settings, run_name
+from grpoflow.cluster.trainjob import GROUP, PLURAL, VERSION, trainjob
+from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import (
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
@@ -53,18 +51,18 @@ from grpoflow.trainers.spec import JobSpec
 
 POLL_S = 2.0
 START_TIMEOUT_ENV = "GRPOFLOW_K8S_START_TIMEOUT_S"
-START_TIMEOUT_S = (
-    1800.0  # the most the pods may wait to run (image pull, GPU nodes scaling up) before the attempt fails
-)
+START_TIMEOUT_S = 1800.0  # the most the pods may wait to run (image pull, GPU nodes scaling up) once admitted
 LOG_BYTES_PER_S = 500_000  # a pod's log is read whole: a long one less often
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"  # on every pod of the TrainJob's JobSet (named as the TrainJob)
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
-# --- watching the Job ------------------------------------------------------------------------------------------------
+# --- watching the TrainJob -------------------------------------------------------------------------------------------
 
 
 class PodLogs:
-    """Copies the pods' logs into one local file, each line prefixed with the pod's index; a pod's log is read whole
-    each round (kubelet keeps it) and only its new lines are written."""
+    """Copies the pods' logs into one local file, each line prefixed with the pod's node index; a pod's log is read
+    whole each round (kubelet keeps it) and only its new lines are written."""
 
     def __init__(self, kube: Kube, namespace: str, path: Path):
         self.kube, self.namespace, self.path = kube, namespace, path
@@ -92,10 +90,9 @@ class PodLogs:
             lines = text.splitlines()
             new, self.seen[name] = lines[self.seen.get(name, 0) :], len(lines)
             self.tails[name] = lines[-25:]
-            index = pod.metadata.labels.get("batch.kubernetes.io/job-completion-index", name.rsplit("-", 1)[-1])
             if new:
                 with self.path.open("a") as f:
-                    f.writelines(f"[rank {index}] {line}\n" for line in new)
+                    f.writelines(f"[node {node_index(pod)}] {line}\n" for line in new)
             if ended:
                 self.done.add(name)
 
@@ -103,40 +100,25 @@ class PodLogs:
         return "\n".join(self.tails.get(pod, []))
 
 
-class MetricsMirror:
-    """Copies `<location>/metrics.jsonl`, which rank 0 uploads as it trains, over the local one when it changed."""
-
-    def __init__(self, job: JobDir, location: str):
-        self.job, self.size = job, None
-        self.fs, self.remote = filesystem(join(location, "metrics.jsonl"))
-
-    def poll(self) -> None:
-        self.fs.invalidate_cache()
-        try:
-            size = self.fs.info(self.remote)["size"]
-            if size != self.size:
-                write_text_atomic(self.job.metrics, self.fs.cat_file(self.remote).decode())
-                self.size = size
-        except FileNotFoundError:
-            pass
+def node_index(pod) -> str:
+    """A pod's node index: its Job completion index (JobSet's pods carry it)."""
+    return (pod.metadata.labels or {}).get(INDEX_LABEL, pod.metadata.name.rsplit("-", 1)[-1])
 
 
 class StartWatch:
     """Until every pod runs: logs why one waits (once per reason: Unschedulable, ImagePullBackOff, ...) and fails the
-    attempt once they waited `timeout` seconds, naming the pods and their reasons."""
+    attempt once they waited `timeout` seconds after the TrainJob was admitted, naming the pods and their reasons."""
 
     def __init__(self, timeout: float, logger):
-        self.timeout, self.logger, self.started, self.said, self.running = (
-            timeout,
-            logger,
-            time.monotonic(),
-            set(),
-            False,
-        )
+        self.timeout, self.logger, self.started, self.said, self.running = timeout, logger, None, set(), False
 
-    def check(self, pods: list, machines: int) -> None:
+    def check(self, pods: list, machines: int, suspended: bool) -> None:
         if self.running:
             return
+        if suspended:  # queued (Kueue): the clock starts once it is admitted
+            self.started = None
+            return
+        self.started = self.started or time.monotonic()
         waiting = {p.metadata.name: _waiting(p) for p in pods if p.status.phase in (None, "Pending")}
         if len(pods) >= machines and not waiting:
             self.running = True
@@ -168,19 +150,18 @@ def _terminated(pod):
     return statuses[0].state.terminated if statuses and statuses[0].state else None
 
 
-def _finished(status) -> str | None:
-    """'Complete' or 'Failed' once the Job ended, else None."""
-    for condition in status.conditions or []:
-        if condition.type in ("Complete", "Failed") and condition.status == "True":
-            return condition.type
-    return None
+def conditions(trainjob_object: dict) -> dict[str, dict]:
+    """The TrainJob's status conditions that hold (status True), by type."""
+    found = (trainjob_object.get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in found if c.get("status") == "True"}
 
 
-def failure(pods: list, logs: PodLogs, name: str) -> Exception:
-    """The exception for a failed Job: from the pod that failed first (the others were stopped after it)."""
+def failure(pods: list, logs: PodLogs, name: str, condition: dict) -> Exception:
+    """The exception for a failed TrainJob: from the pod that failed first (the others were stopped after it)."""
     failed = [(t, p) for p in pods if (t := _terminated(p)) is not None and t.exit_code != 0]
     if not failed:
-        return RuntimeError(f"training Job {name} failed without a failed pod (deleted, or its deadline passed)")
+        why = f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
+        return RuntimeError(f"TrainJob {name} failed without a failed pod ({why or 'no reason given'})")
     terminated, pod = min(failed, key=lambda f: f[0].finished_at.timestamp() if f[0].finished_at else float("inf"))
     pod_name, code, tail = pod.metadata.name, terminated.exit_code, logs.tail(pod.metadata.name)
     # The node's last "grpoflow: " line is the one-line reason of a stop on purpose (its exit 2 or 3).
@@ -194,94 +175,118 @@ def failure(pods: list, logs: PodLogs, name: str) -> Exception:
     return RuntimeError(f"training pod {pod_name} exited with code {code}{why}; end of its log:\n{tail}")
 
 
-def download_results(job: JobDir, location: str) -> list[str]:
-    """Downloads what the pods' training produced (training.json, metrics.jsonl, merged/ or adapter/, tracking/ and
-    the machines' own logs) into the local job folder, keeping each file's remote modification time (so the job's
-    end does not upload them again). Returns the names downloaded."""
-    fs, remote = filesystem(location)
-    remote, names = remote.rstrip("/"), []
-    for path, info in fs.find(remote, detail=True).items():
-        rel = path.removeprefix(remote + "/")
-        top = rel.split("/", 1)[0]
-        if top not in ("training.json", "metrics.jsonl", "merged", "adapter", "tracking") and not (
-            rel.startswith("logs/machine-")
-        ):
-            continue
-        (job.root / rel).parent.mkdir(parents=True, exist_ok=True)
-        fs.get_file(path, str(job.root / rel))
-        if isinstance(modified := info.get("LastModified"), datetime):
-            os.utime(job.root / rel, (modified.timestamp(), modified.timestamp()))
-        names.append(rel)
-    return names
+# --- the TrainJob's life ---------------------------------------------------------------------------------------------
+
+
+class TrainJobs:
+    """Create, read and delete of TrainJobs through the Kubernetes API's custom objects."""
+
+    def __init__(self, kube: Kube, namespace: str):
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        self.kube, self.namespace, self.api = kube, namespace, CustomObjectsApi(kube.client)
+
+    def create(self, body: dict) -> None:
+        self.kube.call(self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body))
+
+    def read(self, name: str) -> dict | None:
+        """The TrainJob, or None when it is gone."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            return self.kube.call(self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete(self, name: str) -> None:
+        """Deletes the TrainJob (its JobSet and pods with it); one already gone is fine."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            self.kube.call(
+                self.api.delete_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, name, propagation_policy="Foreground"
+                ),
+                timeout=60,
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def pods(self, name: str) -> list:
+        selector = f"{JOBSET_LABEL}={name}"
+        return self.kube.call(self.kube.core.list_namespaced_pod(self.namespace, label_selector=selector)).items
 
 
 def run_on_machines(job: JobDir, spec: JobSpec, poll: Callable[[], str | None] | None = None) -> float:
-    """Runs the training stage as an indexed Job over `distributed.num_machines` pods and returns its wall time.
+    """Runs the training stage as a TrainJob over `distributed.num_machines` nodes and returns its wall time.
 
     Args:
-        job (`JobDir`): the local (staging) job folder; uploaded first, the results downloaded into it at the end.
-        spec (`JobSpec`): the job's spec; its output_uri is remote (the spec rules reject a local one).
+        job (`JobDir`): the job folder, on the shared volume (`distributed.shared_volume`).
+        spec (`JobSpec`): the job's spec.
         poll (`Callable`, *optional*): called every `POLL_S` seconds (the progress watcher); a reason it returns
-            stops the Job and raises `TrainingStopped`.
+            stops the TrainJob and raises `TrainingStopped`.
 
     Raises:
-        `TrainingSetupError`: no Kubernetes API or image, or a pod exited 2. `RewardFailed`: a pod exited 3.
-        `TrainingStopped`: `poll` stopped it. `RuntimeError`: a pod failed otherwise (retried by Prefect).
+        `TrainingSetupError`: no Kubernetes API or image, or a node exited 2. `RewardFailed`: a node exited 3.
+        `TrainingStopped`: `poll` stopped it. `RuntimeError`: a node failed otherwise, the pods never ran, or the
+            TrainJob was deleted (retried by Prefect).
     """
     logger, started = get_run_logger(), time.monotonic()
-    location = join(spec.output_uri, job.job_id)
     kube = Kube()
     try:
         settings = pod_settings(kube)
-        upload_job(job, spec)  # the pods start from the store: spec, dataset, sft, checkpoints
-        name = run_name(job.job_id)
-        # Picked once for every pod, before any starts (a rank 0 that started would soon upload and prune).
-        checkpoint = complete_checkpoint(location, spec.distributed.num_machines)
-        if checkpoint:
-            logger.info("%s on %s: every machine resumes from it", checkpoint, location)
+        trainjobs, name = TrainJobs(kube, settings.namespace), run_name(job.job_id)
+        trainjobs.create(trainjob(spec, job.root, name, settings))
+        logger.info(
+            "TrainJob %s created in namespace %s: %d nodes x %d GPUs, runtime %s, image %s, job folder %s (volume %s)",
+            name,
+            settings.namespace,
+            spec.distributed.num_machines,
+            spec.gpu_count,
+            spec.distributed.runtime,
+            settings.image,
+            job.root,
+            spec.distributed.shared_volume,
+        )
         try:
-            _run_job(kube, job, spec, location, name, settings, poll, logger, checkpoint)
+            _watch(trainjobs, name, job, spec, poll, logger)
         finally:
-            kube.delete(name, settings.namespace)
-            logger.info("training Job %s and its Service deleted", name)
+            trainjobs.delete(name)
+            logger.info("TrainJob %s deleted", name)
     finally:
         kube.close()
-    downloaded = download_results(job, location)
-    logger.info("training results downloaded from %s: %d files", location, len(downloaded))
     return round(time.monotonic() - started, 3)
 
 
-def _run_job(kube: Kube, job: JobDir, spec: JobSpec, location: str, name: str, settings, poll, logger, checkpoint):
-    namespace = settings.namespace
-    kube.call(kube.core.create_namespaced_service(namespace, service_manifest(name, settings)))
-    kube.call(kube.batch.create_namespaced_job(namespace, job_manifest(spec, location, name, settings, checkpoint)))
-    logger.info(
-        "training Job %s created in namespace %s: %d machines x %d GPUs, image %s",
-        name,
-        namespace,
-        spec.distributed.num_machines,
-        spec.gpu_count,
-        settings.image,
-    )
-    logs, metrics = PodLogs(kube, namespace, job.logs / "train.log"), MetricsMirror(job, location)
+def _watch(trainjobs: TrainJobs, name: str, job: JobDir, spec: JobSpec, poll, logger) -> None:
+    logs = PodLogs(trainjobs.kube, trainjobs.namespace, job.logs / "train.log")
     waiting = StartWatch(float(os.environ.get(START_TIMEOUT_ENV) or START_TIMEOUT_S), logger)
+    said_suspended = False
     while True:
-        status = kube.call(kube.batch.read_namespaced_job_status(name, namespace)).status
-        pods = kube.call(kube.core.list_namespaced_pod(namespace, label_selector=f"{LABEL}={name}")).items
+        current = trainjobs.read(name)
+        if current is None:
+            raise RuntimeError(f"TrainJob {name} was deleted while it trained (not by this task)")
+        held = conditions(current)
+        pods = trainjobs.pods(name)
         logs.poll(pods)
-        metrics.poll()
-        waiting.check(pods, spec.distributed.num_machines)
+        suspended = "Suspended" in held or bool(current.get("spec", {}).get("suspend"))
+        if suspended and not said_suspended:
+            why = held.get("Suspended", {}).get("message") or "suspended (a Kueue queue holds it until admitted)"
+            logger.info("TrainJob %s waits: %s", name, why)
+        said_suspended = suspended
+        waiting.check(pods, spec.distributed.num_machines, suspended)
         if poll and (reason := poll()):
             raise TrainingStopped(reason)
-        if (ended := _finished(status)) is not None:
+        if "Complete" in held or "Failed" in held:
             break
         time.sleep(POLL_S)
-    # The pods as they ended, and the last of their logs and metrics.
-    pods = kube.call(kube.core.list_namespaced_pod(namespace, label_selector=f"{LABEL}={name}")).items
+    pods = trainjobs.pods(name)  # the pods as they ended, and the last of their logs
     logs.poll(pods)
-    if ended == "Failed":
-        raise failure(pods, logs, name)
-    metrics.poll()
+    if "Failed" in held:
+        raise failure(pods, logs, name, held["Failed"])
     if poll and (reason := poll()):
         raise TrainingStopped(reason)
-    logger.info("training Job %s completed on all %d machines", name, status.succeeded or 0)
+    logger.info("TrainJob %s completed on all %d nodes", name, spec.distributed.num_machines)

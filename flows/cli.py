@@ -9,6 +9,8 @@
     grpoflow webhooks retry JOB_ID
     grpoflow sweep examples/arithmetic.yaml --grid trl.loss_type=grpo,dr_grpo --max-concurrent 1
     grpoflow graders run examples/openai-rft/job.yaml --rows 20
+    grpoflow k8s render deployments/k8s-spec.yaml --image registry/grpoflow:1 \
+        --set distributed.num_machines=2 --set distributed.shared_volume=grpoflow-rwx
 
 Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument, or a run
 whose training could not start (a setup problem, not retried). `webhooks retry` exits 1 while deliveries stay
@@ -866,6 +868,42 @@ def _add_graders_command(sub) -> None:
     run.set_defaults(func=cmd_graders_run)
 
 
+def cmd_k8s_render(args) -> int:
+    import secrets
+    from datetime import UTC, datetime
+
+    from grpoflow.cluster.kube import IMAGE_ENV
+    from grpoflow.cluster.trainjob import rendered
+    from grpoflow.trainers.spec import SpecError
+
+    spec = load(args)
+    if spec.distributed.num_machines < 2:
+        raise SpecError(
+            "distributed.num_machines: 1 trains in the flow run's own process and creates no Kubernetes object; "
+            "render is for several machines (set distributed.num_machines >= 2)"
+        )
+    image = args.image or os.environ.get(IMAGE_ENV)
+    if not image:
+        raise UsageError(f"k8s render: give the training image with --image or {IMAGE_ENV}")
+    job_id = f"{spec.name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"  # as the next run's would be
+    print(yaml.safe_dump_all(rendered(spec, image, job_id), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def _add_k8s_command(sub) -> None:
+    """`k8s render`: the Kubernetes objects of a several-machine job, without a cluster (cluster/trainjob.py)."""
+    k8s = sub.add_parser("k8s", help="the Kubernetes objects of a several-machine job")
+    actions = k8s.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    render = actions.add_parser(
+        "render", help="print, as YAML documents, every Kubernetes object a several-machine job would create"
+    )
+    render.add_argument("spec", help="job spec YAML file")
+    render.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+    render.add_argument("--image", help="the training image (default: GRPOFLOW_IMAGE)")
+    render.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    render.set_defaults(func=cmd_k8s_render)
+
+
 def _positive(text: str) -> int:
     """argparse type of --max-concurrent: an integer >= 1."""
     try:
@@ -923,6 +961,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_commands(sub)
     _add_sweep_command(sub)
     _add_graders_command(sub)
+    _add_k8s_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

@@ -256,25 +256,15 @@ class CheckpointSync(threading.Thread):
         job (`JobDir`): the local (staging) job folder.
         location (`str`): `<output_uri>/<job_id>`.
         log (`logging.Logger`, *optional*): where uploads are reported (the task's run logger).
-        on_store (`str`, *optional*): the checkpoint this run resumed from, downloaded from the store: never sent
-            back. Without it the thread takes the newest intact checkpoint on the store as the last one uploaded,
-            and a machine that resumed from an older one (the newest every machine had, `complete_checkpoint`) would
-            upload it again, its manifest removed meanwhile, while the other machines download it.
     """
 
-    def __init__(
-        self,
-        job: JobDir,
-        location: str,
-        log: logging.Logger | logging.LoggerAdapter | None = None,
-        on_store: str | None = None,
-    ):
+    def __init__(self, job: JobDir, location: str, log: logging.Logger | logging.LoggerAdapter | None = None):
         super().__init__(name=f"checkpoint-sync-{job.job_id}", daemon=True)
         self.job, self.location, self.log = job, location, log or logger
         self.fs, self.remote = filesystem(location)
         self.remote = self.remote.rstrip("/")
         self.files = FileMirror(self.fs, job, self.remote)
-        self.uploaded: str | None = on_store  # the newest checkpoint known intact remotely
+        self.uploaded: str | None = None  # the newest checkpoint known intact remotely
         self.uploads: list[dict] = []  # {"checkpoint", "seconds", "bytes"} per checkpoint uploaded
         self.errors, self.skipped = 0, 0  # failed rounds; checkpoints rotated away before their upload ended
         self._current: Path | None = None

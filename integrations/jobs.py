@@ -1,4 +1,4 @@
-"""Job folders, for the CLI, the flows and the several-machine launcher alike: where a job's folder is (`job_dir`,
+"""Job folders, for the CLI and the flows alike: where a job's folder is (`job_dir`,
 `job_location`), which output roots hold jobs (`search_roots`: `./runs` and every root the job index knows), a job
 found by its id (`find_job`), its status as its events tell it (`job_status`), and a remote job folder copied down
 (`download_job`) or up (`upload_job`).

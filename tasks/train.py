@@ -12,9 +12,9 @@ With a remote `output_uri`, checkpoints survive losing the machine (`grpoflow.in
 background thread uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh
 machine (an empty staging folder) first gets the newest intact checkpoint from the remote job folder.
 
-With `distributed.num_machines` > 1 the child runs on that many Kubernetes pods instead (`grpoflow.cluster.multinode`:
-an indexed Job created, watched and deleted by this task; its rank 0 uploads the checkpoints), and the watcher reads
-the metrics back from the store.
+With `distributed.num_machines` > 1 the child runs on that many nodes of a Kubeflow Trainer TrainJob instead
+(`grpoflow.cluster.multinode`: created, watched and deleted by this task), which share the job folder on
+`distributed.shared_volume`; the watcher reads the metrics there and the checkpoints reach the store as above.
 """
 
 import json
@@ -150,7 +150,7 @@ def trained(job: JobDir) -> tuple[str, ...]:
 def train_task(job: JobDir, spec: JobSpec) -> dict:
     """Runs GRPO training in a child process; returns the training summary (steps, seconds, resumed_from)."""
     sync = None
-    if is_remote(spec.output_uri) and spec.distributed.num_machines == 1:  # several machines: their rank 0 uploads
+    if is_remote(spec.output_uri):
         location = join(spec.output_uri, job.job_id)
         if restored := restore_checkpoint(job, location):
             get_run_logger().info("%s downloaded from %s: training resumes from it", restored, location)
@@ -159,7 +159,7 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
     watcher = ProgressWatcher(job, spec)
     prepare_plotting()  # while the child trains: the report's plots need matplotlib next
     try:
-        if spec.distributed.num_machines > 1:  # a Kubernetes indexed Job, one pod per machine
+        if spec.distributed.num_machines > 1:  # a Kubeflow Trainer TrainJob, one node per machine
             seconds = run_on_machines(job, spec, poll=watcher.poll)
         else:
             with vllm_server(spec, job) as env:  # a vLLM server of the job's own, when its generation asks for one

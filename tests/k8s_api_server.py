@@ -1,20 +1,21 @@
 """A Kubernetes API on 127.0.0.1 for the tests of `cluster/multinode.py`: the endpoints its client (`cluster/kube.py`)
-calls, whose pods are real local processes.
+calls, serving Kubeflow Trainer's TrainJob resource, whose nodes are real local processes.
 
     with KubeApiServer(tmp_path, secrets={"grpoflow-s3": {...}}) as api:
         api.kubeconfig  # a kubeconfig file pointing at it (KUBECONFIG=...)
 
-What it serves (JSON, as the real API server does): create, read (and `/status`) and delete of Jobs
-(`/apis/batch/v1/namespaces/NS/jobs`) and Services (`/api/v1/namespaces/NS/services`), list pods by label
-(`?labelSelector=k=v`), read a pod (also those a test puts in `static_pods`) and its log. Creating an indexed Job
-starts its `completions` pods at once: each is the container's `command` + `args` in a process tree of its own
-(`python` is this interpreter, the working folder the repository: the image's), with the container's `env` (values;
-`secretKeyRef` from `secrets`, as the kubelet resolves it; JOB_COMPLETION_INDEX and HOSTNAME as the Job controller
-and kubelet set them) and none of this process's AWS_*, KUBECONFIG or GRPOFLOW_* variables. Each volume mount is a
-folder of the pod's own (an env value or argument under a mount path is moved there), and the rendezvous host,
-`<job>-<i>.<subdomain>...`, is 127.0.0.1. The Job fails (condition Failed; the other pods stopped) once a pod exits
-non-zero (backoffLimit 0), and completes once every pod exited 0. Deleting it kills its pods. `kill(job, index)`
-SIGKILLs a pod's whole tree, as a node lost.
+What it serves (JSON, as the real API server does): create, read and delete of TrainJobs
+(`/apis/trainer.kubeflow.org/v1alpha1/namespaces/NS/trainjobs`), list pods by label (`?labelSelector=k=v`), read a pod
+(also those a test puts in `static_pods`) and its log. It plays Kubeflow Trainer's controller with the
+torch-distributed runtime: creating a TrainJob starts `trainer.numNodes` pods at once (none while `spec.suspend` is
+true: the TrainJob is `Suspended`, as Kueue holds it, until `admit(name)`), each the trainer's `command` + `args` in a
+process tree of its own (`python` is this interpreter, the working folder the repository: the image's), with the
+trainer's `env` and the runtime patches' (values; `secretKeyRef` from `secrets`, as the kubelet resolves it), the torch
+runtime's PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR (127.0.0.1) and PET_MASTER_PORT, and none of
+this process's AWS_*, KUBECONFIG or GRPOFLOW_* variables. A PersistentVolumeClaim mounted by the patches is one folder
+shared by every node: the mount path itself (the flow run's pod mounts it at the same path). The TrainJob fails
+(condition Failed; the other pods stopped) once a pod exits non-zero, and completes once every pod exited 0. Deleting
+it kills its pods. `kill(name, index)` SIGKILLs a pod's whole tree, as a node lost.
 """
 
 import json
@@ -22,6 +23,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -55,51 +57,78 @@ def kill_tree(pid: int, sig: int) -> None:
             pass
 
 
-class Pod:
-    """One pod of a Job: a process running the container's command."""
+def node_spec(trainjob: dict) -> tuple[dict, list[dict]]:
+    """The node container the torch-distributed runtime runs (the trainer's image, command, args, env, resources)
+    with the runtime patches' env and volume mounts merged in, and the patches' volumes."""
+    trainer = trainjob["spec"]["trainer"]
+    container = {
+        "name": "node",
+        "image": trainer.get("image", "pytorch/pytorch"),
+        "command": trainer.get("command", []),
+        "args": trainer.get("args", []),
+        "env": list(trainer.get("env", [])),
+        "volumeMounts": [],
+    }
+    volumes = []
+    for patch in trainjob["spec"].get("runtimePatches", []):
+        jobset = (patch.get("trainingRuntimeSpec") or {}).get("template", {}).get("spec", {})
+        for replicated in jobset.get("replicatedJobs", []):
+            pod = replicated.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+            volumes += pod.get("volumes", [])
+            for patched in pod.get("containers", []):
+                if patched.get("name") == "node":
+                    container["env"] += patched.get("env", [])
+                    container["volumeMounts"] += patched.get("volumeMounts", [])
+    return container, volumes
 
-    def __init__(self, job: dict, index: int, root: Path, secrets_: dict, pull_error: str | None = None):
-        name = job["metadata"]["name"]
-        spec = job["spec"]["template"]["spec"]
-        [container] = spec["containers"]
-        self.name, self.namespace = f"{name}-{index}-{secrets.token_hex(3)[:5]}", job["metadata"]["namespace"]
-        self.hostname, self.index, self.job_name = f"{name}-{index}", index, name
+
+class Pod:
+    """One node of a TrainJob: a process running the node container's command."""
+
+    def __init__(self, trainjob: dict, index: int, root: Path, secrets_: dict, port: int, pull_error: str | None):
+        name = trainjob["metadata"]["name"]
+        container, volumes = node_spec(trainjob)
+        nodes = trainjob["spec"]["trainer"].get("numNodes", 1)
+        self.name, self.namespace = (
+            f"{name}-node-0-{index}-{secrets.token_hex(3)[:5]}",
+            trainjob["metadata"]["namespace"],
+        )
+        self.index, self.job_name, self.container = index, name, container
         self.labels = {
-            **job["spec"]["template"]["metadata"]["labels"],
-            "job-name": name,
+            "jobset.sigs.k8s.io/jobset-name": name,
+            "jobset.sigs.k8s.io/replicatedjob-name": "node",
             "batch.kubernetes.io/job-completion-index": str(index),
+            "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
         }
-        self.manifest_spec, self.dir = spec, root / self.name
+        self.dir = root / self.name
         self.dir.mkdir(parents=True)
         self.log = self.dir / "container.log"
-        mounts = {m["mountPath"]: self.dir / "volumes" / m["name"] for m in container.get("volumeMounts", [])}
-        for folder in mounts.values():
-            folder.mkdir(parents=True)
-        rendezvous = re.compile(rf"^{re.escape(name)}-\d+\.{re.escape(spec.get('subdomain', '-'))}(\..*)?$")
-
-        def local(value: str) -> str:
-            if rendezvous.match(value):
-                return "127.0.0.1"
-            for path, folder in mounts.items():
-                if path != "/dev/shm" and (value == path or value.startswith(path + "/")):
-                    return str(folder) + value[len(path) :]
-            return value
-
+        claims = {v["name"] for v in volumes if "persistentVolumeClaim" in v}
+        # A claim is shared by every node: its mount path is the one folder (it exists: the flow run's pod mounts it).
+        self.mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"] if m["name"] in claims}
         env = {
             k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KUBE", "GRPOFLOW_")) and k != "HOSTNAME"
         }
-        for entry in container.get("env", []):
+        for entry in container["env"]:
             if "value" in entry:
-                env[entry["name"]] = local(entry["value"])
+                env[entry["name"]] = entry["value"]
             elif ref := entry.get("valueFrom", {}).get("secretKeyRef"):
                 value = secrets_.get(ref["name"], {}).get(ref["key"])
                 if value is None and not ref.get("optional"):
                     raise ValueError(f"secret {ref['name']} has no key {ref['key']}")
                 if value is not None:
                     env[entry["name"]] = value
-        env |= {"JOB_COMPLETION_INDEX": str(index), "HOSTNAME": self.hostname}
-        command = [*container.get("command", []), *container.get("args", [])]
-        command = [sys.executable if c == "python" and i == 0 else local(c) for i, c in enumerate(command)]
+        env |= {
+            "PET_NNODES": str(nodes),
+            "PET_NPROC_PER_NODE": str(trainjob["spec"]["trainer"].get("numProcPerNode", 1)),
+            "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": str(port),
+            "JOB_COMPLETION_INDEX": str(index),
+            "HOSTNAME": self.name,
+        }
+        command = [*container["command"], *container["args"]]
+        command = [sys.executable if c == "python" and i == 0 else c for i, c in enumerate(command)]
         self.command, self.env = command, env
         self.started_at, self.finished_at, self.stopping = _now(), None, False
         self.pull_error, self.proc = pull_error, None
@@ -151,13 +180,13 @@ class Pod:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels},
-            "spec": {**self.manifest_spec, "hostname": self.hostname},
+            "spec": {"containers": [self.container]},
             "status": {
                 "phase": phase,
                 "containerStatuses": [
                     {
-                        "name": self.manifest_spec["containers"][0]["name"],
-                        "image": self.manifest_spec["containers"][0]["image"],
+                        "name": self.container["name"],
+                        "image": self.container["image"],
                         "imageID": "",
                         "ready": code is None,
                         "restartCount": 0,
@@ -173,11 +202,10 @@ class KubeApiServer:
 
     def __init__(self, root: Path, secrets: dict | None = None):
         self.root, self.secrets = root, secrets or {}
-        self.pull_error: str | None = None  # set: the pods of the Jobs created next never start (no image)
+        self.pull_error: str | None = None  # set: the pods of the TrainJobs created next never start (no image)
         root.mkdir(parents=True, exist_ok=True)
-        self.jobs: dict[tuple[str, str], dict] = {}
-        self.services: dict[tuple[str, str], dict] = {}
-        self.pods: dict[tuple[str, str], list[Pod]] = {}  # by job
+        self.trainjobs: dict[tuple[str, str], dict] = {}
+        self.pods: dict[tuple[str, str], list[Pod]] = {}  # by TrainJob
         self.started: list[Pod] = []  # every pod ever started, deleted ones too
         self.static_pods: dict[tuple[str, str], dict] = {}  # pods with no process: the flow run's own, say
         self.requests: list[tuple[str, str]] = []
@@ -210,15 +238,22 @@ class KubeApiServer:
 
     # --- what a test does besides the API -------------------------------------------------------------------------
 
-    def kill(self, job: str, index: int) -> Pod:
-        """SIGKILLs the pod of `job` at `index` with everything in it (its node lost); returns it."""
-        for (_, name), pods in self.pods.items():
-            if name == job:
+    def kill(self, name: str, index: int) -> Pod:
+        """SIGKILLs the pod of TrainJob `name` at node `index` with everything in it (its node lost); returns it."""
+        for (_, job), pods in self.pods.items():
+            if job == name:
                 pod = next(p for p in pods if p.index == index)
                 kill_tree(pod.proc.pid, signal.SIGKILL)
                 pod.proc.wait()
                 return pod
-        raise KeyError(job)
+        raise KeyError(name)
+
+    def admit(self, name: str) -> None:
+        """What Kueue does once the TrainJob's queue has room: unsuspends it, so its pods start."""
+        with self.lock:
+            key = next(k for k in self.trainjobs if k[1] == name)
+            self.trainjobs[key]["spec"]["suspend"] = False
+            self._start(key)
 
     def live_processes(self) -> list[int]:
         """The pids of pods' processes (and their descendants) still running."""
@@ -234,22 +269,35 @@ class KubeApiServer:
                     pass
         return alive
 
-    # --- the Job controller ---------------------------------------------------------------------------------------
+    # --- Kubeflow Trainer's controller ------------------------------------------------------------------------------
+
+    def _start(self, key: tuple[str, str]) -> None:
+        body, root, port = self.trainjobs[key], self.root / "pods", _free_port()
+        nodes = range(body["spec"]["trainer"].get("numNodes", 1))
+        self.pods[key] = [Pod(body, i, root, self.secrets, port, self.pull_error) for i in nodes]
+        self.started += self.pods[key]
 
     def _status(self, key: tuple[str, str]) -> dict:
-        job, pods = self.jobs[key], self.pods.get(key, [])
+        trainjob, pods = self.trainjobs[key], self.pods.get(key, [])
+        if trainjob["spec"].get("suspend"):
+            condition = {
+                "type": "Suspended",
+                "status": "True",
+                "reason": "Suspended",
+                "message": "TrainJob is suspended",
+            }
+            return {"conditions": [condition | {"lastTransitionTime": _now()}]}
         codes = [p.exit_code for p in pods]
-        failed, succeeded = sum(1 for c in codes if c not in (None, 0)), codes.count(0)
-        status = {"active": codes.count(None), "succeeded": succeeded, "failed": failed, "startTime": job["_start"]}
-        if failed:
-            for pod in pods:  # backoffLimit 0: the Job fails and its other pods are stopped
+        if any(c not in (None, 0) for c in codes):
+            for pod in pods:  # the JobSet fails and its other pods are stopped
                 if pod.exit_code is None:
                     threading.Thread(target=pod.stop, daemon=True).start()
-            condition = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
-            status["conditions"] = [condition | {"lastTransitionTime": _now()}]
-        elif succeeded == job["spec"]["completions"]:
-            status["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": _now()}]
-        return status
+            condition = {"type": "Failed", "status": "True", "reason": "TrainJobFailed", "message": "jobset failed"}
+            return {"conditions": [condition | {"lastTransitionTime": _now()}]}
+        if pods and codes.count(0) == len(pods):
+            condition = {"type": "Complete", "status": "True", "reason": "TrainJobComplete", "message": "done"}
+            return {"conditions": [condition | {"lastTransitionTime": _now()}]}
+        return {"conditions": []}
 
     # --- HTTP -----------------------------------------------------------------------------------------------------
 
@@ -291,57 +339,36 @@ class KubeApiServer:
         return Handler
 
     def _dispatch(self, method: str, path: str, query: dict, handler) -> tuple[int, dict | str]:
-        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/services(?:/([^/]+))?", path)
+        m = re.fullmatch(r"/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs(?:/([^/]+))?", path)
         if m:
-            return self._objects(self.services, method, m.group(1), m.group(2), handler)
-        m = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?(/status)?", path)
-        if m:
-            return self._jobs(method, m.group(1), m.group(2), handler)
+            return self._trainjobs(method, m.group(1), m.group(2), handler)
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(/log)?", path)
         if m and method == "GET":
             return self._pods(m.group(1), m.group(2), bool(m.group(3)), query)
         return 404, _status_body(404, "NotFound", f"no route {method} {path}")
 
-    def _objects(self, store: dict, method: str, namespace: str, name: str | None, handler) -> tuple[int, dict]:
+    def _trainjobs(self, method: str, namespace: str, name: str | None, handler) -> tuple[int, dict]:
         if method == "POST":
             body = handler._body()
+            if body.get("kind") != "TrainJob" or body.get("apiVersion") != "trainer.kubeflow.org/v1alpha1":
+                return 400, _status_body(400, "BadRequest", "not a trainer.kubeflow.org/v1alpha1 TrainJob")
             key = (namespace, body["metadata"]["name"])
-            if key in store:
+            if key in self.trainjobs:
                 return 409, _status_body(409, "AlreadyExists", f"{key[1]} already exists")
-            body["metadata"] |= {"uid": secrets.token_hex(8), "creationTimestamp": _now()}
-            store[key] = body
+            body["metadata"] |= {"uid": secrets.token_hex(8), "creationTimestamp": _now(), "namespace": namespace}
+            self.trainjobs[key] = body
+            if not body["spec"].get("suspend"):
+                self._start(key)
             return 201, body
-        if (namespace, name) not in store:
-            return 404, _status_body(404, "NotFound", f"{name} not found")
-        if method == "DELETE":
-            return 200, store.pop((namespace, name))
-        return 200, store[(namespace, name)]
-
-    def _jobs(self, method: str, namespace: str, name: str | None, handler) -> tuple[int, dict]:
-        if method == "POST":
-            body = handler._body()
-            if body["spec"].get("completionMode") != "Indexed":
-                return 422, _status_body(422, "Invalid", "this test server runs indexed Jobs only")
-            key = (namespace, body["metadata"]["name"])
-            if key in self.jobs:
-                return 409, _status_body(409, "AlreadyExists", f"{key[1]} already exists")
-            body["metadata"] |= {"uid": secrets.token_hex(8), "creationTimestamp": _now()}
-            body["_start"] = _now()
-            self.jobs[key] = body
-            root = self.root / "pods"
-            completions = range(body["spec"]["completions"])
-            self.pods[key] = [Pod(body, i, root, self.secrets, self.pull_error) for i in completions]
-            self.started += self.pods[key]
-            return 201, _public(body)
         key = (namespace, name)
-        if key not in self.jobs:
-            return 404, _status_body(404, "NotFound", f"jobs.batch {name} not found")
+        if key not in self.trainjobs:
+            return 404, _status_body(404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found')
         if method == "DELETE":
-            job = self.jobs.pop(key)
+            trainjob = self.trainjobs.pop(key)
             for pod in self.pods.pop(key, []):
                 pod.stop()
-            return 200, _status_body(200, "", f"{job['metadata']['name']} deleted") | {"status": "Success"}
-        return 200, _public(self.jobs[key]) | {"status": self._status(key)}
+            return 200, _status_body(200, "", f"{trainjob['metadata']['name']} deleted") | {"status": "Success"}
+        return 200, self.trainjobs[key] | {"status": self._status(key)}
 
     def _pods(self, namespace: str, name: str | None, log: bool, query: dict) -> tuple[int, dict | str]:
         pods = [p for (ns, _), ps in self.pods.items() if ns == namespace for p in ps]
@@ -359,8 +386,10 @@ class KubeApiServer:
         return 200, pod.log.read_text(errors="replace") if log else pod.to_dict()
 
 
-def _public(job: dict) -> dict:
-    return {k: v for k, v in job.items() if not k.startswith("_")}
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _status_body(code: int, reason: str, message: str) -> dict:

@@ -918,17 +918,22 @@ ENGINE_CASES = [
         id="zero3-one-gpu",
     ),
     pytest.param(
-        {"distributed.num_machines": 2},
-        "distributed.num_machines: 2 machines share no disk, so the job folder must be on a store",
+        {"distributed.num_machines": 2, "distributed.shared_volume": "rwx"},
+        "output_uri: with distributed.num_machines 2 the job ends on a store the cluster reaches",
         id="machines-local-output",
     ),
     pytest.param(
         {"distributed.num_machines": 2, "output_uri": "s3://bucket/runs"},
-        {"distributed.num_machines": 2},
+        "distributed.shared_volume: 2 machines share the job folder and its checkpoints on a ReadWriteMany volume",
+        id="machines-no-shared-volume",
+    ),
+    pytest.param(
+        {"distributed.num_machines": 2, "distributed.shared_volume": "rwx", "output_uri": "s3://bucket/runs"},
+        {"distributed.num_machines": 2, "distributed.shared_volume": "rwx"},
         id="machines-on-s3",
     ),
     pytest.param(
-        {"distributed.num_machines": 3, "output_uri": "s3://bucket/runs"},
+        {"distributed.num_machines": 3, "distributed.shared_volume": "rwx", "output_uri": "s3://bucket/runs"},
         "distributed.num_machines: rollouts_per_prompt * prompts_per_step (8) must be a multiple of gpu_count * "
         "num_machines (1 * 3)",
         id="machines-uneven-share",

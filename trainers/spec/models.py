@@ -40,6 +40,8 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # The Hub's rules for each half of owner/name: 1-96 of [A-Za-z0-9_.-], no "--" or "..", no "-" or "." at either end.
 _HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 REPO_ID_PATTERN = rf"^(?!.*(?:--|\.\.)){_HUB_PART}/{_HUB_PART}$"
+# A Kubernetes object name (RFC 1123 subdomain), as a PersistentVolumeClaim's or a ClusterTrainingRuntime's must be.
+K8S_NAME_PATTERN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_INT = 2**31 - 1  # every integer field (steps, lengths, counts) fits an int32 wherever it ends up
 MAX_SEED = 2**32 - 1  # numpy's range, which transformers.set_seed enforces only once training starts
 
@@ -120,6 +122,11 @@ RepoId = _matching(
     REPO_ID_PATTERN,
     "must be 'owner/name', each 1-96 letters, digits, '-', '_' or '.', without '--' or '..', "
     "not starting or ending with '-' or '.'",
+)
+K8sName = _matching(
+    K8S_NAME_PATTERN,
+    "must be a Kubernetes object's name: up to 253 lowercase letters, digits, '-' or '.', starting and ending with a "
+    "letter or digit (the name, not a path)",
 )
 
 
@@ -646,9 +653,19 @@ class DistributedSpec(_Section):
         1,
         ge=1,
         description="Machines the training stage spans, each with gpu_count GPUs (one process per GPU, "
-        "num_machines * gpu_count in all). More than 1 runs the training stage as a Kubernetes indexed Job of that "
-        "many pods (accelerate launch --num_machines), created by the training task; it needs an s3:// output_uri, "
-        "as pods share no disk.",
+        "num_machines * gpu_count in all). More than 1 runs the training stage as a Kubeflow Trainer TrainJob of "
+        "that many nodes, created by the training task; it needs shared_volume and an s3:// output_uri.",
+    )
+    runtime: K8sName = Field(
+        "torch-distributed",
+        description="With num_machines > 1: the Kubeflow Trainer ClusterTrainingRuntime the TrainJob references (a "
+        "torch runtime: it sets the rendezvous environment on every node).",
+    )
+    shared_volume: K8sName | None = Field(
+        None,
+        description="With num_machines > 1: the name of a ReadWriteMany PersistentVolumeClaim that the flow run's "
+        "pod mounts at its staging folder (GRPOFLOW_STAGING_DIR); every node mounts the job's folder of it at the "
+        "same path, so the nodes share the job folder and its checkpoints.",
     )
 
 

@@ -273,13 +273,19 @@ def _engine_problems(data: dict, spec_model: type[BaseModel], gpus: int, unsloth
 def _machine_problems(
     data: dict, spec_model: type[BaseModel], machines: int, gpus: int, engine: str, unsloth: bool, hp: dict
 ) -> list[str]:
-    """`distributed.num_machines` > 1 (a Kubernetes indexed Job, cluster/multinode.py) against the rest of the spec."""
+    """`distributed.num_machines` > 1 (a Kubeflow Trainer TrainJob, cluster/multinode.py) against the rest of the
+    spec."""
     problems = []
     output_uri = _lax(data, spec_model, "output_uri")
     if not is_remote(output_uri):
         problems.append(
-            f"distributed.num_machines: {machines} machines share no disk, so the job folder must be on a store every "
-            f"pod reaches: set output_uri to s3://bucket/prefix (got the local {output_uri!r})"
+            f"output_uri: with distributed.num_machines {machines} the job ends on a store the cluster reaches: set "
+            f"output_uri to s3://bucket/prefix (got the local {output_uri!r})"
+        )
+    if not _section(data, "distributed").get("shared_volume"):
+        problems.append(
+            f"distributed.shared_volume: {machines} machines share the job folder and its checkpoints on a "
+            "ReadWriteMany volume: give its PersistentVolumeClaim's name (mounted in the flow run's pod too)"
         )
     Hyperparameters = spec_model.model_fields["hyperparameters"].annotation  # noqa: N806 (a model class)
     single = [f for f in ("load_in_4bit", "use_liger") if _lax(hp, Hyperparameters, f)] + ["use_unsloth"] * unsloth
