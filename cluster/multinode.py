@@ -13,10 +13,10 @@ metrics and results into it, so nothing is downloaded or uploaded here, and the 
 The task watches the TrainJob's status conditions (`Suspended`, `Complete`, `Failed`) and its pods: their logs go into
 `logs/train.log` (one `[node i]` prefix per pod), pods that never run fail the attempt after
 GRPOFLOW_K8S_START_TIMEOUT_S (a suspended TrainJob waits in its queue without that limit). Complete: done. Failed: the
-node that failed first names why; its exit 2 (the child's setup error) is a `TrainingSetupError` and its exit 3 (a
-failed reward) a `RewardFailed`, neither retried; anything else is one failed attempt, which Prefect's retry resumes
-from the newest checkpoint on the shared volume with a new TrainJob. A TrainJob deleted by someone else fails the
-attempt too. The TrainJob (its pods with it) is deleted however the task ends.
+node that failed first names why; its exit 2 (the child's setup error) is a `TrainingSetupError`, its exit 3 (a failed
+reward) a `RewardFailed` and its exit 4 (NaN or inf) a `TrainingStopped`, none retried; anything else is one failed
+attempt, which Prefect's retry resumes from the newest checkpoint on the shared volume with a new TrainJob. A TrainJob
+deleted by someone else fails the attempt too. The TrainJob (its pods with it) is deleted however the task ends.
 
 Where things come from (environment of the flow run, e.g. the work pool's `env` job variable):
 
@@ -41,6 +41,7 @@ from grpoflow.cluster.kube import Kube, pod_settings, run_name
 from grpoflow.cluster.trainjob import GROUP, PLURAL, VERSION, trainjob
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import (
+    DIVERGED_EXIT,
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
     RewardFailed,
@@ -171,6 +172,8 @@ def failure(pods: list, logs: PodLogs, name: str, condition: dict) -> Exception:
         return TrainingSetupError(f"grpoflow: {reason or f'training pod {pod_name} could not start'}")
     if code == REWARD_FAILED_EXIT:
         return RewardFailed(f"{reason or 'a reward failed'} (pod {pod_name}; logs/train.log)")
+    if code == DIVERGED_EXIT:
+        return TrainingStopped(reason or f"training diverged on pod {pod_name} (NaN or inf)")
     why = f", {terminated.reason}" if terminated.reason else ""
     return RuntimeError(f"training pod {pod_name} exited with code {code}{why}; end of its log:\n{tail}")
 

@@ -13,7 +13,8 @@ PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT; `PET_NPROC_PER_N
 --main_process_ip HOST` (`grpoflow.trainers.launch`), its output echoed to stdout (the pod's log, which the training
 task copies into `logs/train.log`) and kept in `logs/node-R.log`.
 
-Exit code: 0 trained, 2 a setup problem and 3 a failed reward (the child's, which no retry cures), 1 anything else.
+Exit code: 0 trained, 2 a setup problem, 3 a failed reward and 4 a diverged run (the child's, which no retry cures), 1
+anything else.
 """
 
 import argparse
@@ -23,11 +24,13 @@ from pathlib import Path
 
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import (
+    DIVERGED_EXIT,
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
     Machines,
     RewardFailed,
     TrainingSetupError,
+    TrainingStopped,
     run_child,
 )
 from grpoflow.trainers.spec import load_spec
@@ -113,6 +116,9 @@ def main(argv=None) -> int:
     except RewardFailed as e:
         print(f"grpoflow: {e}", flush=True)
         return REWARD_FAILED_EXIT
+    except TrainingStopped as e:  # the child diverged (NaN or inf): no retry resumes out of it
+        print(f"grpoflow: {e}", flush=True)
+        return DIVERGED_EXIT
     except RuntimeError as e:
         print(f"grpoflow: node {rank}: {e}", flush=True)
         return 1

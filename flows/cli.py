@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from grpoflow.flows.errors import EXIT_OK, Failed, Rejected, Stopped, UsageError, exit_code
+from grpoflow.flows.errors import EXIT_OK, EXIT_REJECTED, Failed, Rejected, Stopped, UsageError, exit_code
 from grpoflow.trainers import collector
 from grpoflow.trainers.trust import command_line
 
@@ -416,9 +417,12 @@ def cmd_metrics(args) -> int:
         known = set().union(*(r["values"] for r in records)) if records else set()
         missing = [k for k in keys if k not in known]
         if records and missing:
-            raise UsageError(
-                f"unknown metric key(s) {', '.join(missing)}; this job logged: {', '.join(sorted(known))}"
-            )
+            # `kl` exists only with kl_coef > 0: the series asked for that this job has still print, exit 0.
+            problem = f"unknown metric key(s) {', '.join(missing)}; this job logged: {', '.join(sorted(known))}"
+            if len(missing) == len(keys):
+                raise UsageError(problem)
+            print(f"warning: {problem}", file=sys.stderr)
+            keys = [k for k in keys if k in known]
         records = [{"step": r["step"], "values": {k: r["values"].get(k) for k in keys}} for r in records]
     if args.json:
         print(json.dumps({"metrics": records}))
@@ -681,9 +685,31 @@ def cmd_deploy(args) -> int:
     return EXIT_OK
 
 
-def registry_root(args) -> Path:
-    """The output root holding `deployments/`: `--output-uri`, else ./runs (as `grpoflow serve` reads it)."""
-    return (output_root(args) or Path("runs")).resolve()
+def registry_roots(args) -> list[Path]:
+    """The output roots whose `deployments/` to read: `--output-uri` alone when given, else `./runs` and the job
+    index's local roots (`roots_to_search`), since `grpoflow deploy` registers a job beside its own folder."""
+    from grpoflow.integrations.storage import is_remote
+
+    if output_uri(args) is not None:
+        return [output_root(args).resolve()]
+    return [Path(root) for root in roots_to_search(args) if not is_remote(root)]
+
+
+def deployment_root(args, name: str) -> Path:
+    """The one output root (`registry_roots`) whose registry holds deployment `name`: a `RegistrationError` (exit 1)
+    naming the roots looked in when none does, a `UsageError` (exit 2) when several do."""
+    from grpoflow.trainers.registry import RegistrationError, registry_dir
+
+    roots = registry_roots(args)
+    holding = [root for root in roots if (registry_dir(root) / f"{name}.json").is_file()]
+    if len(holding) > 1:
+        where = ", ".join(map(str, holding))
+        raise UsageError(f"deployment {name!r} is registered under {where}: pick one with --output-uri")
+    if not holding:
+        known = sorted({p.stem for root in roots for p in registry_dir(root).glob("*.json")})
+        where = ", ".join(str(registry_dir(root)) for root in roots)
+        raise RegistrationError(f"unknown deployment {name!r} under {where}; registered: {', '.join(known) or 'none'}")
+    return holding[0]
 
 
 def _version_line(version: dict, current: int | None) -> str:
@@ -697,7 +723,7 @@ def _version_line(version: dict, current: int | None) -> str:
 def cmd_rollback(args) -> int:
     from grpoflow.trainers.registry import rollback
 
-    restored, replaced = rollback(registry_root(args), args.rollback)
+    restored, replaced = rollback(deployment_root(args, args.rollback), args.rollback)
     if args.json:
         print(json.dumps({"name": args.rollback, "current": restored, "replaced": replaced}))
     else:
@@ -707,17 +733,19 @@ def cmd_rollback(args) -> int:
 
 
 def cmd_deployments_list(args) -> int:
-    from grpoflow.trainers.registry import list_deployments
+    from grpoflow.trainers.registry import list_deployments, registry_dir
 
-    root = registry_root(args)
-    records = list_deployments(root)
+    explicit, roots = output_uri(args) is not None, registry_roots(args)
+    # Each record names its root when several were searched, as `grpoflow jobs` does.
+    records = [{**r, **({} if explicit else {"root": str(root)})} for root in roots for r in list_deployments(root)]
     if args.json:
         print(json.dumps({"deployments": records}))
         return EXIT_OK
     if not records:
-        print(f"no deployments under {root / 'deployments'}")
+        print(f"no deployments under {', '.join(str(registry_dir(root)) for root in roots)}")
     for record in records:
-        print(f"{record['name']}  (current: {'v' + str(record['current']) if record['current'] else 'none'})")
+        where = f"  {record['root']}" if "root" in record else ""
+        print(f"{record['name']}  (current: {'v' + str(record['current']) if record['current'] else 'none'}){where}")
         for version in record["versions"]:
             print("  " + _version_line(version, record["current"]))
     return EXIT_OK
@@ -727,8 +755,7 @@ def cmd_serve(args) -> int:
     from grpoflow.flows.serve import serve
     from grpoflow.trainers.registry import read_deployment
 
-    root = (output_root(args) or Path("runs")).resolve()
-    record = read_deployment(root, args.name)
+    record = read_deployment(deployment_root(args, args.name), args.name)
     if record["status"] != "ready":
         raise Failed(f"deployment {args.name} is {record['status']}, not ready")
     serve(record["artifact_path"], args.name, args.host, args.port)
@@ -972,7 +999,7 @@ COLLECTOR_PAUSED = {"run", "demo"}
 
 
 def main(argv=None) -> int:
-    started = time.time()
+    started, args = time.time(), None
     try:
         args = build_parser().parse_args(argv)
         args.started = started
@@ -989,15 +1016,40 @@ def main(argv=None) -> int:
             raise
         if str(e):
             print(f"grpoflow: {e}", file=sys.stderr)
+        if code == EXIT_REJECTED and getattr(args, "json", False):  # a script reading stdout gets an answer too
+            print(json.dumps({"status": "rejected", "problems": getattr(e, "problems", None) or [str(e)]}))
         return code
     finally:
         collector.resume()
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or terminal) whose reader went away, as `grpoflow jobs | head -3` leaves it; not a
+    broken pipe of another kind (a socket, a child's stdin), which stays a traceback."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
 def entry() -> None:
     """The `grpoflow` command: `main()`, its return value the exit code."""
     collector.pause()  # `run` and `demo` resume it before their flow, every other command at its start
-    sys.exit(main())
+    try:
+        code = main()
+        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
+            sys.stdout.flush()  # here, not at exit, so that a reader gone away is caught below
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        # Python's advice (the signal module's "Note on SIGPIPE"): stdout to devnull, so the flush at exit cannot fail
+        # again, and exit quietly; 128 + SIGPIPE, the code of a program SIGPIPE ended (`yes | head`).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
+    sys.exit(code)
 
 
 if __name__ == "__main__":

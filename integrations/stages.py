@@ -208,14 +208,18 @@ def cancellable(fn: Callable) -> Callable:
 
 def retry_unless_final(task, task_run, state) -> bool:
     """Prefect's `retry_condition_fn` of every stage: a rejected input, a setup problem, a deliberate stop, a reward
-    that failed in training and a child that ended itself early are final (a retry would meet them again); a crash or
-    a transient error is retried."""
+    that failed in training, a child that ended itself early and a write refused for want of space or permission
+    (`WRITE_ERRNOS`) are final (a retry would meet them again); a crash or a transient error is retried."""
+    from grpoflow.trainers.modeling import WRITE_ERRNOS
+
     if state.name == REJECTED:
         return False
     try:
         state.result()
     except (TrainingSetupError, TrainingStopped, RewardFailed, ChildEndedEarly):
         return False
+    except OSError as e:
+        return e.errno not in WRITE_ERRNOS
     except Exception:
         return True
     return False

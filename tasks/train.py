@@ -3,10 +3,11 @@ it.
 
 The child writes `metrics.jsonl`; this task tails it to log progress, emit `grpoflow.training.progress` events and
 run the health monitor, which emits `grpoflow.training.alert` and, with `stop_on_alert` (or always, for a non-finite
-loss or gradient), stops the run; a stall watchdog alerts when no new step came for `health.stall_factor` times the
-median step time, and stops the run at twice that. A crash of the child (SIGKILL, OOM, an exception) fails the task
-and Prefect's retries start a new child that resumes from the newest checkpoint; a setup problem (the child's exit
-code 2), a failed reward (exit code 3), a child that exited 0 without its result, or a stop is not retried.
+loss, gradient or weights: the child stops itself on those too, exit code 4), stops the run; a stall watchdog alerts
+when no new step came for `health.stall_factor` times the median step time, and stops the run at twice that. A crash
+of the child (SIGKILL, OOM, an exception) fails the task and Prefect's retries start a new child that resumes from the
+newest checkpoint; a setup problem (the child's exit code 2, a full disk or read-only job folder among them), a failed
+reward (exit code 3), a child that exited 0 without its result, or a stop is not retried.
 
 With a remote `output_uri`, checkpoints survive losing the machine (`grpoflow.integrations.checkpoint_sync`): a
 background thread uploads each checkpoint as it is saved, with metrics, events and logs, and a child started on a fresh
@@ -30,10 +31,10 @@ from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.integrations.storage import is_remote, join
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.health import FATAL, Alert, HealthMonitor
+from grpoflow.trainers.health import FATAL, NON_FINITE_ADVICE, Alert, HealthMonitor
 from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import run_child
+from grpoflow.trainers.launch import recorded_divergence, run_child
 from grpoflow.trainers.metrics import read_events, read_metrics
 from grpoflow.trainers.report import draw_ahead, prepare_plotting
 from grpoflow.trainers.spec import JobSpec
@@ -79,7 +80,16 @@ class ProgressWatcher:
                 self.last_step = record["step"]
         if self.last_step > before and self.last_step >= self.spec.hyperparameters.max_steps:
             draw_ahead(records, self.job.root)  # the report's plots, while the child scores and saves
-        return stop or self._watch_stall(self.last_step - before)
+        return stop or self._child_diverged() or self._watch_stall(self.last_step - before)
+
+    def _child_diverged(self) -> str | None:
+        """The child's own stop on NaN or inf weights (its exit record; the loss and gradient norm it logged may still
+        be finite), as the `non_finite` alert the metrics would have raised: once, the reason to stop."""
+        if "non_finite" in self.monitor.fired or (message := recorded_divergence(self.job)) is None:
+            return None
+        self.monitor.fired.add("non_finite")
+        self._alert(Alert("non_finite", self.last_step, message, {"non_finite": ["weights"]}, NON_FINITE_ADVICE))
+        return f"stopped by the health monitor: {message}"
 
     def _watch_stall(self, new_steps: int) -> str | None:
         """The stall watchdog, armed by this child's first step (the first poll reads an earlier attempt's steps, and

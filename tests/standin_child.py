@@ -20,7 +20,7 @@ training produces is tested with the real children (tests/trainers, tests/flows/
                                                 step after it, resuming), the first `crashes` attempts (default:
                                                 every attempt)
     {"exit_at": 2, "exit_code": 3, "message": "reward 'r' failed at step 2"}
-                                                stops on purpose as the real child does (exit 2 or 3, recorded)
+                                                stops on purpose as the real child does (exit 2, 3 or 4, recorded)
     {"hang_at": 2}                              stops stepping after step 2 until it is signalled
     {"no_result": true}                         exits 0 without training.json (something ended it early)
     {"values": {"loss": NaN}}                   metric values to put in every step's record

@@ -1,8 +1,10 @@
 """Ingest a prompt dataset: load it from a file or the Hub, check it, and save it as Arrow in the job folder.
 
 Sources: a local path, `file://`, `s3://bucket/key` (anything fsspec opens, with `storage_options`) or
-`hf://datasets/<repo>[/<split>]`. Files are JSON Lines / JSON, CSV or Parquet (optionally compressed: `.jsonl.gz`).
-Every source goes through `datasets.load_dataset`, so the loader is the same everywhere; checks run on the Arrow
+`hf://datasets/<repo>[/<split>]`. Files are JSON Lines / JSON, CSV or Parquet (optionally compressed: `.jsonl.gz`);
+a local folder written by `datasets`' `save_to_disk` (a Dataset, or a DatasetDict's `split`, default `train`) is read
+with `datasets.load_from_disk`. Every other source goes through `datasets.load_dataset`, so the loader is the same
+everywhere; checks run on the Arrow
 table with `pyarrow.compute`, never row by row: a million short rows take one to two seconds. Only when the loader
 fails is the file read again, line by line, to name the lines at fault.
 
@@ -14,6 +16,8 @@ Pure functions, no Prefect: `tasks/ingest.py` wraps `ingest_dataset` in a Prefec
 
 from __future__ import annotations
 
+import collections
+import csv
 import difflib
 import gzip
 import hashlib
@@ -36,12 +40,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import LocalEntryNotFoundError
 
 from grpoflow.trainers.jobdir import replace_dir
+from grpoflow.trainers.modeling import hub_offline
 from grpoflow.trainers.spec import REPO_ID_PATTERN
 from grpoflow.trainers.uris import url_scheme
 
 SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
+# The files `save_to_disk` writes at the top of its folder: a Dataset's (state.json) or a DatasetDict's.
+SAVED_MARKERS = ("state.json", "dataset_dict.json")
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 # Compressed text files are extracted by `datasets`; a compressed Parquet file makes no sense, so not for it.
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
@@ -90,7 +99,8 @@ class IngestResult:
         columns (`list[str]`): the dataset's columns.
         prompt_format (`str`): `"text"` (string prompts) or `"chat"` (lists of `{role, content}` messages).
         fingerprint (`str`): sha256 hex of the source bytes for local files; of the object's etag, size and mtime
-            for remote files; of the Hub dataset's fingerprint for `hf://datasets/` repos. A cache key.
+            for remote files; of the Hub dataset's fingerprint for `hf://datasets/` repos, and of the saved one's for
+            a `save_to_disk` folder. A cache key.
     """
 
     uri: str
@@ -105,8 +115,8 @@ class IngestResult:
 class _Source:
     uri: str  # as the user gave it, for messages
     location: str  # local absolute path, remote URL, or Hub repo id
-    builder: str  # "json", "csv", "parquet", or "hub"
-    split: str = "train"
+    builder: str  # "json", "csv", "parquet", "hub", or "disk" (a save_to_disk folder)
+    split: str | None = "train"  # of a Hub dataset, or of a saved DatasetDict (None: train)
 
     @property
     def is_local(self) -> bool:
@@ -118,8 +128,13 @@ class _Source:
 
 def _resolve(uri: str, split: str | None) -> _Source:
     src = _resolve_hf(uri, split) if uri.lower().startswith("hf://") else _resolve_file(uri)
-    if split is not None and src.builder != "hub":
-        raise DatasetError(f"split={split!r} applies only to hf://datasets/<owner>/<name> sources, not to {uri}")
+    if src.builder == "disk":
+        src.split = split
+    elif split is not None and src.builder != "hub":
+        raise DatasetError(
+            f"split={split!r} applies only to hf://datasets/<owner>/<name> sources and save_to_disk folders, not to "
+            f"{uri}"
+        )
     return src
 
 
@@ -136,6 +151,13 @@ def _resolve_file(uri: str) -> _Source:
         location = uri
     else:
         raise DatasetError(f"unsupported scheme {scheme}:// in {uri}; supported: {', '.join(SUPPORTED_SCHEMES)}")
+    if scheme != "s3" and os.path.isdir(location) and not _has_data_extension(location):
+        if not any(os.path.isfile(os.path.join(location, name)) for name in SAVED_MARKERS):
+            raise DatasetError(
+                f"dataset {uri} is a folder, but not one written by datasets' save_to_disk (it has none of "
+                f"{', '.join(SAVED_MARKERS)}); give the path of one data file, or such a folder"
+            )
+        return _Source(uri, location, "disk")
     return _Source(uri, location, _builder_for(uri, location))
 
 
@@ -182,6 +204,8 @@ def _builder_for(uri: str, location: str) -> str:
 
 
 def _check_file(src: _Source, storage_options: dict | None) -> None:
+    if src.location.lower().startswith("hf://") and hub_offline():
+        raise _hub_unreachable(src)  # fsspec's HfFileSystem would only say "not found"
     fs, path = fsspec.core.url_to_fs(src.location, **(storage_options or {}))
     try:
         if not fs.exists(path):
@@ -294,7 +318,7 @@ def _long_line(src: _Source, lineno: int, max_row_bytes: int) -> DatasetError:
 
 
 def _fingerprint(src: _Source, ds: datasets.Dataset, storage_options: dict | None) -> str:
-    if src.builder == "hub":
+    if src.builder in ("hub", "disk"):
         # `_fingerprint` hashes the builder config, which includes the repo's resolved commit.
         return hashlib.sha256(f"{src.location}\n{src.split}\n{ds._fingerprint}".encode()).hexdigest()
     if src.is_local:
@@ -312,6 +336,8 @@ def _fingerprint(src: _Source, ds: datasets.Dataset, storage_options: dict | Non
 
 
 def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> datasets.Dataset:
+    if src.builder == "disk":
+        return _load_saved(src)
     if src.builder == "hub":
         try:
             return datasets.load_dataset(
@@ -319,6 +345,8 @@ def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> dataset
             )
         except datasets.exceptions.DatasetNotFoundError as e:
             raise DatasetError(f"dataset not found: {src.uri} ({e})") from e
+        except (ConnectionError, LocalEntryNotFoundError) as e:  # offline, or the Hub not reached after 5 tries
+            raise _hub_unreachable(src, e) from e
         except ValueError as e:  # an unknown split, or files the Hub loader cannot read
             raise DatasetError(f"could not load {src.uri}: {e}") from e
     kwargs = {"chunksize": JSON_CHUNKSIZE} if src.builder == "json" else {}
@@ -342,6 +370,48 @@ def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> dataset
         if not isinstance(_root_cause(e), _DATA_ERRORS):
             raise
         raise _diagnose(src, e, storage_options) from e
+
+
+def _load_saved(src: _Source) -> datasets.Dataset:
+    """The Dataset of a folder `save_to_disk` wrote, or the split `src.split` (default `train`) of a DatasetDict's."""
+    try:
+        saved = datasets.load_from_disk(src.location)
+    except (OSError, ValueError, KeyError) as e:  # a folder with the markers but torn or foreign files
+        raise DatasetError(
+            f"could not load dataset {src.uri} with datasets.load_from_disk: {type(e).__name__}: {e}"
+        ) from e
+    if isinstance(saved, datasets.Dataset):
+        if src.split is not None:
+            raise DatasetError(
+                f"dataset {src.uri} is one saved Dataset, without splits; remove dataset.split ({src.split!r})"
+            )
+        return saved
+    split = src.split or "train"
+    if split not in saved:
+        raise DatasetError(
+            f"dataset {src.uri} (a saved DatasetDict) has no split {split!r}; its splits are "
+            f"{', '.join(map(repr, saved))}: set dataset.split to one of them"
+        )
+    return saved[split]
+
+
+def _hub_unreachable(src: _Source, error: BaseException | None = None) -> DatasetError:
+    """The one-line reason an hf:// dataset cannot be read here: the Hub is offline (HF_HUB_OFFLINE), or was not
+    reached (`error`, after `datasets`' own retries)."""
+    repo = "/".join(src.uri.split("://", 1)[1].split("/")[1:3])
+    local = f"hf download --repo-type dataset {repo} --local-dir DIR"
+    if hub_offline():
+        return DatasetError(
+            f"dataset {src.uri}: the Hugging Face Hub is offline (HF_HUB_OFFLINE=1), and hf:// datasets are read "
+            f"from the Hub at each ingest, not from a local cache; where it is reachable, download the files "
+            f"({local}) and give one of them as dataset.uri, or unset HF_HUB_OFFLINE"
+        )
+    cause = f"{type(error).__name__}: {error}" if error is not None else "no answer"
+    return DatasetError(
+        f"dataset {src.uri}: cannot reach the Hugging Face Hub at {hf_constants.ENDPOINT} ({cause}); check the "
+        f"network (and HF_ENDPOINT), or download the files where the Hub is reachable ({local}) and give one of "
+        "them as dataset.uri"
+    )
 
 
 def _root_cause(e: BaseException) -> BaseException:
@@ -410,9 +480,20 @@ def _finite_float(text: str) -> float:
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    # Arrow's reader refuses a key given twice in one object; pandas, which `datasets` tries next, says only
+    # "Trailing data at position 55".
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"key {key!r} appears twice in one object; keep one")
+        seen.add(key)
+    return dict(pairs)
+
+
 def _json_line_problem(text: str) -> str | None:
     try:
-        value = json.loads(text, parse_float=_finite_float)
+        value = json.loads(text, parse_float=_finite_float, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         return f"invalid JSON ({e.msg})"
     except ValueError as e:
@@ -452,8 +533,8 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
         problems.append(_missing_column(prompt_column, f"prompt column '{prompt_column}'", table.column_names))
     elif (prompt_format := _prompt_format(table[prompt_column].type)) is None:
         problems.append(_wrong_type(prompt_column, table[prompt_column].type))
-    elif prompt_format == "text" and (rows := _rows_note(_empty_text(table[prompt_column]))):
-        problems.append(f"prompt column '{prompt_column}' is null or empty in {rows}; fill them in or drop them")
+    elif prompt_format == "text":
+        problems += _text_prompt_problems(prompt_column, table[prompt_column])
     elif prompt_format == "chat" and (rows := _rows_note(_empty_chat(table[prompt_column]))):
         problems.append(
             f"prompt column '{prompt_column}' holds a null or empty message list, or a message without role or "
@@ -507,6 +588,16 @@ def _prompt_format(t: pa.DataType) -> str | None:
         if all(_is_string(fields.get(name, pa.null())) for name in ("role", "content")):
             return "chat"
     return None
+
+
+def _text_prompt_problems(name: str, column: pa.ChunkedArray) -> list[str]:
+    """Text prompts that are null or empty, and those of whitespace alone (no question for the model either)."""
+    problems = []
+    if rows := _rows_note(_empty_text(column)):
+        problems.append(f"prompt column '{name}' is null or empty in {rows}; fill them in or drop them")
+    if rows := _rows_note(pc.fill_null(pc.utf8_is_space(column), False)):  # false for "", true for " \t\n"
+        problems.append(f"prompt column '{name}' is only whitespace in {rows}; fill them in or drop them")
+    return problems
 
 
 def _empty_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -593,14 +684,36 @@ def _checked_source(
     """The source of `uri`, checked before any loader reads it: the holdout, the file, and its lines' size."""
     src = _resolve(uri, split)
     _check_holdout(holdout, uri)
-    if src.builder != "hub":
+    if src.builder == "hub" and hub_offline():
+        # `datasets` would look in this ingest's private cache, always empty, after a traceback's worth of tries.
+        raise _hub_unreachable(src)
+    if src.builder not in ("hub", "disk"):
         _check_file(src, storage_options)
     if src.builder in ("json", "csv"):
         try:
             _check_lines(src, max_row_bytes, storage_options)
+            if src.builder == "csv":
+                _check_csv_header(src, storage_options)
         except (EOFError, OSError, zlib.error, lzma.LZMAError):
             pass  # a corrupt or truncated archive: the loader fails on it too, and its diagnosis names the problem
     return src
+
+
+def _check_csv_header(src: _Source, storage_options: dict | None) -> None:
+    """Refuses a CSV header that names a column twice: pandas, under `datasets`' CSV loader, would rename the second
+    `prompt.1` and load both without a word, so a reward could read the wrong one."""
+    with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
+        first = f.readline()  # at most max_row_bytes long, `_check_lines` saw to that
+    try:
+        header = next(csv.reader([first.removeprefix(b"\xef\xbb\xbf").decode("utf-8")]), [])
+    except (UnicodeDecodeError, csv.Error):
+        return  # the loader fails on it, and its diagnosis names the line
+    repeated = [name for name, count in collections.Counter(header).items() if count > 1]
+    if repeated:
+        raise DatasetError(
+            f"dataset {src.uri}: the CSV header repeats column(s) {', '.join(map(repr, repeated))}; the loader would "
+            f"rename the repeats ('{repeated[0]}.1') and read both: rename or drop them"
+        )
 
 
 def ingest_dataset(
@@ -622,7 +735,8 @@ def ingest_dataset(
     Args:
         uri (`str`):
             A local path, `file:///path`, `s3://bucket/key`, or `hf://datasets/<owner>/<name>[/<split>]`. Files are
-            `.jsonl`/`.json`, `.csv` or `.parquet` (JSON and CSV may be compressed, e.g. `.jsonl.gz`).
+            `.jsonl`/`.json`, `.csv` or `.parquet` (JSON and CSV may be compressed, e.g. `.jsonl.gz`); a local
+            folder may be one `datasets`' `save_to_disk` wrote.
         dest (`Path`):
             The folder to save to (created; replaced if it exists). Temporary files go beside it.
         prompt_column (`str`, *optional*, defaults to `"prompt"`):
@@ -635,7 +749,8 @@ def ingest_dataset(
         seed (`int`, *optional*, defaults to `42`):
             Seed of the holdout shuffle; the same seed and data give the same split.
         split (`str`, *optional*):
-            The split of an `hf://datasets/` repo (default `"train"`); not allowed with files.
+            The split of an `hf://datasets/` repo or of a saved DatasetDict (default `"train"`); not allowed with
+            files.
         storage_options (`dict`, *optional*):
             fsspec options for remote sources (e.g. `{"key": ..., "secret": ..., "endpoint_url": ...}` for s3).
         max_row_bytes (`int`, *optional*, defaults to `1_000_000`):

@@ -23,8 +23,14 @@ from grpoflow.trainers.architecture import adapter_summary
 from grpoflow.trainers.budget import budget_callback, budget_summary, spent
 from grpoflow.trainers.held_out import held_out_args, held_out_trainer, selected_step
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.launch import REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, record_exit
-from grpoflow.trainers.metrics import metrics_file_callback, truncate_metrics
+from grpoflow.trainers.launch import (
+    DIVERGED_EXIT,
+    REWARD_FAILED_EXIT,
+    SETUP_ERROR_EXIT,
+    TrainingDiverged,
+    record_exit,
+)
+from grpoflow.trainers.metrics import finite_callback, metrics_file_callback, truncate_metrics
 from grpoflow.trainers.modeling import (
     SetupError,
     check_accelerators,
@@ -197,6 +203,15 @@ def resume_checkpoint(job: JobDir, tidy: bool = True) -> str | None:
     return None
 
 
+def remove_torn_checkpoints(job: JobDir) -> None:
+    """Removes the checkpoints a failed save left torn (a full disk): they only hold space, which the user is about to
+    be asked to free, and a resume would skip them."""
+    for path in job.checkpoints.glob("checkpoint-*"):
+        if path.name.rsplit("-", 1)[-1].isdigit() and not intact_checkpoint(path):
+            print(f"grpoflow: removing torn checkpoint {path.name}", file=sys.stderr)
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def checkpoint_step(path: str | Path) -> int:
     """The global step a `checkpoint-N` folder was saved at."""
     return int(Path(path).name.rsplit("-", 1)[-1])
@@ -281,6 +296,7 @@ def main(job_root: str) -> int:
     if agents:
         tokenizer = tool_tokenizer(tokenizer, spec.base_model)
     budget = budget_callback(job, spec)  # budget.max_training_hours: stops at a checkpoint when reached
+    finite = finite_callback("hyperparameters.learning_rate", hp.learning_rate)  # NaN or inf: stops, names the rate
     trainer_class = grpo_trainer_class(hp.skip_zero_variance_groups)
     if held_out is not None:
         trainer_class = held_out_trainer(trainer_class, spec, held_out)
@@ -293,7 +309,7 @@ def main(job_root: str) -> int:
         processing_class=tokenizer,
         peft_config=peft,
         quantization_config=quantization,
-        callbacks=[metrics_file_callback(job.metrics), budget],
+        callbacks=[metrics_file_callback(job.metrics), finite, budget],
         **agents,
     )
     trainer.reward_func_names[: len(spec.rewards)] = [r.name for r in spec.rewards]  # TRL names a model by its path
@@ -366,12 +382,19 @@ def cli(argv=None) -> int:
         traceback.print_exception(e)
         print(f"grpoflow: {e}", file=sys.stderr, flush=True)
         return record_exit(JobDir(Path(args.job_dir)), REWARD_FAILED_EXIT, str(e))
+    except TrainingDiverged as e:
+        # Exit code 4: the task stops the run as its health monitor would; a retry would resume into the same NaNs.
+        print(f"grpoflow: {e}", file=sys.stderr, flush=True)
+        return record_exit(JobDir(Path(args.job_dir)), DIVERGED_EXIT, str(e))
     except Exception as e:
-        if (problem := setup_problem(e)) is None:
+        job = JobDir(Path(args.job_dir))
+        if (problem := setup_problem(e, job.root)) is None:
             raise
         # Exit code 2 tells the calling task that a retry cannot help.
         print(f"grpoflow: {problem}", file=sys.stderr)
-        return record_exit(JobDir(Path(args.job_dir)), SETUP_ERROR_EXIT, problem)
+        if os.environ.get("RANK", "0") == "0":
+            remove_torn_checkpoints(job)
+        return record_exit(job, SETUP_ERROR_EXIT, problem)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ evidence and what to do about it:
 - `reward_unscored`: one reward returned None for every completion over the window (it adds nothing);
 - `non_finite`: `loss` or `grad_norm` is NaN or inf (metrics.jsonl writes them as null): the weights are, or are about
   to be, non-finite, and no later step can recover. It is in `FATAL`: the run stops whatever `stop_on_alert` says.
+  The training child checks the same, and its weights, at every step (`grpoflow.trainers.metrics.finite_callback`),
+  stopping itself before the next step's generation fails on them; the training task turns that stop into this
+  alert.
 
 The training task adds `stall` (no new step for a long while: tasks/train.py's watchdog), which needs a clock, not
 the metric series.
@@ -89,6 +92,10 @@ KL_KEEP_PACE = 0.75
 FATAL = frozenset({"non_finite"})
 # The metrics whose non-finite value is fatal; null in metrics.jsonl is how a NaN or inf was logged.
 _MUST_BE_FINITE = ("loss", "grad_norm")
+NON_FINITE_ADVICE = (
+    "Lower learning_rate (by 10x or more; LoRA wants ~2e-5, full fine-tuning ~1e-6), and check the rewards' "
+    "scale; resume only from a checkpoint saved before this step."
+)
 
 
 @dataclass
@@ -314,12 +321,10 @@ class HealthMonitor:
         if not bad:
             return None
         names = " and ".join(bad)
-        message = f"{names} is not finite (NaN or inf) at step {step}: the update diverged and cannot recover."
-        advice = (
-            "Lower learning_rate (by 10x or more; LoRA wants ~2e-5, full fine-tuning ~1e-6), and check the rewards' "
-            "scale; resume only from a checkpoint saved before this step."
-        )
-        return Alert("non_finite", step, message, {"non_finite": bad, "loss": values.get("loss")}, advice)
+        rate = values.get("learning_rate")
+        at = f" with learning rate {rate:g} (hyperparameters.learning_rate)" if _finite(rate) else ""
+        message = f"{names} is not finite (NaN or inf) at step {step}{at}: the update diverged and cannot recover."
+        return Alert("non_finite", step, message, {"non_finite": bad, "loss": values.get("loss")}, NON_FINITE_ADVICE)
 
     # --- no learning signal ------------------------------------------------------------------------------------------
 

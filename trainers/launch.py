@@ -4,10 +4,12 @@
 JOB_DIR` (under `accelerate launch` when gpu_count > 1, with TRL's accelerate config for the spec's
 `distributed.strategy`) in its own process group with its output in `logs/`, calls `poll()` every
 half second while it runs (a reason it returns stops the child), and turns its exit code into the outcome: exit 2 is
-a setup problem no retry can fix (`TrainingSetupError`), exit 3 a reward that failed during training (`RewardFailed`:
-the user's reward raised, hung or returned a bad value; a retry would meet it again), exit 0 without the child's
-result file a child ended early by something inside it (`ChildEndedEarly`, e.g. a reward that ends the process with
-`os._exit`), any other failure a `RuntimeError` that a retry may cure. No Prefect here: the tasks in `tasks/` wrap it.
+a setup problem no retry can fix (`TrainingSetupError`; a full disk or read-only job folder too), exit 3 a reward
+that failed during training (`RewardFailed`: the user's reward raised, hung or returned a bad value; a retry would
+meet it again), exit 4 a run that diverged (NaN or inf loss, gradient or weights: `TrainingStopped`, as a health
+monitor stop; a retry would resume into it), exit 0 without the child's result file a child ended early by something
+inside it (`ChildEndedEarly`, e.g. a reward that ends the process with `os._exit`), any other failure a
+`RuntimeError` that a retry may cure. No Prefect here: the tasks in `tasks/` wrap it.
 """
 
 import contextlib
@@ -30,6 +32,8 @@ from grpoflow.trainers.jobdir import JobDir
 
 SETUP_ERROR_EXIT = 2
 REWARD_FAILED_EXIT = 3
+DIVERGED_EXIT = 4
+ON_PURPOSE_EXITS = (SETUP_ERROR_EXIT, REWARD_FAILED_EXIT, DIVERGED_EXIT)  # the codes a child records (`record_exit`)
 POLL_SECONDS = 0.5
 STAGE_NAMES = {"grpoflow.trainers.sft": "SFT warm-up", "grpoflow.trainers.grpo": "training"}  # for messages
 # The accelerate config TRL ships for each `distributed.strategy` (trl/accelerate_configs/); ddp needs none.
@@ -53,6 +57,12 @@ class TrainingStopped(RuntimeError):
 class RewardFailed(RuntimeError):
     """A reward raised, hung or returned a bad value during training (the child's exit code 3): the user's reward,
     not a crash, so retrying would meet it again. The message names the reward and the step."""
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised in a training child when the loss, the gradient norm or the trained weights became NaN or inf
+    (`grpoflow.trainers.metrics.finite_callback`): no later step recovers, so the child exits `DIVERGED_EXIT` and the
+    task stops the run, naming the learning rate, without a retry."""
 
 
 class ChildEndedEarly(RuntimeError):
@@ -178,8 +188,14 @@ def _recorded_exit(job: JobDir) -> dict | None:
         record = json.loads((job.root / EXIT_RECORD).read_text())
     except (OSError, ValueError):
         return None
-    stopped_on_purpose = isinstance(record, dict) and record.get("code") in (SETUP_ERROR_EXIT, REWARD_FAILED_EXIT)
+    stopped_on_purpose = isinstance(record, dict) and record.get("code") in ON_PURPOSE_EXITS
     return record if stopped_on_purpose else None
+
+
+def recorded_divergence(job: JobDir) -> str | None:
+    """The message of a child that stopped itself on NaN or inf (its exit record says `DIVERGED_EXIT`), else None."""
+    record = _recorded_exit(job)
+    return record["message"] if record and record["code"] == DIVERGED_EXIT else None
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -252,7 +268,7 @@ def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir | None = None) -> None:
     """Turns the child's exit code into the outcome, with the end of its log in the message. Under `accelerate
-    launch` a rank's exit 2 or 3 reaches here as 1: the child's exit record in `job` (`record_exit`) says which."""
+    launch` a rank's exit 2, 3 or 4 reaches here as 1: the child's exit record in `job` (`record_exit`) says which."""
     if proc.returncode == 0:
         return
     tail = _tail(log_path)
@@ -267,6 +283,9 @@ def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir |
         reasons = [line.removeprefix("grpoflow: ") for line in tail.splitlines() if line.startswith("grpoflow: ")]
         reason = record["message"] if record else reasons[-1] if reasons else f"a reward failed in {stage}"
         raise RewardFailed(f"{reason} (traceback in {log_path})")
+    if code == DIVERGED_EXIT:
+        reason = record["message"] if record else f"{stage} diverged (NaN or inf)"
+        raise TrainingStopped(f"stopped by the health monitor: {reason} (log: {log_path})")
     raise RuntimeError(
         f"{stage} child {exit_reason(proc.returncode)}. Last lines of its log: {last_lines(log_path)}. The stage is "
         f"retried while its retries last (GRPO resumes from its newest checkpoint); the whole log is {log_path}."
@@ -300,7 +319,8 @@ def run_child(
 
     Raises:
         `TrainingSetupError`: the child exited 2 (a setup problem). `RewardFailed`: it exited 3 (a reward failed).
-        `ChildEndedEarly`: it exited 0 without `result`. `RuntimeError`: any other failure.
+        `TrainingStopped`: it exited 4 (training diverged). `ChildEndedEarly`: it exited 0 without `result`.
+        `RuntimeError`: any other failure.
     """
     log_path = job.logs / log_name
     started = time.monotonic()

@@ -1,11 +1,12 @@
-"""Per-step metrics: a `TrainerCallback` that appends each of TRL's log records to `metrics.jsonl`.
+"""Per-step metrics: a `TrainerCallback` that appends each of TRL's log records to `metrics.jsonl`, and one that stops
+a run whose loss, gradient or weights became NaN or inf (`finite_callback`).
 
 One line per optimizer step, `{"step": n, "values": {...}}`, with everything TRL logs (reward, reward_std, loss,
 completions/mean_length, entropy, kl when beta > 0, rewards/<name>/mean, ...) and, at the steps with a held-out
 evaluation, `eval/<metric>` and `eval/seconds`. On resume from checkpoint N, the
 lines after step N are dropped first, so each step appears exactly once.
 
-Reading needs nothing heavy; the callback (`metrics_file_callback`) imports transformers only when it is built.
+Reading needs nothing heavy; the callbacks import transformers (and torch) only when they are built.
 """
 
 import json
@@ -124,3 +125,45 @@ def metrics_file_callback(path: Path):
                 f.write(json.dumps({"step": state.global_step, "values": values}) + "\n")
 
     return _MetricsFileCallback()
+
+
+def finite_callback(field: str, learning_rate: float):
+    """A `TrainerCallback` that stops training at the first logged step whose loss or gradient norm is NaN or inf, or
+    after which the trained weights are, raising `grpoflow.trainers.launch.TrainingDiverged` that names `field` (the
+    spec's learning rate) and its value: no later step recovers, and without it the next step's generation fails
+    on the NaN probabilities with a torch error that says nothing of the rate (and every retry resumes into it).
+
+    Runs in `on_log`, which the Trainer calls every step (logging_steps=1) before it saves a checkpoint, so no
+    non-finite checkpoint is written. The weights are checked by one sum per trained tensor (no copy of them)."""
+    from transformers import TrainerCallback
+
+    from grpoflow.trainers.launch import TrainingDiverged
+
+    class _FiniteCallback(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+            if not logs or not {"loss", "grad_norm"} & logs.keys():
+                return  # an evaluation's or the end-of-training record
+            bad = [k for k in ("loss", "grad_norm") if isinstance(logs.get(k), float) and not math.isfinite(logs[k])]
+            if not bad and model is not None and not weights_finite(model):
+                bad = ["the weights"]
+            if bad:
+                raise TrainingDiverged(
+                    f"{field}: training diverged at step {state.global_step}: {' and '.join(bad)} became NaN or inf "
+                    f"with {field.rsplit('.', 1)[-1]} {learning_rate:g}; lower it (by 10x or more; LoRA wants ~2e-5, "
+                    "full fine-tuning ~1e-6) and check the rewards' scale"
+                )
+
+    return _FiniteCallback()
+
+
+def weights_finite(model) -> bool:
+    """Whether every trained (requires_grad) parameter of `model` is finite: one sum per tensor, one device sync.
+    A sharded parameter (FSDP2's DTensor) is summed over its local shard."""
+    import torch
+
+    sums = [
+        (p.to_local() if hasattr(p, "to_local") else p).detach().sum(dtype=torch.float32)
+        for p in model.parameters()
+        if p.requires_grad
+    ]
+    return not sums or bool(torch.isfinite(torch.stack([s.to(sums[0].device) for s in sums])).all())

@@ -1,8 +1,12 @@
 """Model-side glue shared by the SFT, GRPO, merge and evaluation stages: dtype, LoRA/QLoRA configs, tokenizer,
 prompt formatting, and the checks for the optional accelerators (Unsloth, Liger)."""
 
+import errno
 import importlib.util
+import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 from grpoflow.trainers.tiny import resolve_model_path
@@ -79,10 +83,60 @@ def model_problem(model_id: str, field: str = "base_model") -> str | None:
     return None
 
 
+def weights_problem(model_id: str, field: str = "base_model") -> str | None:
+    """Why the local model folder `model_id` (which holds config.json) cannot be loaded: none of `WEIGHT_FILES` in it
+    (a config and tokenizer saved without the model). None when it has weights, or is no local folder."""
+    path = Path(model_id).expanduser()
+    if not is_local_model(model_id) or not path.is_dir() or any((path / name).is_file() for name in WEIGHT_FILES):
+        return None
+    return (
+        f"{field}: {model_id} holds config.json but no weights (looked for {', '.join(WEIGHT_FILES)}); give the "
+        "folder the model's save_pretrained wrote, with its weights"
+    )
+
+
+def causal_lm_problem(config: dict, model_id: str, field: str = "base_model") -> str | None:
+    """Why the model whose config.json is `config` is not one GRPO can train: an encoder-decoder (T5, BART), or a
+    model_type transformers' `AutoModelForCausalLM` does not load. None for a causal LM, or when config.json does
+    not say (no model_type): transformers' own error then comes in the training child."""
+    model_type, architectures = config.get("model_type"), config.get("architectures") or []
+    names = ", ".join(str(name) for name in architectures) or f"model_type {model_type}"
+    seq2seq = config.get("is_encoder_decoder") is True
+    if not seq2seq:
+        if not isinstance(model_type, str) or "AutoModelForCausalLM" in (config.get("auto_map") or {}):
+            return None
+        if architectures and all(str(name).endswith("ForCausalLM") for name in architectures):
+            return None  # the usual case, told without importing transformers' model tables (and torch)
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return None
+    what = "an encoder-decoder (seq2seq) model" if seq2seq else "not a causal language model"
+    return (
+        f"{field}: {model_id} is {names} (config.json), {what}; GRPO needs a causal LM, one transformers' "
+        "AutoModelForCausalLM loads (decoder-only: Llama, Qwen, Mistral, GPT-2, ...)"
+    )
+
+
+def local_config(model_id: str) -> dict | None:
+    """config.json of the model `model_id`, from its local folder or the local Hugging Face cache; None when it is
+    not here or not a JSON object."""
+    path = Path(model_id).expanduser() / "config.json" if is_local_model(model_id) else None
+    path = path or cached_hub_file(model_id, "config.json")
+    try:
+        config = json.loads(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def check_model(model_id: str) -> None:
-    """Raises `SetupError` when the model cannot be loaded here (see `model_problem`), before a training child spends
-    its imports and the trainer's setup on finding out."""
-    if problem := model_problem(model_id):
+    """Raises `SetupError` when the model cannot be loaded here (see `model_problem`, `weights_problem`) or is not a
+    causal LM (`causal_lm_problem`), before a training child spends its imports and the trainer's setup on finding
+    out."""
+    config = local_config(model_id)
+    problem = model_problem(model_id) or weights_problem(model_id)
+    if problem or (config is not None and (problem := causal_lm_problem(config, model_id))):
         raise SetupError(problem)
 
 
@@ -101,13 +155,70 @@ def final_hub_error(error: BaseException) -> bool:
     return False
 
 
-def setup_problem(error: BaseException) -> str | None:
-    """The message of a training child's failure that a retry cannot cure (its exit code 2): a `SetupError`, or a
-    model load from the Hub that will fail again (see `final_hub_error`); None for a crash or a transient error."""
+def setup_problem(error: BaseException, folder: Path | None = None) -> str | None:
+    """The message of a training child's failure that a retry cannot cure (its exit code 2): a `SetupError`, a spec
+    this machine rejects (a package it lacks), a model load from the Hub that will fail again (see
+    `final_hub_error`), or a write into the job folder `folder` that failed for want of space or permission (see
+    `write_problem`); None for a crash or a transient error."""
+    from grpoflow.trainers.spec import SpecError
+
     if isinstance(error, SetupError):
         return str(error)
+    if isinstance(error, SpecError):  # valid where it was validated, not here: a package of the spec's is missing
+        return f"the job's spec.yaml is rejected on this machine: {'; '.join(error.problems)}"
     if isinstance(error, OSError) and final_hub_error(error):
         return f"base_model: {error}"
+    return write_problem(error, folder) if folder is not None else None
+
+
+# A write that fails the same way on every retry: the disk or the quota is full, or the folder cannot be written.
+WRITE_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+}
+# How torch.save (its C++ stream) and safetensors (Rust) report a full disk, without an errno.
+_DISK_FULL_WORDS = re.compile(r"iostream error|failed writing file|file write failed|StorageFull|No space left|quota")
+LOW_SPACE_BYTES = 256 << 20  # below this, a library's write failure is read as the disk being full
+
+
+def size_in_words(size: float) -> str:
+    """A size in bytes as one reads it: "812.0 kB", "5.3 MB", "1.2 GB"."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 1e3:.1f} kB"
+
+
+def _disk_usage(path: Path):
+    """`shutil.disk_usage` of `path`'s file system, read at its nearest existing parent."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path)
+
+
+def free_space(path: Path) -> str:
+    """`path`'s file system's free space in words ("1.2 GB free of 50.0 GB")."""
+    usage = _disk_usage(path)
+    return f"{size_in_words(usage.free)} free of {size_in_words(usage.total)}"
+
+
+def write_problem(error: BaseException, folder: Path) -> str | None:
+    """The one-line message of a write into `folder` (the job folder) that a retry would meet again: an OSError whose
+    errno is in `WRITE_ERRNOS` on a path in it, or a library's write failure while its disk is (nearly) full. It names
+    the path and the free space. None for any other error."""
+    folder = Path(folder).absolute()
+    fix = f"free space there (or make it writable), then resume: grpoflow run SPEC --resume {folder.name}"
+    while error is not None:
+        path = Path(error.filename).absolute() if isinstance(error, OSError) and error.filename else folder
+        inside = path == folder or folder in path.parents
+        if isinstance(error, OSError) and error.errno in WRITE_ERRNOS and inside:
+            return f"output_uri: cannot write {path}: {WRITE_ERRNOS[error.errno]} ({free_space(path)}); {fix}"
+        if _DISK_FULL_WORDS.search(str(error)) and _disk_usage(folder).free < LOW_SPACE_BYTES:
+            return f"output_uri: cannot write into {folder}: the disk is full ({free_space(folder)}); {fix}"
+        error = error.__cause__ or error.__context__
     return None
 
 

@@ -2,11 +2,13 @@
 
 `grpoflow validate` runs it after the spec loads, and `grpoflow run` and `grpoflow submit` before anything starts or
 is sent. It loads no weights and needs no torch (a reward module may import it): the model folder or Hub cache holds
-config.json, the architecture's rules read from that config, the tokenizer has a chat template when the prompts need
-one, the dataset opens and has its columns (checked as the ingest checks it, nothing saved), the rewards import
-and pass the dry run on a few rows, and the tools and environment import and pass theirs on a row. Two exceptions,
-both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU to score the
-sample, and an `llm_judge` calls its endpoint. By hand:
+config.json and weights, that config names a causal LM (transformers' table of them, which imports torch, is read
+only for architectures not named *ForCausalLM), the architecture's rules read from that config, the tokenizer has a
+chat template when the prompts need one, a local output root can be written and has room for a checkpoint and the
+trained model, the dataset opens and has its columns (checked as the ingest checks it, nothing saved), the rewards
+import and pass the dry run on a few rows, and the tools and environment import and pass theirs on a row. Two
+exceptions, both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU
+to score the sample, and an `llm_judge` calls its endpoint. By hand:
 
     python -m grpoflow.trainers.preflight examples/arithmetic.yaml
 
@@ -16,13 +18,26 @@ once. A new check is one function and one line in `CHECKS`.
 """
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpoflow.trainers.modeling import cached_hub_file, chat_template_problem, is_local_model, model_problem
+from grpoflow.trainers.modeling import (
+    WEIGHT_FILES,
+    cached_hub_file,
+    causal_lm_problem,
+    chat_template_problem,
+    free_space,
+    is_local_model,
+    model_problem,
+    size_in_words,
+    weights_problem,
+)
 from grpoflow.trainers.spec import LIGER_UNSUPPORTED, JobSpec, model_family
 from grpoflow.trainers.tiny import is_builtin, resolve_model_path
 
@@ -41,13 +56,15 @@ class Preflight:
     prompt_format: str | None = None  # "text" or "chat", once the dataset opened
     sample: Any = None  # a few training rows (a `datasets.Dataset`), once the dataset opened
     tokenizer: Any = None  # the model's tokenizer, when it loads from a local folder (no weights, no download)
+    causal_lm: bool = True  # False once check_causal_lm found it is not (the checks that build the model skip it)
 
 
 # --- the model -------------------------------------------------------------------------------------------------------
 
 
 def check_model(p: Preflight) -> list[str]:
-    """A local folder exists and holds config.json; a Hub id is in the local cache when offline, else a warning."""
+    """A local folder exists and holds config.json and weights; a Hub id is in the local cache when offline, else a
+    warning."""
     base = p.spec.base_model
     if is_builtin(base):
         try:
@@ -72,7 +89,17 @@ def check_model(p: Preflight) -> list[str]:
     if not isinstance(p.config, dict):
         p.config = None
         return [f"base_model: {p.model_dir / 'config.json'} is not a JSON object"]
-    return []
+    # The folder stays p.model_dir: its tokenizer and config are still worth checking, for every problem at once.
+    return [problem] if (problem := weights_problem(base)) else []
+
+
+def check_causal_lm(p: Preflight) -> list[str]:
+    """config.json says a causal LM (GRPO generates with it and scores its tokens): not T5 or another
+    encoder-decoder, nor a model AutoModelForCausalLM does not load."""
+    if p.config is None or (problem := causal_lm_problem(p.config, p.spec.base_model)) is None:
+        return []
+    p.causal_lm = False
+    return [problem]
 
 
 def check_architecture(p: Preflight) -> list[str]:
@@ -94,7 +121,8 @@ def check_lora_targets(p: Preflight) -> list[str]:
     """hyperparameters.lora_target_modules names modules the model has (its config built on the meta device)."""
     hp = p.spec.hyperparameters
     if (
-        hp.lora_rank is None
+        not p.causal_lm
+        or hp.lora_rank is None
         or hp.lora_target_modules is None
         or p.model_dir is None
         and not is_builtin(p.spec.base_model)
@@ -394,11 +422,92 @@ def check_agents(p: Preflight) -> list[str]:
     return problems
 
 
+# --- the output root -------------------------------------------------------------------------------------------------
+
+ADAM_BYTES_PER_PARAMETER = 8  # a full fine-tune's checkpoint holds Adam's two float32 moments of every weight
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _weights_bytes(folder: Path) -> int:
+    """The size of the model's weights in `folder` (its weight file, or what its shard index says); 0 if unknown."""
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return path.stat().st_size
+        try:
+            size = json.loads(path.read_text()).get("metadata", {}).get("total_size")
+        except (OSError, ValueError, AttributeError):
+            return 0
+        return size if isinstance(size, int) else 0
+    return 0
+
+
+def space_needed(p: Preflight) -> tuple[int, str]:
+    """Bytes the job folder needs at least, and how they were estimated: one checkpoint (for a full fine-tune, the
+    weights and Adam's moments; a LoRA adapter's is small) and the trained model. (0, "") when the model's files are
+    not here to size."""
+    folder = _local_model_dir(p)
+    weights = _weights_bytes(folder) if folder is not None else 0
+    if not weights:
+        return 0, ""
+    config = p.config or {}
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    parameters = weights // _DTYPE_BYTES.get(dtype, 4)
+    source = f"estimated from {p.spec.base_model}'s {size_in_words(weights)} of weights"
+    if p.spec.hyperparameters.lora_rank is not None:
+        return weights, f"the merged model, {source}"
+    checkpoint = weights + ADAM_BYTES_PER_PARAMETER * parameters
+    how = f"one checkpoint of {size_in_words(checkpoint)} (the weights and Adam's moments) and the trained model"
+    return checkpoint + weights, f"{how}, {source}"
+
+
+def _nearest_folder(path: Path) -> Path:
+    """`path`, or its nearest parent that exists: where a run would create the rest."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_root(p: Preflight) -> list[str]:
+    """A local output_uri can be written (a probe file is made and removed there, or in the nearest folder above it
+    that exists) and has room for what training writes (`space_needed`): a full disk or a read-only root would
+    otherwise fail at the first checkpoint. A remote one's jobs run in a worker's staging folder, not checked here."""
+    from grpoflow.trainers.uris import is_remote
+
+    uri = p.spec.output_uri
+    if is_remote(uri):
+        return []
+    root = Path(uri).expanduser().absolute()
+    folder = _nearest_folder(root)
+    at = uri if folder == root else f"{uri}: {folder}"  # the folder a run would write in first
+    if not folder.is_dir():
+        return [f"output_uri: {at} is not a folder; give a folder (or a path one can be made at)"]
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".grpoflow-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as e:
+        return [
+            f"output_uri: {at} cannot be written ({e.strerror or e}); make it writable, or choose another output_uri"
+        ]
+    need, how = space_needed(p)
+    if need and shutil.disk_usage(folder).free < need:
+        return [
+            f"output_uri: {at} has {free_space(folder)}, less than the {size_in_words(need)} the job needs at least: "
+            f"{how}; free space there, or choose another output_uri"
+        ]
+    return []
+
+
 # In order: a check may use what the ones before it found (the model's folder, the built rewards, the dataset rows).
 CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_model,
+    check_causal_lm,
     check_architecture,
     check_lora_targets,
+    check_output_root,
     check_rewards_build,
     check_dataset,
     check_chat_template,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from grpoflow.trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
 from grpoflow.trainers.jobdir import JobDir, replace_dir
-from grpoflow.trainers.launch import SETUP_ERROR_EXIT, record_exit
-from grpoflow.trainers.metrics import metrics_file_callback
+from grpoflow.trainers.launch import DIVERGED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged, record_exit
+from grpoflow.trainers.metrics import finite_callback, metrics_file_callback
 from grpoflow.trainers.modeling import (
     SetupError,
     check_accelerators,
@@ -125,7 +125,10 @@ def main(job_root: str) -> int:
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora_config(spec.hyperparameters, model_path),
-        callbacks=[metrics_file_callback(job.root / "sft_metrics.jsonl")],
+        callbacks=[
+            metrics_file_callback(job.root / "sft_metrics.jsonl"),
+            finite_callback("sft.learning_rate", spec.sft.learning_rate),  # NaN or inf: stops, naming the rate
+        ],
     )
 
     # --- train
@@ -153,8 +156,11 @@ def cli(argv=None) -> int:
     print(f"grpoflow: grpoflow.trainers.sft started on {args.job_dir}", flush=True)  # one line per child start
     try:
         return main(args.job_dir)
+    except TrainingDiverged as e:  # exit code 4: stopped as the health monitor stops a run, not retried
+        print(f"grpoflow: {e}", file=sys.stderr, flush=True)
+        return record_exit(JobDir(Path(args.job_dir)), DIVERGED_EXIT, str(e))
     except Exception as e:
-        if (problem := setup_problem(e)) is None:
+        if (problem := setup_problem(e, Path(args.job_dir))) is None:
             raise
         print(f"grpoflow: {problem}", file=sys.stderr)  # exit code 2: a retry cannot help
         return record_exit(JobDir(Path(args.job_dir)), SETUP_ERROR_EXIT, problem)

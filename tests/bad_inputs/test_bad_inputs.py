@@ -156,6 +156,39 @@ def model_with_learned_positions(case: Path) -> dict:
     return {}
 
 
+def model_without_weights(case: Path) -> dict:
+    tiny_model_copy(case, ("model.safetensors",))  # config and tokenizer, as a save without the model leaves them
+    return {}
+
+
+def seq2seq_model(case: Path) -> dict:
+    # A tiny T5, an encoder-decoder, with builtin:tiny's tokenizer beside it: what GRPO cannot train.
+    from transformers import AutoModelForSeq2SeqLM, T5Config
+
+    model = tiny_model_copy(case, ("config.json", "model.safetensors"))
+    config = T5Config(vocab_size=64, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(model)
+    return {}
+
+
+def saved_dataset_dict(case: Path) -> dict:
+    import datasets
+
+    rows = datasets.load_dataset("json", data_files=str(HERE / "datasets" / "good.jsonl"), split="train")
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(case / "saved"))
+    return {"dataset": case / "saved"}
+
+
+def read_only_root(case: Path) -> dict:
+    (case / "runs").mkdir(mode=0o555)
+    return {}
+
+
+def root_inside_a_file(case: Path) -> dict:
+    (case / "runs.txt").write_text("not a folder\n")
+    return {"root": case / "runs.txt" / "runs"}
+
+
 def dataset_linked_to_a_system_file(case: Path) -> dict:
     (case / "data.csv").symlink_to("/etc/passwd")  # a name with a data extension, the content of a system file
     return {"dataset": case / "data.csv"}
@@ -181,6 +214,11 @@ MAKERS = {
         model_without_chat_template,
         causal_lm_as_reward_model,
         model_with_learned_positions,
+        model_without_weights,
+        seq2seq_model,
+        saved_dataset_dict,
+        read_only_root,
+        root_inside_a_file,
     )
 }
 
@@ -253,7 +291,7 @@ def test_bad_input_is_rejected(case, tmp_path, monkeypatch, request):
         values.update(MAKERS[case["make"]](folder))
     monkeypatch.delenv("GRPOFLOW_OUTPUT_URI", raising=False)
     for name, value in case.get("env", {}).items():
-        monkeypatch.setenv(name, value)
+        monkeypatch.setenv(name, fill(value, values))
     if case.get("flow"):
         request.getfixturevalue("prefect_server")
         no_training(monkeypatch)

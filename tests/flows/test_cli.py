@@ -68,7 +68,7 @@ def test_usage_mistakes_exit_2(make_spec, argv, message):
 def test_run_rejects_bad_dataset(tmp_path, make_spec, rows, message):
     write_jsonl(tmp_path / "arith.jsonl", rows)
     code, out, err = cli("run", make_spec(), "--json")
-    assert code == 2 and out == ""
+    assert code == 2 and json.loads(out)["status"] == "rejected"
     assert message in err and "Traceback" not in err
     assert not any((tmp_path / "runs").glob("*/spec.yaml"))  # no half-written job folder
 
@@ -123,7 +123,7 @@ def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypa
     spec = make_spec(base_model=str(tmp_path / "no-such-model"))
     for command in ("validate", "run"):
         code, out, err = cli(command, spec, "--json")
-        assert code == 2 and out == "", err
+        assert code == 2 and json.loads(out)["status"] == "rejected", err
         assert f"base_model: {tmp_path / 'no-such-model'} does not exist" in err and "Traceback" not in err
     assert booting.calls == ["stop"]  # by run, once; validate starts none
     assert not (tmp_path / "runs").exists()
@@ -262,8 +262,35 @@ def test_unknown_job_exits_1(finished_job):
 
 
 def test_metrics_unknown_key(finished_job):
-    code, _, err = cli("--output-uri", str(finished_job.parent), "metrics", finished_job.name, "--keys", "rewrd")
-    assert code == 2 and "rewrd" in err and "reward" in err
+    code, out, err = cli("--output-uri", str(finished_job.parent), "metrics", finished_job.name, "--keys", "rewrd")
+    assert code == 2 and "rewrd" in err and "reward" in err and out == ""
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_metrics_prints_the_keys_the_job_has_and_names_those_it_lacks(finished_job, json_flag):
+    # kl is logged only with kl_coef > 0: `--keys reward,kl` printed nothing at all, exit 2.
+    root = str(finished_job.parent)
+    code, out, err = cli("--output-uri", root, "metrics", finished_job.name, "--keys", "reward,kl,x", *json_flag)
+    assert code == 0, err
+    assert err == "warning: unknown metric key(s) kl, x; this job logged: entropy, loss, reward\n"
+    if json_flag:
+        assert json.loads(out) == {"metrics": [{"step": s, "values": {"reward": s / 10}} for s in (1, 2, 3)]}
+    else:
+        assert out.splitlines() == [f"step {s:>5}  reward={s / 10:g}" for s in (1, 2, 3)]
+
+
+def test_json_answers_on_stdout_when_the_spec_is_rejected(make_spec):
+    # A script reading `--json` got nothing on stdout; the message stays on stderr for the person.
+    spec = make_spec(hyperparameters={"rollouts_per_prompt": 1, "temperature": 1e-300})
+    for command in ("validate", "run"):
+        code, out, err = cli(command, spec, "--json")
+        assert code == 2
+        answer = json.loads(out)
+        assert answer["status"] == "rejected" and len(answer["problems"]) == 2
+        assert answer["problems"][0].startswith("hyperparameters.rollouts_per_prompt: must be >= 2")
+        assert all(problem in err for problem in answer["problems"]) and "Traceback" not in err
+    code, out, _ = cli("validate", spec)  # without --json, stdout stays empty
+    assert code == 2 and out == ""
 
 
 # --- no Prefect where none is needed
@@ -347,3 +374,43 @@ def test_python_dash_m_cli_maps_the_clis_own_errors(tmp_path):
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "grpoflow: deploy: give the JOB_ID" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- a reader that stops early
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    # `grpoflow jobs | head -3` ended in a BrokenPipeError traceback (and "Exception ignored" at exit).
+    import subprocess
+    import sys
+
+    for i in range(1500):  # ~120 KB of listing: more than a pipe holds, so the writes outlast the reader
+        (tmp_path / f"j-20261130-000000-{i:06x}").mkdir()
+        (tmp_path / f"j-20261130-000000-{i:06x}" / "spec.yaml").write_text("name: j\n")
+    command = [sys.executable, "-m", "grpoflow.flows.cli", "--output-uri", str(tmp_path), "jobs"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("j-20261130-000000-000000")
+    proc.stdout.close()  # as `head -1` exits
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, stderr  # 128 + SIGPIPE, as a program SIGPIPE ended
+    assert stderr == ""
+
+
+def test_only_a_pipe_whose_reader_left_counts_as_a_closed_stdout(monkeypatch, tmp_path):
+    # Any other BrokenPipeError (a socket, a child's stdin) stays a traceback: it is a failure, not `| head`.
+    import os
+    import sys
+
+    from grpoflow.flows.cli import _stdout_gone
+
+    with open(tmp_path / "out.txt", "w") as file:
+        monkeypatch.setattr(sys, "stdout", file)
+        assert not _stdout_gone()
+    read, write = os.pipe()
+    with open(write, "w") as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        assert not _stdout_gone()
+        os.close(read)
+        assert _stdout_gone()
+    monkeypatch.undo()
+    assert not _stdout_gone()  # pytest's capture: no file descriptor at all, or a live one

@@ -257,14 +257,22 @@ def test_stream_holds_back_what_may_start_a_stop_string(text, stop, expected):
 
 @pytest.mark.slow  # ~13 s: a fresh interpreter imports torch and transformers
 @pytest.mark.usefixtures("prefect_server")
-def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job):
+def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job, monkeypatch):
     """The commands a user runs: `grpoflow deploy JOB` on a job the pipeline finished, then `grpoflow serve NAME`,
-    answered over loopback."""
+    answered over loopback; from a folder that is not the job's output root, as the job index allows (serve, like
+    deployments list, looked in ./runs alone and found nothing)."""
+    from grpoflow.trainers.job_index import remember
     from tests.conftest import cli
 
     job = trained_job("full")
-    code, _, err = cli("--output-uri", job.root.parent, "deploy", job.job_id, "--name", "tiny")
+    monkeypatch.setenv("GRPOFLOW_JOB_INDEX", str(tmp_path / "index"))  # this job's root only, for the serve child too
+    remember(job.job_id, str(job.root))  # as `grpoflow run` does
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code, _, err = cli("deploy", job.job_id, "--name", "tiny")
     assert code == 0, err
+    code, out, err = cli("deployments", "list")
+    assert code == 0 and out.startswith(f"tiny  (current: v1)  {job.root.parent}"), out + err
     with socket.socket() as probe:  # a free port, released for the server to take
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -272,8 +280,6 @@ def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job):
         sys.executable,
         "-m",
         "grpoflow.flows.cli",
-        "--output-uri",
-        str(job.root.parent),
         "serve",
         "tiny",
         "--port",

@@ -5,6 +5,7 @@ unchanged.
 runs, so a test sees exactly which stages a resume runs again.
 """
 
+import errno
 import shutil
 
 import pytest
@@ -191,6 +192,9 @@ class _State:
         (_State("Failed", TrainingStopped("health")), False),
         (_State("Failed", RuntimeError("training child exited with code -9")), True),  # a crash: resumed by a retry
         (_State("Failed", OSError("connection reset")), True),
+        # a full disk or a read-only job folder: the next attempt's first write fails the same way
+        (_State("Failed", OSError(errno.ENOSPC, "No space left on device", "/runs/j/report.md")), False),
+        (_State("Failed", OSError(errno.EROFS, "Read-only file system", "/runs/j/events.jsonl")), False),
     ],
 )
 def test_retry_condition(state, retried):

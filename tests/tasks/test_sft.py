@@ -3,6 +3,7 @@ logged step, a progress artifact); a crash of the child is retried, a setup prob
 from logs/sft.log, which every start appends to."""
 
 import re
+import shutil
 
 import pytest
 import torch
@@ -46,7 +47,9 @@ def test_the_warm_up_shows_its_progress(make_job, standin):
 
 def test_a_crashed_child_is_retried(make_job):
     job, spec = make_job("crash", sft=WARM_UP)
-    job.spec.write_text("name: [unclosed\n")  # the child cannot read its spec: a traceback, exit 1
+    # The child cannot read its dataset: a traceback, exit 1. (A spec.yaml it cannot read is a setup problem now,
+    # exit 2: no retry reads it otherwise.)
+    shutil.rmtree(job.dataset)
 
     @flow
     def warm_up():

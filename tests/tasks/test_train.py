@@ -152,16 +152,36 @@ def test_a_fault_in_a_reward_ends_training_once(make_job, standin, reward, healt
 
 @pytest.mark.usefixtures("prefect_server")
 def test_a_diverged_run_stops_on_the_non_finite_alert(make_job):
-    """learning_rate 1e6: the loss or the gradient norm turns NaN; the run stops on the alert without stop_on_alert
-    (a NaN run cannot recover) instead of crashing later in TRL's sampler and being retried."""
+    """learning_rate 1e300: step 1's loss and gradient norm are finite, its update makes the weights inf, and step 2's
+    generation failed on them in torch's sampler, a crash retried twice that never named the rate. The child now stops
+    itself after step 1 (its finite check), and the task stops the run on the non_finite alert without stop_on_alert
+    (a NaN run cannot recover), naming the learning rate, once."""
     # make_spec's rewards and rollouts (a length penalty the tiny model's completions vary on): gradients from step 1
-    job, spec = make_job("diverge", hyperparameters={"max_steps": 4, "learning_rate": 1e6}, evaluation={"holdout": 0})
+    hyperparameters = {"max_steps": 4, "learning_rate": 1e300}
+    job, spec = make_job("diverge", hyperparameters=hyperparameters, evaluation={"holdout": 0})
     assert not spec.stop_on_alert
     failure = run_train(job, spec, TrainingStopped)
-    assert "stopped by the health monitor" in str(failure) and "not finite" in str(failure)
+    assert str(failure).startswith(
+        "stopped by the health monitor: hyperparameters.learning_rate: training diverged at step 1: the weights "
+        "became NaN or inf with learning_rate 1e+300; lower it"
+    )
     assert child_starts(job) == 1
     alerts = [e["payload"] for e in events(job) if e["event"] == "grpoflow.training.alert"]
     assert [a["kind"] for a in alerts] == ["non_finite"], [r["values"] for r in read_metrics(job.metrics)]
+    assert not job.checkpoints.exists() or not list(job.checkpoints.iterdir())  # no checkpoint of inf weights
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_child_that_stopped_on_nan_is_not_retried(make_job, standin):
+    # The task's side of the child's exit code 4, on the stand-in: the same alert and stop, no second child.
+    message = "hyperparameters.learning_rate: training diverged at step 2: the weights became NaN or inf"
+    standin(exit_at=2, exit_code=4, message=message)
+    job, spec = make_job("nan", hyperparameters=FAST, evaluation={"holdout": 0})
+    failure = run_train(job, spec, TrainingStopped)
+    assert str(failure) == f"stopped by the health monitor: {message}"
+    assert child_starts(job) == 1
+    [alert] = [e["payload"] for e in events(job) if e["event"] == "grpoflow.training.alert"]
+    assert (alert["kind"], alert["step"], alert["message"]) == ("non_finite", 2, message)
 
 
 @pytest.mark.slow

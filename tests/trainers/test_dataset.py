@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tracemalloc
 
 import datasets
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpoflow.trainers.dataset
-from grpoflow.trainers.dataset import DatasetError, ingest_dataset, load_ingested
+from grpoflow.trainers.dataset import DatasetError, check_dataset, ingest_dataset, load_ingested
 
 ROWS = [{"prompt": f"What is {i}+7?", "answer": str(i + 7)} for i in range(10)]
 CHAT = [
@@ -256,6 +257,19 @@ BAD_DATASETS = [
     ("a.csv", b"prompt,answer\nhi,1\ncaf\xe9,2\n", {}, ["line 3: not valid UTF-8"]),
     # a CSV row with too many fields: the parser's message names the line
     ("a.csv", b"prompt,answer\nhi,1\nx,2,3\n", {}, ["Expected 2 fields in line 3, saw 3"]),
+    # a CSV column named twice (pandas loaded the second as 'prompt.1'), behind a BOM and quotes too
+    ("a.csv", b'\xef\xbb\xbfprompt,"answer",prompt\nhi,1,ho\n', {}, ["the CSV header repeats column(s) 'prompt'"]),
+    ("a.csv.gz", gzip.compress(b"a,b,a,b\n1,2,3,4\n", mtime=0), {}, ["repeats column(s) 'a', 'b'"]),
+    # a key twice in one JSON line (was "Trailing data at position 55"), in a nested object too
+    ("a.jsonl", GOOD + b'{"prompt": "q", "prompt": "r"}\n', {}, ["line 4: key 'prompt' appears twice in one object"]),
+    ("a.jsonl", GOOD + b'{"prompt": "q", "m": {"k": 1, "k": 2}}\n', {}, ["line 4: key 'k' appears twice"]),
+    # prompts of whitespace alone, as empty ones, each kind named by its rows
+    (
+        "a.jsonl",
+        jsonl(ROWS[0], {"prompt": " "}, {"prompt": ""}, {"prompt": "\t\n\u00a0"}),
+        {},
+        ["has 2 problems", "null or empty in 1 row (row 3;", "only whitespace in 2 rows (rows 2, 4;"],
+    ),
     # an empty file, blank lines only, a CSV header only
     ("a.jsonl", b"", {}, ["has no rows"]),
     ("a.jsonl", b"\n\n  \n", {}, ["has no rows"]),
@@ -427,3 +441,94 @@ def test_the_scan_names_the_first_long_line_whatever_the_chunking(
             found = int(str(e).split("line ")[1].split(" ")[0])
 
     assert found == expected
+
+
+# --- save_to_disk folders: a Dataset, or a DatasetDict's split, through the same checks ------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A Dataset and a DatasetDict (train: ROWS, test: the first 3) as `save_to_disk` writes them."""
+    rows = datasets.Dataset.from_list(ROWS)
+    rows.save_to_disk(str(tmp_path / "saved-dataset"))
+    datasets.DatasetDict({"train": rows, "test": rows.select(range(3))}).save_to_disk(str(tmp_path / "saved-dict"))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "folder, split, rows",
+    [
+        ("saved-dataset", None, 10),  # a Dataset: its rows
+        ("saved-dict", None, 10),  # a DatasetDict: its train split by default
+        ("saved-dict", "test", 3),  # or dataset.split
+    ],
+)
+def test_a_save_to_disk_folder_is_ingested(saved, dest, folder, split, rows):
+    result = ingest_dataset(str(saved / folder), dest, split=split, required_columns={"answer": "reward 'exact'"})
+
+    assert (result.num_train, result.columns, result.prompt_format) == (rows, ["prompt", "answer"], "text")
+    assert load_ingested(dest)["train"]["prompt"] == [row["prompt"] for row in ROWS[:rows]]
+    assert result.fingerprint == ingest_dataset(f"file://{saved / folder}", dest, split=split).fingerprint
+
+
+@pytest.mark.parametrize(
+    "folder, kwargs, fragment",
+    [
+        # the same column checks as a file's
+        ("saved-dataset", {"prompt_column": "question"}, "prompt column 'question' not found"),
+        ("saved-dict", {"split": "validation"}, "has no split 'validation'; its splits are 'train', 'test'"),
+        ("saved-dataset", {"split": "train"}, "is one saved Dataset, without splits; remove dataset.split"),
+        # a folder save_to_disk did not write
+        ("plain-folder", {}, "is a folder, but not one written by datasets' save_to_disk"),
+    ],
+)
+def test_a_bad_save_to_disk_folder_is_named(saved, dest, folder, kwargs, fragment):
+    (saved / "plain-folder").mkdir()
+
+    with pytest.raises(DatasetError, match=re.escape(fragment)) as error:
+        ingest_dataset(str(saved / folder), dest, **kwargs)
+
+    assert str(saved / folder) in str(error.value)
+    assert not dest.exists()
+
+
+# --- hf:// datasets while the Hub is offline or out of reach ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "uri", ["hf://datasets/grpoflow-tests/nowhere", "hf://datasets/grpoflow-tests/nowhere/a.jsonl"]
+)
+def test_an_hf_dataset_offline_is_one_line(tmp_path, monkeypatch, uri):
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(datasets, "load_dataset", None)  # named before any loader (and its retries) runs
+
+    with pytest.raises(DatasetError) as error:
+        check_dataset(uri)
+
+    assert str(error.value) == (
+        f"dataset {uri}: the Hugging Face Hub is offline (HF_HUB_OFFLINE=1), and hf:// datasets are read from the Hub "
+        "at each ingest, not from a local cache; where it is reachable, download the files (hf download --repo-type "
+        "dataset grpoflow-tests/nowhere --local-dir DIR) and give one of them as dataset.uri, or unset HF_HUB_OFFLINE"
+    )
+    assert not (tmp_path / "hf").exists()
+
+
+def test_an_hf_dataset_out_of_reach_is_one_line(monkeypatch):
+    import huggingface_hub
+
+    def unreachable(*args, **kwargs):  # what `datasets` raises after its 5 tries
+        raise ConnectionError("Couldn't reach 'grpoflow-tests/nowhere' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+
+    with pytest.raises(DatasetError, match="cannot reach the Hugging Face Hub at ") as error:
+        check_dataset("hf://datasets/grpoflow-tests/nowhere")
+
+    assert "Couldn't reach 'grpoflow-tests/nowhere' on the Hub" in str(error.value)
+    assert "\n" not in str(error.value)

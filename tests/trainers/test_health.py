@@ -439,3 +439,12 @@ def test_a_run_shorter_than_the_window_is_judged_on_what_it_has():
     for r in unscored:
         r["values"]["rewards/mine/mean"] = None
     assert fired(unscored, "reward_unscored", max_steps=5) == 5
+
+
+def test_non_finite_names_the_learning_rate_it_was_logged_with():
+    records = [{"step": 1, "values": {"loss": None, "grad_norm": 2.0, "learning_rate": 1e6}}]
+    [alert] = HealthMonitor(max_response_length=64, kl_coef=0.0).check(records)
+    assert alert.message == (
+        "loss is not finite (NaN or inf) at step 1 with learning rate 1e+06 (hyperparameters.learning_rate): the "
+        "update diverged and cannot recover."
+    )

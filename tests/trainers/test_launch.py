@@ -14,6 +14,7 @@ from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import (
     TrainingSetupError,
+    TrainingStopped,
     accelerate_command,
     check_exit,
     child_command,
@@ -95,6 +96,10 @@ if behaviour == "setup":
     sys.exit(2)
 if behaviour == "crash":
     raise RuntimeError("out of memory")
+if behaviour == "nan":  # as grpoflow.trainers.grpo's cli on TrainingDiverged: the exit record, then exit 4
+    message = "hyperparameters.learning_rate: training diverged at step 1: the weights became NaN or inf"
+    (job / "logs" / "child_exit.json").write_text('{"code": 4, "message": "%s"}' % message)
+    sys.exit(4)
 if behaviour == "slow":
     time.sleep(60)
 """
@@ -132,6 +137,8 @@ def test_run_child_ok(fake_child):
         ("setup", TrainingSetupError, "grpoflow: hyperparameters.use_liger: needs a CUDA GPU"),
         # any other failure: a RuntimeError with the exit code and the end of the log (retried)
         ("crash", RuntimeError, "fake_child child exited with code 1"),
+        # exit 4: the run diverged (NaN or inf), stopped as the health monitor stops one (not retried)
+        ("nan", TrainingStopped, "stopped by the health monitor: hyperparameters.learning_rate: training diverged"),
     ],
 )
 def test_run_child_failures(fake_child, behaviour, error, message):
@@ -166,8 +173,6 @@ def test_a_failed_attempts_message_leaves_out_metrics_bars_and_warnings(tmp_path
 
 
 def test_run_child_stopped_by_poll(fake_child):
-    from grpoflow.trainers.launch import TrainingStopped
-
     job, run = fake_child
     polls = []
 

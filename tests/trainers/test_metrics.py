@@ -127,3 +127,51 @@ def test_an_evaluated_step_is_one_line_with_its_held_out_score(tmp_path):
         {"step": 2, "values": {"reward": 0.2, "eval/exact_answer": 0.35, "eval/seconds": 1.5, "epoch": 0.5}},
         {"step": 3, "values": {"reward": 0.3}},
     ]
+
+
+# --- the child's own stop on NaN or inf (issue 28, item 7): a rule table of (what is logged, the weights) -> stop
+
+
+@pytest.mark.parametrize(
+    "logs, weight, stopped",
+    [
+        ({"loss": 0.1, "grad_norm": 1.0}, 0.5, None),  # a healthy step
+        ({"loss": math.nan, "grad_norm": 1.0}, 0.5, "loss became NaN or inf"),  # the loss went first
+        ({"loss": 0.1, "grad_norm": math.inf}, 0.5, "grad_norm became NaN or inf"),
+        # learning_rate 1e300: the step's loss and gradient were finite, the update made the weights inf
+        ({"loss": 0.1, "grad_norm": 1.0}, math.inf, "the weights became NaN or inf"),
+        ({"eval_exact_answer": 0.5}, math.nan, None),  # an evaluation's record is no training step
+    ],
+)
+def test_a_non_finite_step_stops_the_child_naming_the_rate(logs, weight, stopped):
+    import torch
+
+    from grpoflow.trainers.launch import TrainingDiverged
+    from grpoflow.trainers.metrics import finite_callback
+
+    model = torch.nn.Linear(2, 2)
+    torch.nn.init.constant_(model.weight, weight)
+    model.bias.requires_grad_(False)
+    callback = finite_callback("hyperparameters.learning_rate", 1e300)
+    state = TrainerState(global_step=3)
+    if stopped is None:
+        callback.on_log(None, state, TrainerControl(), logs=logs, model=model)
+        return
+    with pytest.raises(TrainingDiverged) as caught:
+        callback.on_log(None, state, TrainerControl(), logs=logs, model=model)
+    assert str(caught.value).startswith(
+        f"hyperparameters.learning_rate: training diverged at step 3: {stopped} with learning_rate 1e+300; lower it"
+    )
+
+
+def test_weights_finite_reads_only_what_trains():
+    import torch
+
+    from grpoflow.trainers.metrics import weights_finite
+
+    model = torch.nn.Linear(2, 2)
+    assert weights_finite(model)
+    torch.nn.init.constant_(model.bias, math.nan)
+    assert not weights_finite(model)
+    model.bias.requires_grad_(False)  # a frozen tensor (a LoRA base, a 4-bit weight) is not the run's to check
+    assert weights_finite(model)

@@ -1,7 +1,9 @@
 """trainers/preflight.py: every offline check before a job starts, each problem one line naming its field, all at once;
 and the training children's side of the same mistakes (trainers/modeling.py's setup problems, exit code 2)."""
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from grpoflow.trainers.modeling import (
     setup_problem,
 )
 from grpoflow.trainers.preflight import CHECKS, preflight
-from grpoflow.trainers.spec import load_spec
+from grpoflow.trainers.spec import SpecError, load_spec
 from grpoflow.trainers.tiny import build_tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +45,16 @@ def tiny_copy(tmp_path: Path, leave_out: tuple[str, ...] = ()) -> Path:
     """builtin:tiny's folder, less `leave_out` (chat_template.jinja: a base model's tokenizer)."""
     dest = tmp_path / f"model-{len(list(tmp_path.glob('model-*')))}"
     shutil.copytree(build_tiny(), dest, ignore=lambda folder, names: [n for n in names if n in leave_out])
+    return dest
+
+
+def seq2seq_copy(tmp_path: Path) -> Path:
+    """A tiny T5 (an encoder-decoder) saved with save_pretrained, with builtin:tiny's tokenizer beside it."""
+    from transformers import AutoModelForSeq2SeqLM, T5Config
+
+    dest = tiny_copy(tmp_path, ("config.json", "model.safetensors"))
+    config = T5Config(vocab_size=64, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(dest)
     return dest
 
 
@@ -135,6 +147,13 @@ def test_it_loads_no_weights_and_no_torch():
         (lambda tmp: str(tmp / "nope"), "does not exist"),  # the run failed with "Repo id must be in the form..."
         (lambda tmp: str(tiny_copy(tmp, ("config.json",))), "has no config.json"),  # weights, no config
         (lambda tmp: str(tiny_copy(tmp) / "config.json"), "is a file"),  # the config file, not its folder
+        # config and tokenizer without weights: the training child failed to load it, three times
+        (
+            lambda tmp: str(tiny_copy(tmp, ("model.safetensors",))),
+            "holds config.json but no weights (looked for model",
+        ),
+        # a seq2seq model: validate passed it, then training crashed three times (T5 generates from an encoder)
+        (lambda tmp: str(seq2seq_copy(tmp)), "is T5ForConditionalGeneration (config.json), an encoder-decoder"),
         (lambda tmp: "grpoflow-tests/not-cached", "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"),
         (lambda tmp: "builtin:huge", "unknown built-in model 'builtin:huge'"),  # only builtin:tiny is shipped
     ],
@@ -248,6 +267,8 @@ def test_rewards_dry_run_names_the_reward_field(data):
         (lambda tmp: str(tmp / "nope"), "does not exist"),
         (lambda tmp: str(tiny_copy(tmp, ("config.json",))), "has no config.json"),
         (lambda tmp: "grpoflow-tests/not-cached", "is not in the local Hugging Face cache"),
+        (lambda tmp: str(tiny_copy(tmp, ("model.safetensors",))), "holds config.json but no weights"),
+        (lambda tmp: str(seq2seq_copy(tmp)), "GRPO needs a causal LM"),
     ],
 )
 def test_the_child_checks_the_model_before_loading_it(tmp_path, offline, make, expected):
@@ -270,6 +291,12 @@ def test_setup_problem_tells_final_from_transient(online, monkeypatch):
     )
     assert setup_problem(RuntimeError("a crash")) is None
     assert setup_problem(OSError("disk full")) is None
+    # a spec valid where it was validated, not on the worker (bitsandbytes missing there): no retry installs it
+    missing = SpecError(["hyperparameters.load_in_4bit: needs the bitsandbytes package, which is not installed"])
+    assert setup_problem(missing) == (
+        "the job's spec.yaml is rejected on this machine: hyperparameters.load_in_4bit: needs the bitsandbytes "
+        "package, which is not installed"
+    )
     try:  # transformers turns a cache miss into an OSError from the hub's error
         raise OSError("cannot find the files") from LocalEntryNotFoundError("not in the cache")
     except OSError as e:
@@ -339,3 +366,151 @@ def test_a_json_document_over_the_row_guard_is_rejected(tmp_path, data):
     problems = preflight(spec_for(data, dataset={"uri": str(big), "max_row_bytes": 4096}))
     assert len(problems) == 1 and "a JSON document (one [...] array) is read whole" in problems[0], problems
     assert "16 x max_row_bytes = 65,536 bytes" in problems[0]
+
+
+# --- causal LMs only (issue 28, item 2): a rule table of config.json -> the problem, or none
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, None),  # the usual case, no import
+        ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, None),  # in AutoModelForCausalLM's table
+        ({"model_type": "gpt_neox"}, None),  # no architectures: the table says
+        ({"model_type": "mine", "auto_map": {"AutoModelForCausalLM": "m.MyLM"}}, None),  # remote code for a causal LM
+        ({"architectures": ["Whatever"]}, None),  # no model_type: transformers says, in the child
+        (
+            {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "is_encoder_decoder": True},
+            "is T5ForConditionalGeneration (config.json), an encoder-decoder (seq2seq) model; GRPO needs a causal LM",
+        ),
+        (  # BART's model_type is in the causal table (its decoder alone), but the model is an encoder-decoder
+            {"model_type": "bart", "architectures": ["BartForConditionalGeneration"], "is_encoder_decoder": True},
+            "an encoder-decoder (seq2seq) model",
+        ),
+        (
+            {"model_type": "vit", "architectures": ["ViTForImageClassification"]},
+            "is ViTForImageClassification (config.json), not a causal language model; GRPO needs a causal LM",
+        ),
+    ],
+)
+def test_causal_lm_problem(config, expected):
+    from grpoflow.trainers.modeling import causal_lm_problem
+
+    problem = causal_lm_problem(config, "org/model")
+    assert (
+        problem is None if expected is None else problem.startswith("base_model: org/model ") and expected in problem
+    )
+
+
+def test_a_seq2seq_model_with_lora_targets_is_one_problem_not_a_traceback(tmp_path, data):
+    # lora_target_modules made validate build the model with AutoModelForCausalLM, which raised on a T5 config.
+    model = str(seq2seq_copy(tmp_path))
+    spec = spec_for(data, base_model=model, hyperparameters={"lora_rank": 4, "lora_target_modules": ["q"]})
+    problems = preflight(spec)
+    assert len(problems) == 1 and "GRPO needs a causal LM" in problems[0], problems
+
+
+# --- the output root (issue 28, item 8): writable, with room for a checkpoint and the trained model
+
+
+def root_problems(data, root) -> list[str]:
+    return [p for p in preflight(spec_for(data, output_uri=str(root))) if p.startswith("output_uri")]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_a_read_only_output_root_is_refused(tmp_path, data):
+    (tmp_path / "runs").mkdir(mode=0o555)
+    assert root_problems(data, tmp_path / "runs" / "new") == [
+        f"output_uri: {tmp_path / 'runs' / 'new'}: {tmp_path / 'runs'} cannot be written (Permission denied); make it "
+        "writable, or choose another output_uri"
+    ]
+
+
+def test_an_output_root_that_cannot_be_written_is_refused_as_root_too(tmp_path, data):
+    # Root writes anywhere chmod forbids it, but not in a file system without files (/sys) nor inside a file.
+    (tmp_path / "runs.txt").write_text("a file\n")
+    assert root_problems(data, tmp_path / "runs.txt" / "runs") == [
+        f"output_uri: {tmp_path / 'runs.txt' / 'runs'}: {tmp_path / 'runs.txt'} is not a folder; give a folder (or a "
+        "path one can be made at)"
+    ]
+    if not os.path.isdir("/sys/kernel"):
+        pytest.skip("no sysfs here")  # where no one, root included, can make a file
+    [problem] = root_problems(data, "/sys/grpoflow-runs")
+    assert problem.startswith("output_uri: /sys/grpoflow-runs: /sys cannot be written (") and "Errno" not in problem
+
+
+def test_a_full_disk_is_refused_naming_the_space(tmp_path, data, monkeypatch):
+    usage = shutil.disk_usage(tmp_path)
+    free = {"bytes": 3_000_000}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free["bytes"]))
+    # builtin:tiny: 1.3 MB of float32 weights, so a checkpoint of 4.0 MB (+ Adam's 8 bytes a weight) and the model
+    [problem] = root_problems(data, tmp_path / "runs")
+    assert problem.startswith(f"output_uri: {tmp_path / 'runs'}: {tmp_path} has 3.0 MB free of ")
+    assert "less than the 5.3 MB the job needs at least: one checkpoint of 4.0 MB" in problem
+    assert "estimated from builtin:tiny's 1.3 MB of weights; free space there, or choose another output_uri" in problem
+    lora = spec_for(data, output_uri=str(tmp_path / "runs"), hyperparameters={"lora_rank": 4, "learning_rate": 2e-5})
+    assert preflight(lora) == []  # LoRA: the merged model alone, 1.3 MB
+    free["bytes"] = 6_000_000
+    assert root_problems(data, tmp_path / "runs") == []
+    assert sorted(os.listdir(tmp_path)) == ["chat.jsonl", "text.jsonl"]  # the probe files are gone, no runs/ made
+
+
+# --- a write that fails in training (issue 28, item 8): once, naming the path and the space, not retried
+
+
+@pytest.mark.parametrize(
+    "make, low, expected",
+    [
+        # the disk filled while a checkpoint was written
+        (
+            lambda job: OSError(errno.ENOSPC, "No space left on device", str(job / "checkpoints" / "c-2" / "o.pt")),
+            False,
+            "output_uri: cannot write {job}/checkpoints/c-2/o.pt: no space left on the device (",
+        ),
+        (
+            lambda job: OSError(errno.EROFS, "Read-only file system", str(job / "metrics.jsonl")),
+            False,
+            "output_uri: cannot write {job}/metrics.jsonl: read-only file system (",
+        ),
+        # torch.save's C++ stream says no more than this; the disk being full says why
+        (
+            lambda job: RuntimeError("basic_ios::clear: iostream error"),
+            True,
+            "output_uri: cannot write into {job}: the disk is full",
+        ),
+        (lambda job: RuntimeError("basic_ios::clear: iostream error"), False, None),  # room left: some other failure
+        # a permission problem outside the job folder (the model's): not the job folder's to fix
+        (lambda job: PermissionError(errno.EACCES, "Permission denied", "/models/llama/config.json"), False, None),
+        (lambda job: OSError("disk full"), True, None),  # no errno, no library's words: a crash
+    ],
+)
+def test_a_failed_write_is_a_setup_problem(tmp_path, monkeypatch, make, low, expected):
+    job = tmp_path / "runs" / "j-20261130-000000-abcdef"
+    job.mkdir(parents=True)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=1000 if low else usage.free))
+    problem = setup_problem(make(job), job)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem.startswith(expected.format(job=job)) and " free of " in problem, problem
+        assert problem.endswith(f"then resume: grpoflow run SPEC --resume {job.name}")
+
+
+def test_the_child_reports_a_full_disk_once_and_removes_the_torn_checkpoint(tmp_path, monkeypatch):
+    import grpoflow.trainers.grpo as grpo
+    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.trainers.launch import EXIT_RECORD
+
+    job = JobDir(tmp_path / "runs" / "j-20261130-000000-abcdef")
+    (job.checkpoints / "checkpoint-1").mkdir(parents=True)
+    (job.checkpoints / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
+    (job.checkpoints / "checkpoint-2").mkdir()  # torn: the disk filled before trainer_state.json
+    full = OSError(errno.ENOSPC, "No space left on device", str(job.checkpoints / "checkpoint-2" / "optimizer.pt"))
+    monkeypatch.setattr(grpo, "main", lambda root: (_ for _ in ()).throw(full))
+    monkeypatch.delenv("RANK", raising=False)
+
+    assert grpo.cli([str(job.root)]) == 2  # a setup problem: the task does not retry it
+    record = json.loads((job.root / EXIT_RECORD).read_text())
+    assert record["code"] == 2 and record["message"].startswith("output_uri: cannot write ")
+    assert sorted(p.name for p in job.checkpoints.iterdir()) == ["checkpoint-1"]

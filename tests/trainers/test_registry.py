@@ -2,6 +2,7 @@
 gate's rule (`gate_decision`)."""
 
 import json
+import shutil
 
 import pytest
 
@@ -102,6 +103,41 @@ def test_cli_list_and_rollback(root):
     assert list_deployments(root / "empty") == []
     code, out, _ = cli("--output-uri", root / "empty", "deployments", "list")
     assert code == 0 and out.startswith("no deployments under")
+
+
+def test_without_output_uri_the_registry_is_found_where_the_job_index_points(root, tmp_path, monkeypatch):
+    # `grpoflow deploy JOB` registers beside the job (found through the job index); `deployments list`, `serve` and
+    # `deploy --rollback` from the same folder read ./runs alone and found nothing.
+    import grpoflow.flows.serve
+    from grpoflow.trainers.job_index import remember
+
+    monkeypatch.setenv("GRPOFLOW_JOB_INDEX", str(tmp_path / "index"))
+    remember("arith-20261133-000000-abcdef", str(root / "arith-20261133-000000-abcdef"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    served = []
+    monkeypatch.setattr(grpoflow.flows.serve, "serve", lambda path, name, host, port: served.append((path, name)))
+
+    code, out, err = cli("deployments", "list")
+    assert code == 0, err
+    assert out.splitlines()[0] == f"arith  (current: v3)  {root}" and f"old  (current: v1)  {root}" in out
+    code, out, _ = cli("deployments", "list", "--json")
+    listed = [(r["name"], r["root"]) for r in json.loads(out)["deployments"]]
+    assert listed == [("arith", str(root)), ("old", str(root))]
+    assert cli("serve", "old") == (0, "", "") and served == [("/runs/old-20261101-000000-abcdef/merged", "old")]
+    code, out, err = cli("deploy", "--rollback", "arith")
+    assert code == 0 and "rolled back to version 1" in out, err
+
+    code, _, err = cli("serve", "nope")  # unknown: where it looked, and the names there are
+    assert code == 1
+    assert f"unknown deployment 'nope' under {elsewhere / 'runs' / 'deployments'}, {root / 'deployments'}" in err
+    assert "registered: arith, old" in err
+    (elsewhere / "runs" / "deployments").mkdir(parents=True)  # the same name in ./runs too: which one is meant?
+    shutil.copy(root / "deployments" / "old.json", elsewhere / "runs" / "deployments")
+    code, _, err = cli("serve", "old")
+    assert code == 2 and f"'old' is registered under {elsewhere / 'runs'}, {root}: pick one with --output-uri" in err
+    assert cli("--output-uri", root, "serve", "old")[0] == 0 and len(served) == 2
 
 
 EVALUATION = {"metric": "exact_answer", "n": 8, "before": 0.5, "after": 0.75}

@@ -367,6 +367,14 @@ def inf_reward(completions, **kwargs):
     return [math.inf] * len(completions)
 
 
+def huge_int_reward(completions, **kwargs):
+    return [1.0, 10**400] + [0.0] * (len(completions) - 2)
+
+
+def past_float32_reward(completions, **kwargs):
+    return [-1e39] * len(completions)
+
+
 def scalar_reward(completions, **kwargs):
     return 1.0
 
@@ -390,6 +398,10 @@ def test_dry_run_accepts_none_ints_and_bools():
         (string_reward, "reward 'r' returned str '1.0' at position 0, expected a float or None on dataset row 10"),
         (nan_reward, "reward 'r' returned NaN at position 0 (return None for 'does not apply') on dataset row 10"),
         (inf_reward, "reward 'r' returned inf at position 0, expected a finite number on dataset row 10"),
+        # an int no float holds made the check itself raise OverflowError
+        (huge_int_reward, "reward 'r' returned int of magnitude about 10**400 at position 1, beyond the float32"),
+        # a double, but inf in the float32 tensor TRL keeps rewards in
+        (past_float32_reward, "reward 'r' returned -1e+39 at position 0, beyond the float32 range TRL holds rewards"),
         (scalar_reward, "reward 'r' returned float, expected a list with one float (or None) per completion"),
     ],
 )

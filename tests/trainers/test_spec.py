@@ -265,9 +265,12 @@ CASES = [
         f"{HP}.use_liger: not supported for granite models",
         id="liger-granite",
     ),
-    # --- temperature > 0; skip_zero_variance_groups is a plain switch ---
+    # --- temperature >= 0.001 (near 0 sampling is greedy, tinier overflows); skip_zero_variance_groups: a switch ---
     pytest.param({f"{HP}.temperature": 0.7}, {f"{HP}.temperature": 0.7}, id="temperature-ok"),
-    pytest.param({f"{HP}.temperature": 0}, f"{HP}.temperature: must be > 0 (got 0)", id="temperature-zero"),
+    pytest.param({f"{HP}.temperature": 0.001}, {f"{HP}.temperature": 0.001}, id="temperature-floor"),
+    pytest.param({f"{HP}.temperature": 0}, f"{HP}.temperature: must be >= 0.001: near 0", id="temperature-zero"),
+    pytest.param({f"{HP}.temperature": 1e-300}, f"{HP}.temperature: must be >= 0.001", id="temperature-1e-300"),
+    pytest.param({f"{HP}.temperature": "x"}, f"{HP}.temperature: must be a number (got 'x')", id="temperature-text"),
     pytest.param({f"{HP}.skip_zero_variance_groups": True}, {f"{HP}.skip_zero_variance_groups": True}, id="skip-zv"),
     pytest.param({f"{HP}.use_unsloth": "maybe"}, f"{HP}.use_unsloth: must be true or false", id="bool-text"),
     # --- gpu_count >= 1; a group must split evenly over the GPUs ---
@@ -732,6 +735,21 @@ def test_missing_file(tmp_path):
     assert info.value.problems == [f"spec file not found: {tmp_path / 'nope.yaml'}"]
 
 
+@pytest.mark.parametrize("max_steps", [100_000, 1_000_000_000])
+def test_a_max_steps_past_any_grpo_run_is_a_warning_saying_what_it_means(spec_dict, max_steps):
+    # Not refused: a run capped by budget.max_training_hours may mean it; MAX_INT already refuses an overflow.
+    spec, warnings = load_spec(spec_dict, [f"hyperparameters.max_steps={max_steps:g}"])
+    assert spec.hyperparameters.max_steps == max_steps
+    if max_steps == 100_000:
+        assert warnings == []
+    else:
+        assert warnings == [
+            "hyperparameters.max_steps: 1,000,000,000 steps is 8,000,000,000 sampled completions (8 a step), 31.7 "
+            "years at one step a second, and TRL's learning-rate schedule (linear decay by default) spreads over all "
+            "of them; lower it unless meant, and cap a run by time with budget.max_training_hours"
+        ]
+
+
 def test_num_epochs_warns_only_when_set(spec_dict):
     assert load_spec(spec_dict)[1] == []
     _, warnings = load_spec(spec_dict, ["hyperparameters.num_epochs=3"])
@@ -988,3 +1006,36 @@ def test_default_vllm_settings_are_no_request():
 
     spec, _ = load_spec(patched({"generation": GenerationSpec().model_dump()}))
     assert spec.generation.engine == "transformers"
+
+
+def test_qlora_without_bitsandbytes_is_refused_at_validate(spec_dict, monkeypatch):
+    # As a missing tracker: said when the spec loads, not 30 s into the training child.
+    qlora = ["hyperparameters.lora_rank=8", "hyperparameters.load_in_4bit=true"]
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # importlib.util.find_spec now finds no bitsandbytes
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec_dict, qlora)
+    assert caught.value.problems == [
+        "hyperparameters.load_in_4bit: needs the bitsandbytes package, which is not installed: pip install "
+        "'grpoflow[qlora]' (got True)"
+    ]
+    assert load_spec(spec_dict, ["hyperparameters.lora_rank=8"])[0].hyperparameters.load_in_4bit is False
+
+
+@pytest.mark.parametrize(
+    "overrides, warned",
+    [
+        (["hyperparameters.lora_rank=8"], "1e-06 (the default, sized for a full fine-tune) with LoRA (lora_rank 8)"),
+        (["hyperparameters.lora_rank=8", "hyperparameters.learning_rate=5e-6"], "5e-06 with LoRA (lora_rank 8)"),
+        (["hyperparameters.lora_rank=8", "hyperparameters.learning_rate=2e-5"], None),  # the README's LoRA rate
+        ([], None),  # a full fine-tune at its default
+    ],
+)
+def test_lora_at_a_full_fine_tune_rate_is_a_warning(spec_dict, overrides, warned):
+    _, warnings = load_spec(spec_dict, overrides)
+    if warned is None:
+        assert warnings == []
+    else:
+        assert warnings == [
+            f"hyperparameters.learning_rate: {warned}: LoRA adapters usually need 1e-5 to 2e-4 (~2e-5 is a good "
+            "start), else they barely move from zero; set learning_rate"
+        ]

@@ -301,7 +301,12 @@ def reward_columns(reward: Callable) -> list[str]:
     ]
 
 
+# TRL holds each step's rewards in a float32 tensor: a larger magnitude becomes inf there, and the advantages NaN.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def check_output(values: Any, expected: int) -> str | None:
+    """What is wrong with a reward's output for `expected` completions (one finite number or None each), or None."""
     if not isinstance(values, list | tuple):
         return f"returned {type(values).__name__}, expected a list with one float (or None) per completion"
     if len(values) != expected:
@@ -311,8 +316,15 @@ def check_output(values: Any, expected: int) -> str | None:
             continue
         if not isinstance(value, numbers.Real):
             return f"returned {type(value).__name__} {value!r} at position {i}, expected a float or None"
-        if math.isnan(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an int past even a double's range (10**400); not str(): huge ints refuse it
+            size = f"{type(value).__name__} of magnitude about 10**{int(abs(int(value)).bit_length() * math.log10(2))}"
+            return f"returned {size} at position {i}, beyond the float32 range TRL holds rewards in (about 3.4e38)"
+        if math.isnan(number):
             return f"returned NaN at position {i} (return None for 'does not apply')"
-        if math.isinf(value):
+        if math.isinf(number):
             return f"returned {value} at position {i}, expected a finite number"
+        if abs(number) > FLOAT32_MAX:
+            return f"returned {number:g} at position {i}, beyond the float32 range TRL holds rewards in (about 3.4e38)"
     return None

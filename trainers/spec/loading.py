@@ -396,7 +396,48 @@ def load_spec(
     warnings = []
     if "num_epochs" in spec.hyperparameters.model_fields_set:
         warnings.append("hyperparameters.num_epochs: accepted but unused by GRPO; the run length is max_steps")
+    if (warning := lora_rate_warning(spec.hyperparameters)) is not None:
+        warnings.append(warning)
+    if (warning := max_steps_warning(spec.hyperparameters)) is not None:
+        warnings.append(warning)
     return spec, warnings
+
+
+# GRPO runs take hundreds to a few thousand steps; far more is most likely a typo (1e9 for 1e3).
+MANY_STEPS = 100_000
+
+
+def max_steps_warning(hp) -> str | None:
+    """The warning for a max_steps beyond `MANY_STEPS`, saying what the number means. A warning, not a refusal: a
+    long run capped by budget.max_training_hours is legitimate, and MAX_INT already refuses what would overflow."""
+    if hp.max_steps <= MANY_STEPS:
+        return None
+    per_step = hp.rollouts_per_prompt * hp.prompts_per_step
+    days = hp.max_steps / 86_400
+    span = f"{days:,.1f} days" if days < 365 else f"{days / 365.25:,.1f} years"
+    return (
+        f"hyperparameters.max_steps: {hp.max_steps:,} steps is {hp.max_steps * per_step:,} sampled completions "
+        f"({per_step} a step), {span} at one step a second, and TRL's learning-rate schedule (linear "
+        "decay by default) spreads over all of them; lower it unless meant, and cap a run by time with "
+        "budget.max_training_hours"
+    )
+
+
+# Below this, LoRA adapters barely move in a GRPO run's few hundred steps; the default (1e-6) is a full fine-tune's.
+LORA_MIN_LEARNING_RATE = 1e-5
+
+
+def lora_rate_warning(hp) -> str | None:
+    """The warning for a LoRA job left at a full fine-tune's learning rate (the default 1e-6, or anything below
+    `LORA_MIN_LEARNING_RATE`): it trains, but the adapters (which start at zero) hardly change."""
+    if hp.lora_rank is None or hp.learning_rate >= LORA_MIN_LEARNING_RATE:
+        return None
+    default = " (the default, sized for a full fine-tune)" if "learning_rate" not in hp.model_fields_set else ""
+    return (
+        f"hyperparameters.learning_rate: {hp.learning_rate:g}{default} with LoRA (lora_rank {hp.lora_rank}): LoRA "
+        "adapters usually need 1e-5 to 2e-4 (~2e-5 is a good start), else they barely move from zero; set "
+        "learning_rate"
+    )
 
 
 def resolved_dict(spec: JobSpec) -> dict:

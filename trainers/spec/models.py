@@ -44,6 +44,8 @@ REPO_ID_PATTERN = rf"^(?!.*(?:--|\.\.)){_HUB_PART}/{_HUB_PART}$"
 K8S_NAME_PATTERN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_INT = 2**31 - 1  # every integer field (steps, lengths, counts) fits an int32 wherever it ends up
 MAX_SEED = 2**32 - 1  # numpy's range, which transformers.set_seed enforces only once training starts
+# Sampling is greedy in effect well above this already; from ~1e-38 down, a float32 logit divided by it is inf.
+MIN_TEMPERATURE = 1e-3
 
 
 class _Section(BaseModel):
@@ -219,7 +221,10 @@ class Hyperparameters(_Section):
         "Gemma 2, Cohere and Granite models (wrong log-probs).",
     )
     temperature: Annotated[float, TRL("temperature")] = Field(
-        1.0, gt=0, description="Sampling temperature of the rollouts."
+        1.0,
+        ge=MIN_TEMPERATURE,
+        description="Sampling temperature of the rollouts. Near 0 sampling is greedy: a group's completions are all "
+        "alike and GRPO has nothing to compare (from ~1e-38 down, the logits divided by it overflow to inf/NaN).",
     )
     skip_zero_variance_groups: Annotated[bool, GRPOFLOW_ONLY] = Field(
         False,
@@ -244,6 +249,26 @@ class Hyperparameters(_Section):
             raise ValueError("each module name must be a non-empty string")
         return value
 
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _temperature_floor(cls, value: Any) -> Any:
+        # Before the field's own bound, so that the message says why (1e-300 was accepted and broke sampling).
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < MIN_TEMPERATURE:
+            raise ValueError(
+                f"must be >= {MIN_TEMPERATURE:g}: near 0 sampling is greedy, so every completion of a group is the "
+                "same and GRPO has nothing to compare, and from ~1e-38 down the logits divided by it overflow to "
+                "inf/NaN (TRL's default is 1.0)"
+            )
+        return value
+
+    @field_validator("load_in_4bit")
+    @classmethod
+    def _bitsandbytes_installed(cls, value: bool) -> bool:
+        # As tracking.report_to's trackers: without the package, QLoRA would only fail once the model loads.
+        if value and not importlib.util.find_spec("bitsandbytes"):
+            raise ValueError("needs the bitsandbytes package, which is not installed: pip install 'grpoflow[qlora]'")
+        return value
+
     @field_validator("global_batch_size", mode="before")
     @classmethod
     def _no_global_batch_size(cls, value: Any) -> None:
@@ -260,10 +285,13 @@ class DatasetSpec(_Section):
     uri: str = Field(
         # Without angle brackets: the V1 UI reads them as HTML and shows nothing between them.
         min_length=1,
-        description="Local path, file://, s3://..., or hf://datasets/OWNER/NAME, optionally /SPLIT.",
+        description="Local path (a data file, or a folder written by datasets' save_to_disk), file://, s3://..., or "
+        "hf://datasets/OWNER/NAME, optionally /SPLIT.",
     )
     prompt_column: str = Field("prompt", description="Column holding a string prompt or a list of chat messages.")
-    split: str | None = Field(None, description="Dataset split, for hf:// URIs.")
+    split: str | None = Field(
+        None, description="Dataset split, for hf:// URIs and save_to_disk folders of a DatasetDict (default train)."
+    )
     max_row_bytes: Int = Field(
         1_000_000,
         ge=1,
