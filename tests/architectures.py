@@ -84,6 +84,16 @@ ARCHITECTURES = {
         "starcoder2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     ),
     "bloom": Architecture("bloom", dict(hidden_size=64, n_layer=2, n_head=4), pad="<pad>"),
+    # Mixtures of experts: each layer's experts are stacked 3-D parameters, not Linear modules.
+    "qwen3_moe": Architecture(
+        "qwen3_moe",
+        {**_LLAMA, "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+        specials={"eos": "<|im_end|>"},
+        pad="<|endoftext|>",
+    ),
+    "mixtral": Architecture(
+        "mixtral", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2}, "sentencepiece", LLAMA_SPECIALS
+    ),
 }
 
 

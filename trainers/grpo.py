@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from grpoflow.trainers.agents import agent_args, tool_tokenizer
-from grpoflow.trainers.architecture import adapter_summary
+from grpoflow.trainers.architecture import adapter_line, adapter_summary
 from grpoflow.trainers.budget import budget_callback, budget_summary, spent
 from grpoflow.trainers.held_out import held_out_args, held_out_trainer, selected_step
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
@@ -319,8 +319,8 @@ def main(job_root: str) -> int:
     trainable, total = adapters["trainable_parameters"], adapters["total_parameters"]
     quantized = getattr(model, "is_loaded_in_4bit", False)
     print(f"grpoflow: start model {model_path}; loaded in 4-bit: {quantized}; trainable {trainable:,}/{total:,}")
-    if adapters["lora_target_modules"]:
-        print(f"grpoflow: LoRA adapters on {', '.join(adapters['lora_target_modules'])}")
+    if line := adapter_line(adapters, model_path):
+        print(line)
     parallelism = check_strategy(trainer, spec)
     if trainer.is_world_process_zero():
         print(f"grpoflow: {parallelism}", flush=True)

@@ -267,8 +267,9 @@ def torch_dtype():
     return torch.bfloat16 if use_bf16() else torch.float32
 
 
-def lora_targets(hp, model_path: str) -> list[str] | str:
-    """The modules LoRA adapts in `model_path` (`lora_target_modules`, default: every attention and MLP projection).
+def lora_targets(hp, model_path: str):
+    """The modules and parameters LoRA adapts in `model_path` (`lora_target_modules`, default: every attention and
+    MLP projection, a mixture of experts' expert parameters too): a `LoraTargets`.
 
     Raises:
         `SetupError`: a requested name is not in the model; the message names the modules it has.
@@ -289,11 +290,13 @@ def lora_config(hp, model_path: str):
         return None
     from peft import LoraConfig
 
+    targets = lora_targets(hp, model_path)
     return LoraConfig(
         r=hp.lora_rank,
         lora_alpha=hp.lora_alpha or hp.lora_rank,
-        target_modules=lora_targets(hp, model_path),
-        lora_dropout=0.0,
+        target_modules=targets.modules,
+        target_parameters=targets.parameters or None,
+        lora_dropout=0.0,  # PEFT's target_parameters requires 0
         task_type="CAUSAL_LM",
     )
 
@@ -372,7 +375,7 @@ def load_unsloth(model_path: str, hp):
             model,
             r=hp.lora_rank,
             lora_alpha=hp.lora_alpha or hp.lora_rank,
-            target_modules=lora_targets(hp, model_path),
+            target_modules=lora_targets(hp, model_path).modules,  # the log says what Unsloth's wrap adapted
             lora_dropout=0.0,
             random_state=hp.seed,
         )

@@ -237,8 +237,12 @@ def _trained_parameters(job: JobDir) -> list[str]:
     if not isinstance(trained.get("trainable_parameters"), int) or not trained.get("total_parameters"):
         return []
     count = f"{trained['trainable_parameters']:,} of {trained['total_parameters']:,}"
-    modules = trained.get("lora_target_modules")
+    modules, parameters = trained.get("lora_target_modules"), trained.get("lora_target_parameters")
     where = f", LoRA adapters on {', '.join(f'`{m}`' for m in modules)}" if modules else ""
+    if parameters:  # a mixture of experts' expert (or router) parameters, through PEFT's target_parameters
+        where += (
+            f"{' and' if where else ', LoRA adapters'} on the parameters {', '.join(f'`{p}`' for p in parameters)}"
+        )
     return [f"- **Trained parameters:** {count}{where}"]
 
 

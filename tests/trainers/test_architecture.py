@@ -25,6 +25,7 @@ from transformers.pytorch_utils import Conv1D
 
 from grpoflow.trainers import grpo
 from grpoflow.trainers.architecture import (
+    adapter_line,
     adapter_summary,
     default_lora_targets,
     lora_target_problem,
@@ -42,6 +43,8 @@ from tests.conftest import arithmetic_rows, write_jsonl
 REPO = Path(__file__).parents[2]
 LLAMA = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 NEOX = ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]
+ATTENTION = ["k_proj", "o_proj", "q_proj", "v_proj"]
+EXPERTS = ["experts.down_proj", "experts.gate_up_proj"]  # one 3-D parameter per layer: every expert's projection
 
 # (architecture, its default LoRA targets): every attention and MLP projection, by the names its code gives them.
 EXPECTED = [
@@ -62,9 +65,17 @@ EXPECTED = [
     pytest.param("olmo2", LLAMA, id="olmo2"),  # Llama's names (post-norms, q/k norms)
     pytest.param("starcoder2", ["c_fc", "c_proj", "k_proj", "o_proj", "q_proj", "v_proj"], id="starcoder2"),  # GPT MLP
     pytest.param("bloom", NEOX, id="bloom"),  # GPT-NeoX's names (ALiBi, no rotary)
+    pytest.param("qwen3_moe", ATTENTION + EXPERTS, id="qwen3_moe"),  # attention, then the stacked experts
+    pytest.param("mixtral", ATTENTION + EXPERTS, id="mixtral"),  # the same layout
 ]
+MOE = ["qwen3_moe", "mixtral"]
 ALL = [p.values[0] for p in EXPECTED]
 assert sorted(ALL) == sorted(ARCHITECTURES), "every architecture of tests/architectures.py has a row"
+
+
+def expert_parameters(model) -> set[str]:
+    """Every 3-D parameter (a mixture of experts' stacked projections), found independently of grpoflow's rule."""
+    return {n for n, p in model.named_parameters() if p.ndim == 3}
 
 
 def linear_leaves(model) -> set[str]:
@@ -93,9 +104,10 @@ def spec_for(name: str, **hyperparameters):
 def test_default_targets_are_every_attention_and_mlp_projection(name, expected):
     path = str(tiny_model(name))
     assert default_lora_targets(path) == expected
-    assert resolve_lora_targets(path, None) == expected  # null in the spec: the default
-    assert resolve_lora_targets(path, "all-linear") == "all-linear"  # PEFT expands it to the same modules
-    assert resolve_lora_targets(path, [expected[0]]) == [expected[0]]  # a list is taken as given
+    modules, parameters = resolve_lora_targets(path, None)  # null in the spec: the default
+    assert modules + parameters == expected and parameters == (EXPERTS if name in MOE else [])
+    assert resolve_lora_targets(path, "all-linear") == ("all-linear", [])  # PEFT's: linear modules only
+    assert resolve_lora_targets(path, [expected[0]]) == ([expected[0]], [])  # a list is taken as given
 
 
 @pytest.mark.parametrize("name, expected", EXPECTED)
@@ -103,9 +115,11 @@ def test_a_missing_name_is_rejected_naming_the_modules_there(name, expected):
     path = str(tiny_model(name))
     missing = "c_attn" if "q_proj" in expected else "q_proj"
     model_type = AutoConfig.from_pretrained(path).model_type
+    linear = [name for name in expected if name not in EXPERTS]
+    parameters = "; its expert and router parameters are experts.down_proj, experts.gate_up_proj, gate.weight"
     assert lora_target_problem(path, [expected[-1], missing]) == (
         f"hyperparameters.lora_target_modules: {missing!r} not in this model ({model_type}); "
-        f"its linear modules are {', '.join(expected)}"
+        f"its linear modules are {', '.join(linear)}" + (parameters if name in MOE else "")
     )
     assert lora_target_problem(path, expected) is None  # every name there
     assert lora_target_problem(path, None) is None and lora_target_problem(path, "all-linear") is None
@@ -115,15 +129,17 @@ def test_a_missing_name_is_rejected_naming_the_modules_there(name, expected):
 def test_peft_adapts_exactly_those_modules(name, expected):
     path = tiny_model(name)
     model = AutoModelForCausalLM.from_pretrained(path)
-    projections = linear_leaves(model)
+    projections, experts = linear_leaves(model), expert_parameters(model)
     peft_model = get_peft_model(model, lora_config(spec_for(name, lora_rank=4).hyperparameters, str(path)))
 
     adapted = {n for n, m in peft_model.base_model.model.named_modules() if isinstance(m, BaseTunerLayer)}
-    assert adapted == projections  # every attention and MLP projection of every layer, and nothing else
+    holders = {n.rsplit(".", 1)[0] for n in experts}  # a ParamWrapper per parameter, nested on the experts module
+    assert {n.removesuffix(".base_layer") for n in adapted} == projections | holders  # every projection, no more
+    assert set(peft_model.base_model.targeted_parameter_names) == experts  # every layer's experts, in a MoE
     assert len(adapted) % model.config.num_hidden_layers == 0
     summary = adapter_summary(peft_model)
     lora = sum(p.numel() for n, p in peft_model.named_parameters() if "lora_" in n)
-    assert summary["lora_target_modules"] == expected
+    assert summary["lora_target_modules"] + summary["lora_target_parameters"] == expected
     assert summary["trainable_parameters"] == lora and 0 < lora < summary["total_parameters"]
 
 
@@ -135,11 +151,87 @@ def test_names_match_like_peft():
     assert "'input_layernorm' not in this model" in lora_target_problem(path, ["input_layernorm"])  # not linear
 
 
+def test_moe_names_go_to_modules_or_parameters():
+    path = str(tiny_model("qwen3_moe"))
+    # A Linear's name -> target_modules; a parameter's, or the module holding it (the router, the experts) ->
+    # target_parameters.
+    assert resolve_lora_targets(path, ["q_proj", "gate", "experts"]) == (
+        ["q_proj"],
+        ["gate.weight", "experts.down_proj", "experts.gate_up_proj"],
+    )
+    assert resolve_lora_targets(path, ["gate_up_proj", "mlp.gate.weight"]) == ([], ["gate_up_proj", "mlp.gate.weight"])
+    assert lora_target_problem(path, ["gate", "experts.gate_up_proj", "mlp.gate.weight"]) is None
+    assert "'up_proj' not in this model" in lora_target_problem(path, ["up_proj"])  # tails end at a dot
+
+
+def moe_lora(path: Path, **hyperparameters):
+    """A PEFT-wrapped tiny Qwen3-MoE whose adapters are non-zero, as after training (LoRA B starts at 0)."""
+    model = AutoModelForCausalLM.from_pretrained(path)
+    hp = spec_for("qwen3_moe", lora_rank=4, **hyperparameters).hyperparameters
+    peft_model = get_peft_model(model, lora_config(hp, str(path)))
+    torch.manual_seed(1)
+    for name, parameter in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.1)
+    return peft_model
+
+
+def test_moe_experts_get_adapters_and_merge_exactly(tmp_path):
+    path = tiny_model("qwen3_moe")
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    base = AutoModelForCausalLM.from_pretrained(path)
+    peft_model = moe_lora(path, lora_target_modules=["experts"])  # the experts alone
+    assert adapter_summary(peft_model)["lora_target_parameters"] == EXPERTS
+    with torch.no_grad():
+        adapted = peft_model(ids).logits
+        assert not torch.allclose(adapted, base(ids).logits)  # the experts' adapters change what the model says
+    peft_model.save_pretrained(tmp_path / "adapter")
+    AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "adapter")
+
+    merge_adapter(tmp_path / "adapter", tmp_path / "merged", dtype=torch.float32)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, adapted, atol=1e-5)  # PEFT's merge of target_parameters is exact
+    # Saved in the checkpoint's own layout: one gate/up/down matrix per expert.
+    before, after = load_file(path / "model.safetensors"), load_file(tmp_path / "merged" / "model.safetensors")
+    moved = {name for name in before if not torch.equal(before[name], after[name])}
+    layers, experts = base.config.num_hidden_layers, base.config.num_experts
+    assert len(moved) == layers * experts * 3 and all(".mlp.experts." in name for name in moved)  # nothing else
+
+
+def test_the_log_says_what_moe_lora_adapts_and_leaves():
+    path = tiny_model("qwen3_moe")
+    assert adapter_line(adapter_summary(moe_lora(path)), str(path)) == (
+        "grpoflow: LoRA adapters on k_proj, o_proj, q_proj, v_proj; on the parameters experts.down_proj, "
+        "experts.gate_up_proj (PEFT target_parameters); not adapted: gate.weight (name them in lora_target_modules "
+        "to adapt them)"
+    )
+    # PEFT converts "all-linear" on a transformers 5 MoE to the experts and the router too; the line says so.
+    assert adapter_line(adapter_summary(moe_lora(path, lora_target_modules="all-linear")), str(path)) == (
+        "grpoflow: LoRA adapters on k_proj, o_proj, q_proj, v_proj; on the parameters experts.down_proj, "
+        "experts.gate_up_proj, gate.weight (PEFT target_parameters)"
+    )
+    assert adapter_line(adapter_summary(moe_lora(path, lora_target_modules=["q_proj"])), str(path)) == (
+        "grpoflow: LoRA adapters on q_proj; not adapted: experts.down_proj, experts.gate_up_proj, gate.weight (name "
+        "them in lora_target_modules to adapt them)"
+    )
+    summary = adapter_summary(moe_lora(path, lora_target_modules=["gate", "experts"]))
+    assert adapter_line(summary, str(path)) == (
+        "grpoflow: LoRA adapters on no module; on the parameters experts.down_proj, experts.gate_up_proj, "
+        "gate.weight (PEFT target_parameters)"
+    )
+
+
 def test_full_finetune_summary_counts_every_parameter():
     model = AutoModelForCausalLM.from_pretrained(tiny_model("gpt2"))
     total = sum(p.numel() for p in model.parameters())
     summary = adapter_summary(model)
-    assert summary == {"lora_target_modules": None, "trainable_parameters": total, "total_parameters": total}
+    assert summary == {
+        "lora_target_modules": None,
+        "lora_target_parameters": None,
+        "trainable_parameters": total,
+        "total_parameters": total,
+    }
 
 
 def test_a_7b_config_is_read_without_weights(tmp_path):
@@ -171,10 +263,10 @@ def test_a_missing_target_fails_the_training_child_as_a_setup_problem(make_job, 
 # --- slow: real 2-step GRPO runs through the training child, then the merge -----------------------------------------
 
 # Each training child spends ~10 s importing torch, transformers and TRL on a CPU, so the slow part trains LoRA on
-# the issue's twelve architectures (the other families get the fast PEFT wrap above) and the full fine-tune and
-# QLoRA on a subset: Conv1D (GPT-2), fused qkv + gate_up (Phi-3), Llama-style with a SentencePiece tokenizer.
-SLOW_LORA = ["gpt2", "gpt_neox", "falcon", "phi", "phi3", "opt", "llama", "mistral", "gemma", "gemma2", "qwen2"]
-SLOW_LORA += ["qwen3"]
+# eleven architectures (the others get the fast PEFT wrap above; Mistral is Llama's layout), a mixture of experts,
+# and the full fine-tune and QLoRA on a subset: Conv1D (GPT-2), fused qkv + gate_up (Phi-3), Llama-style with a
+# SentencePiece tokenizer.
+SLOW_LORA = ["gpt2", "gpt_neox", "falcon", "phi", "phi3", "opt", "llama", "gemma", "gemma2", "qwen2", "qwen3"]
 FULL_SUBSET = ["gpt2", "phi3", "gemma2"]
 QLORA_SUBSET = ["gpt2", "llama"]  # bitsandbytes' NF4 runs on CPU: a Conv1D model and a Linear one
 
@@ -281,3 +373,21 @@ def test_qlora_grpo_trains_and_merges(tmp_path, name):
     expected = next(p.values[1] for p in EXPECTED if p.values[0] == name)
     log = check_lora_run(tmp_path, name, expected, load_in_4bit=True)
     assert "loaded in 4-bit: True" in log  # NF4 on CPU: bitsandbytes' CPU backend
+
+
+@pytest.mark.slow
+def test_moe_lora_grpo_trains_the_experts_and_merges(tmp_path):
+    job = grpo_job(tmp_path, "qwen3_moe", lora_rank=4)
+    result, log = train_child(job)
+    assert result["lora_target_modules"] == ATTENTION and result["lora_target_parameters"] == EXPERTS
+    assert "(PEFT target_parameters); not adapted: gate.weight (name them in lora_target_modules" in log
+
+    merge_adapter(job.adapter, job.merged, dtype=torch.float32)
+    base = load_file(tiny_model("qwen3_moe") / "model.safetensors")
+    merged = load_file(job.merged / "model.safetensors")
+    moved = {name for name in base if not torch.equal(base[name], merged[name])}
+    config = AutoConfig.from_pretrained(job.merged)
+    experts = {name for name in base if ".mlp.experts." in name}
+    assert len(experts) == config.num_hidden_layers * config.num_experts * 3 and experts <= moved  # every expert
+    assert {name.rsplit(".", 2)[-2] for name in moved - experts} == set(ATTENTION)  # and attention, no router
+    generates(job.merged)

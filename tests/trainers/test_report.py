@@ -173,3 +173,15 @@ def test_plots_drawn_ahead_of_other_series_are_drawn_again(tmp_path, monkeypatch
     assert drawn == ["reward"]
     assert_png(tmp_path / "job" / "reward.png")
     assert not folder.exists() and (tmp_path / "job").resolve() not in report._AHEAD
+
+
+def test_report_names_every_adapted_module_and_parameter(tmp_path):
+    job, spec = make_job(tmp_path, ["hyperparameters.lora_rank=4"], n_steps=3)
+    trained = {"trainable_parameters": 10, "total_parameters": 100, "lora_target_modules": ["q_proj", "v_proj"]}
+    trained["lora_target_parameters"] = ["experts.down_proj", "experts.gate_up_proj"]  # a mixture of experts
+    job.training_result.write_text(json.dumps(trained))
+    text = write_report(job, spec, EVALUATION, [], extra={}).read_text()
+    assert (
+        "- **Trained parameters:** 10 of 100, LoRA adapters on `q_proj`, `v_proj` and on the parameters "
+        "`experts.down_proj`, `experts.gate_up_proj`"
+    ) in text

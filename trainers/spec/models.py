@@ -205,9 +205,12 @@ class Hyperparameters(_Section):
         None,
         description="The modules that get LoRA adapters: null means every attention and MLP projection, whatever the "
         "architecture names them (q_proj... for Llama, c_attn/c_fc/c_proj for GPT-2: every linear layer but the "
-        "output head); or a list of module names (a name matches each module whose name ends with it); or "
-        '"all-linear" (the same set, as PEFT expands it). A name the model lacks is rejected, naming those it has. '
-        "Requires lora_rank.",
+        "output head; in a mixture of experts also the stacked expert parameters, e.g. experts.gate_up_proj and "
+        "experts.down_proj, through PEFT target_parameters); or a list of module or parameter names (a name matches "
+        "each whose name ends with it; a router such as gate is adapted only when named); or "
+        '"all-linear" (as PEFT expands it: the linear modules; in a transformers 5 mixture of experts PEFT adds the '
+        "experts and the router). A name the model lacks is rejected, naming those it "
+        "has. Requires lora_rank.",
     )
     load_in_4bit: Annotated[bool, GRPOFLOW_ONLY] = Field(
         False, description="QLoRA: an NF4 base (bitsandbytes) plus LoRA adapters; requires lora_rank, single GPU only."
