@@ -312,6 +312,16 @@ class StageProgress:
             sys.stderr.write(self.bar)
             sys.stderr.flush()
 
+    def note(self, line: str) -> None:
+        """Logs `line`, a phase outside the steps (the model load, the final save), and until the last step makes it
+        the artifact's description, the progress where it was (the last step's line stays the stage's summary)."""
+        self._clear_bar()
+        self.log.info(line)
+        if self.artifact_id is not None and self.step < self.total:
+            percent = 100 * self.step / self.total
+            if _safely("progress", update_progress_artifact, self.artifact_id, percent, description=line) is None:
+                self.artifact_id = None
+
     def _clear_bar(self) -> None:
         if self.bar:
             sys.stderr.write("\r\033[K")

@@ -6,6 +6,7 @@ from prefect import get_run_logger, task
 
 from grpoflow.integrations.artifacts import StageProgress, StepRate, sft_line
 from grpoflow.integrations.events import emit
+from grpoflow.integrations.heartbeat import ChildPhases
 from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.jobdir import JobDir
@@ -21,6 +22,7 @@ class SFTWatcher:
         self.path, self.total, self.last_step = job.root / "sft_metrics.jsonl", spec.sft.max_steps, 0
         self.rate = StepRate()
         self.progress = StageProgress(spec, "sft", self.total, get_run_logger())
+        self.phases = ChildPhases(job.logs / "sft.log", self.progress.note, "SFT warm-up")
 
     def poll(self) -> None:
         for record in read_metrics(self.path):
@@ -30,6 +32,7 @@ class SFTWatcher:
                     step, sft_line(step, self.total, values, self.rate.seconds_per_step(step, values))
                 )
                 self.last_step = step
+        self.phases.poll(stepping=0 < self.last_step < self.total)
 
 
 @task(name="sft", retries=1, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)

@@ -28,6 +28,7 @@ from grpoflow.cluster.multinode import run_on_machines
 from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line
 from grpoflow.integrations.checkpoint_sync import CheckpointSync, restore_checkpoint
 from grpoflow.integrations.events import emit
+from grpoflow.integrations.heartbeat import ChildPhases
 from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.integrations.storage import is_remote, join
 from grpoflow.tasks import RETRY_DELAY_S
@@ -67,6 +68,7 @@ class ProgressWatcher:
         self.progress = StageProgress(spec, "training", hp.max_steps, self.logger, start=self.announced_until)
         # The stall watchdog: when this child's steps arrived, and the seconds per step between them.
         self.polled, self.last_step_at, self.step_seconds, self.stall_alerted = False, None, [], False
+        self.phases = ChildPhases(job.logs / "train.log", self.progress.note, "training")
 
     def poll(self) -> str | None:
         """Handles new records; returns the reason when an alert asks the run to stop."""
@@ -80,7 +82,12 @@ class ProgressWatcher:
                 self.last_step = record["step"]
         if self.last_step > before and self.last_step >= self.spec.hyperparameters.max_steps:
             draw_ahead(records, self.job.root)  # the report's plots, while the child scores and saves
-        return stop or self._child_diverged() or self._watch_stall(self.last_step - before)
+        stop = stop or self._child_diverged() or self._watch_stall(self.last_step - before)
+        # The phases outside this child's steps (the model load, the first generation, the final save).
+        self.phases.poll(
+            stepping=self.last_step_at is not None and self.last_step < self.spec.hyperparameters.max_steps
+        )
+        return stop
 
     def _child_diverged(self) -> str | None:
         """The child's own stop on NaN or inf weights (its exit record; the loss and gradient norm it logged may still

@@ -29,6 +29,7 @@ from grpoflow.trainers.launch import (
     SETUP_ERROR_EXIT,
     TrainingDiverged,
     record_exit,
+    say_phase,
 )
 from grpoflow.trainers.metrics import finite_callback, metrics_file_callback, truncate_metrics
 from grpoflow.trainers.modeling import (
@@ -46,6 +47,7 @@ from grpoflow.trainers.modeling import (
     torch_dtype,
     use_bf16,
     use_cpu,
+    weights_size,
 )
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, guarded_reward
@@ -238,10 +240,31 @@ def restore_final_checkpoint(trainer, checkpoint: str, job: JobDir, spec: JobSpe
     return 0.0
 
 
+def loading_line(spec: JobSpec, model_path: str) -> str:
+    """The phase line before the trainer loads the model: what it loads and how much (TRL loads a reference copy for
+    the KL term, and any reward models, in the same call)."""
+    hp = spec.hyperparameters
+    line = f"loading the model {model_path} ({weights_size(model_path)}{', in 4-bit' if hp.load_in_4bit else ''})"
+    if hp.kl_coef:
+        line += ", a reference copy for the KL term"
+    if models := [r.model for r in spec.rewards if r.model]:
+        line += f", the reward model{'s' if len(models) > 1 else ''} {', '.join(models)}"
+    return line
+
+
+def first_step_line(spec: JobSpec, checkpoint: str | None) -> str:
+    """What the first step does before it logs: generate a group per prompt (the slow part on a new model)."""
+    hp = spec.hyperparameters
+    step = checkpoint_step(checkpoint) + 1 if checkpoint else 1
+    completions = hp.rollouts_per_prompt * hp.prompts_per_step
+    return f"step {step}: generating {completions} completions of up to {hp.max_response_length} tokens"
+
+
 def save_artifact(trainer, spec: JobSpec, job: JobDir) -> Path:
     """Saves the adapter (LoRA jobs) or the full weights (full fine-tune), each with the tokenizer: `save_model`
     writes the trainer's `processing_class` too, from the main process only."""
     target = job.adapter if spec.hyperparameters.lora_rank else job.merged
+    say_phase(f"saving {'the adapter' if spec.hyperparameters.lora_rank else 'the weights'} to {target.name}/")
     trainer.save_model(str(target))
     return target
 
@@ -297,6 +320,8 @@ def main(job_root: str) -> int:
         tokenizer = tool_tokenizer(tokenizer, spec.base_model)
     budget = budget_callback(job, spec)  # budget.max_training_hours: stops at a checkpoint when reached
     finite = finite_callback("hyperparameters.learning_rate", hp.learning_rate)  # NaN or inf: stops, names the rate
+    say_phase(loading_line(spec, model_path))
+    loading = time.monotonic()
     trainer_class = grpo_trainer_class(hp.skip_zero_variance_groups)
     if held_out is not None:
         trainer_class = held_out_trainer(trainer_class, spec, held_out)
@@ -321,6 +346,7 @@ def main(job_root: str) -> int:
     print(f"grpoflow: start model {model_path}; loaded in 4-bit: {quantized}; trainable {trainable:,}/{total:,}")
     if line := adapter_line(adapters, model_path):
         print(line)
+    loaded = f"model loaded in {time.monotonic() - loading:.1f} s"
     parallelism = check_strategy(trainer, spec)
     if trainer.is_world_process_zero():
         print(f"grpoflow: {parallelism}", flush=True)
@@ -333,6 +359,8 @@ def main(job_root: str) -> int:
         train_runtime = restore_final_checkpoint(trainer, checkpoint, job, spec)
         budget.stopped_at = checkpoint_step(checkpoint) if checkpoint_step(checkpoint) < hp.max_steps else None
     else:
+        resuming = f"; resuming from {Path(checkpoint).name}" if checkpoint else ""
+        say_phase(f"{loaded}{resuming}; {first_step_line(spec, checkpoint)}")
         train_runtime = trainer.train(resume_from_checkpoint=checkpoint).metrics.get("train_runtime")
 
     # --- save
@@ -356,6 +384,7 @@ def main(job_root: str) -> int:
         from grpoflow.trainers.evaluate import evaluate
 
         summary["evaluated_in_training"] = True
+        say_phase("scoring the held-out prompts with the base model and the trained one")
         summary["evaluation"] = evaluate(job, spec, model_path, after=(trainer.model, tokenizer), training=summary)
     write_json_atomic(job.training_result, summary)
     return 0

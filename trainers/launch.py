@@ -104,6 +104,16 @@ def check_gpu_count(gpu_count: int, gpus: list[str]) -> None:
         )
 
 
+PHASE_MARK = "grpoflow: phase: "  # how a child's phase line starts in its log; the stage's watcher shows it
+
+
+def say_phase(text: str) -> None:
+    """Prints what a training child starts doing outside its steps (its main process only), e.g. "loading the model
+    X (1.2 GB in 1 file)": the stage's watcher (`grpoflow.integrations.heartbeat.ChildPhases`) shows it."""
+    if os.environ.get("RANK", "0") == "0":
+        print(PHASE_MARK + text, flush=True)
+
+
 @dataclass(frozen=True)
 class Machines:
     """Where this machine stands in a run over several (`distributed.num_machines`): how many, its rank (0 is the

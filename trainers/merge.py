@@ -7,8 +7,10 @@ The base is loaded unquantized even for QLoRA jobs, so `merged/` holds ordinary 
 """
 
 import argparse
+import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
@@ -18,23 +20,32 @@ def list_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-def merge_adapter(adapter_dir: Path, out_dir: Path, dtype=None) -> None:
+def merge_adapter(
+    adapter_dir: Path, out_dir: Path, dtype=None, say: Callable[[str], None] = lambda text: None
+) -> None:
     """Loads the adapter's base model, merges the adapter into it and saves the result with the tokenizer.
 
     Args:
         adapter_dir (`Path`): a PEFT adapter folder (adapter_config.json names the base model).
         out_dir (`Path`): where the merged model goes; written beside it first and renamed into place.
         dtype (`torch.dtype`, *optional*): dtype to load the base in; defaults to the trainer's dtype.
+        say (`Callable[[str], None]`, *optional*): gets each phase as it starts (default: print).
     """
+    from grpoflow.trainers.modeling import weights_size
+
+    base = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    say(f"loading the base model {base} ({weights_size(base)}) with {adapter_dir.name}/")
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoTokenizer
 
     from grpoflow.trainers.modeling import torch_dtype
 
     model = AutoPeftModelForCausalLM.from_pretrained(str(adapter_dir), dtype=dtype or torch_dtype())
+    say("folding the adapter into the weights")
     merged = model.merge_and_unload()
     staging = out_dir.parent / f".{out_dir.name}-staging"
     shutil.rmtree(staging, ignore_errors=True)
+    say(f"writing {out_dir.name}/")
     merged.save_pretrained(str(staging))
     AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(staging))
     replace_dir(staging, out_dir)

@@ -59,6 +59,21 @@ def cached_hub_file(repo_id: str, filename: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
+def weights_size(model_path: str) -> str:
+    """How much the model's weights weigh, e.g. "1.2 GB in 2 files", from a local folder or the Hugging Face cache;
+    "not in the local cache: downloaded first" for a hub id that is not cached yet."""
+    if is_local_model(model_path):
+        folder = Path(model_path).expanduser()
+    elif (config := cached_hub_file(model_path, "config.json")) is not None:
+        folder = config.parent
+    else:
+        return "not in the local cache: downloaded first"
+    files = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern) if f.is_file()]
+    size = sum(f.stat().st_size for f in files)
+    amount = f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{max(1, round(size / 1e6))} MB"
+    return f"{amount} in {len(files)} file{'s' if len(files) != 1 else ''}"
+
+
 def model_problem(model_id: str, field: str = "base_model") -> str | None:
     """Why the model `model_id` (a local folder or a Hub id) cannot be loaded here, found without loading it: a
     missing folder, a folder without config.json, or, offline, a Hub id whose config or weights are not in the local

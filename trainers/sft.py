@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grpoflow.trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
 from grpoflow.trainers.jobdir import JobDir, replace_dir
-from grpoflow.trainers.launch import DIVERGED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged, record_exit
+from grpoflow.trainers.launch import DIVERGED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged, record_exit, say_phase
 from grpoflow.trainers.metrics import finite_callback, metrics_file_callback
 from grpoflow.trainers.modeling import (
     SetupError,
@@ -34,6 +34,7 @@ from grpoflow.trainers.modeling import (
     torch_dtype,
     use_bf16,
     use_cpu,
+    weights_size,
 )
 from grpoflow.trainers.spec import JobSpec, load_spec
 from grpoflow.trainers.tiny import resolve_model_path
@@ -119,6 +120,7 @@ def main(job_root: str) -> int:
         dataset = sft_dataset(rows, spec)
         check_chat_template(tokenizer, dataset, spec.hyperparameters.system_prompt, spec.base_model)
     work = job.root / ".sft-work"
+    say_phase(f"loading the model {model_path} ({weights_size(model_path)})")
     trainer = SFTTrainer(
         model=model_path,
         args=sft_config(spec, work),
@@ -132,12 +134,14 @@ def main(job_root: str) -> int:
     )
 
     # --- train
+    say_phase(f"model loaded; training {spec.sft.max_steps} steps")
     trainer.train()
 
     # --- save full weights (merging LoRA adapters in), written beside sft/ and renamed into place, by one process
     if not trainer.is_world_process_zero():
         return 0
     model = trainer.model
+    say_phase(f"saving the warmed-up weights to {job.sft.name}/")
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     staging = job.root / ".sft-staging"

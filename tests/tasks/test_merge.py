@@ -1,6 +1,7 @@
 """The merge task: a LoRA job's adapter merged into merged/ and announced; a full fine-tune only described."""
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -11,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoflow.tasks.merge import merge_task
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.modeling import LORA_TARGETS
+from grpoflow.trainers.modeling import LORA_TARGETS, weights_size
 from grpoflow.trainers.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -29,10 +30,18 @@ def save_adapter(folder) -> None:
     AutoTokenizer.from_pretrained(build_tiny()).save_pretrained(folder)
 
 
-def test_a_lora_job_is_merged_and_announced(make_job):
+def test_a_lora_job_is_merged_and_announced(make_job, caplog):
     job, spec = make_job("lora", hyperparameters={"lora_rank": 4})
     save_adapter(job.adapter)
-    info = merge(job, spec)
+    with caplog.at_level(logging.INFO, logger="prefect.task_runs"):
+        info = merge(job, spec)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("merge: ")]
+    assert said[:3] == [
+        f"merge: loading the base model {build_tiny()} ({weights_size(str(build_tiny()))}) with adapter/",
+        "merge: folding the adapter into the weights",
+        "merge: writing merged/",
+    ]
+    assert said[3].startswith("merge: merged/ written in ") and len(said) == 4  # each phase as it starts
     assert info["artifact_type"] == "adapter" and info == json.loads(job.model_json.read_text())
     merged = AutoModelForCausalLM.from_pretrained(job.merged)  # ordinary weights
     base = AutoModelForCausalLM.from_pretrained(build_tiny())

@@ -35,7 +35,7 @@ from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.merge import merge_adapter
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.modeling import lora_config
+from grpoflow.trainers.modeling import lora_config, weights_size
 from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.architectures import ARCHITECTURES, tiny_model
 from tests.conftest import arithmetic_rows, write_jsonl
@@ -335,6 +335,11 @@ def check_lora_run(tmp_path: Path, name: str, expected: list[str], **hyperparame
     result, log = train_child(job)
     assert result["lora_target_modules"] == expected  # what the report shows
     assert f"grpoflow: LoRA adapters on {', '.join(expected)}" in log
+    # The phases outside the steps, which the training task shows while no step comes.
+    size = weights_size(str(tiny_model(name)))
+    assert f"grpoflow: phase: loading the model {tiny_model(name)} ({size})\n" in log
+    assert "grpoflow: phase: model loaded in " in log and "; step 1: generating 2 completions of up to 4 tokens" in log
+    assert "grpoflow: phase: saving the adapter to adapter/\n" in log
     assert 0 < result["trainable_parameters"] < result["total_parameters"]
 
     merge_adapter(job.adapter, job.merged, dtype=torch.float32)

@@ -1,0 +1,70 @@
+"""Progress outside a stage's steps (`grpoflow.integrations.heartbeat`): a training child's phase lines shown as they
+come, a line every so often while a phase lasts, and the merge's phases."""
+
+import logging
+import time
+
+import pytest
+
+from grpoflow.integrations import heartbeat
+from grpoflow.integrations.heartbeat import ChildPhases, Heartbeat
+from grpoflow.trainers.launch import PHASE_MARK, say_phase
+
+
+@pytest.fixture
+def log_file(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text(f"an earlier attempt\n{PHASE_MARK}loading the model old\n")
+    return path
+
+
+def test_phase_lines_are_shown_as_they_come_and_only_this_attempts(log_file):
+    notes = []
+    phases = ChildPhases(log_file, notes.append, "training")
+    assert notes == ["training: starting the child process (importing torch, transformers and TRL)"]
+    with log_file.open("a") as f:
+        f.write(f"Loading weights: 100%\n{PHASE_MARK}loading the model /m (1 MB in 1 file)\n")
+        f.write(f"[node 0] {PHASE_MARK}model loaded in 2.0 s\n{PHASE_MARK}saving the wei")  # a line half written
+    phases.poll(stepping=False)
+    assert notes[1:] == ["training: loading the model /m (1 MB in 1 file)", "training: model loaded in 2.0 s"]
+    with log_file.open("a") as f:
+        f.write("ghts to merged/\n")
+    phases.poll(stepping=False)
+    assert notes[3:] == ["training: saving the weights to merged/"]  # once whole
+
+
+def test_a_long_phase_says_how_long_it_lasts_but_not_between_steps(log_file, monkeypatch):
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.05)
+    notes = []
+    phases = ChildPhases(log_file, notes.append, "training")
+    with log_file.open("a") as f:
+        f.write(f"{PHASE_MARK}loading the model /m\n")
+    phases.poll(stepping=False)
+    time.sleep(0.1)
+    phases.poll(stepping=True)  # steps are coming: their own lines say enough
+    assert notes[-1] == "training: loading the model /m"
+    phases.poll(stepping=False)
+    assert notes[-1].startswith("training: loading the model /m: ") and notes[-1].endswith(" s so far")
+    assert len(notes) == 3
+    phases.poll(stepping=False)  # not again until EVERY_S more have passed
+    assert len(notes) == 3
+
+
+def test_say_phase_prints_from_the_main_process_only(capsys, monkeypatch):
+    say_phase("loading the model /m")
+    monkeypatch.setenv("RANK", "1")
+    say_phase("loading the model /m")
+    assert capsys.readouterr().out == f"{PHASE_MARK}loading the model /m\n"
+
+
+def test_heartbeat_logs_each_phase_then_how_long_it_lasts(caplog):
+    logger = logging.getLogger("test-heartbeat")
+    with caplog.at_level(logging.INFO, logger="test-heartbeat"), Heartbeat(logger, "merge", every_s=0.05) as beat:
+        beat.say("loading the base model /m")
+        time.sleep(0.3)
+        beat.say("writing merged/")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "merge: loading the base model /m" and lines[-1] == "merge: writing merged/"
+    beats = lines[1:-1]
+    assert beats and all(line.startswith("merge: loading the base model /m: ") for line in beats)
+    assert not beat.thread.is_alive()  # stopped with the block
