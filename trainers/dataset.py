@@ -17,17 +17,21 @@ Pure functions, no Prefect: `tasks/ingest.py` wraps `ingest_dataset` in a Prefec
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import difflib
 import gzip
 import hashlib
 import json
+import logging
 import lzma
 import math
 import os
 import re
 import shutil
+import socket
 import tempfile
+import urllib.parse
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -335,10 +339,29 @@ def _fingerprint(src: _Source, ds: datasets.Dataset, storage_options: dict | Non
 # --- loading, and explaining why a load failed -------------------------------------------------------------------
 
 
+# The json builder logs "Failed to load JSON from file ..." at ERROR before raising; the raise is explained below,
+# naming the lines, so that line would only say the same thing twice, worse.
+JSON_READER_LOGGER = "datasets.packaged_modules.json.json"
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    """Silences one library logger for the block (its level restored after)."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> datasets.Dataset:
     if src.builder == "disk":
         return _load_saved(src)
     if src.builder == "hub":
+        if (refused := _hub_not_answering()) is not None:
+            raise _hub_unreachable(src, refused)
         try:
             return datasets.load_dataset(
                 src.location, split=src.split, cache_dir=cache_dir, storage_options=storage_options
@@ -359,13 +382,14 @@ def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> dataset
         data_files = os.path.join(source, path.rsplit("/", 1)[-1])
         fs.get_file(path, data_files)
     try:
-        return datasets.load_dataset(
-            src.builder,
-            data_files=data_files,  # a local file by now, so no storage_options (`datasets` would add to them)
-            split="train",
-            cache_dir=cache_dir,
-            **kwargs,
-        )
+        with _quiet(JSON_READER_LOGGER):
+            return datasets.load_dataset(
+                src.builder,
+                data_files=data_files,  # a local file by now, so no storage_options (`datasets` would add to them)
+                split="train",
+                cache_dir=cache_dir,
+                **kwargs,
+            )
     except Exception as e:
         if not isinstance(_root_cause(e), _DATA_ERRORS):
             raise
@@ -412,6 +436,22 @@ def _hub_unreachable(src: _Source, error: BaseException | None = None) -> Datase
         f"network (and HF_ENDPOINT), or download the files where the Hub is reachable ({local}) and give one of "
         "them as dataset.uri"
     )
+
+
+def _hub_not_answering(timeout_s: float = 5.0) -> OSError | None:
+    """Why the Hub's host cannot be reached at all (its name does not resolve, or no TCP connection within
+    `timeout_s`), found in one try where huggingface_hub would retry 5 times over ~24 s. None when it answers, when
+    offline mode is on (said otherwise), or behind a proxy (the HTTP client's own settings decide then)."""
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    if hub_offline() or any(os.environ.get(name) for name in proxies):
+        return None
+    url = urllib.parse.urlsplit(hf_constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        return e
+    return None
 
 
 def _root_cause(e: BaseException) -> BaseException:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import socket
 import tracemalloc
 
 import datasets
@@ -517,14 +518,40 @@ def test_an_hf_dataset_offline_is_one_line(tmp_path, monkeypatch, uri):
     assert not (tmp_path / "hf").exists()
 
 
-def test_an_hf_dataset_out_of_reach_is_one_line(monkeypatch):
+@pytest.fixture
+def hub_online(monkeypatch):
+    """The Hub not offline, its endpoint a loopback port that listens (set `ENDPOINT` again to one that does not)."""
     import huggingface_hub
-
-    def unreachable(*args, **kwargs):  # what `datasets` raises after its 5 tries
-        raise ConnectionError("Couldn't reach 'grpoflow-tests/nowhere' on the Hub (LocalEntryNotFoundError)")
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        yield huggingface_hub.constants
+
+
+def test_an_hf_dataset_out_of_reach_is_one_line_without_retries(hub_online, monkeypatch):
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(hub_online, "ENDPOINT", f"http://127.0.0.1:{port}")  # nothing listens there
+    monkeypatch.setattr(datasets, "load_dataset", None)  # one connection tried, never the loader's 5 tries (~24 s)
+
+    with pytest.raises(DatasetError) as error:
+        check_dataset("hf://datasets/grpoflow-tests/nowhere")
+
+    assert str(error.value).startswith(
+        f"dataset hf://datasets/grpoflow-tests/nowhere: cannot reach the Hugging Face Hub at http://127.0.0.1:{port} "
+        "(ConnectionRefusedError: "
+    )
+    assert "\n" not in str(error.value)
+
+
+def test_an_hf_dataset_the_hub_fails_to_serve_is_one_line(hub_online, monkeypatch):
+    def unreachable(*args, **kwargs):  # what `datasets` raises after its 5 tries
+        raise ConnectionError("Couldn't reach 'grpoflow-tests/nowhere' on the Hub (LocalEntryNotFoundError)")
+
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
 
     with pytest.raises(DatasetError, match="cannot reach the Hugging Face Hub at ") as error:
