@@ -228,11 +228,11 @@ def adapter_summary(model) -> dict:
 
 
 def adapter_line(summary: dict, model_path: str) -> str | None:
-    """The training log's line saying exactly what LoRA adapts (and, in a mixture of experts, what it leaves)."""
+    """The training child's phase line saying exactly what LoRA adapts (in a mixture of experts, what it leaves)."""
     modules, parameters = summary.get("lora_target_modules"), summary.get("lora_target_parameters") or []
     if modules is None:
         return None
-    line = f"grpoflow: LoRA adapters on {', '.join(modules) or 'no module'}"
+    line = f"LoRA adapters on {', '.join(modules) or 'no module'}"
     if parameters:
         line += f"; on the parameters {', '.join(parameters)} (PEFT target_parameters)"
     if left := untargeted_parameters(model_path, parameters):

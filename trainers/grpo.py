@@ -345,7 +345,7 @@ def main(job_root: str) -> int:
     quantized = getattr(model, "is_loaded_in_4bit", False)
     print(f"grpoflow: start model {model_path}; loaded in 4-bit: {quantized}; trainable {trainable:,}/{total:,}")
     if line := adapter_line(adapters, model_path):
-        print(line)
+        say_phase(line)  # in train.log and in the run's log
     loaded = f"model loaded in {time.monotonic() - loading:.1f} s"
     parallelism = check_strategy(trainer, spec)
     if trainer.is_world_process_zero():
