@@ -16,6 +16,7 @@ downloads the newest intact remote checkpoint when the local folder has none as 
 staging folder), checks every file's sha256, and only then puts it in `checkpoints/`.
 """
 
+import contextvars
 import hashlib
 import json
 import logging
@@ -252,6 +253,11 @@ class CheckpointSync(threading.Thread):
     after it (one last round: the newest checkpoint and the files). A failed round is logged and tried again; it
     never fails the training.
 
+    The thread runs in a copy of the context that made it (as Prefect's own thread pool runs tasks): a thread starts
+    with an empty one, in which Prefect's settings are those it read at import, without the API URL that `grpoflow
+    run` sets later for its temporary server, and the run logger's first line there would boot a second, ephemeral,
+    server (`grpoflow.flows.server`).
+
     Args:
         job (`JobDir`): the local (staging) job folder.
         location (`str`): `<output_uri>/<job_id>`.
@@ -270,8 +276,12 @@ class CheckpointSync(threading.Thread):
         self._current: Path | None = None
         self._stopping = threading.Event()
         self._files_at = 0.0
+        self._context = contextvars.copy_context()  # the task run's, with the Prefect settings of its server
 
     def run(self) -> None:
+        self._context.run(self._rounds)
+
+    def _rounds(self) -> None:
         while True:
             stopping = self._stopping.wait(CHECK_S)
             try:

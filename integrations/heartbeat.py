@@ -7,6 +7,7 @@ how long the phase has lasted. `Heartbeat` does the same for work in this proces
 as it starts, then a line every `EVERY_S` seconds while it lasts.
 """
 
+import contextvars
 import threading
 import time
 from pathlib import Path
@@ -77,7 +78,10 @@ class Heartbeat:
         self.log, self.stage, self.every_s = log, stage, every_s
         self.phase, self.phase_started = None, time.monotonic()
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._beat, name=f"grpoflow-{stage}-heartbeat", daemon=True)
+        # In a copy of this context: a thread's own lacks the Prefect settings of `grpoflow run`'s server, and the run
+        # logger's first line there would start a second, ephemeral, server.
+        context = contextvars.copy_context()
+        self.thread = threading.Thread(target=context.run, args=(self._beat,), name=f"{stage} heartbeat", daemon=True)
 
     def __enter__(self) -> "Heartbeat":
         self.thread.start()

@@ -42,6 +42,7 @@ other outbox line is undelivered. Neither secrets nor signatures are ever writte
 """
 
 import base64
+import contextvars
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -98,6 +99,10 @@ class _Delivery:
     type: str
     body: bytes
     policy: Policy
+    # The emitter's context, where the delivery runs: Prefect's settings live in context variables, and a worker
+    # thread's own context lacks the API URL `grpoflow run` sets for its temporary server (a Secret block lookup
+    # there would find no server).
+    context: contextvars.Context = field(default_factory=contextvars.copy_context, compare=False)
 
 
 _queues: dict[str, queue.Queue] = {}
@@ -305,7 +310,7 @@ def _worker(q: queue.Queue) -> None:
     while True:
         item = q.get()
         try:
-            _send(client, item)
+            item.context.run(_send, client, item)
         except Exception:
             # A bug here must not kill the thread: the endpoint's later events would never be sent.
             logger.exception("webhooks: delivering %s to %s failed", item.msg_id, safe_url(item.hook.url))

@@ -1,25 +1,31 @@
 """Checkpoints that survive losing the machine (`integrations/checkpoint_sync.py`), against moto's S3 server on
 loopback through the real s3fs: each checkpoint goes up with a manifest last, a half-uploaded one is never taken, a
 fresh machine downloads the newest intact one; and (slow) a real training job whose machine is lost mid-run resumes
-from S3 with every step in metrics.jsonl exactly once."""
+from S3 with every step in metrics.jsonl exactly once, and a job whose store goes down mid-run and comes back ends as
+promptly as any, on its own Prefect server, with the whole job folder in the store."""
 
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import s3fs
+from moto.server import ThreadedMotoServer
 
 from grpoflow.integrations import storage
 from grpoflow.integrations.checkpoint_sync import (
     MANIFEST,
     CheckpointSync,
     FileMirror,
+    job_files,
     newest_remote_checkpoint,
     remote_manifest,
     restore_checkpoint,
@@ -253,3 +259,111 @@ def test_a_lost_machine_resumes_from_s3_with_each_step_once(bucket, tmp_path, mo
     assert int(training["resumed_from"].rsplit("-", 1)[1]) >= kept  # from S3, not from scratch
     fs.invalidate_cache()
     assert len(fs.ls(f"{remote}/checkpoints")) <= 2  # save_total_limit, remotely too
+
+
+def prefect_servers(pid: int) -> set[int]:
+    """The Prefect servers process `pid` started: its `prefect server start` (grpoflow's temporary server) and any
+    `uvicorn ... prefect.server.api.server:create_app` (Prefect's ephemeral one, started by its client)."""
+    found = set()
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.Error:  # it exited
+        return found
+    for child in children:
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "prefect server start" in command or "prefect.server.api.server:create_app" in command:
+            found.add(child.pid)
+    return found
+
+
+def watch_servers(run: subprocess.Popen, servers: set[int], done, until: float) -> None:
+    """Waits until `done()` or the monotonic time `until`, adding the Prefect servers `run` started to `servers`."""
+    while not done() and time.monotonic() < until:
+        servers |= prefect_servers(run.pid)
+        time.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+OUTAGE_S = 4.0
+
+
+@pytest.mark.slow
+def test_a_store_outage_mid_run_starts_no_second_server_and_delays_no_exit(bucket, tmp_path, make_spec, standin):
+    """`grpoflow run` on its temporary Prefect server (no PREFECT_API_URL), its output_uri on an S3 store (moto, the
+    session's buckets, on a port of its own) that goes down for OUTAGE_S seconds once the first checkpoint is up, and
+    comes back on the same port (issue 28: the upload thread's first log line booted Prefect's ephemeral server beside
+    grpoflow's, and the run hung for minutes after "Completed"). The uploads fail and are retried through the outage;
+    the run starts no second Prefect server, exits within seconds of its flow run's end, and the store holds the job
+    folder as it ended. The training child is the stand-in (tests/standin_child.py), 40 steps of 0.2 s."""
+    standin(step_seconds=0.2)
+    port, fs = free_port(), s3fs.S3FileSystem()
+    store = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    store.start()
+    spec = make_spec(
+        "outage",
+        hyperparameters={"max_steps": 40, "rollouts_per_prompt": 2, "max_response_length": 4},
+        checkpoint_every=5,
+        evaluation={"holdout": 0},
+        output_uri=f"s3://{bucket}/runs",
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        storage.STAGING_ENV: str(tmp_path / "staging"),
+        # Each request fails at once while the store is down (botocore's own retries would outlast a short outage):
+        # the thread's next rounds retry, and say so in the run's log, from the thread.
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    command = [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--json"]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, completed_at, servers = [], [], set()
+
+    def read_stderr() -> None:
+        for line in run.stderr:
+            lines.append(line)
+            if "Flow run" in line and "Finished in state Completed" in line:
+                completed_at.append(time.monotonic())
+
+    def first_upload() -> bool:
+        fs.invalidate_cache()
+        return bool(fs.glob(f"{bucket}/runs/*/checkpoints/*/{MANIFEST}")) or run.poll() is not None
+
+    threading.Thread(target=read_stderr, daemon=True).start()
+    deadline = time.monotonic() + 120
+    try:
+        watch_servers(run, servers, first_upload, deadline)
+        assert run.poll() is None, "".join(lines)[-3000:]
+        store.stop()  # down mid-run: the next checkpoints are saved meanwhile
+        watch_servers(run, servers, lambda: False, time.monotonic() + OUTAGE_S)
+        store = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        store.start()
+        watch_servers(run, servers, lambda: run.poll() is not None, deadline)
+        exited_at = time.monotonic()
+        assert run.wait(timeout=max(deadline - exited_at, 1)) == 0, "".join(lines)[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+        store.stop()
+    stderr = "".join(lines)
+    assert "failed (retried)" in stderr  # the outage hit the uploads
+    # grpoflow's temporary server only: no ephemeral one of Prefect's (its "Starting temporary server on ..." line).
+    assert len(servers) == 1 and "Starting temporary server" not in stderr, f"{len(servers)} servers: {stderr[-3000:]}"
+    assert exited_at - completed_at[0] < 20  # seconds, not the minutes of issue 28
+
+    job_id = json.loads(run.stdout.read().strip().splitlines()[-1])["job_id"]
+    job, remote = JobDir(tmp_path / "staging" / job_id), f"{bucket}/runs/{job_id}"
+    fs.invalidate_cache()
+    assert {p.relative_to(job.root).as_posix(): p.stat().st_size for p in job_files(job)} == {
+        name.removeprefix(remote + "/"): info["size"]
+        for name, info in fs.find(remote, detail=True).items()
+        if "/checkpoints/" not in name and not name.rsplit("/", 1)[-1].startswith(".")
+    }
+    assert newest_remote_checkpoint(fs, f"{remote}/checkpoints")[0].endswith("checkpoint-40")

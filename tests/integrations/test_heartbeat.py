@@ -68,3 +68,20 @@ def test_heartbeat_logs_each_phase_then_how_long_it_lasts(caplog):
     beats = lines[1:-1]
     assert beats and all(line.startswith("merge: loading the base model /m: ") for line in beats)
     assert not beat.thread.is_alive()  # stopped with the block
+
+
+def test_heartbeat_lines_are_logged_with_the_callers_prefect_settings():
+    # A thread's own context has no `grpoflow run` server: the run logger's first line there would start another.
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    seen = []
+
+    class Recorder:
+        def info(self, *args):
+            seen.append(get_current_settings().api.url)
+
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        with Heartbeat(Recorder(), "merge", every_s=0.02) as beat:
+            beat.say("writing merged/")
+            time.sleep(0.2)
+    assert len(seen) > 2 and set(seen) == {"http://127.0.0.1:9/api"}  # the beats, from the thread, too

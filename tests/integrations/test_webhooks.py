@@ -541,6 +541,43 @@ def test_the_secret_comes_from_a_prefect_secret_block_when_the_variable_is_unset
     assert WHSEC not in (job.root / "webhooks.jsonl").read_text()
 
 
+# A process that points Prefect at a server only in a settings context, as `grpoflow run` does for its temporary
+# one (its environment has no PREFECT_API_URL at import), then emits one event to a job's webhook.
+CONTEXT_ONLY_PROCESS = """
+import sys
+from pathlib import Path
+
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from grpoflow.integrations import webhooks
+from grpoflow.integrations.events import emit
+from grpoflow.trainers.jobdir import JobDir
+
+with temporary_settings(updates={PREFECT_API_URL: sys.argv[2]}):
+    emit(JobDir(Path(sys.argv[1])), "grpoflow.training.completed", {"steps": 3})
+    assert webhooks.flush(10)
+"""
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_delivery_runs_with_the_emitters_prefect_settings(monkeypatch, receiver, make_job):
+    # The delivery thread must use the emitter's server (the Secret block is there), not the settings a new thread
+    # starts with, which name none.
+    from prefect.blocks.system import Secret
+    from prefect.settings import get_current_settings
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    Secret(value=WHSEC).save(webhooks.secret_block_name(SECRET_ENV), overwrite=True)
+    r = receiver()
+    job = make_job(r.url)
+
+    argv = [sys.executable, "-c", CONTEXT_ONLY_PROCESS, str(job.root), get_current_settings().api.url]
+    done = subprocess.run(argv, env=environment(), capture_output=True, text=True, timeout=DRAIN_S)
+    assert done.returncode == 0, done.stderr
+    [request] = r.requests
+    Webhook(WHSEC).verify(request.body, request.headers)
+
+
 # --- at least once: the outbox, a resumed job, `grpoflow webhooks retry` -----------------------------------------
 
 # The first process of a job: it emits EVENTS to the job's webhooks with short timeouts, waits FLUSH_S for them at
