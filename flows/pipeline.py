@@ -9,6 +9,7 @@ job (its last event, webhooks, uploads) however it ends. Run it with `grpoflow r
 `grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
 """
 
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -33,9 +34,32 @@ from grpoflow.tasks.register import register_task
 from grpoflow.tasks.sft import sft_task
 from grpoflow.tasks.train import train_task
 from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.launch import (
+    ChildEndedEarly,
+    ChildFailed,
+    RewardFailed,
+    TrainingSetupError,
+    TrainingStopped,
+)
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.spec import JobSpec
 from grpoflow.trainers.trust import untrusted_code
+
+
+class NamedFailures(logging.Filter):
+    """Leaves out the traceback of a stage failure whose message already says everything (a training child's end,
+    with its log's lines and path): Prefect's engine logs the flow's exception with its traceback, which then shows
+    only grpoflow's and Prefect's own frames, 30-90 lines on the terminal and in the UI, around a one-line reason."""
+
+    NAMED = (TrainingSetupError, TrainingStopped, RewardFailed, ChildEndedEarly, ChildFailed)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], self.NAMED):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("prefect.flow_runs").addFilter(NamedFailures())
 
 
 def _always(spec: JobSpec, done: dict) -> bool:

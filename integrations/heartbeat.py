@@ -8,6 +8,7 @@ as it starts, then a line every `EVERY_S` seconds while it lasts.
 """
 
 import contextvars
+import re
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from grpoflow.trainers.launch import PHASE_MARK
 
 EVERY_S = 15.0  # a user waits this long without a line, at most
+AFTER_STEP = re.compile(r"\(after step (\d+)\) (.*)")  # `say_phase(text, after_step=N)`
 
 
 class ChildPhases:
@@ -32,21 +34,34 @@ class ChildPhases:
         self.offset = log_path.stat().st_size if log_path.exists() else 0
         self.said = self.phase_started = time.monotonic()
         self.phase = "starting the child process (importing torch, transformers and TRL)"
+        self.pending: list[tuple[int | None, str]] = []  # (the step it follows, text), not shown yet
         note(f"{stage}: {self.phase}")
 
-    def poll(self, stepping: bool) -> None:
-        """Shows new phase lines; while not `stepping` (between its first step and its last), how long the phase
-        lasts."""
+    def flush(self) -> None:
+        """Shows what is held back (the stage ended: its steps are all shown, or never will be)."""
+        for _, text in self.pending:
+            self._show(text, time.monotonic())
+        self.pending = []
+
+    def _show(self, text: str, now: float) -> None:
+        self.phase, self.said, self.phase_started = text, now, now
+        self.note(f"{self.stage}: {text}")
+
+    def poll(self, shown_step: int = 0, stepping: bool = False) -> None:
+        """Shows the new phase lines in their order, a line the child marked as following step N only once step N's
+        own line is shown (`shown_step`: the watcher's last; a fast child's steps and final save can arrive at once);
+        while not `stepping` (between its first step and its last), how long the phase lasts."""
         now = time.monotonic()
-        for text in self._new_lines():
-            self.phase, self.said, self.phase_started = text, now, now
-            self.note(f"{self.stage}: {text}")
+        self.pending += self._new_lines()
+        while self.pending and (self.pending[0][0] or 0) <= shown_step:
+            self._show(self.pending.pop(0)[1], now)
         if not stepping and now - self.said >= EVERY_S:
             self.said = now
             self.note(f"{self.stage}: {self.phase}: {now - self.phase_started:.0f} s so far")
 
-    def _new_lines(self) -> list[str]:
-        """The phase lines completed since the last call (a line still being written waits for its newline)."""
+    def _new_lines(self) -> list[tuple[int | None, str]]:
+        """The phase lines completed since the last call, as (the step it follows, text); a line still being written
+        waits for its newline."""
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
@@ -57,7 +72,8 @@ class ChildPhases:
         self.offset += len(complete)
         lines = complete.decode("utf-8", "replace").splitlines()
         # Several machines' logs arrive prefixed with "[node i] ".
-        return [line.split(PHASE_MARK, 1)[1].strip() for line in lines if PHASE_MARK in line]
+        texts = [line.split(PHASE_MARK, 1)[1].strip() for line in lines if PHASE_MARK in line]
+        return [(int(m[1]), m[2]) if (m := AFTER_STEP.match(text)) else (None, text) for text in texts]
 
 
 class Heartbeat:

@@ -25,6 +25,8 @@ class SFTWatcher:
         self.phases = ChildPhases(job.logs / "sft.log", self.progress.note, "SFT warm-up")
 
     def poll(self) -> None:
+        if self.last_step == 0:  # the phases before the first step come before it
+            self.phases.poll()
         for record in read_metrics(self.path):
             if record["step"] > self.last_step:
                 step, values = record["step"], record["values"]
@@ -32,7 +34,8 @@ class SFTWatcher:
                     step, sft_line(step, self.total, values, self.rate.seconds_per_step(step, values))
                 )
                 self.last_step = step
-        self.phases.poll(stepping=0 < self.last_step < self.total)
+        if self.last_step:
+            self.phases.poll(stepping=self.last_step < self.total)  # SFT logs every few steps: not held back
 
 
 @task(name="sft", retries=1, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)

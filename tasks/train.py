@@ -73,6 +73,7 @@ class ProgressWatcher:
     def poll(self) -> str | None:
         """Handles new records; returns the reason when an alert asks the run to stop."""
         stop, before = None, self.last_step
+        self.phases.poll(self.last_step)  # the phase lines before the new steps (the model load)
         # By step, not by line: a resuming child truncates metrics.jsonl to its checkpoint and writes those steps
         # again (bit for bit the same values: see the resume test), which are then not handled twice.
         records = read_metrics(self.job.metrics)
@@ -83,10 +84,9 @@ class ProgressWatcher:
         if self.last_step > before and self.last_step >= self.spec.hyperparameters.max_steps:
             draw_ahead(records, self.job.root)  # the report's plots, while the child scores and saves
         stop = stop or self._child_diverged() or self._watch_stall(self.last_step - before)
-        # The phases outside this child's steps (the model load, the first generation, the final save).
-        self.phases.poll(
-            stepping=self.last_step_at is not None and self.last_step < self.spec.hyperparameters.max_steps
-        )
+        # Then those after them (the final save), and how long a phase outside the steps lasts.
+        stepping = self.last_step_at is not None and self.last_step < self.spec.hyperparameters.max_steps
+        self.phases.poll(self.last_step, stepping)
         return stop
 
     def _child_diverged(self) -> str | None:
@@ -191,6 +191,7 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
                     env=env,
                 )
     finally:
+        watcher.phases.flush()
         watcher.progress.close()
         if sync is not None:
             sync.stop()

@@ -264,7 +264,8 @@ def save_artifact(trainer, spec: JobSpec, job: JobDir) -> Path:
     """Saves the adapter (LoRA jobs) or the full weights (full fine-tune), each with the tokenizer: `save_model`
     writes the trainer's `processing_class` too, from the main process only."""
     target = job.adapter if spec.hyperparameters.lora_rank else job.merged
-    say_phase(f"saving {'the adapter' if spec.hyperparameters.lora_rank else 'the weights'} to {target.name}/")
+    what = "the adapter" if spec.hyperparameters.lora_rank else "the weights"
+    say_phase(f"saving {what} to {target.name}/", after_step=trainer.state.global_step)
     trainer.save_model(str(target))
     return target
 
@@ -384,7 +385,8 @@ def main(job_root: str) -> int:
         from grpoflow.trainers.evaluate import evaluate
 
         summary["evaluated_in_training"] = True
-        say_phase("scoring the held-out prompts with the base model and the trained one")
+        step = trainer.state.global_step
+        say_phase("scoring the held-out prompts with the base model and the trained one", after_step=step)
         summary["evaluation"] = evaluate(job, spec, model_path, after=(trainer.model, tokenizer), training=summary)
     write_json_atomic(job.training_result, summary)
     return 0

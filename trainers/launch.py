@@ -65,6 +65,11 @@ class TrainingDiverged(RuntimeError):
     task stops the run, naming the learning rate, without a retry."""
 
 
+class ChildFailed(RuntimeError):
+    """The child crashed (an exit code or a signal the other errors do not explain): a retry may cure it. The message
+    says how it ended, its log's last telling lines and where the whole log is."""
+
+
 class ChildEndedEarly(RuntimeError):
     """The child exited 0 without writing its result (something inside it ended the process, such as a reward
     calling `os._exit`): not a crash a retry cures."""
@@ -107,11 +112,12 @@ def check_gpu_count(gpu_count: int, gpus: list[str]) -> None:
 PHASE_MARK = "grpoflow: phase: "  # how a child's phase line starts in its log; the stage's watcher shows it
 
 
-def say_phase(text: str) -> None:
+def say_phase(text: str, after_step: int | None = None) -> None:
     """Prints what a training child starts doing outside its steps (its main process only), e.g. "loading the model
-    X (1.2 GB in 1 file)": the stage's watcher (`grpoflow.integrations.heartbeat.ChildPhases`) shows it."""
+    X (1.2 GB in 1 file)": the stage's watcher (`grpoflow.integrations.heartbeat.ChildPhases`) shows it, after the
+    line of step `after_step` when given (the final save follows the last step)."""
     if os.environ.get("RANK", "0") == "0":
-        print(PHASE_MARK + text, flush=True)
+        print(PHASE_MARK + (f"(after step {after_step}) " if after_step else "") + text, flush=True)
 
 
 @dataclass(frozen=True)
@@ -296,7 +302,7 @@ def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir |
     if code == DIVERGED_EXIT:
         reason = record["message"] if record else f"{stage} diverged (NaN or inf)"
         raise TrainingStopped(f"stopped by the health monitor: {reason} (log: {log_path})")
-    raise RuntimeError(
+    raise ChildFailed(
         f"{stage} child {exit_reason(proc.returncode)}. Last lines of its log: {last_lines(log_path)}. The stage is "
         f"retried while its retries last (GRPO resumes from its newest checkpoint); the whole log is {log_path}."
     )

@@ -33,14 +33,41 @@ def test_phase_lines_are_shown_as_they_come_and_only_this_attempts(log_file):
     assert notes[3:] == ["training: saving the weights to merged/"]  # once whole
 
 
+def test_a_phase_after_a_step_waits_for_that_steps_line(log_file, capsys):
+    notes = []
+    phases = ChildPhases(log_file, notes.append, "training")
+    say_phase("model loaded in 0.1 s")
+    say_phase("saving the weights to merged/", after_step=2)  # a fast child: its steps and save arrive at once
+    say_phase("scoring the held-out prompts", after_step=2)
+    with log_file.open("a") as f:
+        f.write(capsys.readouterr().out)
+    phases.poll(shown_step=0)
+    assert notes[1:] == ["training: model loaded in 0.1 s"]
+    phases.poll(shown_step=1)
+    assert len(notes) == 2  # held back until step 2's line is out
+    phases.poll(shown_step=2)
+    assert notes[2:] == ["training: saving the weights to merged/", "training: scoring the held-out prompts"]
+
+
+def test_what_is_held_back_is_shown_when_the_stage_ends(log_file):
+    notes = []
+    phases = ChildPhases(log_file, notes.append, "training")
+    with log_file.open("a") as f:
+        f.write(f"{PHASE_MARK}(after step 9) saving the weights to merged/\n")
+    phases.poll(shown_step=3)  # the child died before its step 9 was read
+    assert len(notes) == 1
+    phases.flush()
+    assert notes[1:] == ["training: saving the weights to merged/"]
+
+
 def test_a_long_phase_says_how_long_it_lasts_but_not_between_steps(log_file, monkeypatch):
-    monkeypatch.setattr(heartbeat, "EVERY_S", 0.05)
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.5)
     notes = []
     phases = ChildPhases(log_file, notes.append, "training")
     with log_file.open("a") as f:
         f.write(f"{PHASE_MARK}loading the model /m\n")
     phases.poll(stepping=False)
-    time.sleep(0.1)
+    time.sleep(0.6)
     phases.poll(stepping=True)  # steps are coming: their own lines say enough
     assert notes[-1] == "training: loading the model /m"
     phases.poll(stepping=False)
@@ -64,8 +91,11 @@ def test_heartbeat_logs_each_phase_then_how_long_it_lasts(caplog):
         time.sleep(0.3)
         beat.say("writing merged/")
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0] == "merge: loading the base model /m" and lines[-1] == "merge: writing merged/"
-    beats = lines[1:-1]
+    assert [line for line in lines if "so far" not in line] == [
+        "merge: loading the base model /m",
+        "merge: writing merged/",
+    ]
+    beats = lines[1 : lines.index("merge: writing merged/")]
     assert beats and all(line.startswith("merge: loading the base model /m: ") for line in beats)
     assert not beat.thread.is_alive()  # stopped with the block
 

@@ -66,6 +66,13 @@ def test_train_task_runs_the_child_and_announces_each_step(make_job):
     assert [m.split()[1] for m in lines] == ["1/2", "2/2"] and all(" reward_std " in m and " ETA " in m for m in lines)
     progress = flow_run_artifacts(flow_run_id)["fast-training-progress"]
     assert progress.data == 100 and progress.description == lines[-1]
+    # The phases outside the steps, each in its place (a busy machine may add "...: 15 s so far" lines).
+    told = [m for m in flow_run_logs(flow_run_id) if m.startswith(("training: ", "step ")) and "s so far" not in m]
+    assert told[0] == "training: starting the child process (importing torch, transformers and TRL)"
+    assert told[1].startswith("training: loading the model ") and told[1].endswith(" in 1 file)")
+    assert told[2] == "training: model loaded in " + told[2].split(" in ", 1)[1]
+    assert told[2].endswith(" s; step 1: generating 4 completions of up to 6 tokens")  # make_job's spec
+    assert told[3:5] == lines and told[5] == "training: saving the weights to merged/"
 
 
 def test_train_task_is_a_retried_prefect_task():
