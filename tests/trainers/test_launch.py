@@ -13,6 +13,7 @@ import yaml
 from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.launch import (
+    ChildFailed,
     TrainingSetupError,
     TrainingStopped,
     accelerate_command,
@@ -135,8 +136,8 @@ def test_run_child_ok(fake_child):
     [
         # exit 2: a setup problem, its last log line as the message (not retried: see grpoflow.integrations.stages)
         ("setup", TrainingSetupError, "grpoflow: hyperparameters.use_liger: needs a CUDA GPU"),
-        # any other failure: a RuntimeError with the exit code and the end of the log (retried)
-        ("crash", RuntimeError, "fake_child child exited with code 1"),
+        # any other failure: a ChildFailed (a RuntimeError) with the exit code and the end of the log (retried)
+        ("crash", ChildFailed, "fake_child child exited with code 1"),
         # exit 4: the run diverged (NaN or inf), stopped as the health monitor stops one (not retried)
         ("nan", TrainingStopped, "stopped by the health monitor: hyperparameters.learning_rate: training diverged"),
     ],
