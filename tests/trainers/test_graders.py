@@ -309,6 +309,8 @@ def test_a_python_grader_scores_in_its_own_process_without_the_jobs_secrets(monk
         "import os\n"
         "def grade(sample, item):\n"
         "    print('chatty grader')\n"  # its prints must not corrupt the scores
+        "    os.write(1, b'[1, 2]')\n"  # nor what it writes on fd 1 itself
+        "    os.system('echo from a process it starts')\n"
         "    if item['answer'] == 'env':\n"
         "        return float(len(os.environ.get('HF_TOKEN', '')))\n"
         "    if item['answer'] == 'pid':\n"

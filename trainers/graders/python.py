@@ -128,8 +128,11 @@ def _grade_one(grade, sample: dict, item: dict, timeout_s: float) -> tuple[float
 def main() -> None:
     request = json.load(sys.stdin)
     _limit_memory(request["memory_mb"])
-    answer = sys.stdout
-    sys.stdout = sys.stderr  # the grader's prints must not corrupt the answer
+    # The answer goes out on a copy of fd 1; fd 1 itself (and sys.stdout) becomes stderr, so nothing the grader
+    # writes, through print, os.write(1, ...) or a process it starts, can corrupt the answer.
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     results = _grade_all(request)
     answer.write(json.dumps(results))
     answer.flush()
