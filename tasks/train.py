@@ -74,6 +74,9 @@ class ProgressWatcher:
         """Handles new records; returns the reason when an alert asks the run to stop."""
         stop, before = None, self.last_step
         self.phases.poll(self.last_step)  # the phase lines before the new steps (the model load)
+        # Read before the steps: the child writes its last step's line before its exit record, so this poll's steps
+        # then include the step the divergence is named at.
+        diverged = recorded_divergence(self.job)
         # By step, not by line: a resuming child truncates metrics.jsonl to its checkpoint and writes those steps
         # again (bit for bit the same values: see the resume test), which are then not handled twice.
         records = read_metrics(self.job.metrics)
@@ -83,16 +86,17 @@ class ProgressWatcher:
                 self.last_step = record["step"]
         if self.last_step > before and self.last_step >= self.spec.hyperparameters.max_steps:
             draw_ahead(records, self.job.root)  # the report's plots, while the child scores and saves
-        stop = stop or self._child_diverged() or self._watch_stall(self.last_step - before)
+        stop = stop or self._child_diverged(diverged) or self._watch_stall(self.last_step - before)
         # Then those after them (the final save), and how long a phase outside the steps lasts.
         stepping = self.last_step_at is not None and self.last_step < self.spec.hyperparameters.max_steps
         self.phases.poll(self.last_step, stepping)
         return stop
 
-    def _child_diverged(self) -> str | None:
-        """The child's own stop on NaN or inf weights (its exit record; the loss and gradient norm it logged may still
-        be finite), as the `non_finite` alert the metrics would have raised: once, the reason to stop."""
-        if "non_finite" in self.monitor.fired or (message := recorded_divergence(self.job)) is None:
+    def _child_diverged(self, message: str | None) -> str | None:
+        """The child's own stop on NaN or inf weights (`message`, from its exit record; the loss and gradient norm it
+        logged may still be finite), as the `non_finite` alert the metrics would have raised: once, the reason to
+        stop."""
+        if "non_finite" in self.monitor.fired or message is None:
             return None
         self.monitor.fired.add("non_finite")
         self._alert(Alert("non_finite", self.last_step, message, {"non_finite": ["weights"]}, NON_FINITE_ADVICE))
