@@ -135,7 +135,8 @@ def resolve_lora_targets(model_path: str, requested: list[str] | str | None) -> 
 
     Returns:
         `LoraTargets`: names of Linear modules go to `modules`, names of a parameter (or of the module holding it,
-        a router say) to `parameters`; `"all-linear"` stays PEFT's (linear modules only).
+        a router say) to `parameters`; `"all-linear"` is left to PEFT (which, on a transformers 5 mixture of experts,
+        converts it to the linear modules, the experts and the router).
     """
     if isinstance(requested, str):
         return LoraTargets(requested, [])
