@@ -505,7 +505,7 @@ def _add_webhooks_command(sub) -> None:
     retry.add_argument(
         "--timeout", type=float, default=300.0, metavar="SECONDS", help="the most to wait for them (default: 300)"
     )
-    retry.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _hidden_output_uri(retry)
     retry.set_defaults(func=cmd_webhooks_retry)
 
 
@@ -795,7 +795,7 @@ def _add_model_commands(sub) -> None:
     serve.add_argument("--port", type=_port, default=8000)
     serve.set_defaults(func=cmd_serve)
     for p in (deploy, publish, serve):
-        p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        _hidden_output_uri(p)
 
 
 # --- argument parsing
@@ -819,11 +819,10 @@ def _add_server_commands(sub) -> None:
     apply.set_defaults(func=cmd_deployments_apply)
     listing = actions.add_parser("list", help="every registered serving deployment with its versions (* current)")
     listing.add_argument("--json", action="store_true", help="print JSON")
-    listing.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _hidden_output_uri(listing)
     listing.set_defaults(func=cmd_deployments_list)
     submit = sub.add_parser("submit", help="validate a spec here, then start a deployment's run with it")
-    submit.add_argument("spec", help="job spec YAML file")
-    submit.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+    _spec_arguments(submit)
     submit.add_argument("--deployment", default="retrain", help="a deployment of grpo-pipeline (default: retrain)")
     submit.add_argument("--wait", action="store_true", help="wait for the run to end; exit 1 unless it completed")
     submit.add_argument("--json", action="store_true", help="print JSON")
@@ -832,21 +831,20 @@ def _add_server_commands(sub) -> None:
         action="store_true",
         help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
     )
-    submit.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _hidden_output_uri(submit)
     submit.set_defaults(func=cmd_submit)
 
 
 def _add_sweep_command(sub) -> None:
     """`sweep`: one job per combination of grid values, then a comparison report (flows/sweep.py)."""
     sweep = sub.add_parser("sweep", help="run one job per combination of --grid values, then compare them")
-    sweep.add_argument("spec", help="job spec YAML file")
+    _spec_arguments(sweep)
     sweep.add_argument(
         "--grid",
         action="append",
         metavar="KEY=V1,V2",
         help="a spec field (dotted path, as --set) and the values to try; each combination of grids is one job",
     )
-    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
     sweep.add_argument("--max-concurrent", type=_positive, default=1, metavar="N", help="jobs at once (default: 1)")
     sweep.add_argument(
         "--deployment",
@@ -859,7 +857,7 @@ def _add_sweep_command(sub) -> None:
         action="store_true",
         help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
     )
-    sweep.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _hidden_output_uri(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
 
@@ -876,13 +874,11 @@ def cmd_graders_run(args) -> int:
 
 def _add_graders_command(sub) -> None:
     """`graders run`: a spec's rewards on given completions, as training scores them (trainers/graders/run.py)."""
-    graders = sub.add_parser("graders", help="score completions with a spec's rewards (OpenAI graders included)")
-    actions = graders.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    run = actions.add_parser(
-        "run", help="score completions against the dataset's rows with every reward of the spec, as training would"
+    run = _spec_subcommand(
+        sub,
+        ("graders", "score completions with a spec's rewards (OpenAI graders included)"),
+        ("run", "score completions against the dataset's rows with every reward of the spec, as training would"),
     )
-    run.add_argument("spec", help="job spec YAML file")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
     run.add_argument(
         "--completions",
         metavar="FILE.jsonl",
@@ -891,7 +887,7 @@ def _add_graders_command(sub) -> None:
     )
     run.add_argument("--rows", type=_positive, metavar="N", help="score only the first N completions")
     run.add_argument("--json", action="store_true", help='print {"scores": [{"row", "rewards", "total"}]}')
-    run.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _hidden_output_uri(run)
     run.set_defaults(func=cmd_graders_run)
 
 
@@ -919,15 +915,13 @@ def cmd_k8s_render(args) -> int:
 
 def _add_k8s_command(sub) -> None:
     """`k8s render`: the Kubernetes objects of a several-machine job, without a cluster (cluster/trainjob.py)."""
-    k8s = sub.add_parser("k8s", help="the Kubernetes objects of a several-machine job")
-    actions = k8s.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    render = actions.add_parser(
-        "render", help="print, as YAML documents, every Kubernetes object a several-machine job would create"
+    render = _spec_subcommand(
+        sub,
+        ("k8s", "the Kubernetes objects of a several-machine job"),
+        ("render", "print, as YAML documents, every Kubernetes object a several-machine job would create"),
     )
-    render.add_argument("spec", help="job spec YAML file")
-    render.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
     render.add_argument("--image", help="the training image (default: GRPOFLOW_IMAGE)")
-    render.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _hidden_output_uri(render)
     render.set_defaults(func=cmd_k8s_render)
 
 
@@ -942,6 +936,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _spec_arguments(parser) -> None:
+    """The spec file and its `--set` overrides, as every command that reads a spec takes them."""
+    parser.add_argument("spec", help="job spec YAML file")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+
+
+def _spec_subcommand(sub, group: tuple[str, str], action: tuple[str, str]):
+    """`grpoflow GROUP ACTION SPEC [--set ...]` (each a (name, help) pair): the action's parser, for its options."""
+    parent = sub.add_parser(group[0], help=group[1])
+    actions = parent.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    parser = actions.add_parser(action[0], help=action[1])
+    _spec_arguments(parser)
+    return parser
+
+
+def _hidden_output_uri(parser) -> None:
+    """`--output-uri` after the command too (`grpoflow --output-uri DIR CMD` is the documented form)."""
+    parser.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="grpoflow", description="GRPO fine-tuning pipelines on Prefect.")
     parser.add_argument("--output-uri", help="output root for jobs (default: the spec's output_uri, else ./runs)")
@@ -949,8 +963,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def spec_command(name, help_text):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("spec", help="job spec YAML file")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (dotted path)")
+        _spec_arguments(p)
         p.add_argument("--json", action="store_true", help="print JSON")
         return p
 
@@ -990,7 +1003,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graders_command(sub)
     _add_k8s_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
-        p.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        _hidden_output_uri(p)
     return parser
 
 
