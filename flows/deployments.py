@@ -32,6 +32,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
 
+from grpoflow.tasks.job import new_job_id
 from grpoflow.trainers.spec import JobSpec
 
 # grpoflow's own checkout, a project too (its prefect.yaml is under deployments/); `apply` deploys the current folder.
@@ -232,7 +233,8 @@ async def submit(spec: JobSpec, deployment: str = "retrain"):
     """Starts a run of `deployment` with `spec` (already validated) as its `spec` parameter; returns the flow run.
 
     The pool's `gpu_count` job variable, when its base job template has one (the Kubernetes pool's does), is set from
-    the spec, so the pod requests as many GPUs as the job trains on.
+    the spec, so the pod requests as many GPUs as the job trains on. The run is named after its job id at once (the
+    name the flow gives itself when it starts), so a run waiting in the queue shows it too, not Prefect's random name.
     """
     name, url = deployment_name(deployment), api_url()
     async with get_client() as client:
@@ -246,12 +248,9 @@ async def submit(spec: JobSpec, deployment: str = "retrain"):
                 f"deployment {name} takes a spec file on the worker, not a spec object; start it with "
                 f"`prefect deployment run {name} --param spec=PATH`, or submit to grpo-pipeline/retrain"
             )
-        job_variables = {}
-        if found.work_pool_name:
-            pool = await client.read_work_pool(found.work_pool_name)
-            job_variables = run_job_variables(spec, pool.base_job_template)
+        job_variables = await pool_job_variables(client, found, spec)
         try:
-            return await client.create_flow_run_from_deployment(
+            flow_run = await client.create_flow_run_from_deployment(
                 found.id, parameters=run_parameters(spec), job_variables=job_variables or None
             )
         except PrefectHTTPStatusError as e:
@@ -260,6 +259,23 @@ async def submit(spec: JobSpec, deployment: str = "retrain"):
                 f"the server refused the run of {name}: {detail}\n(if grpoflow's spec changed since the deployment "
                 "was made, run `grpoflow deployments apply` again)"
             ) from None
+        return await name_after_job(client, flow_run, spec.name)
+
+
+async def pool_job_variables(client, deployment, spec: JobSpec) -> dict:
+    """`run_job_variables` for the work pool of `deployment` (a `DeploymentResponse`); none without a pool."""
+    if not deployment.work_pool_name:
+        return {}
+    pool = await client.read_work_pool(deployment.work_pool_name)
+    return run_job_variables(spec, pool.base_job_template)
+
+
+async def name_after_job(client, flow_run, name: str):
+    """Renames a flow run just created to the job id its flow will take when it starts (`new_job_id` from the run's
+    id and expected start time: `grpo_pipeline`'s `job_run_name`); returns the run with that name."""
+    job_id = new_job_id(name, flow_run.id, flow_run.expected_start_time)
+    await client.update_flow_run(flow_run.id, name=job_id)
+    return flow_run.model_copy(update={"name": job_id})
 
 
 async def wait_for(flow_run_id, poll_s: float = 2.0):

@@ -15,6 +15,7 @@ its wall time, ranked by the score after (then the gain), the best job marked. T
 every job completed, else Failed with "k of n jobs failed".
 """
 
+import asyncio
 import itertools
 import json
 import re
@@ -169,13 +170,28 @@ def _run_here(spec: JobSpec):
 
 
 def _run_deployment(spec: JobSpec, deployment: str):
-    """Runs the job as a flow run of `deployment` on the server and waits for it; returns (final state, job id)."""
-    from prefect.deployments import run_deployment
+    """Runs the job as a flow run of `deployment` on the server (the sweep's subflow in the UI) and waits for it;
+    returns (final state, job id). The run gets what `grpoflow submit` gives one: the pool's `gpu_count` from the
+    spec, and its job id as its name from the start."""
+    from grpoflow.flows.deployments import wait_for
 
-    from grpoflow.flows.deployments import deployment_name, run_parameters
-
-    flow_run = run_deployment(deployment_name(deployment), parameters=run_parameters(spec), timeout=None)
+    flow_run = asyncio.run(wait_for(asyncio.run(start_job_run(spec, deployment)).id))
     return flow_run.state, flow_run.name
+
+
+async def start_job_run(spec: JobSpec, deployment: str):
+    """Creates the flow run of `deployment` for `spec` (linked to the calling task run, if any); returns it."""
+    from prefect.deployments import arun_deployment
+
+    from grpoflow.flows.deployments import deployment_name, name_after_job, pool_job_variables, run_parameters
+
+    name = deployment_name(deployment)
+    async with get_client() as client:
+        job_variables = await pool_job_variables(client, await client.read_deployment_by_name(name), spec)
+        flow_run = await arun_deployment(
+            name, parameters=run_parameters(spec), job_variables=job_variables or None, timeout=0
+        )
+        return await name_after_job(client, flow_run, spec.name)
 
 
 @task(name="sweep-job", task_run_name="sweep-job {index}")

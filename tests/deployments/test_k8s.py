@@ -38,6 +38,8 @@ from grpoflow.flows.deployments import (
     run_job_variables,
     submit,
 )
+from grpoflow.flows.sweep import start_job_run
+from grpoflow.tasks.job import new_job_id
 from grpoflow.trainers.spec import load_spec
 
 GPU = "nvidia.com/gpu"
@@ -191,9 +193,19 @@ def test_submit(server, gpus):
     overrides = [f"gpu_count={gpus}", "output_uri=s3://grpoflow/runs"]
     spec = load_spec(PROJECT_DIR / "examples" / "arithmetic.yaml", overrides)[0]
     flow_run = asyncio.run(submit(spec, "retrain-k8s"))
+    assert flow_run.name == new_job_id(spec.name, flow_run.id, flow_run.expected_start_time)  # named from the start
     manifest, flow_run = asyncio.run(job_manifest(flow_run.id))
     assert flow_run.job_variables == {"gpu_count": gpus}
     check_job(manifest, gpus=gpus)
+
+
+def test_a_sweeps_runs_get_their_gpus_and_names(server):
+    """A sweep on a deployment starts each job's run as `submit` does: the pod's GPUs from the spec, the job's name."""
+    spec = load_spec(PROJECT_DIR / "examples" / "arithmetic.yaml", ["gpu_count=8", "output_uri=s3://grpoflow/runs"])[0]
+    flow_run = asyncio.run(start_job_run(spec, "retrain-k8s"))
+    manifest, flow_run = asyncio.run(job_manifest(flow_run.id))
+    assert flow_run.job_variables == {"gpu_count": 8} and flow_run.name.startswith(f"{spec.name}-")
+    check_job(manifest, gpus=8)
 
 
 def test_submit_job_variables_follow_the_pool():

@@ -291,6 +291,7 @@ def watcher_look(uri: str, spec: str, state_dir: Path, settle_seconds: float) ->
 @dataclass
 class Scenarios:
     retrain_run_id: str
+    retrain_run_name: str  # as `submit --json` printed it, while the run was still scheduled
     retrain_root: Path
     event_dataset: str
     event_root: Path
@@ -321,7 +322,7 @@ def scenarios(stack, tmp_path_factory) -> Scenarios:
     assert runs_of("grpo-pipeline/retrain") == []
     submitted = stack.cli("grpoflow", "submit", retrain, "--json")
     assert submitted.returncode == 0, submitted.stderr
-    retrain_run_id = json.loads(submitted.stdout)["flow_run_id"]
+    retrain_run_id, retrain_run_name = (json.loads(submitted.stdout)[k] for k in ("flow_run_id", "flow_run_name"))
 
     # (b) an event, emitted by hand with Prefect's CLI
     event_dataset = str(write_jsonl(tmp / "landed.jsonl", rows))
@@ -353,7 +354,7 @@ def scenarios(stack, tmp_path_factory) -> Scenarios:
         folder_looks.append(watcher_look(str(folder), str(folder_spec), tmp / "watch-state", settle))
         bucket_looks.append(watcher_look(prefix, bucket_spec, tmp / "watch-state", settle))
     return Scenarios(
-        retrain_run_id, tmp / "runs-retrain", event_dataset, tmp / "runs-event", folder, folder_file,
+        retrain_run_id, retrain_run_name, tmp / "runs-retrain", event_dataset, tmp / "runs-event", folder, folder_file,
         str(folder_spec), folder_looks, bucket, prefix, bucket_file, bucket_spec, bucket_looks,
     )  # fmt: skip
 
@@ -483,7 +484,7 @@ def test_the_form_as_it_opens_runs(stack):
 @pytest.mark.slow
 def test_every_run_is_named_after_its_job(stack, scenarios, tmp_path):
     """Runs of retrain, on-new-data (an event, a dropped file, a bucket) and nightly are named after their job id
-    once the job exists; the watcher's runs after what they watch."""
+    once the job exists, a submitted one from the start; the watcher's runs after what they watch."""
     dataset = str(write_jsonl(tmp_path / "nightly.jsonl", arithmetic_rows(12)))
     (tmp_path / "nightly.yaml").write_text(yaml.safe_dump(small_spec("nightly", dataset, str(tmp_path / "runs"))))
     with get_client(sync_client=True) as client:
@@ -502,6 +503,7 @@ def test_every_run_is_named_after_its_job(stack, scenarios, tmp_path):
         flow_run = wait_final(run_id)
         assert flow_run.state.is_completed(), (name, flow_run.state)
         assert flow_run.name == only_job(root).name, name
+    assert scenarios.retrain_run_name == only_job(scenarios.retrain_root).name
     [bucket_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.bucket_file)
     fs = s3fs.S3FileSystem()
     fs.invalidate_cache()

@@ -333,6 +333,12 @@ def test_sweep_as_flow_runs_of_a_deployment(make_spec, tmp_path):
     rows = json.loads((folder / "sweep.json").read_text())["jobs"]
     assert [r["status"] for r in rows] == ["completed", "rejected"]
     assert "missing.jsonl" in rows[1]["message"]
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        names = FlowRunFilter(name=FlowRunFilterName(any_=[r["job_id"] for r in rows]))
+        children = client.read_flow_runs(flow_run_filter=names)
+    assert len(children) == 2 and all(c.parent_task_run_id for c in children)  # the sweep's subflows in the UI
     job = tmp_path / "runs" / rows[0]["job_id"]
     assert rows[0]["evaluation"] == json.loads((job / "evaluation.json").read_text())
     assert rows[0]["final_reward"] is not None
