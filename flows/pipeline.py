@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from prefect import Task, flow, get_client, get_run_logger
 from prefect.context import FlowRunContext
-from prefect.exceptions import TerminationSignal
+from prefect.exceptions import ParameterTypeError, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
@@ -49,13 +49,21 @@ from grpoflow.trainers.trust import untrusted_code
 class NamedFailures(logging.Filter):
     """Leaves out the traceback of a stage failure whose message already says everything (a training child's end,
     with its log's lines and path): Prefect's engine logs the flow's exception with its traceback, which then shows
-    only grpoflow's and Prefect's own frames, 30-90 lines on the terminal and in the UI, around a one-line reason."""
+    only grpoflow's and Prefect's own frames, 30-90 lines on the terminal and in the UI, around a one-line reason.
 
-    NAMED = (TrainingSetupError, TrainingStopped, RewardFailed, ChildEndedEarly, ChildFailed)
+    A form's refused parameters (`ParameterTypeError`: a spec the UI form let through that the spec's own rules
+    refuse) are named the same way: the engine's line "Engine execution exited with unexpected exception" becomes
+    the refusal itself, each problem on its line, without the ~20 lines of Prefect's frames.
+    """
+
+    NAMED = (TrainingSetupError, TrainingStopped, RewardFailed, ChildEndedEarly, ChildFailed, ParameterTypeError)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], self.NAMED):
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, self.NAMED):
             record.exc_info, record.exc_text = None, None
+            if isinstance(error, ParameterTypeError):
+                record.msg, record.args = "%s", (str(error),)
         return True
 
 

@@ -5,6 +5,7 @@ import logging
 
 import pytest
 from prefect import flow
+from prefect.exceptions import ParameterTypeError
 
 import grpoflow.flows.pipeline  # noqa: F401  (installs the filter on Prefect's flow run logger)
 from grpoflow.trainers.launch import ChildFailed, RewardFailed
@@ -43,3 +44,29 @@ def test_the_engines_failure_line_has_a_traceback_only_where_it_helps(error, tra
     [line] = [r for r in handler.records if "Encountered exception during execution" in r.getMessage()]
     assert str(error) in line.getMessage() and line.levelno == logging.ERROR
     assert (line.exc_info is not None) == traceback
+
+
+@pytest.mark.filterwarnings("ignore:Logger 'prefect.flow_runs' attempted to send logs")
+def test_refused_parameters_are_named_without_a_traceback():
+    """A run whose spec the form let through but the spec's rules refuse: the engine's error line, as a worker's
+    run logs it, is the refusal (each problem on its line), without Prefect's frames; the secret is not in it."""
+    from prefect.flow_engine import run_flow
+
+    from grpoflow.trainers.spec import JobSpec
+
+    @flow
+    def takes_a_spec(spec: JobSpec):
+        return spec.name
+
+    spec = {"name": "j", "base_model": "builtin:tiny", "dataset": {"uri": "d.jsonl"}}
+    spec["output_uri"] = "s3://AKIAEXAMPLE:hunter2secret@bucket/runs"
+    handler, logger = Records(), logging.getLogger("prefect.flow_runs")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(ParameterTypeError):
+            run_flow(takes_a_spec, parameters={"spec": spec}, error_logger=logger)
+    finally:
+        logger.removeHandler(handler)
+    [line] = [r for r in handler.records if r.levelno == logging.ERROR and "invalid parameters" in r.getMessage()]
+    assert "spec.output_uri: holds credentials" in line.getMessage() and line.exc_info is None
+    assert not [r for r in handler.records if "hunter2secret" in r.getMessage() or r.exc_info]
