@@ -184,8 +184,9 @@ def fresh_venv(tmp: Path) -> Path:
         else:
             shutil.copy(path, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "wheels", src],
-                   check=True, cwd=tmp, timeout=120)  # fmt: skip
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "wheels", src],
+                           capture_output=True, text=True, check=True, cwd=tmp, timeout=120)  # fmt: skip
+    assert "Warning" not in built.stderr, built.stderr  # a newcomer's install prints no build backend warnings
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
     python = venv / "bin" / "python"
