@@ -6,7 +6,8 @@ hf_xet pipeline), `list_repo_files` / `list_repo_tree` and `list_repo_commits` c
 - `POST /api/repos/create`: creates the repo with an initial `.gitattributes` commit, as the Hub does; 409 if it
   exists.
 - `POST /api/validate-yaml`: checks that the README's front matter parses.
-- `GET /api/models/{repo}[/revision/main]`: repo info: `sha` (the head), `private`, `siblings`.
+- `GET /api/models/{repo}[/revision/main]`: repo info: `sha` (the head), `private`, `siblings`, `gated`.
+- `GET /api/models/{repo}/auth-check`: 200, or 403 `GatedRepo` for a repo made `gated` (no token is granted).
 - `POST /api/models/{repo}/preupload/main`: `uploadMode: "regular"` for every file, so no LFS or Xet transfer is
   needed, and the file's current git-blob oid, which the client compares with its own to skip unchanged files.
 - `POST /api/models/{repo}/commit/main`: applies an NDJSON commit (`header`, `file` in base64, `deletedFile`,
@@ -63,6 +64,7 @@ class Repo:
     repo_id: str
     private: bool
     commits: list[Commit] = field(default_factory=list)  # oldest first
+    gated: bool = False  # gated, and no token here has been granted access
 
     @property
     def head(self) -> Commit:
@@ -286,7 +288,14 @@ class _HubHandler(BaseHTTPRequestHandler):
         if found := self._repo(repo):
             siblings = [{"rfilename": p} for p in sorted(found.files)]
             info = {"id": repo, "sha": found.head.oid, "private": found.private, "siblings": siblings, "tags": []}
+            info["gated"] = "manual" if found.gated else False
             self._send(200, {**info, "lastModified": found.head.date})
+
+    def auth_check(self, repo: str, **_) -> None:
+        if (found := self._repo(repo)) and found.gated:
+            return self._error(403, f"Access to model {repo} is restricted", code="GatedRepo")
+        if found:
+            self._send(200, {})
 
     def preupload(self, repo: str, body: bytes, **_) -> None:
         if found := self._repo(repo):
@@ -351,6 +360,7 @@ _ROUTES = [
     ("POST", r"/api/validate-yaml", False, _HubHandler.validate_yaml),
     ("GET", _REPO, False, _HubHandler.repo_info),
     ("GET", _REPO + r"/revision/main", False, _HubHandler.repo_info),
+    ("GET", _REPO + r"/auth-check", False, _HubHandler.auth_check),
     ("POST", _REPO + r"/preupload/main", True, _HubHandler.preupload),
     ("POST", _REPO + r"/commit/main", True, _HubHandler.commit),
     ("GET", _REPO + r"/tree/main(?:/(?P<sub>.+))?", False, _HubHandler.tree),

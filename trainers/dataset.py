@@ -29,9 +29,7 @@ import math
 import os
 import re
 import shutil
-import socket
 import tempfile
-import urllib.parse
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from grpoflow.trainers.jobdir import replace_dir
-from grpoflow.trainers.modeling import hub_offline
+from grpoflow.trainers.modeling import hub_not_answering, hub_offline
 from grpoflow.trainers.spec import REPO_ID_PATTERN
 from grpoflow.trainers.uris import url_scheme
 
@@ -360,7 +358,7 @@ def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> dataset
     if src.builder == "disk":
         return _load_saved(src)
     if src.builder == "hub":
-        if (refused := _hub_not_answering()) is not None:
+        if (refused := hub_not_answering()) is not None:
             raise _hub_unreachable(src, refused)
         try:
             return datasets.load_dataset(
@@ -436,22 +434,6 @@ def _hub_unreachable(src: _Source, error: BaseException | None = None) -> Datase
         f"network (and HF_ENDPOINT), or download the files where the Hub is reachable ({local}) and give one of "
         "them as dataset.uri"
     )
-
-
-def _hub_not_answering(timeout_s: float = 5.0) -> OSError | None:
-    """Why the Hub's host cannot be reached at all (its name does not resolve, or no TCP connection within
-    `timeout_s`), found in one try where huggingface_hub would retry 5 times over ~24 s. None when it answers, when
-    offline mode is on (said otherwise), or behind a proxy (the HTTP client's own settings decide then)."""
-    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-    if hub_offline() or any(os.environ.get(name) for name in proxies):
-        return None
-    url = urllib.parse.urlsplit(hf_constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
-    except OSError as e:
-        return e
-    return None
 
 
 def _root_cause(e: BaseException) -> BaseException:

@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import urllib.parse
 from pathlib import Path
 
 from grpoflow.trainers.tiny import resolve_model_path
@@ -49,6 +51,75 @@ def is_local_model(model_id: str) -> bool:
     except HFValidationError:
         return True
     return False
+
+
+def hub_not_answering(timeout_s: float = 5.0) -> OSError | None:
+    """Why the Hub's host cannot be reached at all (its name does not resolve, or no TCP connection within
+    `timeout_s`), found in one try where huggingface_hub would retry 5 times over ~24 s. None when it answers, when
+    offline mode is on (said otherwise), or behind a proxy (the HTTP client's own settings decide then)."""
+    from huggingface_hub import constants
+
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    if hub_offline() or any(os.environ.get(name) for name in proxies):
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        return e
+    return None
+
+
+def hub_model_problem(model_id: str, field: str = "base_model") -> str | None:
+    """Why the Hub model `model_id`, not in the local cache, cannot be downloaded from here, asked of the Hub once
+    (its repo info, not its files): the Hub does not answer, no such model (or a private one the token cannot see),
+    or a gated one the token has not been granted. None when it can be, or when the Hub's answer says nothing sure
+    (the download then tells). Where `model_id` reads as a local path whose parent folder exists, says what is in it:
+    a typo in a folder name looks like a Hub id."""
+    from huggingface_hub import HfApi, constants, get_token
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    near = _folder_hint(model_id)
+    if (refused := hub_not_answering()) is not None:
+        return (
+            f"{field}: {model_id!r} is {near}not in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} "
+            f"cannot be reached to download it ({type(refused).__name__}: {refused}); give a local model folder, "
+            "or download it where the Hub is reachable (hf download)"
+        )
+    api = HfApi()
+    try:
+        gated = api.model_info(model_id, timeout=15).gated
+    except RepositoryNotFoundError:
+        return (
+            f"{field}: {model_id!r} is {near}no model on the Hub at {constants.ENDPOINT} (or a private one this "
+            "machine's token cannot see: HF_TOKEN)"
+        )
+    except (HfHubHTTPError, OSError):
+        return None
+    if not gated:
+        return None
+    try:
+        if get_token() is not None:
+            api.auth_check(model_id)
+            return None
+    except (GatedRepoError, RepositoryNotFoundError):
+        pass
+    except (HfHubHTTPError, OSError):
+        return None
+    return (
+        f"{field}: {model_id!r} is a gated model: accept its terms on the Hub with the account whose token is in "
+        "HF_TOKEN (or `hf auth login`)"
+    )
+
+
+def _folder_hint(model_id: str) -> str:
+    """ "no folder here (models/ holds: a, b), and " when `model_id`'s parent is a local folder; else ""."""
+    parent = Path(model_id).expanduser().parent
+    if str(parent) in ("", ".") or not parent.is_dir():
+        return ""
+    names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))[:8]
+    return f"no folder here ({parent}/ holds: {', '.join(names) or 'no folders'}), and "
 
 
 def cached_hub_file(repo_id: str, filename: str) -> Path | None:

@@ -33,6 +33,7 @@ from grpoflow.trainers.modeling import (
     causal_lm_problem,
     chat_template_problem,
     free_space,
+    hub_model_problem,
     is_local_model,
     model_problem,
     size_in_words,
@@ -79,6 +80,8 @@ def check_model(p: Preflight) -> list[str]:
         p.model_dir = Path(base).expanduser()
     elif (config := cached_hub_file(base, "config.json")) is not None:
         p.model_dir = config.parent
+    elif problem := hub_model_problem(base):
+        return [problem]
     else:
         p.warnings.append(f"base_model: {base!r} is not in the local Hugging Face cache; it will be downloaded")
         return []

@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from grpoflow.trainers.modeling import (
 from grpoflow.trainers.preflight import CHECKS, preflight
 from grpoflow.trainers.spec import SpecError, load_spec
 from grpoflow.trainers.tiny import build_tiny
+from tests.hub_server import HubServer
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
@@ -166,12 +168,57 @@ def test_model(tmp_path, data, offline, make, expected):
         assert len(problems) == 1 and problems[0].startswith("base_model: ") and expected in problems[0], problems
 
 
-def test_a_hub_id_not_cached_online_is_a_warning(data, online):
+@pytest.fixture
+def hub(online, monkeypatch):
+    """The loopback Hub as `huggingface_hub.constants.ENDPOINT`, with a token it accepts."""
+    with HubServer(accepted_token="hf_PreflightTestToken0000") as server:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_PreflightTestToken0000")
+        yield server
+
+
+def test_a_hub_id_not_cached_online_is_a_warning(data, hub):
+    hub._create("grpoflow-tests/not-cached", private=False)
     warnings = []
     assert preflight(spec_for(data, base_model="grpoflow-tests/not-cached"), warnings) == []
     assert warnings == [
         "base_model: 'grpoflow-tests/not-cached' is not in the local Hugging Face cache; it will be downloaded"
     ]
+    assert hub.hits("GET", "/api/models/grpoflow-tests/not-cached") == 1  # its info once, no file downloaded
+
+
+def test_a_hub_id_the_hub_lacks_or_gates_is_refused(data, hub, tmp_path, monkeypatch):
+    hub._create("grpoflow-tests/gated", private=False)
+    hub.repos["grpoflow-tests/gated"].gated = True
+    [gated] = preflight(spec_for(data, base_model="grpoflow-tests/gated"))
+    assert (
+        gated.startswith("base_model: 'grpoflow-tests/gated' is a gated model: accept its terms")
+        and "HF_TOKEN" in gated
+    )
+    [missing] = preflight(spec_for(data, base_model="grpoflow-tests/no-such-model"))
+    assert missing == (
+        f"base_model: 'grpoflow-tests/no-such-model' is no model on the Hub at {hub.url} (or a private one this "
+        "machine's token cannot see: HF_TOKEN)"
+    )
+    # A typo in a local folder's name reads as a Hub id: the message says what the folder beside it holds.
+    (tmp_path / "models" / "tiny-llama").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    [typo] = preflight(spec_for(data, base_model="models/tiny-lama"))
+    assert typo.startswith(
+        "base_model: 'models/tiny-lama' is no folder here (models/ holds: tiny-llama), and no model"
+    )
+
+
+def test_a_hub_id_not_cached_with_the_hub_unreachable_is_refused_at_once(data, online, monkeypatch):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there once closed
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    [problem] = preflight(spec_for(data, base_model="grpoflow-tests/not-cached"))  # one try, not the client's 5
+    assert problem.startswith(
+        f"base_model: 'grpoflow-tests/not-cached' is not in the local Hugging Face cache, and the Hub at "
+        f"http://127.0.0.1:{port} cannot be reached to download it (ConnectionRefusedError"
+    )
 
 
 def test_a_cached_hub_model_is_read_from_the_cache(tmp_path, data, offline, monkeypatch):
