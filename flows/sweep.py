@@ -175,7 +175,8 @@ def _run_deployment(spec: JobSpec, deployment: str):
     spec, and its job id as its name from the start."""
     from grpoflow.flows.deployments import wait_for
 
-    flow_run = asyncio.run(wait_for(asyncio.run(start_job_run(spec, deployment)).id))
+    started = asyncio.run(start_job_run(spec, deployment))
+    flow_run = asyncio.run(wait_for(started.id))
     return flow_run.state, flow_run.name
 
 

@@ -114,7 +114,7 @@ def hub_model_problem(model_id: str, field: str = "base_model") -> str | None:
 
 
 def _folder_hint(model_id: str) -> str:
-    """ "no folder here (models/ holds: a, b), and " when `model_id`'s parent is a local folder; else ""."""
+    """The words `no folder here (models/ holds: a, b), and ` when `model_id`'s parent is a local folder, else none."""
     parent = Path(model_id).expanduser().parent
     if str(parent) in ("", ".") or not parent.is_dir():
         return ""
