@@ -17,6 +17,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# bubblewrap: the sandbox python graders run in (trainers/sandbox.py); without it, spec code from a deployment is
+# refused. In a pod it needs user namespaces: see the README's "Security" section for the pod's securityContext.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+
 # Pods run as this user; the job's staging folder (~/.grpoflow/staging, uploaded to the s3:// output_uri) is its home.
 RUN groupadd --gid 10001 grpoflow \
     && useradd --create-home --no-log-init --uid 10001 --gid 10001 grpoflow

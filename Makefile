@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install.sh
 	# other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it). The Dockerfile
 	# installs with the same script.
 	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math,graders
+	scripts/install_sandbox.sh
 	touch $(STAMP)
 
 install: $(STAMP)

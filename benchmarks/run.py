@@ -22,6 +22,7 @@ BENCHMARKS = [
     "cost_growth",
     "generation",
     "graders",
+    "sandbox",
     "gpu",
 ]
 
@@ -71,6 +72,11 @@ def summary_rows(name: str, r: dict) -> list[list]:
             ],
             [name, "graders run vs the libraries called directly (x, wall)", s["vs_libraries"], "report", ""],
             [name, "largest score difference vs the libraries", difference, "0", difference == 0],
+        ]
+    if name == "sandbox":
+        return [
+            [name, f"python grader: ms the sandbox adds to a call of {n}", ms, "report", ""]
+            for n, ms in r["sandbox_extra_ms"].items()
         ]
     if name == "skip_zero_variance":
         return [

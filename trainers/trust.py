@@ -1,16 +1,24 @@
-"""Who may run what: the code a spec may name, by where the spec came from (shared/DESIGN.md, "Who may run what").
+"""Who may run what: the code a spec may name, by where the spec came from (shared/DESIGN.md, "Who may run what" and
+"Sandbox").
 
 A spec given on the user's own command line (`grpoflow validate`, `run`, `sweep`) may name any importable module: the
 user is the operator of their machine. A spec that arrives any other way (a deployment's parameter from the Prefect
-UI form, `grpoflow submit`, an event, a watcher) comes from whoever may launch a run, and may name only modules the
-work pool allows: the project's own (found under the flow run's working folder, the project), grpoflow's,
-`trl.rewards`, and those listed in the pool's environment, `GRPOFLOW_REWARD_MODULES` (comma-separated; a package
-allows its submodules); and it may carry code of its own (a `python` grader's source) only where the pool's
-environment sets `GRPOFLOW_ALLOW_SPEC_CODE=1`. The check reads only the spec and where each module's files are: it
-imports nothing.
+UI form, `grpoflow submit`, an event, a watcher) comes from whoever may launch a run, and may name only callables the
+work pool allows: the project's own modules (found under the flow run's working folder, the project), `trl.rewards`,
+the modules listed in the pool's environment, `GRPOFLOW_REWARD_MODULES` (comma-separated; a package allows its
+submodules), and what grpoflow ships as rewards (`grpoflow.trainers.rewards.builtin`, and `grpoflow.examples`); no
+other grpoflow callable, since a factory of grpoflow's that takes a grader or code in its kwargs would carry spec
+code past these rules. The check reads only the spec and where each module's files are: it imports nothing.
+
+Code carried inside a spec (a `python` grader's source, in a `grader:` or anywhere in a `kwargs`) runs in the sandbox
+(`grpoflow.trainers.sandbox`), wherever the spec came from. Where no sandbox can start, it runs in a bare process only
+on the user's own command line (with one warning) or where the pool sets `GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`; a
+spec from a deployment is refused otherwise, and `GRPOFLOW_ALLOW_SPEC_CODE=0` refuses such code from a deployment even
+with the sandbox.
 
 The CLI marks its commands with `command_line()`; every flow that takes a spec checks it with `untrusted_code`
-first, before any stage imports a reward, and ends `Rejected` naming the setting that would allow it.
+first, before any stage imports a reward, and ends `Rejected` naming the setting that would allow it. The training
+children learn where their spec came from through `SPEC_ORIGIN_ENV` (`origin_env`).
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic model
 
 REWARD_MODULES_ENV = "GRPOFLOW_REWARD_MODULES"
 SPEC_CODE_ENV = "GRPOFLOW_ALLOW_SPEC_CODE"
-ALWAYS_ALLOWED = ("grpoflow", "trl.rewards")
+SPEC_ORIGIN_ENV = "GRPOFLOW_SPEC_ORIGIN"  # set by the launcher for its children: command_line or deployment
+# What grpoflow ships as rewards, tools and environments (no factory of them takes code), and TRL's rewards.
+ALWAYS_ALLOWED = ("grpoflow.trainers.rewards.builtin", "grpoflow.examples", "trl.rewards")
 
 _command_line = 0  # commands of the user's own command line running in this process
 _guard = threading.Lock()
@@ -65,24 +75,27 @@ def code_references(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def spec_code(spec: JobSpec) -> list[str]:
-    """Where the spec carries code of its own: each `python` grader (a multi grader's sub-graders included)."""
+    """Where the spec carries code of its own: each `python` grader, in a `grader:` (a multi grader's sub-graders
+    included) or anywhere in a `kwargs` (a factory named by `function:` that takes a grader)."""
     entries = [(f"rewards[{i}]", r) for i, r in enumerate(spec.rewards)]
     metric = spec.evaluation.metric
     if not isinstance(metric, str | None):
         entries.append(("evaluation.metric", metric))
     places = []
     for where, entry in entries:
-        grader = getattr(entry, "grader", None) or {}
-        subs = grader.get("graders") if grader.get("type") == "multi" else None
-        named = {} if not isinstance(subs, dict) else {"": subs} if "type" in subs else subs
-        if grader.get("type") == "python":
-            places.append(f"{where}.grader")
-        places += [f"{where}.grader.graders" + (f".{n}" if n else "") for n, g in named.items() if _is_python(g)]
+        places += _python_graders(getattr(entry, "grader", None), f"{where}.grader")
+        places += _python_graders(getattr(entry, "kwargs", None), f"{where}.kwargs")
     return places
 
 
-def _is_python(grader: object) -> bool:
-    return isinstance(grader, dict) and grader.get("type") == "python"
+def _python_graders(value: object, where: str) -> list[str]:
+    """The places under `value` (a grader, kwargs, any nesting of mappings and lists) that hold a python grader."""
+    if isinstance(value, dict):
+        found = [where] if value.get("type") == "python" else []
+        return found + [p for k, v in value.items() for p in _python_graders(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _python_graders(v, f"{where}[{i}]")]
+    return []
 
 
 def allowed_modules() -> list[str]:
@@ -116,18 +129,62 @@ def untrusted_code(spec: JobSpec, project: Path | None = None) -> list[str]:
     problems = []
     for where, ref in code_references(spec):
         module = ref.partition(":")[0]
-        if any(module == a or module.startswith(a + ".") for a in allowed) or _in_project(module, project):
+        if any(module == a or module.startswith(a + ".") for a in allowed):
+            continue
+        if _in_project(module, project) and module.split(".")[0] != "grpoflow":  # grpoflow's checkout as a project
             continue
         problems.append(
             f"{where}: module {module!r} is not allowed for a run launched from a deployment (the UI form, submit, "
             f"an event): a spec from there may name the project's own modules, {', '.join(ALWAYS_ALLOWED)} and "
-            f"those the work pool lists in {REWARD_MODULES_ENV} (set {REWARD_MODULES_ENV}={module} in its "
-            "environment to allow this one)"
+            f"those the work pool lists in {REWARD_MODULES_ENV}" + _how_to_allow(module)
         )
-    if os.environ.get(SPEC_CODE_ENV) != "1":
-        problems += [
-            f"{where}: a python grader is code carried inside the spec, which a run launched from a deployment (the "
-            f"UI form, submit, an event) may carry only where the work pool's environment sets {SPEC_CODE_ENV}=1"
-            for where in spec_code(spec)
+    return problems + _spec_code_problems(spec)
+
+
+def _spec_code_problems(spec: JobSpec) -> list[str]:
+    """Why the spec's own code may not run for a spec from a deployment: refused by the pool, or no sandbox here."""
+    places = spec_code(spec)
+    allowance = os.environ.get(SPEC_CODE_ENV, "sandboxed")
+    if not places or allowance == "unsandboxed":
+        return []
+    if allowance == "0":
+        return [
+            f"{where}: a python grader is code carried inside the spec, which this work pool refuses from a "
+            f"deployment ({SPEC_CODE_ENV}=0 in its environment)"
+            for where in places
         ]
-    return problems
+    from grpoflow.trainers.sandbox import sandbox_problem
+
+    problem = sandbox_problem()
+    return [f"{where}: {unsandboxed_refusal(problem)}" for where in places] if problem else []
+
+
+def unsandboxed_allowed() -> bool:
+    """Whether spec code may run without the sandbox where none can start: the user's own command line (this
+    process's, or the launcher's that started it), or the work pool's `GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`."""
+    if os.environ.get(SPEC_CODE_ENV) == "unsandboxed" or from_command_line():
+        return True
+    return os.environ.get(SPEC_ORIGIN_ENV) == "command_line"
+
+
+def unsandboxed_refusal(problem: str) -> str:
+    """The message for spec code that would have to run without the sandbox, and may not."""
+    return (
+        "a python grader is code carried inside the spec and runs only in the sandbox, which cannot start on this "
+        f"worker ({problem}); install bubblewrap where the job runs (README, 'Security'), or set "
+        f"{SPEC_CODE_ENV}=unsandboxed in the work pool's environment to run it without one"
+    )
+
+
+def origin_env() -> dict[str, str]:
+    """The variable that tells a child process where the spec it runs came from (see `unsandboxed_allowed`)."""
+    return {SPEC_ORIGIN_ENV: "command_line" if from_command_line() else "deployment"}
+
+
+def _how_to_allow(module: str) -> str:
+    if module == "grpoflow" or module.startswith("grpoflow."):
+        return (
+            "; no other grpoflow module (its factories can carry a grader or code past these rules): name a built-in "
+            "reward by its name, or give a grader in the entry's `grader:`"
+        )
+    return f" (set {REWARD_MODULES_ENV}={module} in its environment to allow this one)"

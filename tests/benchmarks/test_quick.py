@@ -27,6 +27,7 @@ CASES = [
     ("generation", [], {"sides", "paged_speed_vs_transformers", "faster", "default_engine", "target_met"}),
     ("held_out", [], {"runs", "summary", "seeds", "specs"}),
     ("graders", [], {"summary", "repeats", "graders_spec"}),
+    ("sandbox", [], {"ms_per_call", "sandbox_extra_ms", "repeats"}),
     # --smoke runs the GPU script's whole path on a CPU (a tiny-width model; QLoRA is skipped there, and says so).
     ("gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}),
 ]

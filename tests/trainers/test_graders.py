@@ -151,7 +151,7 @@ def test_a_malformed_grader_is_rejected_naming_its_field(grader, expect, tmp_pat
         ({"grader": string_check("eq"), "kwargs": {"timeout": 3}}, "a string_check grader takes no kwargs"),
         (
             {"grader": {"type": "python", "name": "p", "source": PYTHON_SOURCE}, "kwargs": {"memory_mb": 1}},
-            "rewards[0].kwargs.memory_mb: must be an integer >= 64",
+            "rewards[0].kwargs.memory_mb: must be an integer of MiB from 64 to the operator's GRPOFLOW_SANDBOX_MEM",
         ),
         # one name: the grader's
         ({"grader": string_check("eq", "exact"), "name": "other"}, "rewards[0].name: a grader's reward is named by"),

@@ -2,14 +2,17 @@
 reward signature, and a spec that does not come from the user's own command line may name only the modules the work
 pool allows. The bad-input corpus holds the command-line side; here, the flows a deployment runs."""
 
+from pathlib import Path
+
 import pytest
 
 from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.flows.sweep import grpo_sweep
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.sandbox import sandbox_problem
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.trust import REWARD_MODULES_ENV, SPEC_CODE_ENV, command_line, untrusted_code
+from grpoflow.trainers.trust import REWARD_MODULES_ENV, SPEC_CODE_ENV, command_line, spec_code, untrusted_code
 
 CALLED = []
 
@@ -76,18 +79,47 @@ def test_tools_and_the_metric_are_checked_too(make_spec):
 PYTHON_GRADER = {"type": "python", "name": "py", "source": "def grade(sample, item):\n    return 1.0\n"}
 
 
-def test_a_python_grader_is_spec_code_allowed_only_where_the_pool_says(make_spec, monkeypatch):
+def test_a_python_grader_is_spec_code_sandboxed_or_refused(make_spec, monkeypatch, tmp_path):
     check = {"type": "string_check", "name": "c", "input": "x", "reference": "x", "operation": "eq"}
     multi = {"type": "multi", "name": "m", "calculate_output": "py + c", "graders": {"py": PYTHON_GRADER, "c": check}}
     spec, _ = load_spec(make_spec("code", rewards=[{"grader": PYTHON_GRADER}, {"grader": multi}, {"grader": check}]))
+    assert spec_code(spec) == ["rewards[0].grader", "rewards[1].grader.graders.py"]
+    assert untrusted_code(spec) == []  # the sandbox starts here: a deployment's spec may carry it
+    monkeypatch.setenv(SPEC_CODE_ENV, "0")  # the operator refuses it on this pool, sandbox or not
     problems = untrusted_code(spec)
     assert [p.split(":")[0] for p in problems] == ["rewards[0].grader", "rewards[1].grader.graders.py"]
-    assert all(f"{SPEC_CODE_ENV}=1" in p for p in problems)
-    monkeypatch.setenv(SPEC_CODE_ENV, "1")  # the operator allows it on this pool
-    assert untrusted_code(spec) == []
+    assert all(f"{SPEC_CODE_ENV}=0" in p for p in problems)
     monkeypatch.delenv(SPEC_CODE_ENV)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a worker without bwrap
+    sandbox_problem.cache_clear()
+    try:
+        [problem, _] = untrusted_code(spec)
+        assert "bwrap is not installed" in problem and f"{SPEC_CODE_ENV}=unsandboxed" in problem
+        monkeypatch.setenv(SPEC_CODE_ENV, "unsandboxed")  # the operator's choice: runs without one
+        assert untrusted_code(spec) == []
+    finally:
+        sandbox_problem.cache_clear()
     with command_line():  # the user's own command line: their machine
         assert untrusted_code(spec) == []
+
+
+# The way around the module rule that grpoflow's own factories were: a grader (code) in a factory's kwargs.
+FACTORY = {
+    "name": "sneaky",
+    "function": "grpoflow.trainers.graders.reward:get_grader_reward",
+    "kwargs": {"grader": PYTHON_GRADER, "memory_mb": 100000},
+}
+
+
+def test_grpoflow_factories_are_no_way_around_the_module_rule(make_spec, monkeypatch, tmp_path):
+    monkeypatch.chdir(Path(__file__).parents[2])  # grpoflow's own checkout as the project folder: still refused
+    spec, _ = load_spec(make_spec("walk", rewards=[FACTORY, {"name": "exact_answer"}]))
+    assert spec_code(spec) == ["rewards[0].kwargs.grader"]  # code, wherever in the entry it sits
+    [problem] = untrusted_code(spec)
+    assert problem.startswith("rewards[0].function: module 'grpoflow.trainers.graders.reward' is not allowed")
+    assert "no other grpoflow module" in problem and "built-in reward by its name" in problem
+    for shipped in ("grpoflow.trainers.rewards.builtin:exact_answer_reward", "grpoflow.examples.agents:calculator"):
+        assert untrusted_code(spec_naming(make_spec, shipped)) == []
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -97,4 +129,7 @@ def test_the_flows_reject_it_before_anything_runs(make_spec, tmp_path):
     assert state.name == "Rejected" and "module 'os' is not allowed" in state.message
     state = grpo_sweep(spec, {"hyperparameters.seed": [1, 2]}, return_state=True)
     assert state.name == "Rejected" and "module 'os' is not allowed" in state.message
+    spec, _ = load_spec(make_spec("walk", rewards=[FACTORY]))
+    state = grpo_pipeline(spec, return_state=True)
+    assert state.name == "Rejected" and "'grpoflow.trainers.graders.reward' is not allowed" in state.message
     assert not (tmp_path / "runs").exists()  # no job folder, nothing imported or called

@@ -31,8 +31,22 @@ KWARGS = {
 }
 _EXTRA_CHECKS = {
     "embedding_model": ((str,), lambda v: bool(v.strip()), "the embedding model the endpoint serves"),
-    "memory_mb": ((int,), lambda v: v >= 64, "an integer >= 64 (MiB)"),
+    "memory_mb": (
+        (int,),
+        lambda v: 64 <= v <= _memory_cap(),
+        "an integer of MiB from 64 to the operator's GRPOFLOW_SANDBOX_MEMORY_MB",
+    ),
 }
+
+
+def _memory_cap() -> int:
+    """The operator's cap on a sandbox's memory (`GRPOFLOW_SANDBOX_MEMORY_MB`): a spec may only lower it."""
+    from grpoflow.trainers.sandbox import SandboxSettingError, operator_limits
+
+    try:
+        return operator_limits().memory_mb
+    except SandboxSettingError:
+        return 0  # the setting itself is named where the grader runs
 
 
 def openai_types() -> dict[str, type[BaseModel]]:
