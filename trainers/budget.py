@@ -3,8 +3,12 @@
 At the cap the training child stops at a checkpoint: `BudgetCallback` asks the Trainer, at the end of the step that
 reaches it, to save and stop; the merge, evaluation and report then run on that model, and training.json says
 `"stopped_by": "budget"` (so do the `grpoflow.training.completed` event, its webhooks, the report and the final state's
-message). Time spent training adds up over attempts: `budget.json` in the job folder keeps the seconds used, so a
-resumed job gets only what is left.
+message). Time spent training adds up over attempts: `budget.json` in the job folder records the seconds used after
+each step, and each checkpoint's trainer_state.json keeps its own count (the callback is an `ExportableState`, saved
+under `stateful_callbacks`); a resumed job gets only what is left of the larger of the two, so editing or deleting
+budget.json cannot give back time spent up to the newest checkpoint. A record that is not a number of seconds >= 0
+(NaN, negative, not JSON) is refused when a budget is set (`BudgetRecordError`: the child exits 2, not retried) and
+ignored with a warning when none is.
 
 `estimate` is what `grpoflow validate` prints: the seconds per step of the newest job of the same base model that
 trained on this machine (found through the job index), scaled by the completions and tokens per step, times
@@ -14,46 +18,129 @@ trained on this machine (found through the job index), scaled by the completions
 from __future__ import annotations
 
 import json
+import math
+import sys
 import time
 from pathlib import Path
 
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.modeling import SetupError
 from grpoflow.trainers.spec import JobSpec
 
 BUDGET_FILE = "budget.json"
+CALLBACK_NAME = "BudgetCallback"  # its class name: the key of its record in trainer_state.json's stateful_callbacks
+DELETE_FIX = (
+    "delete the file and resume the job: the count restarts from the newest checkpoint's own record (from 0 without "
+    "a checkpoint)"
+)
 
 
-def used_seconds(job: JobDir) -> float:
-    """Seconds of GRPO training the job's earlier attempts used (0 for a new job)."""
-    try:
-        return float(json.loads((job.root / BUDGET_FILE).read_text())["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
+class BudgetRecordError(SetupError):
+    """A record of the training time used is corrupt: with `budget.max_training_hours` set, training would run
+    unbounded, so the training child refuses to start (exit 2: the job is rejected, not retried)."""
 
 
-def spent(job: JobDir, spec: JobSpec) -> bool:
-    """Whether the job has used its whole training budget already."""
+def _corruption(record) -> str | None:
+    """What is wrong with a time record (`{"seconds": s, ...}`), or None when `seconds` is a finite number >= 0."""
+    if not isinstance(record, dict):
+        return f"it holds {json.dumps(record)[:60]}, not an object"
+    if "seconds" not in record:
+        return 'it has no "seconds"'
+    value = record["seconds"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return f'its "seconds" is {json.dumps(value)[:60]}, not a number of seconds >= 0'
+    return None
+
+
+def _checked(record, where: str, fix: str, spec: JobSpec, problem: str | None = None) -> float:
+    """`record`'s seconds; a corrupt record (or one with a `problem` found before) raises `BudgetRecordError` when a
+    budget is set, and counts as 0 with a warning when none is (nothing to keep; budget.json is rewritten at the
+    next step)."""
+    if (problem := problem or _corruption(record)) is None:
+        return float(record["seconds"])
     cap = spec.budget.max_training_hours
-    return cap is not None and used_seconds(job) >= cap * 3600
+    if cap is None:
+        print(f"grpoflow: warning: {where} is corrupt ({problem}); ignored: no budget is set", file=sys.stderr)
+        return 0.0
+    raise BudgetRecordError(
+        f"budget.max_training_hours ({cap:g} h) cannot be kept: {where} is corrupt: {problem}, so the training time "
+        f"already used is unknown; {fix}"
+    )
+
+
+def recorded_seconds(job: JobDir, spec: JobSpec) -> float:
+    """The seconds of GRPO training `budget.json` records (0 when there is none), checked as `_checked` does."""
+    path = job.root / BUDGET_FILE
+    try:
+        record, problem = json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return 0.0
+    except (OSError, ValueError) as e:
+        record, problem = None, f"it cannot be read as JSON ({e})"
+    return _checked(record, str(path), DELETE_FIX, spec, problem)
+
+
+def checkpoint_seconds(callbacks: dict | None, where: str, spec: JobSpec) -> float:
+    """The seconds a checkpoint's trainer state records (`callbacks` is its `stateful_callbacks`, where the Trainer put
+    `BudgetCallback.state()`); 0 when it has no record (saved before grpoflow kept one)."""
+    record = (callbacks or {}).get(CALLBACK_NAME)
+    if record is None:
+        return 0.0
+    attributes = record.get("attributes") if isinstance(record, dict) else record
+    fix = "remove that checkpoint folder to resume from the one before it"
+    return _checked(attributes, f"{where} (stateful_callbacks.{CALLBACK_NAME})", fix, spec)
+
+
+def used_seconds(job: JobDir, spec: JobSpec, checkpoint: str | Path | None = None) -> float:
+    """Seconds of GRPO training the job's earlier attempts used (0 for a new job): the larger of budget.json's count
+    and the one in `checkpoint`'s trainer_state.json (an intact checkpoint: `resume_checkpoint` found it)."""
+    used = recorded_seconds(job, spec)
+    if checkpoint is not None:
+        path = Path(checkpoint) / "trainer_state.json"
+        used = max(used, checkpoint_seconds(json.loads(path.read_text()).get("stateful_callbacks"), str(path), spec))
+    return used
+
+
+def spent(job: JobDir, spec: JobSpec, checkpoint: str | Path | None = None) -> bool:
+    """Whether the job has used its whole training budget already (resuming from `checkpoint`)."""
+    cap = spec.budget.max_training_hours
+    return cap is not None and used_seconds(job, spec, checkpoint) >= cap * 3600
 
 
 def budget_callback(job: JobDir, spec: JobSpec):
     """A `TrainerCallback` that records the training seconds used after each step and, once they reach
-    `budget.max_training_hours`, saves a checkpoint and stops training; `.stopped_at` is then that step."""
+    `budget.max_training_hours`, saves a checkpoint and stops training; `.stopped_at` is then that step. Its count
+    goes into each checkpoint (`state()`), and a resume starts from the larger of that and budget.json's. A corrupt
+    budget.json with a budget set raises `BudgetRecordError` here, before the model loads."""
     from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
 
     cap = spec.budget.max_training_hours
+    if cap is not None:
+        recorded_seconds(job, spec)
 
-    class BudgetCallback(TrainerCallback):
+    class BudgetCallback(TrainerCallback, ExportableState):
         stopped_at: int | None = None
+        seconds: float = 0.0  # used as of the last step's end
+
+        def state(self) -> dict:
+            return {"args": {}, "attributes": {"seconds": self.seconds}}
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self.before, self.started = used_seconds(job), time.monotonic()
+            # On a resume the Trainer has loaded the checkpoint's trainer_state.json into `state` by now.
+            where = job.checkpoints / f"checkpoint-{state.global_step}" / "trainer_state.json"
+            resumed = checkpoint_seconds(state.stateful_callbacks, str(where), spec) if state.global_step else 0.0
+            self.seconds = max(recorded_seconds(job, spec), resumed)
+            # A checkpoint saved before this callback kept a record has no key for it, and Trainer._save_checkpoint
+            # indexes it (a KeyError at the first save after such a resume).
+            state.stateful_callbacks.setdefault(CALLBACK_NAME, self.state())
+            self.before, self.started = self.seconds, time.monotonic()
 
         def on_step_end(self, args, state, control, **kwargs):
             used = self.before + time.monotonic() - self.started
+            self.seconds = round(used, 3)
             if state.is_world_process_zero:
-                write_json_atomic(job.root / BUDGET_FILE, {"seconds": round(used, 3), "step": state.global_step})
+                write_json_atomic(job.root / BUDGET_FILE, {"seconds": self.seconds, "step": state.global_step})
             if cap is not None and used >= cap * 3600 and state.global_step < state.max_steps:
                 control.should_save = control.should_training_stop = True
                 self.stopped_at = state.global_step
@@ -67,13 +154,13 @@ def budget_callback(job: JobDir, spec: JobSpec):
     return BudgetCallback()
 
 
-def budget_summary(spec: JobSpec, job: JobDir, stopped_at: int | None) -> dict:
-    """training.json's fields about the budget: the cap, the hours used, and `stopped_by` when it ended training."""
+def budget_summary(spec: JobSpec, job: JobDir, stopped_at: int | None, checkpoint: str | Path | None = None) -> dict:
+    """training.json's fields about the budget: the cap, the hours used (as `used_seconds` counts them, resuming from
+    `checkpoint`), and `stopped_by` when it ended training."""
     if spec.budget.max_training_hours is None:
         return {}
-    summary = {
-        "budget": {"max_training_hours": spec.budget.max_training_hours, "used_hours": used_seconds(job) / 3600}
-    }
+    used_hours = used_seconds(job, spec, checkpoint) / 3600
+    summary = {"budget": {"max_training_hours": spec.budget.max_training_hours, "used_hours": used_hours}}
     if stopped_at is not None:
         summary |= {"stopped_by": "budget", "budget_stopped_at_step": stopped_at}
     return summary

@@ -356,7 +356,7 @@ def main(job_root: str) -> int:
     checkpoint = resume_checkpoint(job, tidy=trainer.is_world_process_zero())
     started = time.monotonic()
     setup_seconds = round(started - setup_started, 3)
-    if checkpoint and (checkpoint_step(checkpoint) >= hp.max_steps or spent(job, spec)):
+    if checkpoint and (checkpoint_step(checkpoint) >= hp.max_steps or spent(job, spec, checkpoint)):
         train_runtime = restore_final_checkpoint(trainer, checkpoint, job, spec)
         budget.stopped_at = checkpoint_step(checkpoint) if checkpoint_step(checkpoint) < hp.max_steps else None
     else:
@@ -377,7 +377,7 @@ def main(job_root: str) -> int:
         "train_seconds": train_seconds,
         "train_runtime": train_runtime,
         **adapters,
-        **budget_summary(spec, job, budget.stopped_at),
+        **budget_summary(spec, job, budget.stopped_at, checkpoint),
     }
 
     # --- held-out evaluation, here when the trained model in memory is exactly what merged/ holds

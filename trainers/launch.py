@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.trust import origin_env
 
 SETUP_ERROR_EXIT = 2
 REWARD_FAILED_EXIT = 3
@@ -233,16 +234,50 @@ def last_lines(path: Path, lines: int = 4) -> str:
     return text if len(text) <= LAST_LINES_CHARS else "..." + text[-LAST_LINES_CHARS:]
 
 
-def exit_reason(code: int) -> str:
-    """The exit code in words: a negative one is the signal that ended the child."""
+def oom_kills() -> tuple[Path, int] | None:
+    """Where the kernel counts the processes its OOM killer ended, and the count now: this process's cgroup (v2
+    `memory.events`, v1 `memory.oom_control`; a child stays in its parent's), else the machine's `/proc/vmstat`; None
+    where none can be read."""
+    try:
+        own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
+    except (OSError, ValueError):
+        own = {}
+    cgroups = Path("/sys/fs/cgroup")
+    for path in (
+        cgroups / own.get("", "/").lstrip("/") / "memory.events",
+        cgroups / "memory" / own.get("memory", "/").lstrip("/") / "memory.oom_control",
+        Path("/proc/vmstat"),
+    ):
+        with contextlib.suppress(OSError, ValueError):
+            for line in path.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return path, int(line.split()[1])
+    return None
+
+
+def exit_reason(code: int, oom_before: tuple[Path, int] | None = None) -> str:
+    """The exit code in words: a negative one is the signal that ended the child. For SIGKILL, whether the kernel's
+    OOM killer sent it, as its count (`oom_kills()`, `oom_before` read when the child started) says."""
     if code >= 0:
         return f"exited with code {code}"
     try:
         name = signal.Signals(-code).name
     except ValueError:
-        name = f"signal {-code}"
-    cause = " (the kernel's OOM killer sends it: out of memory?)" if -code == signal.SIGKILL else ""
-    return f"exited with code {code}, killed by {name}{cause}"
+        name = "a signal"
+    reason = f"exited with code {code}, killed by {name} (signal {-code})"
+    return reason + (_oom_cause(oom_before) if -code == signal.SIGKILL else "")
+
+
+def _oom_cause(before: tuple[Path, int] | None) -> str:
+    after = oom_kills()
+    if before is None or after is None or after[0] != before[0]:
+        return ": by whom is not known"
+    if after[1] > before[1]:
+        return (
+            f", most likely by the kernel's OOM killer: out of memory (oom_kill in {after[0]} rose from {before[1]} "
+            f"to {after[1]} during the run)"
+        )
+    return f": not by the kernel's OOM killer (oom_kill in {after[0]} unchanged during the run); by whom is not known"
 
 
 def _die_with_parent() -> None:
@@ -258,7 +293,7 @@ def start_child(command: list[str], log_path: Path, env: dict | None = None) -> 
     """Starts the child in its own process group, output to `log_path`, so it can be stopped as a whole; `env` adds
     to (or overrides) this process's environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **origin_env(), **(env or {})}
     with log_path.open("ab") as log:
         return subprocess.Popen(
             command,
@@ -282,9 +317,17 @@ def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait()
 
 
-def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir | None = None) -> None:
+def check_exit(
+    proc: subprocess.Popen,
+    stage: str,
+    log_path: Path,
+    job: JobDir | None = None,
+    oom_before: tuple[Path, int] | None = None,
+) -> None:
     """Turns the child's exit code into the outcome, with the end of its log in the message. Under `accelerate
-    launch` a rank's exit 2, 3 or 4 reaches here as 1: the child's exit record in `job` (`record_exit`) says which."""
+    launch` a rank's exit 2, 3 or 4 reaches here as 1: the child's exit record in `job` (`record_exit`) says which.
+    `oom_before` is the OOM kill count (`oom_kills()`) when the child started: a SIGKILL is put down to memory only
+    when it rose."""
     if proc.returncode == 0:
         return
     tail = _tail(log_path)
@@ -303,8 +346,9 @@ def check_exit(proc: subprocess.Popen, stage: str, log_path: Path, job: JobDir |
         reason = record["message"] if record else f"{stage} diverged (NaN or inf)"
         raise TrainingStopped(f"stopped by the health monitor: {reason} (log: {log_path})")
     raise ChildFailed(
-        f"{stage} child {exit_reason(proc.returncode)}. Last lines of its log: {last_lines(log_path)}. The stage is "
-        f"retried while its retries last (GRPO resumes from its newest checkpoint); the whole log is {log_path}."
+        f"{stage} child {exit_reason(proc.returncode, oom_before)}. Last lines of its log: {last_lines(log_path)}. "
+        "The stage is retried while its retries last (GRPO resumes from its newest checkpoint); the whole log is "
+        f"{log_path}."
     )
 
 
@@ -343,6 +387,7 @@ def run_child(
     (job.root / EXIT_RECORD).unlink(missing_ok=True)  # an earlier attempt's
     given = (env or {}).get("CUDA_VISIBLE_DEVICES")
     check_gpu_count(gpu_count, [g for g in given.split(",") if g] if given is not None else visible_gpus())
+    oom_before = oom_kills()
     proc = start_child(child_command(module, job, gpu_count, strategy, machines), log_path, env)
     try:
         while proc.poll() is None:
@@ -354,7 +399,7 @@ def run_child(
             raise TrainingStopped(reason)
     finally:
         stop_child(proc)
-    check_exit(proc, STAGE_NAMES.get(module, module), log_path, job)
+    check_exit(proc, STAGE_NAMES.get(module, module), log_path, job, oom_before)
     if result is not None and not result.exists():
         raise ChildEndedEarly(
             f"the {STAGE_NAMES.get(module, module)} child exited 0 without writing {result.name}: something in it "

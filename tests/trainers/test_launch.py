@@ -103,6 +103,9 @@ if behaviour == "nan":  # as grpoflow.trainers.grpo's cli on TrainingDiverged: t
     sys.exit(4)
 if behaviour == "slow":
     time.sleep(60)
+if behaviour == "sigkill":  # as a reward, grader or person killing it: not the kernel's OOM killer
+    import os, signal
+    os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
@@ -171,6 +174,29 @@ def test_a_failed_attempts_message_leaves_out_metrics_bars_and_warnings(tmp_path
     log.write_text("x" * 5000 + "\n")
     assert len(launch.last_lines(log)) <= launch.LAST_LINES_CHARS + 3
     assert launch.exit_reason(-9).startswith("exited with code -9, killed by SIGKILL")
+
+
+def test_a_sigkill_is_put_down_to_memory_only_when_the_kernel_counted_an_oom_kill(fake_child):
+    from grpoflow.trainers import launch
+
+    with pytest.raises(ChildFailed) as caught:
+        fake_child[1]("sigkill")
+    message = str(caught.value)
+    assert message.startswith("fake_child child exited with code -9, killed by SIGKILL (signal 9): ")
+    assert "out of memory" not in message  # was: "(the kernel's OOM killer sends it: out of memory?)" for any SIGKILL
+    counter = launch.oom_kills()  # this machine's cgroup memory.events / memory.oom_control, or /proc/vmstat
+    if counter is None:
+        assert ": by whom is not known. Last lines" in message
+        return
+    path, count = counter
+    assert f": not by the kernel's OOM killer (oom_kill in {path} unchanged during the run); by whom is not known" in (
+        message
+    )
+    # The count rose while the child ran: the OOM killer most likely sent it.
+    assert launch.exit_reason(-9, (path, count - 1)) == (
+        "exited with code -9, killed by SIGKILL (signal 9), most likely by the kernel's OOM killer: out of memory "
+        f"(oom_kill in {path} rose from {count - 1} to {count} during the run)"
+    )
 
 
 def test_run_child_stopped_by_poll(fake_child):
