@@ -10,6 +10,7 @@ job (its last event, webhooks, uploads) however it ends. Run it with `grpoflow r
 """
 
 import logging
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -67,7 +68,27 @@ class NamedFailures(logging.Filter):
         return True
 
 
+# The head of Prefect's line, up to the flow's name (repr'd); whatever follows it is left out.
+REFUSED_PARAMETERS = re.compile(r"Parameter validation failed for flow (?:'[^']*'|\"[^\"]*\")")
+
+
+class UnloggedParameters(logging.Filter):
+    """Cuts Prefect's "Parameter validation failed for flow ...: [errors]\nParameters: {...}" line (`Flow.
+    validate_parameters`, on the worker's terminal) to its head: it prints pydantic's errors with each refused
+    input, then every parameter given, and a refused spec may hold a secret (a URL with credentials in a free-form
+    field, which the parameter schema cannot check). The problems themselves, without the values, follow on the flow
+    run's log ("Validation of flow parameters failed with error: ...", from `ParameterTypeError`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Parameter validation failed"):
+            head = REFUSED_PARAMETERS.match(message)
+            record.msg, record.args = "%s (the values given are not logged)", (head[0] if head else message[:27],)
+        return True
+
+
 logging.getLogger("prefect.flow_runs").addFilter(NamedFailures())
+logging.getLogger("prefect.flows").addFilter(UnloggedParameters())
 
 
 def _always(spec: JobSpec, done: dict) -> bool:

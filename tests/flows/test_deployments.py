@@ -759,3 +759,20 @@ def test_worker_secrets_stay_out_of_files(stack, tmp_path):
         assert not [c for c in canaries if c in stored]
     finally:
         server.shutdown()
+
+
+@pytest.mark.slow
+def test_prefect_deployment_run_refuses_credentials(stack):
+    """`prefect deployment run grpo-pipeline/retrain --params` with a spec whose output_uri holds a key and secret:
+    the server refuses the run with the deployed schema (enforced), saying what to do without the secret."""
+    secret = "sEcReTcLi789"
+    spec = small_spec("creds-cli", "d.jsonl", f"s3://AKIAEXAMPLE:{secret}@bucket/runs")
+    refused = stack.cli(
+        "prefect", "deployment", "run", "grpo-pipeline/retrain", "--params", json.dumps({"spec": spec})
+    )
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "Validation failed for field 'spec.output_uri'" in said, said
+    assert "user:password@" in said and secret not in said
+    assert runs_of("grpo-pipeline/retrain", spec=spec) == []
+    with get_client(sync_client=True) as client:
+        assert client.read_deployment_by_name("grpo-pipeline/retrain").enforce_parameter_schema

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from grpoflow.trainers.spec.models import MAX_INT, METRIC_ENTRY, METRIC_NAME, JobSpec
-from grpoflow.trainers.spec.rules import rule_problems, trl_spec_keys
+from grpoflow.trainers.spec.rules import rule_problems, shown, trl_spec_keys
 from grpoflow.trainers.spec.trl_fields import trl_fields
 from grpoflow.trainers.uris import url_scheme
 
@@ -63,11 +63,6 @@ _MESSAGES = {
     "literal_error": "must be {expected}",
     "value_error": "{error}",
 }
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _dotted(loc: Iterable) -> str:
@@ -135,7 +130,7 @@ def _describe(error: dict) -> str:
     ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in error.get("ctx", {}).items()}
     text = template.format(**ctx) if template else error["msg"][:1].lower() + error["msg"][1:]
     # A URL with credentials is not echoed back: the terminal and CI logs would show the secret.
-    return text if kind in ("missing", "url_credentials") else f"{text} (got {_show(error['input'])})"
+    return text if kind in ("missing", "url_credentials") else f"{text} (got {shown(error['input'])})"
 
 
 def _problems(exc: ValidationError, data: dict) -> list[str]:
@@ -248,7 +243,7 @@ def _read(source: "str | Path | dict | JobSpec", storage_options: dict | None = 
     except ValueError as exc:  # PyYAML's own, unwrapped: a "\U" escape past U+10FFFF, a date like 2026-13-45
         raise SpecError(f"{path}: invalid YAML: a value YAML cannot build ({exc})") from None
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: the top level must be a mapping of spec keys (got {_show(data)})")
+        raise SpecError(f"{path}: the top level must be a mapping of spec keys (got {shown(data)})")
     return data
 
 

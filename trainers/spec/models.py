@@ -46,11 +46,20 @@ MAX_INT = 2**31 - 1  # every integer field (steps, lengths, counts) fits an int3
 MAX_SEED = 2**32 - 1  # numpy's range, which transformers.set_seed enforces only once training starts
 # Sampling is greedy in effect well above this already; from ~1e-38 down, a float32 logit divided by it is inf.
 MIN_TEMPERATURE = 1e-3
+# A URL with `user:password@` in its authority, as `url_credentials` finds it (a scheme, "://", then "@" before the
+# first "/", "?" or "#"), spelled so that JSON schema's (ECMA) and Python's regular expressions read it alike.
+CREDENTIALS_IN_URL = r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@"
+# What Prefect's server answers a run whose URL holds credentials: jsonschema says "'<this>' was expected".
+CREDENTIALS_REFUSED = (
+    "a URL without user:password@ (credentials go in the worker's environment or a Prefect Secret block, never in "
+    "a spec)"
+)
 
 
 class _Section(BaseModel):
     # inf and NaN are YAML floats (.inf, .nan) that no field means; rejecting them here covers every float field.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # A refused value may be a secret: pydantic's own error text (a traceback's, a log's) leaves it out.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -61,10 +70,10 @@ class _Section(BaseModel):
         return value
 
 
-def _no_credentials(value: str) -> str:
+def _no_credentials(value: str | None) -> str | None:
     """Refuses a URL holding a credential (`s3://KEY:SECRET@bucket`, `?token=`): the spec is stored in spec.yaml,
     Prefect's database, events and logs. The message never repeats the URL."""
-    if where := url_credentials(value):
+    if value is not None and (where := url_credentials(value)):
         raise PydanticCustomError(
             "url_credentials",
             "holds credentials ({where}): a spec is stored in spec.yaml, Prefect's database, events and logs; "
@@ -72,6 +81,14 @@ def _no_credentials(value: str) -> str:
             {"where": where, "instead": credentials_instead(value)},
         )
     return value
+
+
+def _refused_in_form(schema: dict) -> None:
+    """`_no_credentials`' `user:password@` check in the JSON schema, which Prefect's server applies to a deployment's
+    parameters before it stores a run (`enforce_parameter_schema`). An `if`/`then` with a `const`, not a `pattern`:
+    jsonschema's pattern and `not` messages repeat the value, and the server sends that message back."""
+    schema["if"] = {"type": "string", "pattern": CREDENTIALS_IN_URL}
+    schema["then"] = {"const": CREDENTIALS_REFUSED}
 
 
 def _not_link_local(value: str, what: str) -> None:
@@ -115,6 +132,9 @@ def _matching(pattern: str, hint: str) -> Any:
 
 # Integer fields: the bound turns a typo like 1e30 into an error at submit time rather than an overflow later.
 Int = Annotated[int, Field(le=MAX_INT)]
+# A path or URL that must hold no credentials: the model refuses them, and so does the deployments' parameter schema.
+Url = Annotated[str, AfterValidator(_no_credentials), Field(json_schema_extra=_refused_in_form)]
+OptionalUrl = Annotated[str | None, AfterValidator(_no_credentials), Field(json_schema_extra=_refused_in_form)]
 Slug = _matching(
     SLUG_PATTERN, "must be 1-63 lowercase letters, digits, '-', '_' or '.', starting with one of the first two"
 )
@@ -285,7 +305,7 @@ class Hyperparameters(_Section):
 class DatasetSpec(_Section):
     """Where the prompts come from."""
 
-    uri: str = Field(
+    uri: Url = Field(
         # Without angle brackets: the V1 UI reads them as HTML and shows nothing between them.
         min_length=1,
         description="Local path (a data file, or a folder written by datasets' save_to_disk), file://, s3://..., or "
@@ -301,11 +321,6 @@ class DatasetSpec(_Section):
         description="Longest line a JSON Lines or CSV file may have, in bytes; a longer one rejects the dataset "
         "(found by streaming the file, before any of it is parsed).",
     )
-
-    @field_validator("uri")
-    @classmethod
-    def _no_credentials_in_uri(cls, value: str) -> str:
-        return _no_credentials(value)
 
 
 class RewardSpec(_Section):
@@ -328,7 +343,7 @@ class RewardSpec(_Section):
         },
     )
     function: FunctionRef | None = Field(None, description="A custom reward, as 'package.module:callable'.")
-    model: str | None = Field(
+    model: OptionalUrl = Field(
         None,
         min_length=1,
         description="A sequence-classification reward model (TRL's model-id reward): a local folder or a Hub id "
@@ -559,7 +574,8 @@ class DeploySpec(_Section):
 class WebhookSpec(_Section):
     """A webhook receiving the job's events (Standard Webhooks)."""
 
-    url: str = Field(description="http(s) URL receiving the events.")
+    # A str, not a `Url`: its own check below refuses credentials pointing to secret_env; the schema's part is Url's.
+    url: str = Field(description="http(s) URL receiving the events.", json_schema_extra=_refused_in_form)
     secret_env: EnvName | None = Field(
         None, description="Name of the environment variable holding the signing secret (never the secret itself)."
     )
@@ -638,7 +654,7 @@ class GenerationSpec(_Section):
         "server: a separate `trl vllm-serve` process, at vllm_server_url or, when that is null, started by the "
         "training task on tensor_parallel_size GPUs set aside beyond the gpu_count training GPUs.",
     )
-    vllm_server_url: str | None = Field(
+    vllm_server_url: OptionalUrl = Field(
         None,
         description="vllm server mode: the base URL of a running `trl vllm-serve` (e.g. http://10.0.0.5:8000); "
         "null: the training task starts one on this machine.",
@@ -664,7 +680,6 @@ class GenerationSpec(_Section):
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("must be an http(s) URL such as http://host:8000")
-            _no_credentials(value)
             _not_link_local(value, "a vLLM server")
         return value
 
@@ -704,7 +719,7 @@ class JobSpec(_Section):
     """A grpoflow job: dataset, base model and rewards in, a GRPO-fine-tuned model out."""
 
     name: Slug = Field(description="Job name (a slug); becomes part of the job id.")
-    base_model: str = Field(min_length=1, description="HF repo id, local path, or builtin:tiny (offline, shipped).")
+    base_model: Url = Field(min_length=1, description="HF repo id, local path, or builtin:tiny (offline, shipped).")
     dataset: DatasetSpec = Field(description="The prompt dataset.")
     rewards: list[RewardSpec] = Field(min_length=1, description="Rewards, summed with their weights.")
     sft: SFTSpec = Field(SFTSpec(), description="Optional SFT format warm-up before GRPO.")
@@ -714,7 +729,7 @@ class JobSpec(_Section):
     checkpoint_every: Int | None = Field(
         None, ge=1, description="Steps between checkpoints; default: max_steps // 10."
     )
-    output_uri: str = Field(
+    output_uri: Url = Field(
         "runs", min_length=1, description="Local folder or s3://bucket/prefix; the job folder goes under it."
     )
     stop_on_alert: bool = Field(False, description="Stop training on a health alert.")
@@ -771,7 +786,7 @@ class JobSpec(_Section):
         # training.
         if reason := unopenable(value):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
-        return _no_credentials(value)
+        return value
 
     @field_validator(
         "sft", "evaluation", "hyperparameters", "health", "webhooks", "trl", "generation", "distributed", mode="before"

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from grpoflow.trainers.spec.trl_fields import trl_fields
-from grpoflow.trainers.uris import is_remote
+from grpoflow.trainers.uris import is_remote, url_credentials
 
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
@@ -377,7 +377,7 @@ def _trl_problems(trl: dict, hyperparameters: list[str]) -> list[str]:
             hint = f"did you mean {close[0]!r}?" if close else "see trl.GRPOConfig's fields"
             problems.append(f"{where}: not a field of trl.GRPOConfig (TRL {record['trl_version']}); {hint}")
         elif problem := _trl_type_problem(value, fields[name]):
-            problems.append(f"{where}: {problem} (got {_show(value)})")
+            problems.append(f"{where}: {problem} (got {shown(value)})")
     return problems
 
 
@@ -395,9 +395,21 @@ def _trl_type_problem(value: Any, field: dict) -> str | None:
     return None
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
+    """`value` as a message quotes it: its repr, cut to 60 characters; a value holding a URL with credentials is not
+    quoted at all (messages reach terminals, CI logs and Prefect's)."""
+    if _holds_credentials(value):
+        return "a value holding credentials, not shown"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _holds_credentials(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(map(_holds_credentials, [*value.keys(), *value.values()]))
+    if isinstance(value, list | tuple):
+        return any(map(_holds_credentials, value))
+    return isinstance(value, str) and url_credentials(value) is not None
 
 
 def _liger_problems(base_model: Any, gpus: int, unsloth: bool) -> list[str]:
