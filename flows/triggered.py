@@ -18,13 +18,14 @@ from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.integrations.stages import rejected
 from grpoflow.integrations.storage import storage_options
 from grpoflow.trainers.spec import SpecError, load_spec
+from grpoflow.trainers.spec.models import OptionalUrl, Url
 
 DEFAULT_SPEC = "deployments/default-spec.yaml"
 
 
 @flow(name="grpo-pipeline")
 def grpo_pipeline_from_file(
-    spec: str | None = None, dataset_uri: str | None = None, default_spec: str = DEFAULT_SPEC
+    spec: OptionalUrl = None, dataset_uri: OptionalUrl = None, default_spec: Url = DEFAULT_SPEC
 ) -> dict:
     """Runs the GRPO pipeline on the spec file `spec` (else `default_spec`), with `dataset_uri` as its dataset.
 

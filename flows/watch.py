@@ -58,6 +58,7 @@ from grpoflow.integrations.leases import LeaseHeld, S3Lease, conditional_put
 from grpoflow.integrations.storage import filesystem, is_remote, join
 from grpoflow.trainers.dataset import COMPRESSIONS, FORMATS
 from grpoflow.trainers.jobdir import write_json_atomic
+from grpoflow.trainers.spec.models import OptionalUrl, Url
 
 EVENT = "grpoflow.dataset.landed"
 STATE_DIR_ENV = "GRPOFLOW_WATCH_STATE_DIR"
@@ -323,9 +324,9 @@ def watch_run_name() -> str:
 
 @flow(name="watch-new-data", flow_run_name=watch_run_name)
 def watch_new_data(
-    uri: str,
-    spec: str | None = None,
-    state_dir: str | None = None,
+    uri: Url,
+    spec: OptionalUrl = None,
+    state_dir: OptionalUrl = None,
     settle_seconds: float = 5.0,
     watch_minutes: float = 55.0,
     poll_seconds: float = 30.0,

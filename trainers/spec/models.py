@@ -83,12 +83,11 @@ def _no_credentials(value: str | None) -> str | None:
     return value
 
 
-def _refused_in_form(schema: dict) -> None:
-    """`_no_credentials`' `user:password@` check in the JSON schema, which Prefect's server applies to a deployment's
-    parameters before it stores a run (`enforce_parameter_schema`). An `if`/`then` with a `const`, not a `pattern`:
-    jsonschema's pattern and `not` messages repeat the value, and the server sends that message back."""
-    schema["if"] = {"type": "string", "pattern": CREDENTIALS_IN_URL}
-    schema["then"] = {"const": CREDENTIALS_REFUSED}
+# `_no_credentials`' `user:password@` check in the JSON schema, which Prefect's server applies to a deployment's
+# parameters before it stores a run (`enforce_parameter_schema`). An `if`/`then` with a `const`, not a `pattern`:
+# jsonschema's pattern and `not` messages repeat the value, and the server sends that message back. A mapping, not a
+# function: Prefect's flow parameter schemas compose a field's `json_schema_extra` only when it is one.
+REFUSED_IN_FORM = {"if": {"type": "string", "pattern": CREDENTIALS_IN_URL}, "then": {"const": CREDENTIALS_REFUSED}}
 
 
 def _not_link_local(value: str, what: str) -> None:
@@ -133,8 +132,8 @@ def _matching(pattern: str, hint: str) -> Any:
 # Integer fields: the bound turns a typo like 1e30 into an error at submit time rather than an overflow later.
 Int = Annotated[int, Field(le=MAX_INT)]
 # A path or URL that must hold no credentials: the model refuses them, and so does the deployments' parameter schema.
-Url = Annotated[str, AfterValidator(_no_credentials), Field(json_schema_extra=_refused_in_form)]
-OptionalUrl = Annotated[str | None, AfterValidator(_no_credentials), Field(json_schema_extra=_refused_in_form)]
+Url = Annotated[str, AfterValidator(_no_credentials), Field(json_schema_extra=REFUSED_IN_FORM)]
+OptionalUrl = Annotated[str | None, AfterValidator(_no_credentials), Field(json_schema_extra=REFUSED_IN_FORM)]
 Slug = _matching(
     SLUG_PATTERN, "must be 1-63 lowercase letters, digits, '-', '_' or '.', starting with one of the first two"
 )
@@ -575,7 +574,7 @@ class WebhookSpec(_Section):
     """A webhook receiving the job's events (Standard Webhooks)."""
 
     # A str, not a `Url`: its own check below refuses credentials pointing to secret_env; the schema's part is Url's.
-    url: str = Field(description="http(s) URL receiving the events.", json_schema_extra=_refused_in_form)
+    url: str = Field(description="http(s) URL receiving the events.", json_schema_extra=REFUSED_IN_FORM)
     secret_env: EnvName | None = Field(
         None, description="Name of the environment variable holding the signing secret (never the secret itself)."
     )
