@@ -3,9 +3,11 @@
 `grpoflow.integrations.events.emit` calls `deliver(job, record)` for every event; it reads the webhooks from the job's
 `spec.yaml`, records one delivery per webhook in the job folder's outbox (synced to disk before anything is sent),
 queues them and returns. One daemon thread per endpoint URL posts that endpoint's events in order, retrying
-connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx are final. A dead or hanging endpoint
-therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout` seconds, for the queues
-to drain.
+connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx, and a reply over the size cap, are
+final. Each attempt ends within `POLICY.timeout_s` in all, from connecting to the reply's last byte, and reads at most
+the reply cap (`grpoflow.trainers.outbound`: GRPOFLOW_HTTP_DEADLINE_S, GRPOFLOW_HTTP_MAX_RESPONSE_MB). A dead, hanging
+or trickling endpoint therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout`
+seconds, for the queues to drain.
 
 A delivery that gave up (retries exhausted, still queued when the process exited, or `dropped`) stays undelivered in
 the outbox and is sent again, with the same `webhook-id` and body, when the job resumes (`resend`, from
@@ -41,6 +43,7 @@ settled by a `delivered` line, or a `failed` one with a 4xx status other than 42
 other outbox line is undelivered. Neither secrets nor signatures are ever written or logged.
 """
 
+import asyncio
 import base64
 import contextvars
 import json
@@ -49,7 +52,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -61,6 +64,7 @@ import yaml
 from pydantic import TypeAdapter
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from grpoflow.trainers import outbound
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_jsonl
 from grpoflow.trainers.spec import WebhookSpec
@@ -73,7 +77,7 @@ logger = logging.getLogger(__name__)
 class Policy:
     """How hard one delivery tries. Each delivery keeps the policy in force when its event was emitted."""
 
-    timeout_s: float = 5.0  # connect, and each read/write, of one attempt
+    timeout_s: float = 5.0  # one attempt in all, connection to the reply's last byte (GRPOFLOW_HTTP_DEADLINE_S caps)
     backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)  # waits between attempts: len + 1 attempts in all
     max_retry_after_s: float = 30.0  # a larger Retry-After is ignored in favour of the backoff
 
@@ -305,12 +309,19 @@ def _done(item: _Delivery) -> None:
 
 
 def _worker(q: queue.Queue) -> None:
-    # One client per endpoint keeps its connection alive between events; never closed, like the daemon thread.
-    client = httpx2.Client(headers={"user-agent": USER_AGENT})
+    # One client per endpoint keeps its connection alive between events, on this thread's own event loop (an async
+    # client's connections belong to their loop; async, so one deadline bounds a whole attempt). Never closed, like
+    # the daemon thread.
+    runner, client = asyncio.Runner(), httpx2.AsyncClient(headers={"user-agent": USER_AGENT})
+
+    def post(url: str, **kwargs) -> httpx2.Response:
+        # In a copy of the delivery's context (the runner's own would be the thread's).
+        return runner.run(outbound.request(client, "POST", url, **kwargs), context=contextvars.copy_context())
+
     while True:
         item = q.get()
         try:
-            item.context.run(_send, client, item)
+            item.context.run(_send, post, item)
         except Exception:
             # A bug here must not kill the thread: the endpoint's later events would never be sent.
             logger.exception("webhooks: delivering %s to %s failed", item.msg_id, safe_url(item.hook.url))
@@ -321,7 +332,7 @@ def _worker(q: queue.Queue) -> None:
 # --- one delivery -------------------------------------------------------------------------------------------------
 
 
-def _send(client: httpx2.Client, item: _Delivery) -> None:
+def _send(post: Callable[..., httpx2.Response], item: _Delivery) -> None:
     """Posts `item` until it is delivered, fails for good, or runs out of attempts; logs every attempt."""
     secret, problem = _secret(item.hook)
     if why := link_local_address(item.hook.url, resolve=True):  # a name the spec's check could not see through
@@ -332,7 +343,7 @@ def _send(client: httpx2.Client, item: _Delivery) -> None:
     attempts = len(item.policy.backoff_s) + 1
     for attempt in range(1, attempts + 1):
         started = time.monotonic()
-        status, error, retryable, retry_after = _post(client, item, secret)
+        status, error, retryable, retry_after = _post(post, item, secret)
         outcome = "delivered" if error is None else "retrying" if retryable and attempt < attempts else "failed"
         _finish(item, attempt, outcome, status, error, time.monotonic() - started)
         if outcome != "retrying":
@@ -386,7 +397,7 @@ _BLOCK_SECRETS: dict[str, str] = {}  # loaded once per process
 
 
 def _post(
-    client: httpx2.Client, item: _Delivery, secret: str | None
+    post: Callable[..., httpx2.Response], item: _Delivery, secret: str | None
 ) -> tuple[int | None, str | None, bool, float | None]:
     """One attempt: (status, error or None if 2xx, whether to retry, Retry-After seconds or None)."""
     timestamp = int(time.time())  # per attempt, so a late retry still passes the receiver's replay window
@@ -394,10 +405,10 @@ def _post(
     if secret is not None:
         headers["webhook-signature"] = sign(secret, item.msg_id, timestamp, item.body)
     try:
-        response = client.post(item.hook.url, content=item.body, headers=headers, timeout=item.policy.timeout_s)
-    except httpx2.TransportError as e:  # refused, reset, DNS, timeouts
+        response = post(item.hook.url, content=item.body, headers=headers, timeout=item.policy.timeout_s)
+    except httpx2.TransportError as e:  # refused, reset, DNS, timeouts (the attempt's deadline too)
         return None, _describe(e, item.hook.url), True, None
-    except httpx2.HTTPError as e:
+    except (httpx2.HTTPError, ValueError) as e:  # a reply over the cap; a setting that is no number
         return None, _describe(e, item.hook.url), False, None
     status = response.status_code
     if 200 <= status < 300:

@@ -9,13 +9,15 @@
           rubric: "Score 0-10 how well this answers {prompt}:\\n{completion}\\nReply with the score only."
           max_score: 10                          # scales the score to 0..1
 
-The rubric is a `str.format` template: `{prompt}`, `{completion}` and any dataset column (`{answer}`); write `{{`
-and `}}` for literal braces. The score is the first number of the judge's reply, or the first match of `score_regex`
-(its first group when it has one); a reply without a score is `None` ("does not apply"), as TRL treats it. The reward
-is `async def`: TRL runs it on its event loop next to the other rewards, and it sends up to `concurrency` requests at
-a time, each with `timeout` seconds, retrying a 429, a 5xx or a lost connection `retries` times with exponential
-backoff (or the server's Retry-After). Plain HTTP with httpx2, which huggingface_hub already brings: no OpenAI SDK
-needed on a worker.
+The rubric is a template in `str.format`'s syntax: `{prompt}`, `{completion}` and any dataset column (`{answer}`),
+each a plain name (no format spec, conversion, attribute or index: `{completion:>9999}` would grow each request);
+write `{{` and `}}` for literal braces. The score is the first number of the judge's reply, or the first match of
+`score_regex` (its first group when it has one); a reply without a score is `None` ("does not apply"), as TRL treats
+it. The reward is `async def`: TRL runs it on its event loop next to the other rewards, and it sends up to
+`concurrency` requests at a time, each within `timeout` seconds in all (connection to last byte) and reading at most a
+capped reply (`grpoflow.trainers.outbound`), retrying a 429, a 5xx, a lost connection or a timeout `retries` times
+with exponential backoff (or the server's Retry-After). Plain HTTP with httpx2, which huggingface_hub already brings:
+no OpenAI SDK needed on a worker.
 """
 
 import asyncio
@@ -29,6 +31,7 @@ from urllib.parse import urlsplit
 
 import httpx2
 
+from grpoflow.trainers import outbound
 from grpoflow.trainers.rewards import NUMBER
 from grpoflow.trainers.rewards.text import completion_text
 from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, link_local_address, url_credentials
@@ -98,13 +101,13 @@ def judge_kwargs_problems(kwargs: dict) -> list[tuple[str, str]]:
 
 
 def endpoint_problems(base_url: str, resolve: bool = False) -> list[tuple[str, str]]:
-    """A judge endpoint holding a credential, or on a link-local / cloud-metadata address (the URL is not echoed)."""
+    """An endpoint (a judge's, a model grader's, an embedding one's) holding a credential, or on a link-local /
+    cloud-metadata address (the URL is not echoed). With `resolve`, its host name is looked up and every address it
+    resolves to checked: what the requests would reach."""
     if where := url_credentials(base_url):
         return [("base_url", f"holds credentials ({where}); give the key's variable name in api_key_env instead")]
     if why := link_local_address(base_url, resolve=resolve):
-        return [
-            ("base_url", f"{why}: refused as a judge endpoint; the operator allows it with {ALLOW_LINK_LOCAL_ENV}=1")
-        ]
+        return [("base_url", f"{why}: refused as an endpoint; the operator allows it with {ALLOW_LINK_LOCAL_ENV}=1")]
     return []
 
 
@@ -120,17 +123,26 @@ def rubric_fields(rubric: str) -> list[str]:
 
 def _rubric_problems(rubric: str) -> list[str]:
     try:
-        fields = rubric_fields(rubric)
+        parts = list(string.Formatter().parse(rubric))
     except ValueError as exc:  # "Single '}' encountered in format string"
         return [f"not a valid template ({exc}); write {{{{ and }}}} for literal braces"]
+    fields = [(name, spec, conversion) for _, name, spec, conversion in parts if name is not None]
+    # A format spec or a conversion can grow the text without bound: {completion:>30000000} is 30 MB a request.
     problems = [
-        f"placeholder {{{name}}} must be a plain name: {{prompt}}, {{completion}} or a dataset column"
-        for name in fields
-        if not FIELD_NAME.fullmatch(name)
+        f"placeholder {_shown(name, spec, conversion)} must be a plain name: {{prompt}}, {{completion}} or a dataset "
+        "column, with no format spec (:...), conversion (!r), attribute (.x) or index ([0])"
+        for name, spec, conversion in fields
+        if spec or conversion or not FIELD_NAME.fullmatch(name)
     ]
-    if "completion" not in fields:
+    if "completion" not in (name for name, _, _ in fields):
         problems.append("must contain {completion}, the text the judge scores")
     return problems
+
+
+def _shown(name: str, spec: str, conversion: str | None) -> str:
+    """A placeholder as the rubric writes it, shortened to 40 characters."""
+    written = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+    return written if len(written) <= 40 else written[:37] + "..."
 
 
 def get_llm_judge_reward(
@@ -161,7 +173,8 @@ def get_llm_judge_reward(
         max_score (`float` or `None`, *optional*, defaults to `None`): divides the score and clips it to 0..1;
             `None` keeps the raw score.
         concurrency (`int`, *optional*, defaults to `8`): requests in flight at once per reward call.
-        timeout (`float`, *optional*, defaults to `30.0`): seconds per request.
+        timeout (`float`, *optional*, defaults to `30.0`): seconds per request in all, from connecting to the
+            reply's last byte (GRPOFLOW_HTTP_DEADLINE_S may lower it).
         retries (`int`, *optional*, defaults to `3`): further attempts after a 429, a 5xx or a connection error.
         backoff (`float`, *optional*, defaults to `0.5`): seconds before the first retry, doubling each time (capped
             at 30 s); a Retry-After header from the server wins.
@@ -240,11 +253,18 @@ def fill_rubric(rubric: str, prompt: str, completion: str, columns: dict[str, li
     """
     values = {name: column[row] for name, column in columns.items()}
     values.update(prompt=prompt, completion=completion)
-    try:
-        return rubric.format_map(values)
-    except KeyError as exc:
-        known = ", ".join(sorted(values))
-        raise ValueError(f"the rubric's {{{exc.args[0]}}} is not a dataset column (have: {known})") from None
+    text = []
+    # Each placeholder's value as text, its format spec and conversion ignored (the check refuses them): nothing the
+    # rubric says can make a value longer than it is.
+    for literal, name, _, _ in string.Formatter().parse(rubric):
+        text.append(literal)
+        if name is None:
+            continue
+        if name not in values:
+            known = ", ".join(sorted(values))
+            raise ValueError(f"the rubric's {{{name}}} is not a dataset column (have: {known})")
+        text.append(str(values[name]))
+    return "".join(text)
 
 
 def _prompt_text(prompt) -> str:
@@ -286,18 +306,22 @@ async def ask(
     backoff: float,
     reply: Callable[[httpx2.Response, str], Any] | None = None,
 ) -> Any:
-    """POSTs one chat-completions request and returns the reply's text, retrying 429, 5xx and connection errors.
-    `reply(response, base_url)` reads another kind of answer (an embeddings one, say) instead of the text.
+    """POSTs one chat-completions request and returns the reply's text, retrying 429, 5xx, connection errors and
+    timeouts. Each attempt ends within `timeout` seconds in all and reads at most the reply cap
+    (`grpoflow.trainers.outbound`). `reply(response, base_url)` reads another kind of answer (an embeddings one, say)
+    instead of the text.
 
     Raises:
-        JudgeError: the endpoint is unreachable, or answered an error status after the last attempt, or a reply
-            without `choices[0].message.content`.
+        JudgeError: the endpoint is unreachable or too slow, or answered an error status after the last attempt, or
+            a reply over the cap, or one without `choices[0].message.content`.
     """
     for attempt in range(retries + 1):
         last = attempt == retries
         try:
-            response = await client.post(url, json=body)
-        except httpx2.TransportError as exc:  # refused, reset, DNS, or the per-request timeout
+            response = await outbound.request(client, "POST", url, timeout, json=body)
+        except outbound.ResponseTooLarge as exc:
+            raise JudgeError(f"the judge at {base_url} sent {exc}") from None
+        except httpx2.TransportError as exc:  # refused, reset, DNS, or the request's total deadline
             if last:
                 what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 raise JudgeError(

@@ -11,6 +11,7 @@ import socket
 import urllib.parse
 from pathlib import Path
 
+from grpoflow.trainers.outbound import call_within, deadline_s
 from grpoflow.trainers.tiny import resolve_model_path
 
 # The attention and MLP projections of Llama/Qwen-style models (builtin:tiny's), which is what
@@ -71,6 +72,9 @@ def hub_not_answering(timeout_s: float = 5.0) -> OSError | None:
     return None
 
 
+HUB_CHECK_TIMEOUT_S = 15.0  # each Hub question of validate, in all
+
+
 def hub_model_problem(model_id: str, field: str = "base_model") -> str | None:
     """Why the Hub model `model_id`, not in the local cache, cannot be downloaded from here, asked of the Hub once
     (its repo info, not its files): the Hub does not answer, no such model (or a private one the token cannot see),
@@ -88,20 +92,22 @@ def hub_model_problem(model_id: str, field: str = "base_model") -> str | None:
             "or download it where the Hub is reachable (hf download)"
         )
     api = HfApi()
+    # huggingface_hub's timeout bounds each read, not the answer: a Hub trickling bytes would hold validate.
+    deadline = deadline_s(HUB_CHECK_TIMEOUT_S)
     try:
-        gated = api.model_info(model_id, timeout=15).gated
+        gated = call_within(deadline, lambda: api.model_info(model_id, timeout=HUB_CHECK_TIMEOUT_S).gated)
     except RepositoryNotFoundError:
         return (
             f"{field}: {model_id!r} is {near}no model on the Hub at {constants.ENDPOINT} (or a private one this "
             "machine's token cannot see: HF_TOKEN)"
         )
-    except (HfHubHTTPError, OSError):
+    except (HfHubHTTPError, OSError):  # TimeoutError, the deadline, among them
         return None
     if not gated:
         return None
     try:
         if get_token() is not None:
-            api.auth_check(model_id)
+            call_within(deadline, lambda: api.auth_check(model_id))
             return None
     except (GatedRepoError, RepositoryNotFoundError):
         pass

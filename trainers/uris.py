@@ -63,6 +63,9 @@ ALLOW_LINK_LOCAL_ENV = "GRPOFLOW_ALLOW_LINK_LOCAL_URLS"
 # Cloud metadata services by name (their addresses are link-local, or Alibaba's 100.100.100.200).
 METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal"}
 METADATA_ADDRESSES = {ipaddress.ip_address("100.100.100.200"), ipaddress.ip_address("fd00:ec2::254")}
+# IPv6 prefixes whose last 32 bits are an IPv4 address: IPv4-compatible (::a.b.c.d), IPv4-translated (SIIT,
+# ::ffff:0:a.b.c.d) and NAT64's well-known prefix; `ipaddress` itself reads IPv4-mapped, 6to4 and Teredo.
+LOW32_PREFIXES = [ipaddress.ip_network(prefix) for prefix in ("::/96", "::ffff:0:0:0/96", "64:ff9b::/96")]
 
 
 def url_credentials(uri: str | os.PathLike) -> str | None:
@@ -85,40 +88,69 @@ def credentials_instead(uri: str | os.PathLike) -> str:
 
 def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """`host` as an IP address, in any spelling the network stack accepts (`169.254.169.254`, `2852039166`,
-    `0xa9fea9fe`, `[::ffff:169.254.169.254]`); None for a name."""
+    `0xa9fea9fe`, `::ffff:169.254.169.254`); None for a name."""
     try:
-        address = ipaddress.ip_address(host)
+        return ipaddress.ip_address(host)
     except ValueError:
         try:
-            address = ipaddress.ip_address(socket.inet_aton(host))  # the shorthand IPv4 forms curl and libc accept
+            return ipaddress.ip_address(socket.inet_aton(host))  # the shorthand IPv4 forms curl and libc accept
         except OSError:
             return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        return address.ipv4_mapped
-    return address
 
 
-def _link_local(address) -> bool:
-    return address.is_link_local or address in METADATA_ADDRESSES
+def embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries, which a gateway or the host's own stack may reach instead: IPv4-mapped,
+    IPv4-compatible, IPv4-translated, NAT64 (`64:ff9b::/96`), 6to4 (`2002::/16`), Teredo's client; None otherwise.
+
+    >>> [str(embedded_ipv4(ipaddress.ip_address(a))) for a in ("64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::", "::1")]
+    ['169.254.169.254', '169.254.169.254', '0.0.0.1']
+    """
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped or address.sixtofour:
+        return address.ipv4_mapped or address.sixtofour
+    if address.teredo:
+        return address.teredo[1]
+    if any(address in prefix for prefix in LOW32_PREFIXES):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def _forbidden(address) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The link-local or metadata address `address` is or carries, or None."""
+    for candidate in (address, embedded_ipv4(address)):
+        if candidate is not None and (candidate.is_link_local or candidate in METADATA_ADDRESSES):
+            return candidate
+    return None
 
 
 def link_local_address(url: str, resolve: bool = False) -> str | None:
     """Why `url` points at a link-local or cloud-metadata address (where a cloud machine's credentials are served),
-    or None. With `resolve`, a host name is looked up too (what a request would reach); the operator allows such
-    URLs with GRPOFLOW_ALLOW_LINK_LOCAL_URLS=1."""
+    or None. An IPv6 address carrying such an IPv4 one (`[64:ff9b::a9fe:a9fe]`) counts as that address. With `resolve`,
+    a host name is looked up too and every address it resolves to checked (what a request would reach); the operator
+    allows such URLs with GRPOFLOW_ALLOW_LINK_LOCAL_URLS=1."""
     if os.environ.get(ALLOW_LINK_LOCAL_ENV) == "1":
         return None
     host = (urlsplit(url).hostname or "").rstrip(".").lower()
     if host in METADATA_HOSTS:
         return f"{host} is a cloud metadata service"
     address = _address(host)
-    if address is None and resolve and host:
-        try:
-            found = {info[4][0] for info in socket.getaddrinfo(host, None)}
-        except OSError:
-            return None  # unreachable: the request itself will say so
-        bad = [a for a in found if _link_local(_address(a.split("%")[0]))]
-        return f"{host} resolves to {bad[0]}, a link-local address" if bad else None
-    if address is not None and _link_local(address):
-        return f"{host} is a link-local address (where clouds serve instance metadata and credentials)"
+    if address is None:
+        return _resolved_link_local(host) if resolve and host else None
+    if (found := _forbidden(address)) is None:
+        return None
+    what = "is" if found == address else f"carries {found},"
+    return f"{host} {what} a link-local address (where clouds serve instance metadata and credentials)"
+
+
+def _resolved_link_local(host: str) -> str | None:
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None  # unreachable: the request itself will say so
+    for text in sorted(found):
+        address = _address(text.split("%")[0])
+        if address is not None and (bad := _forbidden(address)) is not None:
+            carried = "" if bad == address else f", which carries {bad}"
+            return f"{host} resolves to {text}{carried}, a link-local address"
     return None

@@ -30,6 +30,7 @@ from grpoflow.integrations.events import emit
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import cli
+from tests.hostile_server import HostileServer
 
 SECRET_ENV = "GRPOFLOW_TEST_SECRET"
 PLAIN = "plain-secret-do-not-leak-7f3a"
@@ -410,6 +411,33 @@ def test_hanging_endpoint_times_out_and_is_retried(monkeypatch, receiver, make_j
     lines = attempts(job)
     assert [a["outcome"] for a in lines] == ["retrying", "failed"]
     assert all(a["status"] is None and a["error"].startswith("ReadTimeout") for a in lines)
+
+
+def test_a_trickling_endpoint_is_cut_at_each_attempts_deadline(monkeypatch, make_job):
+    # One byte every 0.3 s, headers included: no single read waits 0.5 s, only the attempt's total deadline ends it.
+    monkeypatch.setattr(webhooks, "POLICY", webhooks.Policy(timeout_s=0.5, backoff_s=(0.05,)))
+    with HostileServer("trickle", every_s=0.3) as server:
+        job = make_job(f"{server.url}/hook")
+        emit(job, "grpoflow.job.started")
+        assert webhooks.flush(DRAIN_S)
+    lines = attempts(job)
+    assert [a["outcome"] for a in lines] == ["retrying", "failed"]
+    assert all(a["error"] == "ReadTimeout: no complete reply within 0.5 s, the request's whole timeout" for a in lines)
+    assert all(a["duration_s"] < 5 for a in lines)  # the whole answer would take ~30 s
+
+
+def test_a_huge_answer_is_not_read_past_the_cap_nor_retried(monkeypatch, make_job):
+    monkeypatch.setenv("GRPOFLOW_HTTP_MAX_RESPONSE_MB", "1")
+    with HostileServer("huge", size=20_000_000) as server:
+        job = make_job(f"{server.url}/hook")
+        emit(job, "grpoflow.job.started")
+        assert webhooks.flush(DRAIN_S)
+    [line] = attempts(job)
+    assert line["outcome"] == "failed" and line["status"] is None and server.requests == 1
+    assert (
+        line["error"]
+        == "ResponseTooLarge: a reply over 1 MB, the cap GRPOFLOW_HTTP_MAX_RESPONSE_MB sets; not read further"
+    )
 
 
 def test_hanging_endpoint_does_not_delay_another(receiver, make_job):

@@ -19,6 +19,7 @@ from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward
 from grpoflow.trainers.spec import SpecError, load_spec
 from tests.conftest import cli, write_jsonl
+from tests.hostile_server import HostileServer, timed
 
 OUTPUT, ANSWER = "{{ sample.output_text }}", "{{ item.answer }}"
 
@@ -148,6 +149,19 @@ def test_a_malformed_grader_is_rejected_naming_its_field(grader, expect, tmp_pat
             "holds credentials",
         ),
         ({"grader": text_similarity("cosine"), "kwargs": {"base_url": "http://169.254.169.254/v1"}}, "link-local"),
+        # the metadata address through NAT64's prefix, as a score_model endpoint
+        (
+            {
+                "grader": {
+                    "type": "score_model",
+                    "name": "s",
+                    "model": "m",
+                    "input": [{"role": "user", "content": OUTPUT}],
+                },
+                "kwargs": {"base_url": "http://[64:ff9b::a9fe:a9fe]/v1"},
+            },
+            "carries 169.254.169.254, a link-local address",
+        ),
         ({"grader": string_check("eq"), "kwargs": {"timeout": 3}}, "a string_check grader takes no kwargs"),
         (
             {"grader": {"type": "python", "name": "p", "source": PYTHON_SOURCE}, "kwargs": {"memory_mb": 1}},
@@ -447,6 +461,36 @@ def test_cosine_embeds_both_texts(openai_endpoint):
     scores = grade(text_similarity("cosine"), ["abc", "abc"], ["abc", "xyz"], base_url=served.base_url)
     assert scores == pytest.approx([1.0, 0.0])
     assert served.requests[0]["body"]["model"] == "text-embedding-3-large"
+
+
+@pytest.mark.parametrize("grader", [SCORE_MODEL, text_similarity("cosine")], ids=["score_model", "cosine"])
+@pytest.mark.parametrize("resolved", ["169.254.169.254", "2002:a9fe:a9fe::"])
+def test_an_endpoint_name_resolving_to_link_local_is_refused_when_built(monkeypatch, grader, resolved):
+    # The spec's check reads the URL only; building the reward looks the name up, every address it resolves to.
+    found = [("127.0.0.1", 0), (resolved, 0, 0, 0) if ":" in resolved else (resolved, 0)]
+    monkeypatch.setattr("socket.getaddrinfo", lambda host, port: [(None, None, None, "", a) for a in found])
+    assert checks.grader_problems(grader, {"base_url": "http://grader.example/v1"}) == []
+    with pytest.raises(ValueError, match=rf"^kwargs.base_url: grader.example resolves to {resolved}.*link-local"):
+        get_grader_reward(grader, base_url="http://grader.example/v1")
+
+
+def test_a_trickling_embeddings_endpoint_ends_at_its_timeout():
+    cosine = text_similarity("cosine")
+    with HostileServer("trickle", every_s=0.3) as server:
+        error, seconds = timed(lambda: grade(cosine, ["a"], ["a"], base_url=server.base_url, timeout=0.5, retries=0))
+    assert "(ReadTimeout: no complete reply within 0.5 s, the request's whole timeout) after 1 attempts" in str(error)
+    assert seconds < 1.5  # the whole answer would take ~40 s
+
+
+def test_a_huge_score_model_reply_is_refused_naming_the_cap(monkeypatch):
+    monkeypatch.setenv("GRPOFLOW_HTTP_MAX_RESPONSE_MB", "1")
+    with HostileServer("huge", size=20_000_000) as server:
+        error, _ = timed(lambda: grade(SCORE_MODEL, ["4"], ["4"], base_url=server.base_url, retries=2))
+    assert str(error) == (
+        f"the judge at {server.base_url} sent a reply over 1 MB, the cap GRPOFLOW_HTTP_MAX_RESPONSE_MB sets; not read "
+        "further"
+    )
+    assert server.requests == 1  # the same request would bring the same reply: not retried
 
 
 # --- multi ----------------------------------------------------------------------------------------------------------

@@ -11,11 +11,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from grpoflow.trainers.judge import JudgeError, get_llm_judge_reward, judge_kwargs_problems, parse_score
+from grpoflow.trainers.judge import (
+    JudgeError,
+    fill_rubric,
+    get_llm_judge_reward,
+    judge_kwargs_problems,
+    parse_score,
+)
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, reward_columns
 from grpoflow.trainers.rewards.dry_run import call_reward, dry_run_rewards
 from grpoflow.trainers.spec import SpecError, load_spec
+from tests.hostile_server import HostileServer, timed
 
 KEY = "sk-grpoflow-test-0123456789"
 GOOD = {"base_url": "http://127.0.0.1:1/v1", "model": "judge", "rubric": "Q: {prompt}\nA: {completion}\nScore 0-10:"}
@@ -100,6 +107,11 @@ def score(reward, completions, prompts=None, **columns):
         ({"rubric": "Rate {prompt}"}, [("rubric", "must contain {completion}")]),  # nothing to judge
         ({"rubric": "{completion} }"}, [("rubric", "not a valid template")]),  # a lone brace
         ({"rubric": "{completion} {prompt.__class__}"}, [("rubric", "must be a plain name")]),  # no attribute access
+        # format specs and conversions that grow the text: 30 MB a request from a 30-character rubric
+        ({"rubric": "Score {completion:>30000000}"}, [("rubric", "{completion:>30000000} must be a plain name")]),
+        ({"rubric": "{completion!r}"}, [("rubric", "{completion!r} must be a plain name")]),
+        ({"rubric": "{completion} {prompt[0]}"}, [("rubric", "{prompt[0]} must be a plain name")]),  # no index
+        ({"rubric": "{completion:{prompt}}"}, [("rubric", "{completion:{prompt}} must be a plain name")]),  # nested
         ({"api_key_env": "sk-123"}, [("api_key_env", "must be an environment variable NAME")]),  # a key, not a name
         ({"concurrency": 0}, [("concurrency", "must be an integer >= 1")]),
         ({"timeout": True}, [("timeout", "must be seconds > 0")]),  # a boolean is no number
@@ -136,6 +148,30 @@ def test_an_unset_key_variable_is_named_and_its_value_never_shown(monkeypatch):
     with pytest.raises(RewardError) as raised:
         build_reward("llm_judge", kwargs={**GOOD, "api_key_env": "GRPOFLOW_TEST_JUDGE_KEY"})
     assert "kwargs.api_key_env: the environment variable GRPOFLOW_TEST_JUDGE_KEY is not set" in str(raised.value)
+
+
+def test_the_rubric_is_filled_without_format_specs():
+    # Were the check bypassed, filling in ignores the spec: a value never grows past its own length.
+    assert fill_rubric("{completion:>30000000}|{prompt!r}", "p", "c", {}, 0) == "c|p"
+
+
+@pytest.mark.parametrize(
+    "resolved",
+    [
+        "169.254.169.254",  # a cloud's metadata service
+        "64:ff9b::a9fe:a9fe",  # the same through NAT64's prefix
+        "2002:a9fe:a9fe::",  # the same through 6to4
+    ],
+)
+def test_a_judge_name_resolving_to_link_local_is_refused(monkeypatch, resolved):
+    # Every address the name resolves to is checked, not only the first.
+    found = [("127.0.0.1", 0), (resolved, 0, 0, 0) if ":" in resolved else (resolved, 0)]
+    monkeypatch.setattr("socket.getaddrinfo", lambda host, port: [(None, None, None, "", a) for a in found])
+    with pytest.raises(ValueError) as raised:
+        judge("http://judge.example:8000/v1")
+    assert str(raised.value).startswith(f"kwargs.base_url: judge.example resolves to {resolved}")
+    assert "a link-local address: refused as an endpoint" in str(raised.value)
+    assert judge_kwargs_problems({**GOOD, "base_url": "http://judge.example:8000/v1"}) == []  # validate: no lookup
 
 
 def test_rubric_columns_are_required_columns():
@@ -224,6 +260,29 @@ def test_a_slow_judge_times_out(stub):
     endpoint = stub((200, "7", {}, 1.0))
     with pytest.raises(JudgeError, match=r"cannot reach the judge at .* \(ReadTimeout.*\) after 2 attempts"):
         score(judge(endpoint.base_url, timeout=0.2, retries=1), ["4"])
+
+
+def test_a_trickling_judge_ends_at_its_timeout():
+    # One byte every 0.3 s, headers included: each read is quick, the answer would take ~40 s.
+    with HostileServer("trickle", every_s=0.3) as server:
+        error, seconds = timed(lambda: score(judge(server.base_url, timeout=1, retries=0), ["4"]))
+    assert str(error) == (
+        f"cannot reach the judge at {server.base_url} (ReadTimeout: no complete reply within 1 s, the request's whole "
+        "timeout) after 1 attempts"
+    )
+    assert seconds < 2.0
+
+
+def test_a_huge_judge_reply_is_refused_naming_the_cap_and_not_retried(monkeypatch):
+    monkeypatch.setenv("GRPOFLOW_HTTP_MAX_RESPONSE_MB", "1")
+    with HostileServer("huge", size=20_000_000) as server:
+        with pytest.raises(JudgeError) as raised:
+            score(judge(server.base_url, retries=3), ["4"])
+    assert str(raised.value) == (
+        f"the judge at {server.base_url} sent a reply over 1 MB, the cap GRPOFLOW_HTTP_MAX_RESPONSE_MB sets; not read "
+        "further"
+    )
+    assert server.requests == 1
 
 
 def test_concurrency_bounds_the_requests_in_flight(stub):

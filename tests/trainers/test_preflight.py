@@ -25,6 +25,7 @@ from grpoflow.trainers.modeling import (
 from grpoflow.trainers.preflight import CHECKS, preflight
 from grpoflow.trainers.spec import SpecError, load_spec
 from grpoflow.trainers.tiny import build_tiny
+from tests.hostile_server import HostileServer, timed
 from tests.hub_server import HubServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,6 +220,19 @@ def test_a_hub_id_not_cached_with_the_hub_unreachable_is_refused_at_once(data, o
         f"base_model: 'grpoflow-tests/not-cached' is not in the local Hugging Face cache, and the Hub at "
         f"http://127.0.0.1:{port} cannot be reached to download it (ConnectionRefusedError"
     )
+
+
+def test_a_trickling_hub_holds_the_check_no_longer_than_the_deadline(data, online, monkeypatch):
+    # The Hub's client bounds each read (15 s), not the answer: one byte every 0.3 s would hold validate ~40 s.
+    monkeypatch.setenv("GRPOFLOW_HTTP_DEADLINE_S", "0.5")
+    with HostileServer("trickle", every_s=0.3) as server:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
+        warnings = []
+        problems, seconds = timed(lambda: preflight(spec_for(data, base_model="grpoflow-tests/slow"), warnings))
+    assert problems == [] and seconds < 2.0  # no sure answer: the download will tell, as when the Hub errs
+    assert warnings == [
+        "base_model: 'grpoflow-tests/slow' is not in the local Hugging Face cache; it will be downloaded"
+    ]
 
 
 def test_a_cached_hub_model_is_read_from_the_cache(tmp_path, data, offline, monkeypatch):

@@ -80,6 +80,17 @@ def test_url_credentials(url, where):
         ("http://0xa9fea9fe/", True),
         ("http://[::ffff:169.254.169.254]/", True),
         ("http://[fe80::1]/", True),
+        # IPv6 spellings that carry 169.254.169.254, which a gateway or the host's stack reaches instead
+        ("http://[64:ff9b::a9fe:a9fe]/", True),  # NAT64's well-known prefix
+        ("http://[64:ff9b::169.254.169.254]/", True),  # the same, its last 32 bits written as IPv4
+        ("http://[2002:a9fe:a9fe::]/", True),  # 6to4
+        ("http://[::a9fe:a9fe]/", True),  # IPv4-compatible (deprecated, still parsed)
+        ("http://[::ffff:0:a9fe:a9fe]/", True),  # IPv4-translated (SIIT)
+        ("http://[2001:0:4136:e378:8000:63bf:5601:5601]/", True),  # Teredo, whose client is 169.254.169.254
+        ("http://[64:ff9b::6464:64c8]/", True),  # Alibaba's 100.100.100.200 through NAT64
+        ("http://[64:ff9b::7f00:1]/", False),  # NAT64 of 127.0.0.1: not link-local
+        ("http://[2002:7f00:1::]/", False),  # 6to4 of 127.0.0.1
+        ("http://[::1]:8000/v1", False),  # loopback, though inside ::/96
         ("http://metadata.google.internal/computeMetadata/v1/", True),
         ("http://100.100.100.200/latest/meta-data/", True),  # Alibaba Cloud's
         ("http://127.0.0.1:8000/v1", False),
@@ -88,6 +99,22 @@ def test_url_credentials(url, where):
 )
 def test_link_local_address(url, link_local):
     assert (link_local_address(url) is not None) == link_local
+
+
+@pytest.mark.parametrize(
+    "found, why",
+    [
+        (["127.0.0.1", "169.254.169.254"], "rebind.example resolves to 169.254.169.254, a link-local address"),
+        (["10.0.0.7", "64:ff9b::a9fe:a9fe"], "resolves to 64:ff9b::a9fe:a9fe, which carries 169.254.169.254"),
+        (["2002:a9fe:a9fe::"], "resolves to 2002:a9fe:a9fe::, which carries 169.254.169.254"),
+        (["127.0.0.1", "::1"], None),  # every address checked, none link-local
+    ],
+)
+def test_every_address_a_name_resolves_to_is_checked(monkeypatch, found, why):
+    infos = [(None, None, None, "", (a, 0, 0, 0) if ":" in a else (a, 0)) for a in found]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port: infos)
+    got = link_local_address("https://rebind.example/x", resolve=True)
+    assert got is None if why is None else why in got
 
 
 def test_link_local_by_name_and_the_operators_switch(monkeypatch):

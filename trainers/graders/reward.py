@@ -10,7 +10,9 @@
 - `multi`: `calculate_output` over the sub-graders' scores, by name.
 
 Model graders ask an OpenAI-compatible chat endpoint (`kwargs.base_url`) as `llm_judge` does: up to `concurrency`
-requests at a time, retries with backoff, the key only from the variable `api_key_env` names. The grader's messages
+requests at a time, each within `timeout` seconds in all and its reply capped (`grpoflow.trainers.outbound`), retries
+with backoff, the key only from the variable `api_key_env` names; the endpoint's host name is looked up when the reward
+is built, and refused when it resolves to a link-local or metadata address. The grader's messages
 (templates filled in) are sent as they are, followed by one user message asking for a bare answer (a number in the
 range, or one label); no structured-output support of the endpoint is assumed. `kwargs.model` names the model the
 endpoint serves when it is not the grader's `model`.
@@ -62,7 +64,7 @@ def get_grader_reward(grader: dict, prompt_column: str = "prompt", **kwargs) -> 
 
     ```
     """
-    if problems := grader_problems(grader, kwargs):
+    if problems := grader_problems(grader, kwargs) or _resolved_endpoint_problems(kwargs):
         raise ValueError("; ".join(f"{path}: {message}" for path, message in problems))
     score = scorer(grader, kwargs)
     name = grader["name"]
@@ -91,6 +93,16 @@ def get_grader_reward(grader: dict, prompt_column: str = "prompt", **kwargs) -> 
     if base_url := kwargs.get("base_url"):
         grader_reward.base_url = base_url  # for the dry run's message when the endpoint does not answer in time
     return grader_reward
+
+
+def _resolved_endpoint_problems(kwargs: dict) -> list[tuple[str, str]]:
+    """The endpoint's host name looked up, each address checked: what the requests would reach (validate's check of
+    the spec reads the URL only)."""
+    from grpoflow.trainers.judge import endpoint_problems
+
+    if not isinstance(kwargs.get("base_url"), str):
+        return []
+    return [(f"kwargs.{key}", message) for key, message in endpoint_problems(kwargs["base_url"], resolve=True)]
 
 
 def _items(columns: dict, prompts: list | None, prompt_column: str, count: int) -> list[dict]:
@@ -150,7 +162,7 @@ def _string_check(grader: dict, sample: dict, item: dict) -> float:
 
 
 def _python_scorer(grader: dict, kwargs: dict) -> Scorer:
-    limits = {"timeout_s": kwargs.get("timeout", 10.0), "memory_mb": kwargs.get("memory_mb", 2048)}
+    limits = {"timeout_s": kwargs.get("timeout", 10.0), "memory_mb": kwargs.get("memory_mb")}
 
     async def score(samples: list[dict], items: list[dict]) -> list[Graded]:
         rows = list(zip(samples, items, strict=True))

@@ -1,0 +1,142 @@
+"""Bounded outbound requests: each request grpoflow sends itself (judges, model graders, embeddings, webhooks, the Hub
+checks) ends within one total deadline and reads at most a capped reply, whatever the server does.
+
+httpx2's `timeout` bounds each phase on its own (the connection, then each read): a server answering a byte at a time
+holds a request as long as it likes, and a reply is read whole however large. `request` runs the whole exchange, from
+the connection to the reply's last byte, under one deadline, and reads the body as a stream that stops past the cap.
+
+Operator settings, from the environment of the process that sends (a work pool's variables):
+
+    GRPOFLOW_HTTP_DEADLINE_S=20          # a ceiling on every request's total seconds (unset: each request's own
+                                         # `timeout` is its total deadline)
+    GRPOFLOW_HTTP_MAX_RESPONSE_MB=10     # the largest reply read, in MB (10**6 bytes); default 10
+
+    >>> deadline_s(30.0), max_response_bytes()
+    (30.0, 10000000)
+"""
+
+import asyncio
+import math
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import httpx2
+
+DEADLINE_ENV = "GRPOFLOW_HTTP_DEADLINE_S"
+MAX_RESPONSE_ENV = "GRPOFLOW_HTTP_MAX_RESPONSE_MB"
+DEFAULT_MAX_RESPONSE_MB = 10.0
+# Headers that describe the body as it was sent: dropped from the reply rebuilt from its decoded bytes.
+_FRAMING = {"content-encoding", "content-length", "transfer-encoding"}
+T = TypeVar("T")
+
+
+class ResponseTooLarge(httpx2.HTTPError):
+    """A reply over the cap (`GRPOFLOW_HTTP_MAX_RESPONSE_MB`), not read further. Not a `TransportError`: the same
+    request would bring the same reply, so callers do not retry it."""
+
+
+def _setting(name: str, default: float | None, meaning: str) -> float | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={text!r}: must be a number > 0 ({meaning}); unset it for the default")
+    return value
+
+
+def deadline_s(timeout: float) -> float:
+    """The total deadline of a request whose own timeout is `timeout`: that, or the operator's lower ceiling."""
+    ceiling = _setting(DEADLINE_ENV, None, "the most seconds one outbound request may take")
+    return timeout if ceiling is None else min(timeout, ceiling)
+
+
+def max_response_bytes() -> int:
+    """The largest reply read, in bytes (`GRPOFLOW_HTTP_MAX_RESPONSE_MB`, default 10 MB)."""
+    return int(_setting(MAX_RESPONSE_ENV, DEFAULT_MAX_RESPONSE_MB, "the largest reply read, in MB") * 1_000_000)
+
+
+async def request(client: httpx2.AsyncClient, method: str, url: str, timeout: float, **kwargs) -> httpx2.Response:
+    """Sends one request and reads its whole reply within the total deadline, reading no more than the cap.
+
+    Args:
+        client (`httpx2.AsyncClient`): the client that sends it (its headers, its connections).
+        method (`str`), url (`str`): as for `client.request`.
+        timeout (`float`): the request's own seconds, its total deadline unless `GRPOFLOW_HTTP_DEADLINE_S` is lower;
+            also each phase's timeout.
+        kwargs: `client.build_request`'s (`json=`, `content=`, `headers=`).
+
+    Returns:
+        `httpx2.Response`: the reply, its body read (`.content`, `.text`, `.json()`).
+
+    Raises:
+        httpx2.ReadTimeout: no complete reply within the deadline (a timeout, retried as callers retry timeouts).
+        ResponseTooLarge: the reply is over the cap.
+        ValueError: a setting that is not a number > 0, named.
+    """
+    deadline, cap = deadline_s(timeout), max_response_bytes()
+    sent = client.build_request(method, url, timeout=deadline, **kwargs)
+    try:
+        async with asyncio.timeout(deadline):
+            response = await client.send(sent, stream=True)
+            try:
+                body = await _read_capped(response, cap)
+            finally:
+                await response.aclose()
+    except TimeoutError:
+        raise httpx2.ReadTimeout(_late(deadline, timeout), request=sent) from None
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _FRAMING]
+    return httpx2.Response(response.status_code, headers=headers, content=body, request=sent)
+
+
+async def _read_capped(response: httpx2.Response, cap: int) -> bytes:
+    """The body, decoded, refused as soon as it (or the length the server declares) is over `cap` bytes."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise ResponseTooLarge(_too_large(cap))
+    body = bytearray()
+    async for chunk in response.aiter_bytes():  # decoded: a small gzip that inflates past the cap stops here too
+        body += chunk
+        if len(body) > cap:
+            raise ResponseTooLarge(_too_large(cap))
+    return bytes(body)
+
+
+def _late(deadline: float, timeout: float) -> str:
+    origin = f"the ceiling {DEADLINE_ENV} sets" if deadline < timeout else "the request's whole timeout"
+    return f"no complete reply within {deadline:g} s, {origin}"
+
+
+def _too_large(cap: int) -> str:
+    return f"a reply over {cap / 1_000_000:g} MB, the cap {MAX_RESPONSE_ENV} sets; not read further"
+
+
+def call_within(seconds: float, call: Callable[[], T]) -> T:
+    """`call()`'s result or exception, or `TimeoutError` once `seconds` have passed: for a library's blocking
+    request whose reading grpoflow does not drive (huggingface_hub's). The call goes on in a daemon thread till its
+    own timeouts end it; the caller does not wait for it.
+
+    >>> call_within(1.0, lambda: 6 * 7)
+    42
+    """
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="grpoflow-bounded-call", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
