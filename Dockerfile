@@ -17,7 +17,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# bubblewrap: the sandbox python graders run in (trainers/sandbox.py); without it, spec code from a deployment is
+# bubblewrap: the sandbox python graders run in (trainers/graders/sandbox.py); without it, spec code from a deployment is
 # refused. In a pod it needs user namespaces: see the README's "Security" section for the pod's securityContext.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends bubblewrap \

@@ -79,7 +79,7 @@ def build_model(path: Path, shape: dict, cpu_check: bool) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-    from grpoflow.trainers.tiny import build_tokenizer
+    from grpoflow.trainers.model.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     if cpu_check:

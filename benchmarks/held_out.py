@@ -48,9 +48,9 @@ def job_spec(kind: str, seed: int, root: Path, quick: bool) -> dict:
 
 def run_one(kind: str, seed: int, root: Path, quick: bool) -> dict:
     """One job: SFT and GRPO children; its held-out series, the step kept, the alerts and the evaluations' cost."""
+    from grpoflow.jobs.launch import run_child
     from grpoflow.trainers.health import HealthMonitor
     from grpoflow.trainers.held_out import EVAL_SECONDS
-    from grpoflow.trainers.launch import run_child
     from grpoflow.trainers.metrics import read_metrics
 
     spec, job = prepare_job(job_spec(kind, seed, root, quick), root)

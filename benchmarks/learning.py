@@ -7,7 +7,7 @@ Each run is the demo's spec with the variant's change (`trl.loss_type`, `sft.ena
 (`hyperparameters.seed`, which also draws the held-out prompts, as in `grpoflow run --set hyperparameters.seed=N`),
 run through the pipeline's own stages without Prefect: the job folder as the ingest stage leaves it (resolved
 spec.yaml, the dataset with its held-out split), then `grpoflow.trainers.sft` (when the warm-up is on) and
-`grpoflow.trainers.grpo` as child processes started by `grpoflow.trainers.launch.run_child`, as the pipeline's tasks
+`grpoflow.trainers.grpo` as child processes started by `grpoflow.jobs.launch.run_child`, as the pipeline's tasks
 start them. The held-out figures are the training child's own evaluation (`evaluation.json`'s): `before` is the model
 GRPO started from (after SFT when it ran), `after` the GRPO result, the gain after - before. The table gives each
 variant's mean, standard deviation and range over the seeds. It is a benchmark, not a test: the figures are reported,
@@ -79,7 +79,7 @@ def prepare_job(data: dict, root: Path):
 
 def run_one(variant: str, seed: int, root: Path, quick: bool) -> dict:
     """One job: SFT (when on) and GRPO children; returns its held-out figures and stage times."""
-    from grpoflow.trainers.launch import run_child
+    from grpoflow.jobs.launch import run_child
 
     spec, job = prepare_job(variant_spec(variant, seed, root, quick), root)
     started = time.monotonic()

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from benchmarks.common import alternate, finish, fmt, markdown_table, parser
-from grpoflow.trainers import sandbox
+from grpoflow.trainers.graders import sandbox
 from grpoflow.trainers.graders.python import run_python_grader
 from grpoflow.trainers.trust import command_line
 

@@ -202,7 +202,7 @@ def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> d
 def run_bare(w: Workload, root: Path, tag: str, launcher: list[str] | None) -> dict:
     """One run of the hand-written TRL script: a child process through `launcher`, or in this process."""
     from benchmarks import bare_trl
-    from grpoflow.trainers.tiny import resolve_model_path
+    from grpoflow.trainers.model.tiny import resolve_model_path
 
     out = root / tag
     out.mkdir(parents=True)

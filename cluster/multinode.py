@@ -39,8 +39,7 @@ from prefect import get_run_logger
 
 from grpoflow.cluster.kube import Kube, pod_settings, run_name
 from grpoflow.cluster.trainjob import GROUP, PLURAL, VERSION, trainjob
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import (
+from grpoflow.trainers.errors import (
     DIVERGED_EXIT,
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
@@ -48,6 +47,7 @@ from grpoflow.trainers.launch import (
     TrainingSetupError,
     TrainingStopped,
 )
+from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.spec import JobSpec
 
 POLL_S = 2.0

@@ -10,7 +10,7 @@ checkpoints as the Trainer does on a shared filesystem (the model and optimizer 
 RNG state). The node's place comes from the environment Kubeflow Trainer's torch runtime sets on every node:
 PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT; `PET_NPROC_PER_NODE` processes per node are the spec's
 `gpu_count`. It runs the `grpoflow.trainers.grpo` child under `accelerate launch --num_machines N --machine_rank R
---main_process_ip HOST` (`grpoflow.trainers.launch`), its output echoed to stdout (the pod's log, which the training
+--main_process_ip HOST` (`grpoflow.jobs.launch`), its output echoed to stdout (the pod's log, which the training
 task copies into `logs/train.log`) and kept in `logs/node-R.log`.
 
 Exit code: 0 trained, 2 a setup problem, 3 a failed reward and 4 a diverged run (the child's, which no retry cures), 1
@@ -22,17 +22,16 @@ import os
 import sys
 from pathlib import Path
 
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import (
+from grpoflow.jobs.launch import Machines, run_child
+from grpoflow.trainers.errors import (
     DIVERGED_EXIT,
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
-    Machines,
     RewardFailed,
     TrainingSetupError,
     TrainingStopped,
-    run_child,
 )
+from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.spec import load_spec
 
 TORCH_ENV = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")

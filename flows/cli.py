@@ -33,7 +33,6 @@ from pathlib import Path
 import yaml
 
 from grpoflow.flows.errors import EXIT_OK, EXIT_REJECTED, Failed, Rejected, Stopped, UsageError, exit_code
-from grpoflow.trainers import collector
 from grpoflow.trainers.trust import command_line
 
 # The demo's spec, data and reward module ship as package data: found from any install, not only a checkout.
@@ -89,13 +88,13 @@ def find_args_job(args, job_id: str):
 
 
 def preflight(args, spec) -> None:
-    """Runs the preflight checks (trainers/preflight.py: the model, its tokenizer, the dataset, the rewards' dry run;
+    """Runs the preflight checks (jobs/preflight.py: the model, its tokenizer, the dataset, the rewards' dry run;
     offline, no weights loaded) and raises `SpecError` (exit 2) listing every problem. `--no-preflight` skips them,
     for a spec whose paths and Hub cache are a worker's, not this machine's."""
     if getattr(args, "no_preflight", False):
         return
     from grpoflow.integrations.storage import storage_options
-    from grpoflow.trainers.preflight import preflight as check
+    from grpoflow.jobs.preflight import preflight as check
     from grpoflow.trainers.spec import SpecError
 
     warnings = []
@@ -110,7 +109,7 @@ def check_this_machine(spec) -> None:
     """`run` trains on this machine: what the spec needs of it (a CUDA GPU and vllm for generation.engine vllm,
     DeepSpeed for zero2/zero3, Liger, Unsloth) is checked before anything starts (exit 2), as the training child
     would check it after the ingest. Specs that need none of these do not import torch here."""
-    from grpoflow.trainers.modeling import SetupError, check_accelerators, needs_cuda
+    from grpoflow.trainers.model.load import SetupError, check_accelerators, needs_cuda
     from grpoflow.trainers.spec import SpecError
 
     if needs_cuda(spec):
@@ -150,7 +149,7 @@ def check_resume(spec, job_id: str) -> None:
     if not fs.exists(path):
         raise UsageError(f"--resume: unknown job {job_id!r} under {root}")
     if not is_remote(root):
-        from grpoflow.trainers.joblock import JobLock, JobLocked
+        from grpoflow.jobs.lock import JobLock, JobLocked
 
         try:
             JobLock(Path(root) / job_id).check()
@@ -215,7 +214,7 @@ def refuse_approval(spec) -> None:
 
 
 def cmd_run(args, extra_overrides: list[str] = ()) -> int:
-    from grpoflow.flows import server
+    from grpoflow.integrations import prefect_server as server
 
     # Without a configured Prefect API, the temporary server boots while the spec loads, the preflight runs and the
     # pipeline's modules import (its boot is the longest of them); a job that cannot run stops it before it answered,
@@ -233,17 +232,16 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
                 return EXIT_OK
         preflight(args, spec)
         check_this_machine(spec)
-        # What the flow's start imports (Prefect's flow and task engines), here where the collector is paused and a
-        # temporary server may still be booting.
+        # What the flow's start imports (Prefect's flow and task engines), here while a temporary server may still
+        # be booting.
         import prefect.flow_engine  # noqa: F401
         import prefect.task_engine  # noqa: F401
 
         from grpoflow.flows.pipeline import grpo_pipeline
         from grpoflow.integrations.stages import REJECTED
-        from grpoflow.trainers.report import waited_since
+        from grpoflow.jobs.report import waited_since
 
         _quiet_prefect_console()  # Prefect's logging is set up now (importing the flow did it)
-        collector.resume()
 
         # The report's wall time is the one the user waited: from this command's start.
         with server.connected(temporary), waited_since(getattr(args, "started", None) or time.time()):
@@ -266,7 +264,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     if state.name == REJECTED:
         raise Rejected(f"rejected: {state.message}")
     if not state.is_completed():
-        from grpoflow.trainers.launch import TrainingSetupError
+        from grpoflow.trainers.errors import TrainingSetupError
 
         error = state.result(raise_on_failure=False)
         if isinstance(error, TrainingSetupError):  # the child's SetupError: a fix of the spec or machine, not a retry
@@ -427,7 +425,7 @@ def cmd_metrics(args) -> int:
     if args.json:
         print(json.dumps({"metrics": records}))
         return EXIT_OK
-    from grpoflow.trainers.markdown import number
+    from grpoflow.trainers.spec.markdown import number
 
     for r in records:
         print(f"step {r['step']:>5}  " + "  ".join(f"{k}={number(v)}" for k, v in r["values"].items()))
@@ -456,8 +454,8 @@ def cmd_webhooks_retry(args) -> int:
     from grpoflow.integrations import webhooks
     from grpoflow.integrations.jobs import UnknownJob
     from grpoflow.integrations.storage import filesystem, is_remote, join
-    from grpoflow.trainers.joblock import JobLock, JobLocked
-    from grpoflow.trainers.report import note_undelivered
+    from grpoflow.jobs.lock import JobLock, JobLocked
+    from grpoflow.jobs.report import note_undelivered
 
     try:
         job, location = find_args_job(args, args.job_id)
@@ -572,7 +570,7 @@ def cmd_sweep(args) -> int:
     grid = parse_grid(args.grid or [])
     spec = load(args)
     if not args.deployment:  # the jobs run here, on this command's Prefect server
-        from grpoflow.flows import server
+        from grpoflow.integrations import prefect_server as server
 
         if server.needed():
             refuse_approval(spec)
@@ -592,7 +590,7 @@ def cmd_sweep(args) -> int:
         except SpecError as e:
             raise SpecError([f"combination {combination_name(values)}: {p}" for p in e.problems]) from None
     print(f"sweep of {len(combinations)} jobs, at most {args.max_concurrent} at once", file=sys.stderr)
-    from grpoflow.flows import server
+    from grpoflow.integrations import prefect_server as server
 
     sweep_id, previous, temporary = new_sweep_id(spec.name), _stop_on_signals(), None
     try:
@@ -662,8 +660,8 @@ def cmd_publish(args) -> int:
 def cmd_deploy(args) -> int:
     from grpoflow.integrations import webhooks
     from grpoflow.integrations.events import emit
+    from grpoflow.jobs.registry import register
     from grpoflow.tasks.register import registered_payload
-    from grpoflow.trainers.registry import register
     from grpoflow.trainers.spec import load_spec
 
     if args.rollback:
@@ -698,7 +696,7 @@ def registry_roots(args) -> list[Path]:
 def deployment_root(args, name: str) -> Path:
     """The one output root (`registry_roots`) whose registry holds deployment `name`: a `RegistrationError` (exit 1)
     naming the roots looked in when none does, a `UsageError` (exit 2) when several do."""
-    from grpoflow.trainers.registry import RegistrationError, registry_dir
+    from grpoflow.jobs.registry import RegistrationError, registry_dir
 
     roots = registry_roots(args)
     holding = [root for root in roots if (registry_dir(root) / f"{name}.json").is_file()]
@@ -721,7 +719,7 @@ def _version_line(version: dict, current: int | None) -> str:
 
 
 def cmd_rollback(args) -> int:
-    from grpoflow.trainers.registry import rollback
+    from grpoflow.jobs.registry import rollback
 
     restored, replaced = rollback(deployment_root(args, args.rollback), args.rollback)
     if args.json:
@@ -733,7 +731,7 @@ def cmd_rollback(args) -> int:
 
 
 def cmd_deployments_list(args) -> int:
-    from grpoflow.trainers.registry import list_deployments, registry_dir
+    from grpoflow.jobs.registry import list_deployments, registry_dir
 
     explicit, roots = output_uri(args) is not None, registry_roots(args)
     # Each record names its root when several were searched, as `grpoflow jobs` does.
@@ -752,8 +750,8 @@ def cmd_deployments_list(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from grpoflow.flows.serve import serve
-    from grpoflow.trainers.registry import read_deployment
+    from grpoflow.jobs.registry import read_deployment
+    from grpoflow.trainers.model.serve import serve
 
     record = read_deployment(deployment_root(args, args.name), args.name)
     if record["status"] != "ready":
@@ -774,8 +772,8 @@ def _port(text: str) -> int:
 
 
 def _add_model_commands(sub) -> None:
-    """`publish`, `deploy` and `serve`: push a job's model to the Hub (trainers/publish.py), register its merged
-    weights for serving and serve them (trainers/registry.py)."""
+    """`publish`, `deploy` and `serve`: push a job's model to the Hub (jobs/publish.py), register its merged
+    weights for serving and serve them (jobs/registry.py)."""
     deploy = sub.add_parser("deploy", help="register a serving deployment from a job's merged weights")
     deploy.add_argument("job_id", nargs="?")
     deploy.add_argument("--rollback", metavar="NAME", help="make deployment NAME's previous version current again")
@@ -1007,17 +1005,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The commands that keep the garbage collector paused (`entry`) through their imports (grpoflow.trainers.collector).
-COLLECTOR_PAUSED = {"run", "demo"}
-
-
 def main(argv=None) -> int:
     started, args = time.time(), None
     try:
         args = build_parser().parse_args(argv)
         args.started = started
-        if args.command not in COLLECTOR_PAUSED:
-            collector.resume()
         with command_line():  # the user's own command: its specs may name any module (trainers/trust.py)
             return args.func(args)
     except KeyboardInterrupt:  # Ctrl-C before `run` handles it (loading the spec, the preflight), or another command
@@ -1032,8 +1024,6 @@ def main(argv=None) -> int:
         if code == EXIT_REJECTED and getattr(args, "json", False):  # a script reading stdout gets an answer too
             print(json.dumps({"status": "rejected", "problems": getattr(e, "problems", None) or [str(e)]}))
         return code
-    finally:
-        collector.resume()
 
 
 def _stdout_gone() -> bool:
@@ -1050,7 +1040,6 @@ def _stdout_gone() -> bool:
 
 def entry() -> None:
     """The `grpoflow` command: `main()`, its return value the exit code."""
-    collector.pause()  # `run` and `demo` resume it before their flow, every other command at its start
     try:
         code = main()
         if sys.stdout is not None:  # None when started with stdout closed (`>&-`)

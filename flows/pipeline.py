@@ -34,14 +34,8 @@ from grpoflow.tasks.publish import publish_task
 from grpoflow.tasks.register import register_task
 from grpoflow.tasks.sft import sft_task
 from grpoflow.tasks.train import train_task
+from grpoflow.trainers.errors import ChildEndedEarly, ChildFailed, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import (
-    ChildEndedEarly,
-    ChildFailed,
-    RewardFailed,
-    TrainingSetupError,
-    TrainingStopped,
-)
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.spec import JobSpec
 from grpoflow.trainers.trust import untrusted_code

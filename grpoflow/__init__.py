@@ -5,9 +5,10 @@ backend's package-dir mapping (pyproject.toml) installs each as a subpackage of 
 
 | folder | installed as | holds |
 | --- | --- | --- |
-| `trainers/` | `grpoflow.trainers` | the ML: spec, TRL training, rewards, merge, evaluation; no Prefect |
+| `trainers/` | `grpoflow.trainers` | the ML: spec, TRL training, rewards, graders, the model, evaluation; no Prefect |
+| `jobs/` | `grpoflow.jobs` | the job service: preflight, children, lock, report, registry, publish |
 | `tasks/` | `grpoflow.tasks` | one Prefect task per pipeline stage |
-| `integrations/` | `grpoflow.integrations` | what tasks call: storage, job folders, checkpoints, events, webhooks |
+| `integrations/` | `grpoflow.integrations` | what tasks call: storage, job folders, events, webhooks, Prefect server |
 | `cluster/` | `grpoflow.cluster` | several machines per job on Kubernetes |
 | `flows/` | `grpoflow.flows` | the Prefect flows and the `grpoflow` CLI |
 | `examples/` | `grpoflow.examples` | the demo's spec, data and reward module |

@@ -32,12 +32,12 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.runtime import deployment
 
+from grpoflow.jobs.registry import registry_dir
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import HealthMonitor, verdict
 from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.registry import registry_dir
 from grpoflow.trainers.spec import JobSpec
 
 logger = logging.getLogger("grpoflow.artifacts")

@@ -256,7 +256,7 @@ class CheckpointSync(threading.Thread):
     The thread runs in a copy of the context that made it (as Prefect's own thread pool runs tasks): a thread starts
     with an empty one, in which Prefect's settings are those it read at import, without the API URL that `grpoflow
     run` sets later for its temporary server, and the run logger's first line there would boot a second, ephemeral,
-    server (`grpoflow.flows.server`).
+    server (`grpoflow.integrations.prefect_server`).
 
     Args:
         job (`JobDir`): the local (staging) job folder.

@@ -1,7 +1,7 @@
 """Progress where a stage has no steps to count: a training child's setup (its imports, the model load, the first
 generation), its final save, and the merge, which can each take a minute on a 7B model without a line.
 
-`ChildPhases` shows the phase lines a training child prints (`grpoflow.trainers.launch.say_phase`, kept in its log
+`ChildPhases` shows the phase lines a training child prints (`grpoflow.trainers.child.say_phase`, kept in its log
 too) as they come, and outside its steps (before the first, after the last), every `EVERY_S` seconds without a line,
 how long the phase has lasted. `Heartbeat` does the same for work in this process (the merge): each phase is logged
 as it starts, then a line every `EVERY_S` seconds while it lasts.
@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from grpoflow.trainers.launch import PHASE_MARK
+from grpoflow.trainers.child import PHASE_MARK
 
 EVERY_S = 15.0  # a user waits this long without a line, at most
 AFTER_STEP = re.compile(r"\(after step (\d+)\) (.*)")  # `say_phase(text, after_step=N)`

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from grpoflow.integrations.checkpoint_sync import FileMirror, sync_checkpoints
 from grpoflow.integrations.storage import filesystem, is_remote, join, mirror_job_files, staging_root
-from grpoflow.trainers.job_index import index_dir, known_roots, locate
-from grpoflow.trainers.jobdir import JobDir, check_job_id
+from grpoflow.trainers.jobdir import JobDir, check_job_id, index_dir, known_roots, locate
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.spec import JobSpec
 
@@ -61,7 +60,7 @@ def local_root(root: str) -> Path:
 
 def search_roots(explicit: str | None) -> list[str]:
     """Where to look for jobs: `explicit` alone when given; else `./runs` and every output root in the job index
-    (`grpoflow.trainers.job_index`: each `grpoflow run` records where its job went)."""
+    (`grpoflow.trainers.jobdir`: each `grpoflow run` records where its job went)."""
     if explicit:
         return [explicit]
     return list(dict.fromkeys([str(Path("runs").resolve()), *known_roots()]))

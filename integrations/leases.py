@@ -15,7 +15,7 @@ import threading
 import time
 
 from grpoflow.integrations.storage import filesystem
-from grpoflow.trainers.joblock import _alive, _me
+from grpoflow.jobs.lock import _alive, _me
 
 
 def conditional_put(fs, bucket: str, key: str, body: bytes, **condition) -> str | None:
@@ -49,7 +49,7 @@ class S3Lease:
         self.etag: str | None = None  # the version we wrote, while we hold it
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
-        self.me = _me()  # pid, host, process start, since: what `grpoflow.trainers.joblock` records in a local lock
+        self.me = _me()  # pid, host, process start, since: what `grpoflow.jobs.lock` records in a local lock
 
     def _body(self) -> bytes:
         return json.dumps({**self.me, "at": time.time()}).encode()

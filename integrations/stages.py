@@ -21,8 +21,8 @@ from pathlib import Path
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled, Failed, State
 
+from grpoflow.trainers.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 
@@ -210,7 +210,7 @@ def retry_unless_final(task, task_run, state) -> bool:
     """Prefect's `retry_condition_fn` of every stage: a rejected input, a setup problem, a deliberate stop, a reward
     that failed in training, a child that ended itself early and a write refused for want of space or permission
     (`WRITE_ERRNOS`) are final (a retry would meet them again); a crash or a transient error is retried."""
-    from grpoflow.trainers.modeling import WRITE_ERRNOS
+    from grpoflow.trainers.model.load import WRITE_ERRNOS
 
     if state.name == REJECTED:
         return False

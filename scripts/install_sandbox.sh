@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs bubblewrap (`bwrap`), the sandbox python graders run in (trainers/sandbox.py), where it is missing: with
+# Installs bubblewrap (`bwrap`), the sandbox python graders run in (trainers/graders/sandbox.py), where it is missing: with
 # apt-get as root (CI's clean machine, a Debian or Ubuntu box); elsewhere it says what to install. `make install` runs
 # it; the Dockerfile installs the package itself. The test suite runs the real sandbox: without bwrap its tests fail.
 set -euo pipefail

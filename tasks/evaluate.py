@@ -1,5 +1,5 @@
 """Evaluation and report task: held-out before/after scores (`grpoflow.trainers.evaluate`), health verdict, report.md
-with PNG plots (`grpoflow.trainers.report`), and both as Prefect artifacts (`grpoflow.integrations.artifacts`)."""
+with PNG plots (`grpoflow.jobs.report`), and both as Prefect artifacts (`grpoflow.integrations.artifacts`)."""
 
 import json
 import os
@@ -10,16 +10,16 @@ from prefect import get_run_logger, task
 from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact
 from grpoflow.integrations.jobs import job_location
 from grpoflow.integrations.stages import cancellable, resumable
+from grpoflow.jobs.report import RUN_STARTED_ENV, write_report
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.evaluate import evaluate
 from grpoflow.trainers.health import HealthMonitor
 from grpoflow.trainers.held_out import EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.markdown import number
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.modeling import start_model
-from grpoflow.trainers.report import RUN_STARTED_ENV, write_report
+from grpoflow.trainers.model.load import start_model
 from grpoflow.trainers.spec import JobSpec
+from grpoflow.trainers.spec.markdown import number
 
 
 def held_out_seconds(job: JobDir) -> float | None:

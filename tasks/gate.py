@@ -1,12 +1,12 @@
-"""Promotion gate task: judges the held-out evaluation by the spec's `evaluation.gate` (`grpoflow.trainers.registry.
+"""Promotion gate task: judges the held-out evaluation by the spec's `evaluation.gate` (`grpoflow.jobs.registry.
 gate_decision`), writes the decision to the job's `gate.json`, and emits `grpoflow.model.rejected` for a model that
 fails it: the pipeline then skips publish and deploy and still completes."""
 
 from prefect import get_run_logger, task
 
 from grpoflow.integrations.events import emit
+from grpoflow.jobs.registry import deployed_score, gate_decision
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.registry import deployed_score, gate_decision
 from grpoflow.trainers.spec import JobSpec
 
 

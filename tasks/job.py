@@ -22,11 +22,10 @@ from grpoflow.integrations.jobs import download_job, job_dir, job_location, uplo
 from grpoflow.integrations.leases import LeaseHeld, S3Lease
 from grpoflow.integrations.stages import rejected
 from grpoflow.integrations.storage import is_remote, join
+from grpoflow.jobs.lock import JobLock, JobLocked, _alive, _me
+from grpoflow.jobs.report import note_undelivered
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.job_index import remember
-from grpoflow.trainers.jobdir import JobDir, write_text_atomic
-from grpoflow.trainers.joblock import JobLock, JobLocked, _alive, _me
-from grpoflow.trainers.report import note_undelivered
+from grpoflow.trainers.jobdir import JobDir, remember, write_text_atomic
 from grpoflow.trainers.spec import JobSpec, to_yaml
 
 logger = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ def create_job_task(spec: JobSpec, job_id: str | None = None) -> JobDir | State:
     An existing folder is reused only when `job_id` is given (a resumed job); a new id never collides. A resumed job
     with a remote output_uri whose staging folder is gone (another machine) is downloaded first; the webhook
     deliveries an earlier run left undelivered are sent again, before job.started (`webhooks.resend`). A folder
-    another live run holds (`grpoflow.trainers.joblock`) ends the task `Rejected`, naming that run; nothing is
+    another live run holds (`grpoflow.jobs.lock`) ends the task `Rejected`, naming that run; nothing is
     written or announced.
     """
     job = job_dir(spec.output_uri, job_id or new_job_id(spec.name))

@@ -9,7 +9,7 @@ from grpoflow.integrations.heartbeat import Heartbeat
 from grpoflow.integrations.stages import cancellable, resumable
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.merge import merge_adapter, write_model_json
+from grpoflow.trainers.model.merge import merge_adapter, write_model_json
 from grpoflow.trainers.spec import JobSpec
 
 

@@ -1,4 +1,4 @@
-"""Publish task: pushes the job's model to the Hugging Face Hub (`grpoflow.trainers.publish`), writes `published.json`
+"""Publish task: pushes the job's model to the Hugging Face Hub (`grpoflow.jobs.publish`), writes `published.json`
 and emits `grpoflow.model.published`. Here the Hub token may also come from the Prefect Secret block `hf-token`.
 
     grpoflow publish JOB_ID --repo-id my-org/my-model [--artifact merged|adapter]
@@ -12,8 +12,8 @@ from prefect import get_run_logger, task
 from grpoflow.integrations.artifacts import link_artifact
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import cancellable
+from grpoflow.jobs.publish import TOKEN_SECRET_BLOCK, PublishError, publish
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.publish import TOKEN_SECRET_BLOCK, PublishError, publish
 from grpoflow.trainers.spec import JobSpec, PublishSpec
 
 
@@ -32,7 +32,7 @@ def _secret_block_token() -> str | None:
 
 
 def publish_and_record(job: JobDir, target: PublishSpec, spec: JobSpec | None = None) -> dict:
-    """`grpoflow.trainers.publish.publish` with the token found as huggingface_hub finds it, else in the Prefect Secret
+    """`grpoflow.jobs.publish.publish` with the token found as huggingface_hub finds it, else in the Prefect Secret
     block `hf-token`; then `published.json` in the job folder and the `grpoflow.model.published` event."""
     result = publish(job, target, token=get_token() or _secret_block_token(), spec=spec)
     write_json_atomic(job.root / "published.json", {**result, "published_at": datetime.now(UTC).isoformat()})

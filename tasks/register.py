@@ -1,13 +1,13 @@
-"""Register task: the spec's serving deployment of the job's merged weights (`grpoflow.trainers.registry`), announced
+"""Register task: the spec's serving deployment of the job's merged weights (`grpoflow.jobs.registry`), announced
 with `grpoflow.deployment.registered`. The registry keeps every version of a name (`grpoflow deployments list`)."""
 
 from prefect import task
 
 from grpoflow.integrations.artifacts import deployment_link, link_artifact
 from grpoflow.integrations.events import emit
+from grpoflow.jobs.registry import register
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.registry import register
 from grpoflow.trainers.spec import JobSpec
 
 

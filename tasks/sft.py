@@ -1,4 +1,4 @@
-"""SFT warm-up task: runs `grpoflow.trainers.sft` as a child process (`grpoflow.trainers.launch`), tails its
+"""SFT warm-up task: runs `grpoflow.trainers.sft` as a child process (`grpoflow.jobs.launch`), tails its
 `sft_metrics.jsonl` into progress lines (`sft step n/N loss ...`, the UI's progress artifact, a terminal bar) and emits
 `grpoflow.sft.completed`."""
 
@@ -8,9 +8,9 @@ from grpoflow.integrations.artifacts import StageProgress, StepRate, sft_line
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.heartbeat import ChildPhases
 from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
+from grpoflow.jobs.launch import run_child
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import run_child
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.spec import JobSpec
 

@@ -1,4 +1,4 @@
-"""GRPO training task: runs `grpoflow.trainers.grpo` as its own child process (`grpoflow.trainers.launch`) and watches
+"""GRPO training task: runs `grpoflow.trainers.grpo` as its own child process (`grpoflow.jobs.launch`) and watches
 it.
 
 The child writes `metrics.jsonl`; this task tails it to log progress, emit `grpoflow.training.progress` events and
@@ -31,13 +31,13 @@ from grpoflow.integrations.events import emit
 from grpoflow.integrations.heartbeat import ChildPhases
 from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.integrations.storage import is_remote, join
+from grpoflow.jobs.launch import recorded_divergence, run_child
+from grpoflow.jobs.report import draw_ahead, prepare_plotting
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.health import FATAL, NON_FINITE_ADVICE, Alert, HealthMonitor
 from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import recorded_divergence, run_child
 from grpoflow.trainers.metrics import read_events, read_metrics
-from grpoflow.trainers.report import draw_ahead, prepare_plotting
 from grpoflow.trainers.spec import JobSpec
 from grpoflow.trainers.vllm_server import vllm_server
 

@@ -19,7 +19,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 # `grpoflow run` going on beside the tests never locks it. Set before anything imports prefect.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-# The tests' jobs are indexed apart from the user's (`grpoflow.trainers.job_index`).
+# The tests' jobs are indexed apart from the user's (`grpoflow.trainers.jobdir`).
 os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-index-")
 # A retried stage retries at once: what a test checks is that it retries, never how long it waited (grpoflow.tasks).
 os.environ["GRPOFLOW_RETRY_DELAY_S"] = "0"
@@ -30,7 +30,7 @@ pytest_plugins = ["tests.publishing"]
 
 
 def pytest_collection_modifyitems(config, items):
-    from grpoflow.trainers.launch import visible_gpus
+    from grpoflow.trainers.child import visible_gpus
 
     if visible_gpus():  # found without importing torch, so collecting a module that needs none stays fast
         return
@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
 def standin_env() -> dict:
     """The environment that makes the processes started with it run the stand-in (tests/standin_child.py) in place
     of the training children, from any working directory."""
-    from grpoflow.trainers.launch import STANDIN_ENV
+    from grpoflow.jobs.launch import STANDIN_ENV
 
     root = str(Path(__file__).resolve().parent.parent)
     return {
@@ -145,7 +145,7 @@ TRAINED_KINDS = {"lora": {"lora_rank": 4}, "full": {"lora_rank": None}}
 def build_trained_jobs(root: Path) -> dict[str, Path]:
     """Runs the real pipeline (the real training children, even where a test set the stand-in) for a LoRA job and a
     full fine-tune under `root`."""
-    from grpoflow.trainers.launch import STANDIN_ENV
+    from grpoflow.jobs.launch import STANDIN_ENV
 
     data = write_jsonl(root / "arith.jsonl", arithmetic_rows(24))
     standin, jobs = os.environ.pop(STANDIN_ENV, None), {}

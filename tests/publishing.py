@@ -9,8 +9,8 @@ import pytest
 from huggingface_hub import constants
 
 from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.model.tiny import build_tiny
 from grpoflow.trainers.spec import load_spec, to_yaml
-from grpoflow.trainers.tiny import build_tiny
 from tests.hub_server import HubServer
 
 TOKEN = "hf_TestTokenThatMustNeverLeak0123456789"
@@ -48,7 +48,7 @@ def hub(request, monkeypatch):
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         # With hf_xet installed (as in production), upload_folder takes its streamed pipeline; without, create_commit.
         monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", request.param == "single-commit")
-        monkeypatch.setattr("grpoflow.trainers.publish.RETRY_DELAYS_S", (0.05, 0.05))
+        monkeypatch.setattr("grpoflow.jobs.publish.RETRY_DELAYS_S", (0.05, 0.05))
         yield server
 
 

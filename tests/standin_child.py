@@ -1,7 +1,7 @@
 """A stand-in for grpoflow's training children (SFT and GRPO), for the tests of what runs around them.
 
 With `GRPOFLOW_CHILD_STANDIN=tests.standin_child` in the environment (the `standin` fixture sets it),
-`grpoflow.trainers.launch` starts `python -m tests.standin_child MODULE JOB_DIR` where it would start `python -m
+`grpoflow.jobs.launch` starts `python -m tests.standin_child MODULE JOB_DIR` where it would start `python -m
 MODULE JOB_DIR`. In well under a second and without importing torch, the stand-in writes what the real child writes,
 in its formats: `metrics.jsonl` one line per step (TRL's keys), `checkpoints/checkpoint-N/trainer_state.json` every
 `checkpoint_every` steps (resuming after the newest intact one with the real child's `resume_checkpoint`), then a LoRA
@@ -39,14 +39,15 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from grpoflow.trainers.child import record_exit
+from grpoflow.trainers.errors import REWARD_FAILED_EXIT
 from grpoflow.trainers.grpo import GRPO_DEFAULTS, checkpoint_step, resume_checkpoint
 from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
-from grpoflow.trainers.launch import REWARD_FAILED_EXIT, record_exit
-from grpoflow.trainers.modeling import LORA_TARGETS, start_model
+from grpoflow.trainers.model.load import LORA_TARGETS, start_model
+from grpoflow.trainers.model.tiny import resolve_model_path
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, guarded_reward
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.tiny import resolve_model_path
 
 REQUEST_ENV = "GRPOFLOW_STANDIN"
 STAGES = {"grpoflow.trainers.grpo": "grpo", "grpoflow.trainers.sft": "sft"}

@@ -16,11 +16,11 @@ not listed; each row here is a debt to pay off, and there are to be at most 15 o
 | trl | the keyword arguments `GRPOTrainer._calculate_rewards` passes a reward, and the `log_extra(column, values)` / `log_metric(name, value)` hooks | rewards' dataset columns, the dry run and held-out evaluation call rewards the same way | `_TRL_ARGUMENTS`, `reward_columns` (trainers/rewards/build.py), `call_reward` (trainers/rewards/dry_run.py), `evaluate` (trainers/evaluate.py) |
 | transformers | `Trainer._save_checkpoint(model, trial)`, writing `trainer_state.json` last, `global_step` = the folder's number | a checkpoint without a complete trainer_state.json is torn; the benchmark times `_save_checkpoint` | `intact_checkpoint` (trainers/grpo.py), `train_cpu_seconds` (benchmarks/trainer_vs_trl.py) |
 | transformers | `Trainer._load_from_checkpoint(path)` and `TrainerState.load_from_json`; `Trainer.train` resuming at `max_steps` runs one step more | a child killed after its final checkpoint restores it instead of training past max_steps | `restore_final_checkpoint` (trainers/grpo.py) |
-| peft | `peft.tuners.tuners_utils._maybe_include_all_linear_layers(peft_config, model)` | the default LoRA targets: PEFT's own "all-linear" rule, on a meta-device model | `default_lora_targets` (trainers/architecture.py) |
+| peft | `peft.tuners.tuners_utils._maybe_include_all_linear_layers(peft_config, model)` | the default LoRA targets: PEFT's own "all-linear" rule, on a meta-device model | `default_lora_targets` (trainers/model/architecture.py) |
 | datasets | `Dataset._fingerprint` | the ingest cache key of a Hub dataset | `_fingerprint` (trainers/dataset.py) |
-| prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (flows/server.py) |
+| prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (integrations/prefect_server.py) |
 | prefect | `prefect.workers.base.BaseWorker.get_worker_class_from_type` (None when not installed) | a pool's default base job template | `default_template` (flows/deployments.py) |
-| accelerate, trl | `--config_file trl/accelerate_configs/{fsdp2,zero2,zero3}.yaml` (files TRL ships, found without importing TRL) and `Accelerator.distributed_type` / `is_fsdp2` / `state.deepspeed_plugin.zero_stage` | the sharded strategies' launch, and the check of what really runs | `accelerate_config`, `child_command` (trainers/launch.py), `applied_strategy` (trainers/grpo.py) |
+| accelerate, trl | `--config_file trl/accelerate_configs/{fsdp2,zero2,zero3}.yaml` (files TRL ships, found without importing TRL) and `Accelerator.distributed_type` / `is_fsdp2` / `state.deepspeed_plugin.zero_stage` | the sharded strategies' launch, and the check of what really runs | `accelerate_config`, `child_command` (jobs/launch.py), `applied_strategy` (trainers/grpo.py) |
 | trl | `GRPOTrainer.reward_func_names`, the list its metrics are named from (`rewards/<name>/mean`) | a reward model's metric carries the spec's name, not its path | `main` (trainers/grpo.py) |
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
 | trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py) |
@@ -44,7 +44,7 @@ def one_step(tmp_path_factory):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpoflow.trainers.tiny import resolve_model_path
+    from grpoflow.trainers.model.tiny import resolve_model_path
 
     seen = {"reward_kwargs": [], "prepared": [], "save_calls": 0, "at_step_end": None}
 
@@ -151,7 +151,7 @@ def test_training_step_bookkeeping_that_a_skipped_step_repeats(one_step):
 def test_the_flags_skip_blocker_reads(one_step, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpoflow.trainers.tiny import resolve_model_path
+    from grpoflow.trainers.model.tiny import resolve_model_path
 
     _, _, untrained, _ = one_step
     assert untrained["_entropy_bonus_enabled"] is False
@@ -261,7 +261,7 @@ def test_worker_class_from_pool_type():
 def test_trl_ships_the_accelerate_configs_grpoflow_launches_with(strategy):
     import yaml
 
-    from grpoflow.trainers.launch import accelerate_config
+    from grpoflow.jobs.launch import accelerate_config
 
     config = yaml.safe_load(accelerate_config(strategy).read_text())
     if strategy == "fsdp2":
@@ -292,7 +292,7 @@ def test_reward_func_names_name_the_reward_metrics():
 def test_trainer_load_from_checkpoint_and_state(tmp_path):
     from transformers import AutoModelForCausalLM, Trainer, TrainerState
 
-    from grpoflow.trainers.tiny import resolve_model_path
+    from grpoflow.trainers.model.tiny import resolve_model_path
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:tiny"))
     assert "resume_from_checkpoint" in inspect.signature(Trainer._load_from_checkpoint).parameters
@@ -306,8 +306,8 @@ def test_peft_all_linear_rule_on_a_meta_model():
     from peft import LoraConfig
     from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
 
-    from grpoflow.trainers.architecture import default_lora_targets
-    from grpoflow.trainers.tiny import resolve_model_path
+    from grpoflow.trainers.model.architecture import default_lora_targets
+    from grpoflow.trainers.model.tiny import resolve_model_path
 
     # grpoflow's default targets are what PEFT's private rule picks on builtin:tiny (a Qwen2): the 7 projections.
     assert callable(_maybe_include_all_linear_layers) and LoraConfig(target_modules="all-linear")

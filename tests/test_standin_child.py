@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from grpoflow.trainers.launch import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped, run_child
+from grpoflow.jobs.launch import run_child
+from grpoflow.trainers.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.metrics import read_metrics
 
 
@@ -18,8 +19,8 @@ def test_it_writes_what_the_real_child_writes(make_job, standin, trained_jobs, k
     from safetensors.numpy import load_file
 
     from grpoflow.trainers.jobdir import JobDir
-    from grpoflow.trainers.merge import merge_adapter
-    from grpoflow.trainers.tiny import build_tiny
+    from grpoflow.trainers.model.merge import merge_adapter
+    from grpoflow.trainers.model.tiny import build_tiny
 
     job, _ = make_job(kind, hyperparameters={"lora_rank": 4 if kind == "lora" else None})
     train(job)
@@ -96,7 +97,7 @@ def test_a_hang_is_stopped_by_the_poll(make_job, standin):
 def test_the_sft_stand_in_writes_a_model_that_differs_from_the_base(make_job, standin):
     from safetensors.numpy import load_file
 
-    from grpoflow.trainers.tiny import build_tiny
+    from grpoflow.trainers.model.tiny import build_tiny
 
     job, _ = make_job("sft", sft={"enabled": True, "max_steps": 3, "batch_size": 4})
     run_child("grpoflow.trainers.sft", job, 1, "sft.log")

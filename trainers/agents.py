@@ -8,7 +8,7 @@ rollout's tools, and optionally `get_reward()`, a number scored per rollout besi
 rewards/<class name>/mean). The rollout ends when the model answers without a tool call, or after
 `trl.max_tool_calling_iterations` tool turns.
 
-Nothing here imports torch: preflight (trainers/preflight.py) runs `agent_problems` before any model loads.
+Nothing here imports torch: preflight (jobs/preflight.py) runs `agent_problems` before any model loads.
 """
 
 import importlib
@@ -50,8 +50,9 @@ PARSEABLE_TEMPLATES = (
     "nemotron_3_ultra",
     "nemotron_3_5_lightning",
 )
-# builtin:tiny is a Qwen2 with Qwen's chat tokens: for tool rollouts it gets grpoflow.trainers.tiny.TOOL_CHAT_TEMPLATE,
-# whose tool calls are Qwen's, parsed with the response template TRL gives Qwen2.5/Qwen3 (trl.chat_template_utils).
+# builtin:tiny is a Qwen2 with Qwen's chat tokens: for tool rollouts it gets
+# grpoflow.trainers.model.tiny.TOOL_CHAT_TEMPLATE, whose tool calls are Qwen's, parsed with the response template TRL
+# gives Qwen2.5/Qwen3 (trl.chat_template_utils).
 TINY_RESPONSE_TEMPLATE = "qwen3_template"
 # Methods of an environment that TRL does not expose as tools.
 ENVIRONMENT_HOOKS = ("reset", "get_reward")
@@ -179,7 +180,7 @@ def tool_template_problem(chat_template: str | None, model_id: str, response_tem
     """Why TRL cannot run tool rollouts through `chat_template`, or None: it must render a tool-calling conversation
     (TRL's `supports_tool_calling`), and TRL must know how to parse its tool calls (a template it recognises, unless
     the tokenizer carries its own `response_template`)."""
-    from grpoflow.trainers.tiny import CHAT_TEMPLATE
+    from grpoflow.trainers.model.tiny import CHAT_TEMPLATE
 
     if chat_template == CHAT_TEMPLATE:
         return None  # builtin:tiny: tool_tokenizer gives it TOOL_CHAT_TEMPLATE
@@ -223,8 +224,8 @@ def tool_tokenizer(tokenizer, model_id: str):
     """The tokenizer ready for TRL's tool rollouts: builtin:tiny's template becomes its tool-calling one, with the
     response template TRL parses its calls by (both saved with the trained model, so it keeps calling tools the same
     way); any other template TRL cannot use is a `SetupError`."""
-    from grpoflow.trainers.modeling import SetupError
-    from grpoflow.trainers.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE
+    from grpoflow.trainers.model.load import SetupError
+    from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE
 
     if tokenizer.chat_template == CHAT_TEMPLATE:
         from trl import chat_template_utils
@@ -240,7 +241,7 @@ def tool_tokenizer(tokenizer, model_id: str):
 def agent_args(spec) -> dict:
     """`GRPOTrainer` keyword arguments for the spec's `tools:` and `environment:` (empty when neither is set), or a
     `SetupError` naming the entry that cannot be imported."""
-    from grpoflow.trainers.modeling import SetupError
+    from grpoflow.trainers.model.load import SetupError
 
     if not spec.tools and spec.environment is None:
         return {}

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.modeling import SetupError
+from grpoflow.trainers.model.load import SetupError
 from grpoflow.trainers.spec import JobSpec
 
 BUDGET_FILE = "budget.json"

@@ -46,7 +46,7 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from grpoflow.trainers.jobdir import replace_dir
-from grpoflow.trainers.modeling import hub_not_answering, hub_offline
+from grpoflow.trainers.model.load import hub_not_answering, hub_offline
 from grpoflow.trainers.spec import REPO_ID_PATTERN
 from grpoflow.trainers.uris import url_scheme
 

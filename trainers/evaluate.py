@@ -17,7 +17,7 @@ from pathlib import Path
 from grpoflow.trainers.held_out import eval_key
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.modeling import load_tokenizer, prepare_prompts, start_model
+from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts, start_model
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 from grpoflow.trainers.spec import JobSpec, load_spec
@@ -33,7 +33,7 @@ def load_for_generation(model_path: str):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from grpoflow.trainers.modeling import torch_dtype
+        from grpoflow.trainers.model.load import torch_dtype
 
         tokenizer = load_tokenizer(model_path)
         device = "cuda" if torch.cuda.is_available() else "cpu"

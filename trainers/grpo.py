@@ -19,20 +19,14 @@ import traceback
 from pathlib import Path
 
 from grpoflow.trainers.agents import agent_args, tool_tokenizer
-from grpoflow.trainers.architecture import adapter_line, adapter_summary
 from grpoflow.trainers.budget import budget_callback, budget_summary, spent
+from grpoflow.trainers.child import record_exit, say_phase
+from grpoflow.trainers.errors import DIVERGED_EXIT, REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged
 from grpoflow.trainers.held_out import held_out_args, held_out_trainer, selected_step
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.launch import (
-    DIVERGED_EXIT,
-    REWARD_FAILED_EXIT,
-    SETUP_ERROR_EXIT,
-    TrainingDiverged,
-    record_exit,
-    say_phase,
-)
 from grpoflow.trainers.metrics import finite_callback, metrics_file_callback, truncate_metrics
-from grpoflow.trainers.modeling import (
+from grpoflow.trainers.model.architecture import adapter_line, adapter_summary
+from grpoflow.trainers.model.load import (
     SetupError,
     check_accelerators,
     check_chat_template,

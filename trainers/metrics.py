@@ -129,7 +129,7 @@ def metrics_file_callback(path: Path):
 
 def finite_callback(field: str, learning_rate: float):
     """A `TrainerCallback` that stops training at the first logged step whose loss or gradient norm is NaN or inf, or
-    after which the trained weights are, raising `grpoflow.trainers.launch.TrainingDiverged` that names `field` (the
+    after which the trained weights are, raising `grpoflow.trainers.errors.TrainingDiverged` that names `field` (the
     spec's learning rate) and its value: no later step recovers, and without it the next step's generation fails
     on the NaN probabilities with a torch error that says nothing of the rate (and every retry resumes into it).
 
@@ -137,7 +137,7 @@ def finite_callback(field: str, learning_rate: float):
     non-finite checkpoint is written. The weights are checked by one sum per trained tensor (no copy of them)."""
     from transformers import TrainerCallback
 
-    from grpoflow.trainers.launch import TrainingDiverged
+    from grpoflow.trainers.errors import TrainingDiverged
 
     class _FiniteCallback(TrainerCallback):
         def on_log(self, args, state, control, logs=None, model=None, **kwargs):

@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 
 from grpoflow.trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
+from grpoflow.trainers.child import record_exit, say_phase
+from grpoflow.trainers.errors import DIVERGED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged
 from grpoflow.trainers.jobdir import JobDir, replace_dir
-from grpoflow.trainers.launch import DIVERGED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged, record_exit, say_phase
 from grpoflow.trainers.metrics import finite_callback, metrics_file_callback
-from grpoflow.trainers.modeling import (
+from grpoflow.trainers.model.load import (
     SetupError,
     check_accelerators,
     check_chat_template,
@@ -36,8 +37,8 @@ from grpoflow.trainers.modeling import (
     use_cpu,
     weights_size,
 )
+from grpoflow.trainers.model.tiny import resolve_model_path
 from grpoflow.trainers.spec import JobSpec, load_spec
-from grpoflow.trainers.tiny import resolve_model_path
 
 
 def sft_dataset(dataset, spec: JobSpec):

@@ -11,10 +11,10 @@ other grpoflow callable, since a factory of grpoflow's that takes a grader or co
 code past these rules. The check reads only the spec and where each module's files are: it imports nothing.
 
 Code carried inside a spec (a `python` grader's source, in a `grader:` or anywhere in a `kwargs`) runs in the sandbox
-(`grpoflow.trainers.sandbox`), wherever the spec came from. Where no sandbox can start, it runs in a bare process only
-on the user's own command line (with one warning) or where the pool sets `GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`; a
-spec from a deployment is refused otherwise, and `GRPOFLOW_ALLOW_SPEC_CODE=0` refuses such code from a deployment even
-with the sandbox.
+(`grpoflow.trainers.graders.sandbox`), wherever the spec came from. Where no sandbox can start, it runs in a bare
+process only on the user's own command line (with one warning) or where the pool sets
+`GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`; a spec from a deployment is refused otherwise, and `GRPOFLOW_ALLOW_SPEC_CODE=0`
+refuses such code from a deployment even with the sandbox.
 
 The CLI marks its commands with `command_line()`; every flow that takes a spec checks it with `untrusted_code`
 first, before any stage imports a reward, and ends `Rejected` naming the setting that would allow it. The training
@@ -153,7 +153,7 @@ def _spec_code_problems(spec: JobSpec) -> list[str]:
             f"deployment ({SPEC_CODE_ENV}=0 in its environment)"
             for where in places
         ]
-    from grpoflow.trainers.sandbox import sandbox_problem
+    from grpoflow.trainers.graders.sandbox import sandbox_problem
 
     problem = sandbox_problem()
     return [f"{where}: {unsandboxed_refusal(problem)}" for where in places] if problem else []

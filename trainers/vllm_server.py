@@ -14,9 +14,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from grpoflow.trainers.child import free_port, start_child, stop_child, visible_gpus
+from grpoflow.trainers.errors import TrainingSetupError
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import TrainingSetupError, free_port, start_child, stop_child, visible_gpus
-from grpoflow.trainers.modeling import start_model
+from grpoflow.trainers.model.load import start_model
 
 VLLM_SERVER_URL_ENV = "GRPOFLOW_VLLM_SERVER_URL"  # read by grpoflow.trainers.grpo's generation_args
 

@@ -3,7 +3,7 @@ no job folder behind.
 
 Each case runs `grpoflow.flows.cli.main` in-process with stdout and stderr redirected (not capsys: Prefect's log
 handler keeps the first stderr it sees). Cases marked `flow` (`grpoflow run` on a bad dataset, reward or dataset URI)
-get the session's Prefect server, though `run`'s preflight (trainers/preflight.py) now rejects them before Prefect
+get the session's Prefect server, though `run`'s preflight (jobs/preflight.py) now rejects them before Prefect
 starts, as it rejects everything else. No case trains: the SFT and GRPO tasks are replaced by a guard that fails the
 run, so an input that wrongly got through shows up as exit 1 with "reached training". Each case's time until the user
 was told is recorded as the `seconds_until_told` property (see `--junitxml`), never asserted.
@@ -121,7 +121,7 @@ def file_as_root(case: Path) -> dict:
 
 def tiny_model_copy(case: Path, leave_out: tuple[str, ...]) -> Path:
     """builtin:tiny's folder copied to {case}/model, less the files in `leave_out`."""
-    from grpoflow.trainers.tiny import build_tiny
+    from grpoflow.trainers.model.tiny import build_tiny
 
     shutil.copytree(build_tiny(), case / "model", ignore=lambda folder, names: [n for n in names if n in leave_out])
     return case / "model"

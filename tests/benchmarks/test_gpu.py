@@ -15,7 +15,7 @@ from benchmarks.trainer_vs_trl import NO_CHECKPOINTS, Workload, prepare_job
 from benchmarks.workloads import write_dataset
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.tiny import resolve_model_path
+from grpoflow.trainers.model.tiny import resolve_model_path
 
 pytestmark = pytest.mark.gpu
 

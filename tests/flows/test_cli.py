@@ -100,8 +100,8 @@ def test_run_rejects_a_reward_that_raises(tmp_path, make_spec, monkeypatch):
 
 
 class BootingServer:
-    """What `grpoflow.flows.server.start_if_needed` returns while the temporary server boots: `run` must stop it, never
-    wait for it (connect), when the preflight rejects the job."""
+    """What `grpoflow.integrations.prefect_server.start_if_needed` returns while the temporary server boots: `run`
+    must stop it, never wait for it (connect), when the preflight rejects the job."""
 
     calls: list[str] = []
 
@@ -114,12 +114,12 @@ class BootingServer:
 
 
 def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypatch):
-    import grpoflow.flows.server
+    import grpoflow.integrations.prefect_server
 
     # The temporary server boots beside the preflight (it is the longer of the two); a rejected job stops it.
     booting = BootingServer()
     booting.calls = []
-    monkeypatch.setattr(grpoflow.flows.server, "start_if_needed", lambda: booting)
+    monkeypatch.setattr(grpoflow.integrations.prefect_server, "start_if_needed", lambda: booting)
     spec = make_spec(base_model=str(tmp_path / "no-such-model"))
     for command in ("validate", "run"):
         code, out, err = cli(command, spec, "--json")
@@ -130,44 +130,6 @@ def test_validate_and_run_preflight_before_prefect(tmp_path, make_spec, monkeypa
     # The escape, for a spec whose paths are a worker's: the spec's own checks only.
     code, out, _ = cli("validate", spec, "--json", "--no-preflight")
     assert code == 0 and json.loads(out)["base_model"] == str(tmp_path / "no-such-model")
-
-
-def test_run_imports_with_the_collector_paused_and_runs_its_flow_with_it_on(tmp_path, make_spec, monkeypatch):
-    import gc
-
-    from prefect.states import Failed
-
-    import grpoflow.flows.pipeline
-    import grpoflow.flows.server
-    from grpoflow.trainers import collector
-
-    seen = {}
-
-    def no_server():
-        seen["importing"] = gc.isenabled()
-
-    def pipeline(spec, job_id=None, return_state=False):
-        seen["flow"] = gc.isenabled()
-        return Failed(data=RuntimeError("the flow ran"))
-
-    monkeypatch.setattr(grpoflow.flows.server, "start_if_needed", no_server)
-    monkeypatch.setattr(grpoflow.flows.pipeline, "grpo_pipeline", pipeline)
-    collector.pause()  # as the `grpoflow` command (entry) does before main()
-    try:
-        code, _, err = cli("run", make_spec())
-        assert code == 1 and "the flow ran" in err
-        assert seen == {"importing": False, "flow": True}
-        assert gc.isenabled()
-        # A run the preflight rejects ends with it on too.
-        collector.pause()
-        code, _, _ = cli("run", make_spec(base_model=str(tmp_path / "no-such-model")))
-        assert code == 2 and gc.isenabled()
-    finally:
-        gc.unfreeze()
-        gc.enable()
-
-
-# --- run: a setup problem in the training child ends the run at once (exit 2); a crash is retried
 
 
 def child_starts(tmp_path, module: str = "grpoflow.trainers.grpo", log: str = "train.log") -> int:
@@ -357,7 +319,7 @@ def test_every_exit_code_names_an_exception_that_exists():
         cls = getattr(importlib.import_module(module), name)
         assert issubclass(cls, Exception) and f"{cls.__module__}.{cls.__qualname__}" == key, key
     from grpoflow.flows.deployments import ServerNotSet
-    from grpoflow.trainers.publish import PublishError
+    from grpoflow.jobs.publish import PublishError
 
     # The nearest class listed wins: ServerNotSet is a DeploymentError (1) but the user's to fix (2).
     assert exit_code(ServerNotSet("set PREFECT_API_URL")) == 2

@@ -8,7 +8,7 @@ from prefect import flow
 from prefect.exceptions import ParameterTypeError
 
 import grpoflow.flows.pipeline  # noqa: F401  (installs the filter on Prefect's flow run logger)
-from grpoflow.trainers.launch import ChildFailed, RewardFailed
+from grpoflow.trainers.errors import ChildFailed, RewardFailed
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpoflow.flows.cli import main
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
-from grpoflow.trainers.tiny import build_tiny
+from grpoflow.trainers.model.tiny import build_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 

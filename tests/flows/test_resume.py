@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpoflow.trainers.job_index import locate
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.jobdir import JobDir, locate
 from grpoflow.trainers.metrics import read_events
 from tests.conftest import cli
 
@@ -62,7 +61,7 @@ def test_resume_after_sft_replaced_retrains_on_it(make_spec):
     stamps = {p: p.stat().st_mtime_ns for p in (job.training_result, job.model_json, job.evaluation, job.report)}
 
     # Other SFT weights in sft/ (a user's own warm-up, say): the base model, whose weights differ from the SFT's.
-    from grpoflow.trainers.tiny import build_tiny
+    from grpoflow.trainers.model.tiny import build_tiny
 
     weights = job.sft / "model.safetensors"
     before = weights.read_bytes()

@@ -180,12 +180,12 @@ def test_the_flow_parameters_have_descriptions():
     ],
 )
 def test_sweep_rejected_before_anything_runs(make_spec, tmp_path, monkeypatch, args, message):
-    import grpoflow.flows.server
+    import grpoflow.integrations.prefect_server
 
     def no_server(*args, **kwargs):
         raise AssertionError("the Prefect server started for a sweep that should have been rejected")
 
-    monkeypatch.setattr(grpoflow.flows.server, "start_if_needed", no_server)
+    monkeypatch.setattr(grpoflow.integrations.prefect_server, "start_if_needed", no_server)
     code, out, err = cli("sweep", make_spec(), *args)
     assert code == 2, err
     assert message in err and "Traceback" not in err

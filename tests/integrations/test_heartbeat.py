@@ -8,7 +8,7 @@ import pytest
 
 from grpoflow.integrations import heartbeat
 from grpoflow.integrations.heartbeat import ChildPhases, Heartbeat
-from grpoflow.trainers.launch import PHASE_MARK, say_phase
+from grpoflow.trainers.child import PHASE_MARK, say_phase
 
 
 @pytest.fixture

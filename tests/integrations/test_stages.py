@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from grpoflow.integrations.stages import output_digest, read_record, resumable, retry_unless_final, stage_key
+from grpoflow.trainers.errors import TrainingSetupError, TrainingStopped
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import TrainingSetupError, TrainingStopped
 from grpoflow.trainers.spec import load_spec
 
 SPEC = {

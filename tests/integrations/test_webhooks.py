@@ -693,8 +693,8 @@ def test_what_a_process_left_undelivered_is_delivered_once_by_webhooks_retry(rec
 
 
 def test_a_resumed_job_first_sends_what_its_earlier_run_left_undelivered(receiver, make_job):
+    from grpoflow.jobs.lock import JobLock
     from grpoflow.tasks.job import create_job_task
-    from grpoflow.trainers.joblock import JobLock
 
     r = receiver(fault="500")
     job = make_job(r.url)
@@ -742,7 +742,7 @@ def test_webhooks_retry_of_an_unknown_job_exits_2(tmp_path):
 
 
 def test_webhooks_retry_leaves_a_job_a_live_run_holds_to_that_run(receiver, make_job):
-    from grpoflow.trainers.joblock import JobLock
+    from grpoflow.jobs.lock import JobLock
 
     r = receiver(fault="500")
     job = make_job(r.url)
@@ -767,7 +767,7 @@ def test_webhooks_retry_leaves_a_job_a_live_run_holds_to_that_run(receiver, make
 
 HOLD_LOCK = """
 import sys, time
-from grpoflow.trainers.joblock import JobLock
+from grpoflow.jobs.lock import JobLock
 
 JobLock(sys.argv[1]).acquire()
 print("locked", flush=True)

@@ -9,7 +9,7 @@ from prefect import flow
 
 from grpoflow.tasks.evaluate import evaluate_task
 from grpoflow.trainers.jobdir import write_json_atomic
-from grpoflow.trainers.tiny import build_tiny
+from grpoflow.trainers.model.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoflow.tasks.merge import merge_task
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.modeling import LORA_TARGETS, weights_size
-from grpoflow.trainers.tiny import build_tiny
+from grpoflow.trainers.model.load import LORA_TARGETS, weights_size
+from grpoflow.trainers.model.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from grpoflow.jobs.publish import PublishError
 from grpoflow.tasks.publish import publish_task
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.publish import PublishError
 from grpoflow.trainers.spec import load_spec
 from tests.publishing import REPO, TOKEN, WRONG, assert_no_token_in
 

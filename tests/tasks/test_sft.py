@@ -11,7 +11,7 @@ from prefect import flow
 from transformers import AutoModelForCausalLM
 
 from grpoflow.tasks.sft import sft_task
-from grpoflow.trainers.launch import TrainingSetupError
+from grpoflow.trainers.errors import TrainingSetupError
 from grpoflow.trainers.metrics import read_events
 from tests.integrations.test_artifacts import flow_run_artifacts, flow_run_logs
 

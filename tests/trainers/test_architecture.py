@@ -1,5 +1,5 @@
-"""LoRA on any causal LM (`grpoflow.trainers.architecture`): a matrix of architectures, each a tiny random model built
-offline from its transformers config (tests/architectures.py), with its family's kind of tokenizer.
+"""LoRA on any causal LM (`grpoflow.trainers.model.architecture`): a matrix of architectures, each a tiny random model
+built offline from its transformers config (tests/architectures.py), with its family's kind of tokenizer.
 
 Fast: the default targets are every attention and MLP projection (a hand-written list per architecture), a missing
 name is rejected naming the modules the model has, and a real PEFT wrap puts adapters on exactly those modules.
@@ -24,18 +24,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.pytorch_utils import Conv1D
 
 from grpoflow.trainers import grpo
-from grpoflow.trainers.architecture import (
+from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.model.architecture import (
     adapter_line,
     adapter_summary,
     default_lora_targets,
     lora_target_problem,
     resolve_lora_targets,
 )
-from grpoflow.trainers.dataset import ingest_dataset
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.merge import merge_adapter
-from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.modeling import lora_config, weights_size
+from grpoflow.trainers.model.load import lora_config, weights_size
+from grpoflow.trainers.model.merge import merge_adapter
 from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.architectures import ARCHITECTURES, tiny_model
 from tests.conftest import arithmetic_rows, write_jsonl

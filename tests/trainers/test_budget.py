@@ -78,8 +78,8 @@ def test_at_the_cap_training_stops_at_a_checkpoint_and_the_job_says_so(make_spec
     assert json.loads((job / "evaluation.json").read_text())["after"] is not None  # evaluated on that model
 
     # A resume of a job whose budget is spent trains nothing more: it restores the checkpoint.
+    from grpoflow.jobs.launch import run_child
     from grpoflow.trainers.jobdir import JobDir
-    from grpoflow.trainers.launch import run_child
 
     run_child("grpoflow.trainers.grpo", JobDir(job), 1, "train.log", result=JobDir(job).training_result)
     again = json.loads((job / "training.json").read_text())
@@ -113,7 +113,7 @@ def budget_job(make_spec, tmp_path, hours):
 )
 def test_a_corrupt_budget_file_is_refused_when_a_budget_is_set(make_spec, tmp_path, capsys, text, problem):
     from grpoflow.trainers.budget import BudgetRecordError, budget_callback, used_seconds
-    from grpoflow.trainers.modeling import setup_problem
+    from grpoflow.trainers.model.load import setup_problem
 
     job, spec = budget_job(make_spec, tmp_path, 0.5)
     (job.root / "budget.json").write_text(text)

@@ -14,15 +14,17 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from grpoflow.jobs.launch import accelerate_command, child_command
 from grpoflow.trainers import grpo
+from grpoflow.trainers.child import record_exit
+from grpoflow.trainers.errors import RewardFailed, TrainingSetupError
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import RewardFailed, TrainingSetupError, accelerate_command, child_command, record_exit
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.modeling import SetupError, check_accelerators
+from grpoflow.trainers.model.load import SetupError, check_accelerators
 from grpoflow.trainers.spec import load_spec
 from grpoflow.trainers.vllm_server import VLLM_SERVER_URL_ENV, server_command, split_gpus, starts_server, vllm_server
 
-real_child_command = child_command  # before a test replaces grpoflow.trainers.launch.child_command
+real_child_command = child_command  # before a test replaces grpoflow.jobs.launch.child_command
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
 
 
@@ -192,7 +194,7 @@ STOPPING_CHILD = """
 import sys
 from pathlib import Path
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import record_exit
+from grpoflow.jobs.launch import record_exit
 code, message = int(sys.argv[2]), sys.argv[3]
 print(f"grpoflow: {message}", file=sys.stderr)
 sys.exit(record_exit(JobDir(Path(sys.argv[1])), code, message))
@@ -209,7 +211,7 @@ sys.exit(record_exit(JobDir(Path(sys.argv[1])), code, message))
 def test_a_ranks_stop_on_purpose_is_not_retried(tmp_path, monkeypatch, code, error, message):
     # `accelerate launch` ends with its own exit code 1 when a rank exits 2 or 3 (1 reads as a crash, retried);
     # the child's exit record keeps the rank's code.
-    from grpoflow.trainers import launch
+    from grpoflow.jobs import launch
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "stopping_child.py").write_text(STOPPING_CHILD)
@@ -286,8 +288,8 @@ def test_sharded_strategies_save_the_full_model(make_job, strategy):
         pytest.skip("needs 2 CUDA GPUs")
     if strategy.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
         pytest.skip("needs deepspeed")
-    from grpoflow.trainers.launch import run_child
-    from grpoflow.trainers.tiny import resolve_model_path
+    from grpoflow.jobs.launch import run_child
+    from grpoflow.trainers.model.tiny import resolve_model_path
 
     job, _ = make_job(
         strategy,
@@ -308,7 +310,8 @@ def test_sharded_strategies_save_the_full_model(make_job, strategy):
 def test_gpu_count_against_the_visible_gpus(monkeypatch, visible, gpu_count, fails):
     # A UI-started Kubernetes run whose pod got the job variable's 1 GPU for a 4-GPU spec is refused once, named;
     # no GPU at all is a CPU run (several gloo processes), as in these tests.
-    from grpoflow.trainers.launch import check_gpu_count, visible_gpus
+    from grpoflow.jobs.launch import check_gpu_count
+    from grpoflow.trainers.child import visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     if fails:

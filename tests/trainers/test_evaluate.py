@@ -93,8 +93,8 @@ def test_evaluation_calls_rewards_as_training_does(tmp_path):
     from datasets import Dataset
 
     from grpoflow.trainers.evaluate import reward_values
-    from grpoflow.trainers.modeling import load_tokenizer
-    from grpoflow.trainers.tiny import build_tiny
+    from grpoflow.trainers.model.load import load_tokenizer
+    from grpoflow.trainers.model.tiny import build_tiny
 
     rows = Dataset.from_list([{"prompt": "p1", "answer": "1"}, {"prompt": "p2", "answer": "2"}])
     values = reward_values(async_char_count, ["p1", "p2"], ["ab", "héllo"], rows, load_tokenizer(str(build_tiny())))

@@ -690,7 +690,7 @@ def test_a_trailing_assistant_message_is_refused_naming_the_rows(tmp_path):
 def test_the_developer_role_reaches_the_chat_template_as_system():
     import datasets
 
-    from grpoflow.trainers.modeling import prepare_prompts
+    from grpoflow.trainers.model.load import prepare_prompts
 
     rows = [json.loads(line) for line in (EXAMPLE / "train.jsonl").read_text().splitlines()[:3]]
     shaped = prepare_prompts(datasets.Dataset.from_list(rows), "messages", None)

@@ -21,8 +21,8 @@ from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.grpo import grpo_config, intact_checkpoint, resume_checkpoint
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.model.tiny import build_tiny
 from grpoflow.trainers.spec import load_spec, to_yaml
-from grpoflow.trainers.tiny import build_tiny
 from tests.conftest import arithmetic_rows, write_jsonl
 from tests.trainers.test_held_out import VARIETY
 

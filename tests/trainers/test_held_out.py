@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from grpoflow.jobs.report import write_report
 from grpoflow.trainers import grpo
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.report import write_report
 
 VARIETY = {"name": "variety", "function": "tests.trainers.held_out_metric:variety"}
 

@@ -1,6 +1,6 @@
-"""The `llm_judge` reward (trainers/judge.py): its kwargs rules, score parsing, and its HTTP behaviour against a stub
-of the remote endpoint on 127.0.0.1 (429/5xx retries, Retry-After, timeouts, concurrency, the key in the header and
-nowhere else); end to end against `grpoflow serve` in test_judge_serve.py."""
+"""The `llm_judge` reward (trainers/rewards/judge.py): its kwargs rules, score parsing, and its HTTP behaviour
+against a stub of the remote endpoint on 127.0.0.1 (429/5xx retries, Retry-After, timeouts, concurrency, the key in
+the header and nowhere else); end to end against `grpoflow serve` in test_judge_serve.py."""
 
 import json
 import re
@@ -11,16 +11,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from grpoflow.trainers.judge import (
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward, reward_columns
+from grpoflow.trainers.rewards.dry_run import call_reward, dry_run_rewards
+from grpoflow.trainers.rewards.judge import (
     JudgeError,
     fill_rubric,
     get_llm_judge_reward,
     judge_kwargs_problems,
     parse_score,
 )
-from grpoflow.trainers.rewards import RewardError
-from grpoflow.trainers.rewards.build import build_reward, reward_columns
-from grpoflow.trainers.rewards.dry_run import call_reward, dry_run_rewards
 from grpoflow.trainers.spec import SpecError, load_spec
 from tests.hostile_server import HostileServer, timed
 

@@ -24,7 +24,7 @@ def build_digit_judge(folder):
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-    from grpoflow.trainers.tiny import TINY_CONFIG, build_tokenizer
+    from grpoflow.trainers.model.tiny import TINY_CONFIG, build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(
@@ -51,7 +51,7 @@ def build_digit_judge(folder):
 
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory):
-    from grpoflow.flows.serve import make_server
+    from grpoflow.trainers.model.serve import make_server
 
     judge = build_digit_judge(tmp_path_factory.mktemp("judge") / "digit-judge")
     server = make_server(str(judge), "tiny-judge", port=0)
@@ -74,7 +74,7 @@ def judge_kwargs(url: str) -> dict:
 
 
 def test_serve_answers_the_judge(judge_url, monkeypatch):
-    from grpoflow.trainers.judge import ask
+    from grpoflow.trainers.rewards.judge import ask
 
     monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)
     reward = build_reward("llm_judge", kwargs=judge_kwargs(judge_url))
@@ -102,7 +102,7 @@ def test_serve_answers_the_judge(judge_url, monkeypatch):
 def test_grpo_with_a_judge_and_a_reward_model_keeps_the_key_secret(
     judge_url, make_job, make_spec, tmp_path, monkeypatch
 ):
-    from grpoflow.trainers.launch import run_child
+    from grpoflow.jobs.launch import run_child
     from grpoflow.trainers.metrics import read_metrics
 
     monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)

@@ -4,8 +4,8 @@ import doctest
 
 import pytest
 
-from grpoflow.trainers import markdown
-from grpoflow.trainers.markdown import cell, number, table
+from grpoflow.trainers.spec import markdown
+from grpoflow.trainers.spec.markdown import cell, number, table
 
 
 def test_doctest():

@@ -10,10 +10,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpoflow.trainers import merge
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.modeling import LORA_TARGETS
-from grpoflow.trainers.tiny import build_tiny
+from grpoflow.trainers.model import merge
+from grpoflow.trainers.model.load import LORA_TARGETS
+from grpoflow.trainers.model.tiny import build_tiny
 
 
 @pytest.fixture

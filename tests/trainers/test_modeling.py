@@ -8,7 +8,7 @@ from datasets import Dataset
 from peft import get_peft_model
 from transformers import AutoModelForCausalLM
 
-from grpoflow.trainers.modeling import (
+from grpoflow.trainers.model.load import (
     LORA_TARGETS,
     SetupError,
     check_accelerators,
@@ -21,8 +21,8 @@ from grpoflow.trainers.modeling import (
     torch_dtype,
     use_cpu,
 )
+from grpoflow.trainers.model.tiny import build_tiny, build_tokenizer
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.tiny import build_tiny, build_tokenizer
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
 

@@ -21,7 +21,7 @@ def build_tiny_classifier(folder: Path, seed: int = 0) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from grpoflow.trainers.tiny import TINY_CONFIG, build_tokenizer
+    from grpoflow.trainers.model.tiny import TINY_CONFIG, build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tokenizer), num_labels=1, pad_token_id=tokenizer.pad_token_id, **TINY_CONFIG)
@@ -197,7 +197,7 @@ def test_the_dry_run_skips_a_large_model_saying_why(tmp_path, dataset_file, clas
 
 
 def test_preflight_names_the_model_field(tmp_path, dataset_file, classifier):
-    from grpoflow.trainers.preflight import preflight
+    from grpoflow.jobs.preflight import preflight
 
     causal = _folder(tmp_path, classifier, "causal lm")
     spec, _ = load_spec(_spec(tmp_path, dataset_file, [{"name": "exact_answer"}, {"model": causal, "weight": 0.5}]))
@@ -211,7 +211,7 @@ def test_a_reward_model_can_be_the_evaluation_metric(tmp_path, dataset_file, cla
     from datasets import Dataset
 
     from grpoflow.trainers.evaluate import score
-    from grpoflow.trainers.tiny import build_tiny
+    from grpoflow.trainers.model.tiny import build_tiny
 
     rewards = [{"name": "exact_answer"}, {"model": str(classifier), "name": "rm"}]
     path = _spec(tmp_path, dataset_file, rewards)
@@ -226,7 +226,7 @@ def test_a_reward_model_can_be_the_evaluation_metric(tmp_path, dataset_file, cla
 
 @pytest.mark.slow
 def test_grpo_trains_on_a_reward_model_and_logs_its_metric(make_job, classifier):
-    from grpoflow.trainers.launch import run_child
+    from grpoflow.jobs.launch import run_child
     from grpoflow.trainers.metrics import read_metrics
 
     rewards = [{"name": "exact_answer"}, {"model": str(classifier), "name": "rm", "weight": 0.5}]

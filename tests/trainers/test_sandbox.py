@@ -1,7 +1,7 @@
-"""The python grader's sandbox (`grpoflow.trainers.sandbox`, `trainers/graders/python.py`), tried as an attacker
-whose only way in is a grader's source: each thing it reaches for is out of reach, with the message a user reads; a
-grader that only computes scores as before. bwrap is installed by the project (`.ci/run`, the Dockerfile): these
-tests run the real one, and fail where it is missing rather than skip."""
+"""The python grader's sandbox (`grpoflow.trainers.graders.sandbox`, `trainers/graders/python.py`), tried as an
+attacker whose only way in is a grader's source: each thing it reaches for is out of reach, with the message a user
+reads; a grader that only computes scores as before. bwrap is installed by the project (`.ci/run`, the Dockerfile):
+these tests run the real one, and fail where it is missing rather than skip."""
 
 import http.server
 import logging
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpoflow.trainers import sandbox
+from grpoflow.trainers.graders import sandbox
 from grpoflow.trainers.graders.checks import grader_problems
 from grpoflow.trainers.graders.python import run_python_grader
 from grpoflow.trainers.trust import SPEC_CODE_ENV, SPEC_ORIGIN_ENV, command_line

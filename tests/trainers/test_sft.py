@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from grpoflow.trainers import sft
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.model.tiny import build_tiny
 from grpoflow.trainers.sft import sft_config, sft_dataset
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.tiny import build_tiny
 
 
 def spec_with(**changes):

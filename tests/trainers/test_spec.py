@@ -96,7 +96,7 @@ CASES = [
     pytest.param({}, {f"{HP}.system_prompt": None}, id="default-system_prompt"),
     pytest.param({}, {f"{HP}.lora_rank": None}, id="default-lora_rank"),
     pytest.param({}, {f"{HP}.lora_alpha": None}, id="default-lora_alpha"),
-    # null: every attention and MLP projection of the architecture (trainers/architecture.py), found at run time.
+    # null: every attention and MLP projection of the architecture (trainers/model/architecture.py), found at run time.
     pytest.param({}, {f"{HP}.lora_target_modules": None}, id="default-lora_target_modules"),
     pytest.param({}, {f"{HP}.load_in_4bit": False}, id="default-load_in_4bit"),
     pytest.param({}, {f"{HP}.use_unsloth": False}, id="default-use_unsloth"),

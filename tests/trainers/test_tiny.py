@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpoflow.trainers.tiny import build_tiny, is_builtin, resolve_model_path
+from grpoflow.trainers.model.tiny import build_tiny, is_builtin, resolve_model_path
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import pytest
 
 from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.flows.sweep import grpo_sweep
+from grpoflow.trainers.graders.sandbox import sandbox_problem
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
-from grpoflow.trainers.sandbox import sandbox_problem
 from grpoflow.trainers.spec import load_spec
 from grpoflow.trainers.trust import REWARD_MODULES_ENV, SPEC_CODE_ENV, command_line, spec_code, untrusted_code
 

@@ -12,8 +12,8 @@ from trl import GRPOConfig, GRPOTrainer
 from grpoflow.trainers.grpo import main as train_stage
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.model.tiny import resolve_model_path
 from grpoflow.trainers.spec import load_spec, to_yaml
-from grpoflow.trainers.tiny import resolve_model_path
 from grpoflow.trainers.zero_variance import SKIPPED_METRIC, ZeroVarianceSkippingGRPOTrainer, grpo_trainer_class
 
 STEPS = 3

@@ -41,7 +41,7 @@ _EXTRA_CHECKS = {
 
 def _memory_cap() -> int:
     """The operator's cap on a sandbox's memory (`GRPOFLOW_SANDBOX_MEMORY_MB`): a spec may only lower it."""
-    from grpoflow.trainers.sandbox import SandboxSettingError, operator_limits
+    from grpoflow.trainers.graders.sandbox import SandboxSettingError, operator_limits
 
     try:
         return operator_limits().memory_mb
@@ -279,7 +279,7 @@ def graders_of(grader: dict) -> list[dict]:
 
 
 def _kwargs_problems(grader: dict, kwargs: dict) -> list[tuple[str, str]]:
-    from grpoflow.trainers.judge import KWARG_CHECKS, endpoint_problems
+    from grpoflow.trainers.rewards.judge import KWARG_CHECKS, endpoint_problems
 
     needs = {_kwargs_kind(g) for g in graders_of(grader) if isinstance(g, dict)} - {None}
     allowed = list(dict.fromkeys(key for kind in needs for key in KWARGS[kind]))

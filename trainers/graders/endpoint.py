@@ -1,5 +1,6 @@
 """Graders that ask an OpenAI-compatible endpoint: `score_model` and `label_model` (chat completions), and
-`text_similarity` with `cosine` (embeddings), through `llm_judge`'s requests (`grpoflow.trainers.judge.ask`)."""
+`text_similarity` with `cosine` (embeddings), through `llm_judge`'s requests
+(`grpoflow.trainers.rewards.judge.ask`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import httpx2
 
 from grpoflow.trainers.graders.python import Graded
 from grpoflow.trainers.graders.templates import render
-from grpoflow.trainers.judge import JudgeError, api_key_from_env, ask, parse_score
+from grpoflow.trainers.rewards.judge import JudgeError, api_key_from_env, ask, parse_score
 
 DEFAULT_EMBEDDING_MODEL = "text-embedding-3-large"  # what OpenAI's cosine metric embeds with
 

@@ -1,9 +1,10 @@
 """The inside of a `python` grader's sandbox: limits itself, defines `grade` from the source, grades every row.
 
 `grpoflow.trainers.graders.python` runs this file's text with `python -I -c` inside the sandbox
-(`grpoflow.trainers.sandbox`), where grpoflow itself is not importable: it uses the standard library alone. It reads
-one JSON request on stdin, `{"source", "rows", "timeout_s", "limits"}`, sets the limits on itself before the source
-runs (a process cannot raise them again), and writes `[[score, error], ...]`, one pair per row, on a copy of fd 1.
+(`grpoflow.trainers.graders.sandbox`), where grpoflow itself is not importable: it uses the standard library alone. It
+reads one JSON request on stdin, `{"source", "rows", "timeout_s", "limits"}`, sets the limits on itself before the
+source runs (a process cannot raise them again), and writes `[[score, error], ...]`, one pair per row, on a copy of fd
+1.
 """
 
 from __future__ import annotations

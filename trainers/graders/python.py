@@ -1,8 +1,8 @@
 """A `python` grader's `grade(sample, item) -> float`, run in a sandbox of its own.
 
 The grader's `source` is code carried inside a spec, so it never runs in the trainer's process: each reward call
-starts one sandbox (`grpoflow.trainers.sandbox`: bubblewrap, no network, no folder or variable of the job's, bounded
-processes, disk, CPU and memory) that grades every completion of the call with `grader_child.py`. `memory_mb`
+starts one sandbox (`grpoflow.trainers.graders.sandbox`: bubblewrap, no network, no folder or variable of the job's,
+bounded processes, disk, CPU and memory) that grades every completion of the call with `grader_child.py`. `memory_mb`
 (default: the operator's `GRPOFLOW_SANDBOX_MEMORY_MB`, 2048, as OpenAI's sandbox) may only lower the operator's cap;
 `timeout_s` bounds each completion, and the whole call is killed after `timeout_s` per completion plus a start-up
 allowance. What the grader prints goes to the sandbox's stderr, which the error message quotes. A grader that raises,
@@ -57,7 +57,7 @@ def run_python_grader(
     """
     if not rows:
         return []
-    from grpoflow.trainers import sandbox
+    from grpoflow.trainers.graders import sandbox
 
     limits = sandbox.operator_limits()
     limits = replace(limits, memory_mb=min(memory_mb or limits.memory_mb, limits.memory_mb))
@@ -78,7 +78,7 @@ def _run(argv: list[str], stdin: str, timeout: float, limits) -> subprocess.Comp
     Raises:
         PermissionError: no sandbox here, and this run may not go without one (the message says what to do).
     """
-    from grpoflow.trainers import sandbox
+    from grpoflow.trainers.graders import sandbox
     from grpoflow.trainers.trust import unsandboxed_allowed, unsandboxed_refusal
 
     if (problem := sandbox.sandbox_problem()) is None:

@@ -98,7 +98,7 @@ def get_grader_reward(grader: dict, prompt_column: str = "prompt", **kwargs) -> 
 def _resolved_endpoint_problems(kwargs: dict) -> list[tuple[str, str]]:
     """The endpoint's host name looked up, each address checked: what the requests would reach (validate's check of
     the spec reads the URL only)."""
-    from grpoflow.trainers.judge import endpoint_problems
+    from grpoflow.trainers.rewards.judge import endpoint_problems
 
     if not isinstance(kwargs.get("base_url"), str):
         return []

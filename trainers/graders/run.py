@@ -99,7 +99,7 @@ def score_completions(
     import datasets
 
     from grpoflow.trainers.dataset import DatasetError, read_dataset
-    from grpoflow.trainers.modeling import prepare_prompts
+    from grpoflow.trainers.model.load import prepare_prompts
     from grpoflow.trainers.rewards.build import build_reward, check_output
     from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 

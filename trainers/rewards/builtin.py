@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Callable
 
-from grpoflow.trainers.judge import get_llm_judge_reward
+from grpoflow.trainers.rewards.judge import get_llm_judge_reward
 from grpoflow.trainers.rewards.text import completion_text, extract_answer, parse_number
 
 # --- built-in rewards ------------------------------------------------------------------------------------------------

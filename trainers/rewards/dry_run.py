@@ -184,7 +184,7 @@ def dry_run_job_rewards(spec, rewards: list[Callable], dataset) -> list[str]:
         RewardError: see `dry_run_rewards`; also for a malformed `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`, or a reward
             model that fails to load.
     """
-    from grpoflow.trainers.modeling import prepare_prompts
+    from grpoflow.trainers.model.load import prepare_prompts
 
     timeout = dry_run_timeout()
     rows = dataset.select(range(min(DRY_RUN_ROWS, len(dataset))))

@@ -10,7 +10,7 @@ import json
 import annotated_types
 from pydantic.fields import FieldInfo
 
-from grpoflow.trainers.markdown import cell, table
+from grpoflow.trainers.spec.markdown import cell, table
 from grpoflow.trainers.spec.models import MAX_INT, Hyperparameters
 
 _BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="), (annotated_types.Le, "le", "<="))

@@ -457,9 +457,9 @@ def _reward_name(reward: Any) -> Any:
 
 
 def _judge_problems(where: str, kwargs: Any) -> list[str]:
-    """An llm_judge entry's kwargs problems that need no network and no environment (trainers/judge.py)."""
+    """An llm_judge entry's kwargs problems that need no network and no environment (trainers/rewards/judge.py)."""
     try:
-        from grpoflow.trainers.judge import judge_kwargs_problems
+        from grpoflow.trainers.rewards.judge import judge_kwargs_problems
     except ImportError:
         return []
     if not isinstance(kwargs, dict):

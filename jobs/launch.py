@@ -17,9 +17,7 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -28,52 +26,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpoflow.trainers.child import (
+    free_port,
+    start_child,
+    stop_child,
+    visible_gpus,
+)
+from grpoflow.trainers.errors import (
+    DIVERGED_EXIT,
+    EXIT_RECORD,
+    ON_PURPOSE_EXITS,
+    REWARD_FAILED_EXIT,
+    SETUP_ERROR_EXIT,
+    ChildEndedEarly,
+    ChildFailed,
+    RewardFailed,
+    TrainingSetupError,
+    TrainingStopped,
+)
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.trust import origin_env
 
-SETUP_ERROR_EXIT = 2
-REWARD_FAILED_EXIT = 3
-DIVERGED_EXIT = 4
-ON_PURPOSE_EXITS = (SETUP_ERROR_EXIT, REWARD_FAILED_EXIT, DIVERGED_EXIT)  # the codes a child records (`record_exit`)
 POLL_SECONDS = 0.5
 STAGE_NAMES = {"grpoflow.trainers.sft": "SFT warm-up", "grpoflow.trainers.grpo": "training"}  # for messages
 # The accelerate config TRL ships for each `distributed.strategy` (trl/accelerate_configs/); ddp needs none.
 ACCELERATE_CONFIGS = {"fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "zero3.yaml"}
-# Where a child records why it stopped on purpose (exit 2 or 3): `accelerate launch` turns any failed rank into
-# its own exit code 1, which alone would read as a crash worth retrying.
-EXIT_RECORD = "logs/child_exit.json"
 # A module to run in place of every child's (given the child's module as its first argument): the tests of what runs
 # around the children set it to their stand-in (tests/standin_child.py). Unset, the children are grpoflow's own.
 STANDIN_ENV = "GRPOFLOW_CHILD_STANDIN"
-
-
-class TrainingSetupError(RuntimeError):
-    """The training child refused to start (missing library, no CUDA): retrying cannot help."""
-
-
-class TrainingStopped(RuntimeError):
-    """The run was stopped on purpose (the health monitor, with `stop_on_alert`): retrying would stop it again."""
-
-
-class RewardFailed(RuntimeError):
-    """A reward raised, hung or returned a bad value during training (the child's exit code 3): the user's reward,
-    not a crash, so retrying would meet it again. The message names the reward and the step."""
-
-
-class TrainingDiverged(RuntimeError):
-    """Raised in a training child when the loss, the gradient norm or the trained weights became NaN or inf
-    (`grpoflow.trainers.metrics.finite_callback`): no later step recovers, so the child exits `DIVERGED_EXIT` and the
-    task stops the run, naming the learning rate, without a retry."""
-
-
-class ChildFailed(RuntimeError):
-    """The child crashed (an exit code or a signal the other errors do not explain): a retry may cure it. The message
-    says how it ended, its log's last telling lines and where the whole log is."""
-
-
-class ChildEndedEarly(RuntimeError):
-    """The child exited 0 without writing its result (something inside it ended the process, such as a reward
-    calling `os._exit`): not a crash a retry cures."""
 
 
 def accelerate_config(strategy: str) -> Path:
@@ -82,21 +61,6 @@ def accelerate_config(strategy: str) -> Path:
     if found is None or found.origin is None:
         raise TrainingSetupError(f"distributed.strategy: {strategy} needs TRL's accelerate configs: pip install trl")
     return Path(found.origin).parent / "accelerate_configs" / ACCELERATE_CONFIGS[strategy]
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (else nvidia-smi's indices); found without
-    torch. Empty on a machine without NVIDIA GPUs."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [gpu.strip() for gpu in visible.split(",") if gpu.strip() and gpu.strip() != "-1"]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
 
 
 def check_gpu_count(gpu_count: int, gpus: list[str]) -> None:
@@ -108,17 +72,6 @@ def check_gpu_count(gpu_count: int, gpus: list[str]) -> None:
             f"({', '.join(gpus)}); on Kubernetes, give the run the job variable gpu_count={gpu_count} (its pod "
             "requests that many), or lower gpu_count"
         )
-
-
-PHASE_MARK = "grpoflow: phase: "  # how a child's phase line starts in its log; the stage's watcher shows it
-
-
-def say_phase(text: str, after_step: int | None = None) -> None:
-    """Prints what a training child starts doing outside its steps (its main process only), e.g. "loading the model
-    X (1.2 GB in 1 file)": the stage's watcher (`grpoflow.integrations.heartbeat.ChildPhases`) shows it, after the
-    line of step `after_step` when given (the final save follows the last step)."""
-    if os.environ.get("RANK", "0") == "0":
-        print(PHASE_MARK + (f"(after step {after_step}) " if after_step else "") + text, flush=True)
 
 
 @dataclass(frozen=True)
@@ -142,13 +95,6 @@ class Machines:
             "--main_process_port",
             str(self.main_process_port),
         ]
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accelerate_command() -> str:
@@ -178,7 +124,7 @@ def child_command(
                 "'grpoflow[deepspeed]'"
             )
         # The config's own mixed_precision (bf16) would otherwise win over the trainer's `bf16`, which follows the
-        # machine (grpoflow.trainers.modeling.use_bf16), as it does with ddp.
+        # machine (grpoflow.trainers.model.load.use_bf16), as it does with ddp.
         launch += ["--config_file", str(accelerate_config(strategy)), "--mixed_precision", "no"]
     if machines is not None:
         launch += machines.args()
@@ -188,16 +134,6 @@ def child_command(
         # jobs on one machine (two 2-GPU jobs on a 4-GPU node) would meet each other's, and the second fail.
         launch += ["--main_process_port", str(free_port())]
     return [*launch, "--num_processes", str(gpu_count), "-m", *target, str(job.root)]
-
-
-def record_exit(job: JobDir, code: int, message: str) -> int:
-    """Called by a child that stops on purpose: writes why (every rank writes the same), returns `code`."""
-    path = job.root / EXIT_RECORD
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"code": code, "message": message}))
-    os.replace(tmp, path)
-    return code
 
 
 def _recorded_exit(job: JobDir) -> dict | None:
@@ -278,43 +214,6 @@ def _oom_cause(before: tuple[Path, int] | None) -> str:
             f"to {after[1]} during the run)"
         )
     return f": not by the kernel's OOM killer (oom_kill in {after[0]} unchanged during the run); by whom is not known"
-
-
-def _die_with_parent() -> None:
-    # Linux: the child gets SIGTERM if the task's process dies (killed worker, cancelled flow run), so no training
-    # process outlives its task and holds the GPU.
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def start_child(command: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
-    """Starts the child in its own process group, output to `log_path`, so it can be stopped as a whole; `env` adds
-    to (or overrides) this process's environment."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **origin_env(), **(env or {})}
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-
-
-def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to the child's process group, SIGKILL after `grace` seconds; a no-op once it exited."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def check_exit(

@@ -3,7 +3,7 @@
 It is built offline and deterministically (fixed seed, no download) on first use and cached, so tests and the demo
 never touch the Hugging Face Hub. Everything downstream loads it with plain `from_pretrained` from the cached folder.
 
-    python -m grpoflow.trainers.tiny            # builds (if needed) and prints the folder
+    python -m grpoflow.trainers.model.tiny            # builds (if needed) and prints the folder
 """
 
 import os

@@ -1,4 +1,4 @@
-"""Tests for trainers/publish.py: the real huggingface_hub client against a Hub-compatible server on loopback.
+"""Tests for jobs/publish.py: the real huggingface_hub client against a Hub-compatible server on loopback.
 
 Nothing in huggingface_hub is patched; only its import-time settings are (HF_HUB_OFFLINE, which conftest sets for
 the offline tests, HF_HUB_DISABLE_XET, to run both of upload_folder's code paths, and the token file's path, derived
@@ -17,9 +17,9 @@ import pytest
 import yaml
 from huggingface_hub import HfApi, constants
 
-import grpoflow.trainers.publish as publish_module
+import grpoflow.jobs.publish as publish_module
+from grpoflow.jobs.publish import NO_TOKEN, PublishError, is_user_error, model_card, publish
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.publish import NO_TOKEN, PublishError, is_user_error, model_card, publish
 from grpoflow.trainers.spec import PublishSpec, load_spec
 from tests.hub_server import HubServer
 from tests.publishing import READ_ONLY, REPO, TOKEN, WRONG, assert_no_token_in, make_job

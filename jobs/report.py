@@ -24,9 +24,9 @@ from pathlib import Path
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
-from grpoflow.trainers.markdown import cell, number, table
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.spec import JobSpec, resolved_dict
+from grpoflow.trainers.spec.markdown import cell, number, table
 
 # `grpoflow run` sets this to its start (Unix seconds), so the report's wall time is the one the user waited.
 RUN_STARTED_ENV = "GRPOFLOW_RUN_STARTED"

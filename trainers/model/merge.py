@@ -1,6 +1,6 @@
 """Merge stage: folds a LoRA adapter into its base model with PEFT (`merge_and_unload`) and writes `model.json`.
 
-    python -m grpoflow.trainers.merge runs/<job_id>
+    python -m grpoflow.trainers.model.merge runs/<job_id>
 
 The base is loaded unquantized even for QLoRA jobs, so `merged/` holds ordinary 16/32-bit weights that load with
 `AutoModelForCausalLM.from_pretrained`. A full fine-tune already saved `merged/`; only `model.json` is written.
@@ -31,14 +31,14 @@ def merge_adapter(
         dtype (`torch.dtype`, *optional*): dtype to load the base in; defaults to the trainer's dtype.
         say (`Callable[[str], None]`, *optional*): gets each phase as it starts (default: print).
     """
-    from grpoflow.trainers.modeling import weights_size
+    from grpoflow.trainers.model.load import weights_size
 
     base = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
     say(f"loading the base model {base} ({weights_size(base)}) with {adapter_dir.name}/")
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoTokenizer
 
-    from grpoflow.trainers.modeling import torch_dtype
+    from grpoflow.trainers.model.load import torch_dtype
 
     model = AutoPeftModelForCausalLM.from_pretrained(str(adapter_dir), dtype=dtype or torch_dtype())
     say("folding the adapter into the weights")

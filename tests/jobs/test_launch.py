@@ -10,18 +10,11 @@ import psutil
 import pytest
 import yaml
 
+from grpoflow.jobs.launch import accelerate_command, check_exit, child_command
+from grpoflow.trainers.child import start_child, stop_child
 from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.errors import ChildFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.launch import (
-    ChildFailed,
-    TrainingSetupError,
-    TrainingStopped,
-    accelerate_command,
-    check_exit,
-    child_command,
-    start_child,
-    stop_child,
-)
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.spec import load_spec, to_yaml
 
@@ -112,7 +105,7 @@ if behaviour == "sigkill":  # as a reward, grader or person killing it: not the 
 @pytest.fixture
 def fake_child(tmp_path, monkeypatch):
     """`python -m fake_child JOB_DIR`: a stand-in trainer whose behaviour the job folder's `behaviour` file says."""
-    from grpoflow.trainers import launch
+    from grpoflow.jobs import launch
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "fake_child.py").write_text(FAKE_CHILD)
@@ -167,7 +160,7 @@ def test_a_failed_attempts_message_leaves_out_metrics_bars_and_warnings(tmp_path
     ]
     log.write_text("\n".join([*noise * 50, "Traceback (most recent call last):", '  File "x.py", line 3',
                               "RuntimeError: CUDA out of memory", *noise]) + "\n")  # fmt: skip
-    from grpoflow.trainers import launch
+    from grpoflow.jobs import launch
 
     text = launch.last_lines(log)
     assert text == 'Traceback (most recent call last): | File "x.py", line 3 | RuntimeError: CUDA out of memory'
@@ -177,7 +170,7 @@ def test_a_failed_attempts_message_leaves_out_metrics_bars_and_warnings(tmp_path
 
 
 def test_a_sigkill_is_put_down_to_memory_only_when_the_kernel_counted_an_oom_kill(fake_child):
-    from grpoflow.trainers import launch
+    from grpoflow.jobs import launch
 
     with pytest.raises(ChildFailed) as caught:
         fake_child[1]("sigkill")

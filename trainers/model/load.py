@@ -11,11 +11,12 @@ import socket
 import urllib.parse
 from pathlib import Path
 
+from grpoflow.trainers.model.tiny import resolve_model_path
 from grpoflow.trainers.outbound import call_within, deadline_s
-from grpoflow.trainers.tiny import resolve_model_path
 
 # The attention and MLP projections of Llama/Qwen-style models (builtin:tiny's), which is what
-# `grpoflow.trainers.architecture.default_lora_targets` finds for them; a job's targets come from its own architecture.
+# `grpoflow.trainers.model.architecture.default_lora_targets` finds for them; a job's targets come from its own
+# architecture.
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -366,7 +367,7 @@ def lora_targets(hp, model_path: str):
     Raises:
         `SetupError`: a requested name is not in the model; the message names the modules it has.
     """
-    from grpoflow.trainers.architecture import lora_target_problem, resolve_lora_targets
+    from grpoflow.trainers.model.architecture import lora_target_problem, resolve_lora_targets
 
     targets = resolve_lora_targets(model_path, hp.lora_target_modules)
     # In the training child the config may be fetched (a hub id on a worker): the model itself is loaded next.

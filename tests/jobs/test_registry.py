@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from grpoflow.trainers.registry import (
+from grpoflow.jobs.registry import (
     RegistrationError,
     deployed_score,
     gate_decision,
@@ -108,8 +108,8 @@ def test_cli_list_and_rollback(root):
 def test_without_output_uri_the_registry_is_found_where_the_job_index_points(root, tmp_path, monkeypatch):
     # `grpoflow deploy JOB` registers beside the job (found through the job index); `deployments list`, `serve` and
     # `deploy --rollback` from the same folder read ./runs alone and found nothing.
-    import grpoflow.flows.serve
-    from grpoflow.trainers.job_index import remember
+    import grpoflow.trainers.model.serve
+    from grpoflow.trainers.jobdir import remember
 
     monkeypatch.setenv("GRPOFLOW_JOB_INDEX", str(tmp_path / "index"))
     remember("arith-20261133-000000-abcdef", str(root / "arith-20261133-000000-abcdef"))
@@ -117,7 +117,9 @@ def test_without_output_uri_the_registry_is_found_where_the_job_index_points(roo
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     served = []
-    monkeypatch.setattr(grpoflow.flows.serve, "serve", lambda path, name, host, port: served.append((path, name)))
+    monkeypatch.setattr(
+        grpoflow.trainers.model.serve, "serve", lambda path, name, host, port: served.append((path, name))
+    )
 
     code, out, err = cli("deployments", "list")
     assert code == 0, err

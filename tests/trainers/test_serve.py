@@ -12,9 +12,9 @@ import openai
 import pytest
 import torch
 
-from grpoflow.flows.serve import _Stream, make_server, vllm_command
-from grpoflow.trainers.modeling import load_tokenizer
-from grpoflow.trainers.tiny import build_tiny
+from grpoflow.trainers.model.load import load_tokenizer
+from grpoflow.trainers.model.serve import _Stream, make_server, vllm_command
+from grpoflow.trainers.model.tiny import build_tiny
 
 MESSAGES = [{"role": "user", "content": "What is 2+3?"}]
 
@@ -261,7 +261,7 @@ def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job, m
     """The commands a user runs: `grpoflow deploy JOB` on a job the pipeline finished, then `grpoflow serve NAME`,
     answered over loopback; from a folder that is not the job's output root, as the job index allows (serve, like
     deployments list, looked in ./runs alone and found nothing)."""
-    from grpoflow.trainers.job_index import remember
+    from grpoflow.trainers.jobdir import remember
     from tests.conftest import cli
 
     job = trained_job("full")

@@ -58,7 +58,7 @@ def _free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    # Linux: SIGTERM to the server when the process that started it dies, however it dies (as grpoflow.trainers.launch
+    # Linux: SIGTERM to the server when the process that started it dies, however it dies (as grpoflow.jobs.launch
     # does for training children).
     if sys.platform == "linux":
         import ctypes

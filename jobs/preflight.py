@@ -10,7 +10,7 @@ import and pass the dry run on a few rows, and the tools and environment import 
 exceptions, both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU
 to score the sample, and an `llm_judge` calls its endpoint. By hand:
 
-    python -m grpoflow.trainers.preflight examples/arithmetic.yaml
+    python -m grpoflow.jobs.preflight examples/arithmetic.yaml
 
 Each check is a function of a `Preflight` (the spec and what the earlier checks found) returning problems, one line
 each, naming the spec field ("base_model: ..."); `CHECKS` runs them all, in order, so every problem is reported at
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpoflow.trainers.modeling import (
+from grpoflow.trainers.model.load import (
     WEIGHT_FILES,
     cached_hub_file,
     causal_lm_problem,
@@ -39,8 +39,8 @@ from grpoflow.trainers.modeling import (
     size_in_words,
     weights_problem,
 )
+from grpoflow.trainers.model.tiny import is_builtin, resolve_model_path
 from grpoflow.trainers.spec import LIGER_UNSUPPORTED, JobSpec, model_family
-from grpoflow.trainers.tiny import is_builtin, resolve_model_path
 
 
 @dataclass
@@ -131,7 +131,7 @@ def check_lora_targets(p: Preflight) -> list[str]:
         and not is_builtin(p.spec.base_model)
     ):
         return []  # a full fine-tune; every projection; or a Hub model not here to look at
-    from grpoflow.trainers.architecture import lora_target_problem
+    from grpoflow.trainers.model.architecture import lora_target_problem
 
     problem = lora_target_problem(str(p.model_dir or resolve_model_path(p.spec.base_model)), hp.lora_target_modules)
     return [problem] if problem else []
@@ -244,7 +244,7 @@ def _local_model_dir(p: Preflight) -> Path | None:
         return p.model_dir
     if p.spec.base_model != "builtin:tiny":
         return None
-    from grpoflow.trainers.tiny import TINY_VERSION, cache_root
+    from grpoflow.trainers.model.tiny import TINY_VERSION, cache_root
 
     # Its cached folder when it was built, without building it (which needs torch): otherwise nothing to read.
     folder = cache_root() / f"builtin-tiny-{TINY_VERSION}"
@@ -353,8 +353,8 @@ def check_context_length(p: Preflight) -> list[str]:
 def check_chat_roles(p: Preflight) -> list[str]:
     """Chat prompts use roles the chat template knows: a role outside system/user/assistant/tool is a warning; a
     template that raises on the sampled rows (when the tokenizer loads from a local folder) is a problem. OpenAI's
-    `developer` role is read as `system`, as training reads it (`grpoflow.trainers.modeling.openai_roles`)."""
-    from grpoflow.trainers.modeling import openai_roles
+    `developer` role is read as `system`, as training reads it (`grpoflow.trainers.model.load.openai_roles`)."""
+    from grpoflow.trainers.model.load import openai_roles
 
     if p.prompt_format != "chat" or p.sample is None:
         return []

@@ -11,7 +11,7 @@ A mixture-of-experts model (Qwen3-MoE, Mixtral, Llama 4, gpt-oss...) keeps its e
 parameter, merged like any other). The router (`mlp.gate.weight`) is a 2-D parameter of its own module: it can be
 named, it is not a default target.
 
-    python -m grpoflow.trainers.architecture MODEL_PATH     # prints the model's default LoRA targets
+    python -m grpoflow.trainers.model.architecture MODEL_PATH     # prints the model's default LoRA targets
 """
 
 import functools
@@ -100,7 +100,8 @@ def default_lora_targets(model_path: str, local_only: bool = False) -> list[str]
     head) as the last component of their names, then a mixture of experts' stacked expert parameters.
 
     Args:
-        model_path (`str`): a local model folder or a hub id (what `grpoflow.trainers.tiny.resolve_model_path` gives).
+        model_path (`str`): a local model folder or a hub id (what `grpoflow.trainers.model.tiny.resolve_model_path`
+            gives).
         local_only (`bool`, *optional*, defaults to `False`): read the config from local files only.
 
     Returns:
@@ -242,6 +243,6 @@ def adapter_line(summary: dict, model_path: str) -> str | None:
 
 
 if __name__ == "__main__":
-    from grpoflow.trainers.tiny import resolve_model_path
+    from grpoflow.trainers.model.tiny import resolve_model_path
 
     print(", ".join(default_lora_targets(resolve_model_path(sys.argv[1]))))

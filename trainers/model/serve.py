@@ -131,7 +131,7 @@ class Generator:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from grpoflow.trainers.modeling import load_tokenizer
+        from grpoflow.trainers.model.load import load_tokenizer
 
         self.name, self.torch = name, torch
         self.tokenizer = load_tokenizer(model_dir)

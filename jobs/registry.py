@@ -179,7 +179,7 @@ def smoke_prompt(job: JobDir):
     """A prompt from the job's own data (held-out first), as the model will see it, for the smoke inference."""
     from datasets import load_from_disk
 
-    from grpoflow.trainers.modeling import to_prompt
+    from grpoflow.trainers.model.load import to_prompt
     from grpoflow.trainers.spec import load_spec
 
     spec, _ = load_spec(job.spec)

@@ -1,4 +1,5 @@
-"""The temporary Prefect server `grpoflow run` starts when no Prefect API is configured (flows/server.py).
+"""The temporary Prefect server `grpoflow run` starts when no Prefect API is configured
+(integrations/prefect_server.py).
 
 Each case runs in a child process with its own environment and PREFECT_HOME, as a `grpoflow run` would: Prefect's
 settings are read once per process.
@@ -17,7 +18,7 @@ FLOW_SCRIPT = """
 import json, os
 import httpx
 from prefect import flow, get_run_logger
-from grpoflow.flows import server
+from grpoflow.integrations import prefect_server as server
 
 @flow
 def hello():
@@ -54,7 +55,7 @@ print(json.dumps({
 """
 
 NOTHING_TO_START = """
-from grpoflow.flows import server
+from grpoflow.integrations import prefect_server as server
 print(server.start_if_needed() is None)
 """
 
@@ -92,7 +93,7 @@ RECORDED_SCRIPT = """
 import json
 import httpx
 from prefect import flow, task
-from grpoflow.flows import server
+from grpoflow.integrations import prefect_server as server
 
 @task
 def step(i):
@@ -139,7 +140,7 @@ def test_nothing_is_started_when_prefect_is_configured_otherwise(tmp_path, env):
 
 LOOKS = """
 import json
-from grpoflow.flows import server
+from grpoflow.integrations import prefect_server as server
 early = server._configured_elsewhere()
 from prefect.settings import get_current_settings
 settings = get_current_settings()
@@ -188,7 +189,8 @@ def test_a_server_started_early_stops_when_prefect_finds_an_api_the_early_look_d
     # import is stopped unannounced, and no process is left.
     (tmp_path / "prefect.toml").write_text('[api]\nurl = "http://127.0.0.1:9/api"\n')
     script = (
-        "import json, psutil\nfrom grpoflow.flows import server\nassert not server._configured_elsewhere()\n"
+        "import json, psutil\nfrom grpoflow.integrations import prefect_server as server\n"
+        "assert not server._configured_elsewhere()\n"
         "result = server.start_if_needed()\n"
         "print(json.dumps([result is None, [p.cmdline() for p in psutil.Process().children(recursive=True)]]))"
     )
@@ -201,7 +203,8 @@ def test_a_server_started_early_stops_when_prefect_finds_an_api_the_early_look_d
 def test_run_starts_the_server_before_it_imports_prefect_or_the_spec_modules(tmp_path, make_spec):
     # Its boot is the longest part of a run's start: it starts first, and the rest imports beside it.
     script = (
-        "import json, sys\nfrom grpoflow.flows import server\nfrom grpoflow.flows.cli import main\nseen = []\n"
+        "import json, sys\nfrom grpoflow.integrations import prefect_server as server\n"
+        "from grpoflow.flows.cli import main\nseen = []\n"
         "def launch(self):\n"
         "    seen.append([name for name in ('prefect', 'grpoflow.trainers.spec') if name in sys.modules])\n"
         "    raise KeyboardInterrupt\n"

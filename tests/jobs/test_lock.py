@@ -1,4 +1,4 @@
-"""One writer per job folder (`trainers/joblock.py`): a live holder is refused by name, a dead one taken over."""
+"""One writer per job folder (`jobs/lock.py`): a live holder is refused by name, a dead one taken over."""
 
 import json
 import socket
@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from grpoflow.trainers.joblock import JobLock, JobLocked
+from grpoflow.jobs.lock import JobLock, JobLocked
 
 
 def write_lock(root, **owner):

@@ -1,4 +1,4 @@
-"""Tests for trainers/report.py: the PNG plots and report.md of a job folder, from a real spec and metrics file."""
+"""Tests for jobs/report.py: the PNG plots and report.md of a job folder, from a real spec and metrics file."""
 
 import json
 import math
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from grpoflow.jobs.report import plot_metrics, write_report
 from grpoflow.trainers.health import HealthMonitor
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.report import plot_metrics, write_report
 from grpoflow.trainers.spec import load_spec, to_yaml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -138,7 +138,7 @@ def test_plot_metrics_skips_absent_keys(tmp_path):
 def test_plots_drawn_ahead_are_the_reports_when_the_series_match(tmp_path, monkeypatch):
     import tempfile
 
-    import grpoflow.trainers.report as report
+    import grpoflow.jobs.report as report
 
     records = [{"step": s, "values": {"reward": s / 10, "kl": 0.01 * s}} for s in range(1, 11)]
     # A summary record after the last step (TRL's end of training) holds no plotted value: the series still match.
@@ -159,7 +159,7 @@ def test_plots_drawn_ahead_are_the_reports_when_the_series_match(tmp_path, monke
 
 
 def test_plots_drawn_ahead_of_other_series_are_drawn_again(tmp_path, monkeypatch):
-    import grpoflow.trainers.report as report
+    import grpoflow.jobs.report as report
 
     records = [{"step": s, "values": {"reward": s / 10}} for s in range(1, 11)]
     report.draw_ahead(records[:5], tmp_path / "job")  # a child retried after it: five steps more
