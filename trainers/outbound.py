@@ -18,11 +18,14 @@ Operator settings, from the environment of the process that sends (a work pool's
 import asyncio
 import math
 import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 import httpx2
+
+from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, address_of, forbidden_among, link_local_address
 
 DEADLINE_ENV = "GRPOFLOW_HTTP_DEADLINE_S"
 MAX_RESPONSE_ENV = "GRPOFLOW_HTTP_MAX_RESPONSE_MB"
@@ -30,6 +33,11 @@ DEFAULT_MAX_RESPONSE_MB = 10.0
 # Headers that describe the body as it was sent: dropped from the reply rebuilt from its decoded bytes.
 _FRAMING = {"content-encoding", "content-length", "transfer-encoding"}
 T = TypeVar("T")
+
+
+class ForbiddenAddress(httpx2.HTTPError):
+    """The request's host resolved, when it was sent, to a link-local or cloud-metadata address (a name that answers
+    otherwise when checked first: DNS rebinding). Not retried: not a failure of the network."""
 
 
 class ResponseTooLarge(httpx2.HTTPError):
@@ -83,6 +91,7 @@ async def request(client: httpx2.AsyncClient, method: str, url: str, timeout: fl
     sent = client.build_request(method, url, timeout=deadline, **kwargs)
     try:
         async with asyncio.timeout(deadline):
+            await _pin(sent)
             response = await client.send(sent, stream=True)
             try:
                 body = await _read_capped(response, cap)
@@ -92,6 +101,35 @@ async def request(client: httpx2.AsyncClient, method: str, url: str, timeout: fl
         raise httpx2.ReadTimeout(_late(deadline, timeout), request=sent) from None
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _FRAMING]
     return httpx2.Response(response.status_code, headers=headers, content=body, request=sent)
+
+
+async def _pin(sent: httpx2.Request) -> None:
+    """Looks the request's host up once, refuses it when any address is link-local or metadata, and sends the request
+    to the address checked, the name kept for the Host header and TLS (`sni_hostname`, httpcore's extension): what
+    is checked is what is reached, so a name that answers otherwise a moment later (DNS rebinding) cannot move it.
+    An address in the URL is checked as it is; GRPOFLOW_ALLOW_LINK_LOCAL_URLS=1 turns the check off.
+
+    Raises:
+        ForbiddenAddress: an address of the host is link-local or metadata.
+        httpx2.ConnectError: the name does not resolve.
+    """
+    host = sent.url.host
+    if os.environ.get(ALLOW_LINK_LOCAL_ENV) == "1" or not host or address_of(host) is not None:
+        if why := link_local_address(str(sent.url)):
+            raise ForbiddenAddress(f"refused: {why}")
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, sent.url.port or 443, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise httpx2.ConnectError(f"cannot resolve {host}: {exc}", request=sent) from None
+    addresses = [info[4][0] for info in infos]
+    if why := forbidden_among(host, addresses):
+        raise ForbiddenAddress(f"refused: {why}")
+    sent.headers["Host"] = sent.url.netloc.decode("ascii")
+    if sent.url.scheme == "https":
+        sent.extensions["sni_hostname"] = host
+    sent.url = sent.url.copy_with(host=addresses[0])
 
 
 async def _read_capped(response: httpx2.Response, cap: int) -> bytes:

@@ -86,7 +86,7 @@ def credentials_instead(uri: str | os.PathLike) -> str:
     return CREDENTIALS_INSTEAD.get(url_scheme(uri), "the environment of the worker (or a Prefect Secret block)")
 
 
-def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def address_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """`host` as an IP address, in any spelling the network stack accepts (`169.254.169.254`, `2852039166`,
     `0xa9fea9fe`, `::ffff:169.254.169.254`); None for a name."""
     try:
@@ -134,7 +134,7 @@ def link_local_address(url: str, resolve: bool = False) -> str | None:
     host = (urlsplit(url).hostname or "").rstrip(".").lower()
     if host in METADATA_HOSTS:
         return f"{host} is a cloud metadata service"
-    address = _address(host)
+    address = address_of(host)
     if address is None:
         return _resolved_link_local(host) if resolve and host else None
     if (found := _forbidden(address)) is None:
@@ -148,8 +148,14 @@ def _resolved_link_local(host: str) -> str | None:
         found = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
         return None  # unreachable: the request itself will say so
-    for text in sorted(found):
-        address = _address(text.split("%")[0])
+    return forbidden_among(host, sorted(found))
+
+
+def forbidden_among(host: str, addresses: list[str]) -> str | None:
+    """Why `host`, which resolves to `addresses`, must not be sent to (one of them link-local or metadata, or carries
+    one), or None."""
+    for text in addresses:
+        address = address_of(text.split("%")[0])
         if address is not None and (bad := _forbidden(address)) is not None:
             carried = "" if bad == address else f", which carries {bad}"
             return f"{host} resolves to {text}{carried}, a link-local address"

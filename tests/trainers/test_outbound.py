@@ -78,3 +78,43 @@ def test_call_within_gives_up_on_a_blocking_call_and_passes_on_its_errors():
     assert isinstance(error, TimeoutError) and seconds < 1.0
     with pytest.raises(KeyError):
         outbound.call_within(1.0, lambda: {}["missing"])
+
+
+def rebinding(monkeypatch, answers: list[str]) -> list[str]:
+    """A name whose lookups answer `answers` in turn (the first, the check's; then the request's): DNS rebinding.
+    Returns the names looked up."""
+    import socket
+
+    looked_up, real = [], socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != "judge.example":
+            return real(host, port, *args, **kwargs)
+        looked_up.append(host)
+        address = answers[min(len(looked_up), len(answers)) - 1]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port or 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return looked_up
+
+
+def test_a_rebinding_name_is_sent_only_to_the_address_checked(monkeypatch):
+    from grpoflow.trainers.rewards.judge import endpoint_problems
+
+    looked_up = rebinding(monkeypatch, ["127.0.0.1", "169.254.169.254"])
+    with HostileServer("trickle", every_s=0.0) as server:
+        url = server.url.replace("127.0.0.1", "judge.example")
+        assert endpoint_problems(url, resolve=True) == []  # the check when the reward is built: loopback, fine
+        error, _ = timed(lambda: fetch(url))  # the request's own lookup: the metadata address
+    assert isinstance(error, outbound.ForbiddenAddress) and server.requests == 0
+    assert str(error) == "refused: judge.example resolves to 169.254.169.254, a link-local address"
+    assert looked_up == ["judge.example", "judge.example"]
+
+
+def test_a_name_is_reached_at_the_address_checked_with_its_own_host_header(monkeypatch):
+    rebinding(monkeypatch, ["127.0.0.1"])
+    with HostileServer("trickle", every_s=0.0) as server:
+        url = server.url.replace("127.0.0.1", "judge.example")
+        response = fetch(url)
+    assert response.status_code == 200 and response.content == ANSWER
+    assert response.request.headers["host"] == url.split("/")[2]  # the name, not the address, as the server saw it

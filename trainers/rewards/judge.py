@@ -321,6 +321,8 @@ async def ask(
             response = await outbound.request(client, "POST", url, timeout, json=body)
         except outbound.ResponseTooLarge as exc:
             raise JudgeError(f"the judge at {base_url} sent {exc}") from None
+        except outbound.ForbiddenAddress as exc:
+            raise JudgeError(f"the judge at {base_url}: {exc}") from None
         except httpx2.TransportError as exc:  # refused, reset, DNS, or the request's total deadline
             if last:
                 what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
