@@ -23,6 +23,7 @@ BENCHMARKS = [
     "generation",
     "graders",
     "sandbox",
+    "rollouts",
     "gpu",
 ]
 
@@ -78,6 +79,11 @@ def summary_rows(name: str, r: dict) -> list[list]:
             [name, f"python grader: ms the sandbox adds to a call of {n}", ms, "report", ""]
             for n, ms in r["sandbox_extra_ms"].items()
         ]
+    if name == "rollouts":
+        return [
+            [name, f"in-loop share of a step (every 1) {w}", s["every_1"]["in_loop_share"], "< 0.02", s["target_met"]]
+            for w, s in r["workloads"].items()
+        ]  # fmt: skip
     if name == "skip_zero_variance":
         return [
             [name, f"steps/s vs TRL (CPU time), skip on, {w}", s["skip_vs_trl"], f">= {s['target']}", s["target_met"]]

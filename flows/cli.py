@@ -6,15 +6,16 @@
     grpoflow jobs
     grpoflow metrics JOB_ID --keys reward,reward_std --json
     grpoflow model JOB_ID --json
+    grpoflow rollouts JOB_ID --last --worst 5
     grpoflow webhooks retry JOB_ID
     grpoflow sweep examples/arithmetic.yaml --grid trl.loss_type=grpo,dr_grpo --max-concurrent 1
     grpoflow graders run examples/openai-rft/job.yaml --rows 20
     grpoflow k8s render deployments/k8s-spec.yaml --image registry/grpoflow:1 \
         --set distributed.num_machines=2 --set distributed.shared_volume=grpoflow-rwx
 
-Exit codes: 0 success, 1 a failed run or unknown job, 2 a rejected spec, dataset, reward or argument, or a run
-whose training could not start (a setup problem, not retried). `webhooks retry` exits 1 while deliveries stay
-undelivered, so an unknown job is 2 there.
+Exit codes, one meaning each (`grpoflow.flows.errors`: `MEANINGS` and every command's own words, its `--help`): 0
+done, 1 what the command ran failed, 2 bad input (a spec, dataset or argument to fix, a training setup problem, an
+unknown job id, a job another run holds), 4 a run the health monitor stopped (diverged).
 """
 
 import argparse
@@ -32,7 +33,17 @@ from pathlib import Path
 
 import yaml
 
-from grpoflow.flows.errors import EXIT_OK, EXIT_REJECTED, Failed, Rejected, Stopped, UsageError, exit_code
+from grpoflow.flows.errors import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    Diverged,
+    Failed,
+    Rejected,
+    Stopped,
+    UsageError,
+    exit_code,
+    exits_epilog,
+)
 from grpoflow.trainers.trust import command_line
 
 # The demo's spec, data and reward module ship as package data: found from any install, not only a checkout.
@@ -164,13 +175,17 @@ def check_resume(spec, job_id: str) -> None:
         )
 
 
-def print_result(args, result: dict) -> dict:
-    """Prints a finished run's result (`--json`: the job id, folder and status) and returns that much of it."""
+def print_result(args, result: dict, spec) -> dict:
+    """Prints a finished run's result (`--json`: the job id, folder and status, and `stopped_by` when the budget ended
+    its training) and returns that much of it."""
+    from grpoflow.integrations.jobs import job_dir
+
     out = {k: result[k] for k in ("job_id", "output_dir", "status")}
+    stopped = budget_stop(job_dir(spec.output_uri, out["job_id"]))
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps({**out, "stopped_by": "budget"} if stopped else out))
     else:
-        print(f"job {out['job_id']} {out['status']}: {out['output_dir']}")
+        print(f"job {out['job_id']} {out['status']}{f', {stopped}' if stopped else ''}: {out['output_dir']}")
         evaluation = result.get("evaluation")
         if evaluation:
             before, after = (_score(evaluation[side]) for side in ("before", "after"))
@@ -180,6 +195,15 @@ def print_result(args, result: dict) -> dict:
                 print(f"note: {evaluation['note']}")
         print(f"report: {out['output_dir'].rstrip('/')}/report.md")  # a path or an s3:// URI
     return out
+
+
+def budget_stop(job) -> str | None:
+    """The sentence saying the budget ended `job`'s training (its training.json's `stopped_by: budget`), else None:
+    a job that completed short of max_steps says why wherever its outcome is shown (`run`, `jobs`)."""
+    from grpoflow.trainers.budget import budget_line
+
+    path = job.training_result
+    return budget_line(json.loads(path.read_text())) if path.exists() else None
 
 
 def resumed_job_done(spec, job_id: str) -> dict | None:
@@ -228,7 +252,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
         if getattr(args, "resume", None):
             check_resume(spec, args.resume)
             if done := resumed_job_done(spec, args.resume):
-                print_result(args, done)
+                print_result(args, done, spec)
                 return EXIT_OK
         preflight(args, spec)
         check_this_machine(spec)
@@ -264,14 +288,16 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     if state.name == REJECTED:
         raise Rejected(f"rejected: {state.message}")
     if not state.is_completed():
-        from grpoflow.trainers.errors import TrainingSetupError
+        from grpoflow.trainers.errors import TrainingSetupError, TrainingStopped
 
         error = state.result(raise_on_failure=False)
         if isinstance(error, TrainingSetupError):  # the child's SetupError: a fix of the spec or machine, not a retry
             raise Rejected(f"cannot train: {str(error).removeprefix('grpoflow: ')}")
+        if isinstance(error, TrainingStopped):  # the health monitor's stop (NaN, stop_on_alert): no crash to retry
+            raise Diverged(f"run stopped: {error}")
         raise Failed(f"run failed: {type(error).__name__}: {error}")
     result = state.result()
-    out = print_result(args, result)
+    out = print_result(args, result, spec)
     _say_if_not_promoted(spec, out["job_id"], sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
@@ -390,8 +416,9 @@ def cmd_jobs(args) -> int:
         looked.append(root)
         for path in sorted(p for p in folder.iterdir() if (p / "spec.yaml").exists()) if folder.exists() else []:
             job, metrics = JobDir(path), read_metrics(path / "metrics.jsonl")
-            steps = metrics[-1]["step"] if metrics else 0
-            rows.append({"job_id": job.job_id, "status": job_status(job), "steps": steps, "root": root})
+            steps, stopped_by = metrics[-1]["step"] if metrics else 0, "budget" if budget_stop(job) else None
+            row = {"job_id": job.job_id, "status": job_status(job), "steps": steps, "stopped_by": stopped_by}
+            rows.append({**row, "root": root})
     if args.json:
         print(json.dumps({"jobs": [{k: v for k, v in r.items() if k != "root" or not explicit} for r in rows]}))
         return EXIT_OK
@@ -399,7 +426,8 @@ def cmd_jobs(args) -> int:
         print(f"no jobs under {', '.join(looked)}")
     for row in rows:
         where = "" if explicit else f"  {row['root']}"
-        print(f"{row['job_id']:<60} {row['status']:<10} {row['steps']:>6} steps{where}")
+        stopped = "  stopped by budget" if row["stopped_by"] else ""
+        print(f"{row['job_id']:<60} {row['status']:<10} {row['steps']:>6} steps{stopped}{where}")
     for root in elsewhere:
         print(f"(jobs under {root} too: grpoflow jobs --output-uri {root})")
     return EXIT_OK
@@ -432,6 +460,69 @@ def cmd_metrics(args) -> int:
     return EXIT_OK
 
 
+def cmd_rollouts(args) -> int:
+    """`grpoflow rollouts JOB_ID`: the rollouts the job kept (rollouts/), sorted by a reward, as a table or JSON."""
+    from grpoflow.integrations.jobs import UnknownJob
+    from grpoflow.trainers.rollouts import rollout_record, rollouts_table, select_rollouts
+
+    try:
+        job, location = find_args_job(args, args.job_id)
+    except UnknownJob as e:  # a command that only reads: an id it cannot find is the user's to fix (exit 2)
+        raise UsageError(str(e)) from None
+    _fetch_rollouts(job, location)
+    try:
+        rows = select_rollouts(job.rollouts, args.step, args.last, args.best, args.worst, args.reward, args.grep)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps({"rollouts": [rollout_record(r) for r in rows]}))
+    elif rows:
+        import shutil
+
+        print(rollouts_table(rows, shutil.get_terminal_size((120, 24)).columns))
+    else:
+        print(f"no rollouts{' match' if args.grep else ''} (rollouts/ of {location})", file=sys.stderr)
+    return EXIT_OK
+
+
+def _fetch_rollouts(job, location: str) -> None:
+    """A remote job's rollouts/ into its local copy (which holds only its top-level files); new files only."""
+    from grpoflow.integrations.storage import filesystem, is_remote
+
+    if not is_remote(location):
+        return
+    fs, remote = filesystem(location)
+    folder = f"{remote.rstrip('/')}/rollouts"
+    for name in fs.ls(folder, detail=False) if fs.exists(folder) else []:
+        local = job.rollouts / name.rsplit("/", 1)[-1]
+        if name.endswith(".parquet") and not local.exists():
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(name, str(local))
+
+
+def _add_rollouts_command(sub) -> None:
+    rollouts = sub.add_parser("rollouts", help="what the model wrote: a job's kept rollouts with every reward's score")
+    _job_id_argument(rollouts)
+    which = rollouts.add_mutually_exclusive_group()
+    which.add_argument("--step", type=_step, metavar="N", help="only step N (default: every kept step)")
+    which.add_argument("--last", action="store_true", help="only the newest kept step")
+    ends = rollouts.add_mutually_exclusive_group()
+    ends.add_argument("--best", type=_positive, metavar="K", help="the K highest by --reward")
+    ends.add_argument("--worst", type=_positive, metavar="K", help="the K lowest by --reward, lowest first")
+    rollouts.add_argument("--reward", metavar="NAME", help="sort by this reward's own score (default: the total)")
+    rollouts.add_argument("--grep", metavar="TEXT", help="only rollouts whose prompt or completion holds TEXT")
+    rollouts.add_argument("--json", action="store_true", help='print {"rollouts": [...]}')
+    _hidden_output_uri(rollouts)
+    rollouts.set_defaults(func=cmd_rollouts)
+
+
+def _step(text: str) -> int:
+    """argparse type of --step: an integer >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step number (an integer >= 0)")
+    return int(text)
+
+
 def cmd_model(args) -> int:
     from grpoflow.integrations.jobs import UnknownJob, job_status
     from grpoflow.integrations.storage import join
@@ -452,15 +543,11 @@ def cmd_webhooks_retry(args) -> int:
     (`grpoflow.integrations.webhooks.retry`); one line each. Exit 0 when none is left undelivered, 1 when some are, 2
     for an unknown job or one a live run holds (that run sends its own)."""
     from grpoflow.integrations import webhooks
-    from grpoflow.integrations.jobs import UnknownJob
     from grpoflow.integrations.storage import filesystem, is_remote, join
     from grpoflow.jobs.lock import JobLock, JobLocked
     from grpoflow.jobs.report import note_undelivered
 
-    try:
-        job, location = find_args_job(args, args.job_id)
-    except UnknownJob as e:  # exit 1 means deliveries left undelivered here
-        raise UsageError(str(e)) from None
+    job, location = find_args_job(args, args.job_id)
     lock = JobLock(job.root)
     try:
         lock.acquire()
@@ -499,7 +586,7 @@ def _add_webhooks_command(sub) -> None:
     retry = actions.add_parser(
         "retry", help="send a job's undelivered webhook deliveries again (the same webhook-id) and wait for them"
     )
-    retry.add_argument("job_id")
+    _job_id_argument(retry)
     retry.add_argument(
         "--timeout", type=float, default=300.0, metavar="SECONDS", help="the most to wait for them (default: 300)"
     )
@@ -694,9 +781,9 @@ def registry_roots(args) -> list[Path]:
 
 
 def deployment_root(args, name: str) -> Path:
-    """The one output root (`registry_roots`) whose registry holds deployment `name`: a `RegistrationError` (exit 1)
-    naming the roots looked in when none does, a `UsageError` (exit 2) when several do."""
-    from grpoflow.jobs.registry import RegistrationError, registry_dir
+    """The one output root (`registry_roots`) whose registry holds deployment `name`; a `UsageError` (exit 2, a name
+    to fix as an unknown job id is) naming the roots looked in when none does, or those that do when several do."""
+    from grpoflow.jobs.registry import registry_dir
 
     roots = registry_roots(args)
     holding = [root for root in roots if (registry_dir(root) / f"{name}.json").is_file()]
@@ -706,7 +793,7 @@ def deployment_root(args, name: str) -> Path:
     if not holding:
         known = sorted({p.stem for root in roots for p in registry_dir(root).glob("*.json")})
         where = ", ".join(str(registry_dir(root)) for root in roots)
-        raise RegistrationError(f"unknown deployment {name!r} under {where}; registered: {', '.join(known) or 'none'}")
+        raise UsageError(f"unknown deployment {name!r} under {where}; registered: {', '.join(known) or 'none'}")
     return holding[0]
 
 
@@ -775,22 +862,24 @@ def _add_model_commands(sub) -> None:
     """`publish`, `deploy` and `serve`: push a job's model to the Hub (jobs/publish.py), register its merged
     weights for serving and serve them (jobs/registry.py)."""
     deploy = sub.add_parser("deploy", help="register a serving deployment from a job's merged weights")
-    deploy.add_argument("job_id", nargs="?")
+    _job_id_argument(deploy, nargs="?")
     deploy.add_argument("--rollback", metavar="NAME", help="make deployment NAME's previous version current again")
     deploy.add_argument("--name", help="deployment name (default: the spec's deploy.name, else its name)")
-    deploy.add_argument("--json", action="store_true")
+    deploy.add_argument("--json", action="store_true", help="print the registered version's record as JSON")
     deploy.set_defaults(func=cmd_deploy)
     publish = sub.add_parser("publish", help="push a job's merged weights or adapter to the Hugging Face Hub")
-    publish.add_argument("job_id")
+    _job_id_argument(publish)
     publish.add_argument("--repo-id", required=True, help="owner/name on the Hub")
-    publish.add_argument("--artifact", choices=["merged", "adapter"], default="merged")
+    publish.add_argument(
+        "--artifact", choices=["merged", "adapter"], default="merged", help="what to push (default: merged)"
+    )
     publish.add_argument("--public", action="store_true", help="create the repo public (default: private)")
-    publish.add_argument("--json", action="store_true")
+    publish.add_argument("--json", action="store_true", help="print the result (repo, URL, commit) as JSON")
     publish.set_defaults(func=cmd_publish)
     serve = sub.add_parser("serve", help="serve a registered deployment over an OpenAI-compatible HTTP API")
-    serve.add_argument("name")
+    serve.add_argument("name", help="a registered deployment (see grpoflow deployments list)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000)")
     serve.set_defaults(func=cmd_serve)
     for p in (deploy, publish, serve):
         _hidden_output_uri(p)
@@ -800,6 +889,16 @@ def _add_model_commands(sub) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
+    """Every grpoflow parser: a mistake is a `UsageError` (exit 2), and `--help` ends with the command's exit codes
+    (`grpoflow.flows.errors.COMMAND_EXITS`, by the words after `grpoflow` in its prog)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # the codes one a line
+        super().__init__(*args, **kwargs)
+        if self.epilog is None:
+            command = self.prog.split(" ", 1)[1] if " " in self.prog else None
+            self.epilog = exits_epilog(command)
+
     def error(self, message):
         raise UsageError(f"{self.prog}: {message}")
 
@@ -857,6 +956,31 @@ def _add_sweep_command(sub) -> None:
     )
     _hidden_output_uri(sweep)
     sweep.set_defaults(func=cmd_sweep)
+
+
+def cmd_canary(args) -> int:
+    """`grpoflow canary SPEC`: the canary's one full-length step here, on this machine's devices (jobs/canary.py)."""
+    import tempfile
+
+    import datasets
+
+    from grpoflow.integrations.storage import storage_options
+    from grpoflow.jobs.canary import run_canary, summary_line
+    from grpoflow.trainers.dataset import ingest_dataset
+
+    spec = load(args)
+    datasets.disable_progress_bars()  # the ingest's bars would bury the verdict
+    with tempfile.TemporaryDirectory(prefix="grpoflow-canary-data-") as tmp:
+        dataset = Path(tmp) / "dataset"
+        ingest_dataset(
+            spec.dataset.uri, dataset, prompt_column=spec.dataset.prompt_column,
+            storage_options=storage_options(spec.dataset.uri),
+        )  # fmt: skip
+        result = run_canary(spec, dataset)
+    print(json.dumps(result, indent=2) if args.json else summary_line(result, spec))
+    if result["status"] != "passed":
+        raise Rejected("" if args.json else "the canary failed: the job would not run here as specified")
+    return EXIT_OK
 
 
 def cmd_graders_run(args) -> int:
@@ -949,6 +1073,11 @@ def _spec_subcommand(sub, group: tuple[str, str], action: tuple[str, str]):
     return parser
 
 
+def _job_id_argument(parser, **kwargs) -> None:
+    """The JOB_ID positional of the commands that read a job back."""
+    parser.add_argument("job_id", help="a job's id, as grpoflow jobs lists it", **kwargs)
+
+
 def _hidden_output_uri(parser) -> None:
     """`--output-uri` after the command too (`grpoflow --output-uri DIR CMD` is the documented form)."""
     parser.add_argument("--output-uri", dest="output_uri", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -972,27 +1101,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
     )
     validate.set_defaults(func=cmd_validate)
+    canary = spec_command("canary", "one training step at full length here: does the job fit, how long will it take")
+    canary.set_defaults(func=cmd_canary)
     run = spec_command("run", "run the whole pipeline")
     run.add_argument("--resume", metavar="JOB_ID", help="continue an existing job folder")
     run.set_defaults(func=cmd_run)
     demo = sub.add_parser("demo", help="run the shipped arithmetic example offline on CPU")
-    demo.add_argument("--set", action="append", metavar="KEY=VALUE")
-    demo.add_argument("--json", action="store_true")
+    demo.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a field of the shipped spec (dotted path)"
+    )
+    demo.add_argument("--json", action="store_true", help='print {"job_id", "output_dir", "status"}')
     demo.set_defaults(func=cmd_demo)
     init = sub.add_parser("init", help="write a project of your own: prefect.yaml, a spec, a reward module, data/")
     init.add_argument("dir", help="the project folder to create (new or empty)")
     init.set_defaults(func=cmd_init)
     jobs = sub.add_parser("jobs", help="list jobs under the output root")
-    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument(
+        "--json", action="store_true", help='print {"jobs": [{"job_id", "status", "steps", "stopped_by"}]}'
+    )
     jobs.set_defaults(func=cmd_jobs)
     metrics = sub.add_parser("metrics", help="a job's metric series")
-    metrics.add_argument("job_id")
+    _job_id_argument(metrics)
     metrics.add_argument("--keys", help="comma-separated metric names, e.g. reward,reward_std,loss")
-    metrics.add_argument("--json", action="store_true")
+    metrics.add_argument("--json", action="store_true", help='print {"metrics": [{"step", "values"}]}')
     metrics.set_defaults(func=cmd_metrics)
     model = sub.add_parser("model", help="a job's trained artifact (model.json)")
-    model.add_argument("job_id")
-    model.add_argument("--json", action="store_true")
+    _job_id_argument(model)
+    model.add_argument("--json", action="store_true", help="print JSON (default: YAML)")
     model.set_defaults(func=cmd_model)
     _add_webhooks_command(sub)
     _add_server_commands(sub)
@@ -1000,6 +1135,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_command(sub)
     _add_graders_command(sub)
     _add_k8s_command(sub)
+    _add_rollouts_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         _hidden_output_uri(p)
     return parser

@@ -76,13 +76,15 @@ def load_pools(path: Path = POOLS_FILE) -> list[dict]:
     return pools
 
 
-def default_template(pool_type: str) -> dict:
-    from prefect.workers.base import BaseWorker
+async def default_template(pool_type: str) -> dict:
+    """The base job template Prefect gives a pool of `pool_type`, as `prefect work-pool create` does: the installed
+    worker's, else the one the server's collections registry knows."""
+    from prefect.workers.utilities import get_default_base_job_template_for_infrastructure_type
 
-    worker = BaseWorker.get_worker_class_from_type(pool_type)
-    if worker is None:
+    template = await get_default_base_job_template_for_infrastructure_type(pool_type)
+    if template is None:
         raise DeploymentError(f"no Prefect worker for pool type {pool_type!r} is installed here; install its package")
-    return worker.get_default_base_job_template()
+    return template
 
 
 async def ensure_pools(pools: list[dict]) -> list[str]:
@@ -95,7 +97,7 @@ async def ensure_pools(pools: list[dict]) -> list[str]:
                 await client.read_work_pool(name)
                 done = "exists, left as it is"
             except ObjectNotFound:
-                template = pool["base_job_template"] or default_template(pool["type"])
+                template = pool["base_job_template"] or await default_template(pool["type"])
                 create = WorkPoolCreate(
                     name=name, type=pool["type"], description=pool.get("description"), base_job_template=template
                 )

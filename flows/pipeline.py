@@ -24,7 +24,9 @@ from prefect.states import Completed
 
 from grpoflow.integrations.jobs import job_location
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
+from grpoflow.jobs.canary import wanted as canary_wanted
 from grpoflow.tasks.approval import await_approval
+from grpoflow.tasks.canary import canary_task
 from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task
 from grpoflow.tasks.gate import gate_task
 from grpoflow.tasks.ingest import ingest_task
@@ -131,6 +133,8 @@ STAGES = (
     Stage("ingest", ingest_task),
     # --- SFT format warm-up
     Stage("sft", sft_task, when=lambda spec, done: spec.sft.enabled),
+    # --- the canary: one full-length step on the pool's own devices (does it fit, how long will it take)
+    Stage("canary", canary_task, when=lambda spec, done: canary_wanted(spec)),
     # --- GRPO training (child process, resumes from checkpoints on retry)
     Stage("train", train_task),
     # --- merge the adapter (LoRA jobs) and describe the artifact

@@ -11,8 +11,9 @@ server (the `sweep` deployment of deployments/prefect.yaml runs them on `grpo-pi
 fails its row, not the sweep's other jobs. The report, `sweep.md` and `sweep.json` under
 `<output_uri>/sweeps/<sweep_id>/`, and a markdown and a table artifact (keys `<name>-sweep`, `<name>-sweep-table`),
 give each job's held-out score before and after GRPO (after: the model the job kept), its final training reward and
-its wall time, ranked by the score after (then the gain), the best job marked. The sweep's run ends Completed when
-every job completed, else Failed with "k of n jobs failed".
+its wall time, ranked by the score after (then the gain), the best job marked; jobs tied at the top (the same score
+and gain, e.g. 0.000 -> 0.000) share the rank, and none is named best: the report says they tie. The sweep's run
+ends Completed when every job completed, else Failed with "k of n jobs failed".
 """
 
 import asyncio
@@ -38,12 +39,14 @@ from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.integrations.artifacts import score_change
 from grpoflow.integrations.stages import REJECTED, rejected
 from grpoflow.integrations.storage import filesystem, is_remote, join
+from grpoflow.trainers.held_out import SCORE_TOLERANCE
 from grpoflow.trainers.metrics import read_jsonl
 from grpoflow.trainers.spec import JobSpec, SpecError, apply_overrides, load_spec
 from grpoflow.trainers.trust import untrusted_code
 
 _NOT_KEY = re.compile(r"[^a-z0-9]+")  # Prefect artifact keys: lowercase letters, digits and dashes
 BEST = "★ best"
+TIED = "tied for first"
 
 
 # --- the grid --------------------------------------------------------------------------------------------------------
@@ -243,13 +246,46 @@ def ranked(rows: list[dict]) -> list[dict]:
     return sorted(scored, key=lambda r: (r["evaluation"]["after"], _gain(r)), reverse=True)
 
 
+def _ties(a: dict, b: dict) -> bool:
+    """Whether two ranked rows tie: the same score after and the same gain, within float noise."""
+    same_after = abs(a["evaluation"]["after"] - b["evaluation"]["after"]) <= SCORE_TOLERANCE
+    return same_after and abs(_gain(a) - _gain(b)) <= SCORE_TOLERANCE
+
+
+def leaders(rows: list[dict]) -> list[dict]:
+    """The ranked rows tied with the first (one row when it is ahead alone); none when no job scored."""
+    order = ranked(rows)
+    return [r for r in order if _ties(r, order[0])] if order else []
+
+
 def best_row(rows: list[dict]) -> dict | None:
-    """The first of `ranked(rows)`: the highest held-out score at the kept step."""
-    return next(iter(ranked(rows)), None)
+    """The first of `ranked(rows)`, the highest held-out score at the kept step; None when jobs tie for first (no job
+    is better than another) or none scored."""
+    first = leaders(rows)
+    return first[0] if len(first) == 1 else None
+
+
+def _rank(row: dict, order: list[dict]) -> str:
+    """`row`'s place in `order` (`ranked`), shared with the rows it ties; `—` for a row not ranked."""
+    if not any(r is row for r in order):
+        return "—"
+    return str(next(i for i, r in enumerate(order, start=1) if _ties(r, row)))
+
+
+def summary_line(rows: list[dict]) -> str:
+    """The sweep's one-line verdict: the best job and its scores, the jobs that tie for first, or none scored."""
+    first = leaders(rows)
+    if not first:
+        return "no job scored"
+    if len(first) == 1:
+        return f"best {first[0]['job_id']}: {_held_out(first[0])}"
+    return f"no best: {', '.join(r['job_id'] for r in first)} tie at {_held_out(first[0])}"
 
 
 def _kept(row: dict) -> str:
     step = (row.get("evaluation") or {}).get("selected_step")
+    if step == 0:
+        return "the starting model (step 0)"
     return "—" if step is None else f"step {step} ({row['evaluation'].get('select', 'last')})"
 
 
@@ -263,19 +299,20 @@ def _held_out(row: dict) -> str:
 def table_rows(rows: list[dict], best: dict | None) -> list[dict]:
     """The comparison table's rows, ranked (`ranked`; then the failed and unscored jobs in grid order): the rank,
     the grid values, job id, status, held-out before → after, the step kept, reward, wall time."""
-    order = ranked(rows)
-    order += [r for r in rows if not any(r is o for o in order)]
+    scored = ranked(rows)
+    first = leaders(rows)
+    tied = first if best is None and len(first) > 1 else []
     table = []
-    for row in order:
-        rank = next((str(i) for i, r in enumerate(ranked(rows), start=1) if r is row), "—")
-        line = {"rank": rank, **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in row["values"].items()}}
+    for row in scored + [r for r in rows if not any(r is o for o in scored)]:
+        values = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in row["values"].items()}
+        line = {"rank": _rank(row, scored), **values}
         line["job"] = row["job_id"] or "—"
         line["status"] = row["status"] + (f" ({row['message']})" if row["status"] != "completed" else "")
         line["held-out before → after"] = _held_out(row)
         line["model kept"] = _kept(row)
         line["final reward"] = "—" if row["final_reward"] is None else f"{row['final_reward']:.3f}"
         line["wall time"] = f"{row['wall_seconds']:.0f} s"
-        line["best"] = BEST if row is best else ""
+        line["best"] = BEST if row is best else TIED if any(row is t for t in tied) else ""
         table.append(line)
     return table
 
@@ -296,6 +333,8 @@ def report_markdown(sweep_id: str, rows: list[dict], metric: str | None) -> str:
             f"Held-out metric: {metric}; ranked by the held-out score of the model each job kept (after: the "
             "selected step's with evaluation.select: best), then by the gain (after − before)."
         )
+    if len(first := leaders(rows)) > 1:
+        lines.append(f"No best job: {len(first)} jobs tie for first at {_held_out(first[0])}.")
     lines += ["", "| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(table[0])]
     lines += ["| " + " | ".join(_cell(v) for v in line.values()) + " |" for line in table]
     return "\n".join(lines) + "\n"
@@ -315,8 +354,9 @@ def write_report(root: str, sweep_id: str, rows: list[dict]) -> str:
     """Writes `sweep.md` and `sweep.json` under `<root>/sweeps/<sweep_id>/`; returns that folder."""
     folder = report_dir(root, sweep_id)
     metric = next((r["evaluation"]["metric"] for r in rows if r.get("evaluation")), None)
-    best = best_row(rows)
-    summary = {"sweep_id": sweep_id, "metric": metric, "best": best["job_id"] if best else None, "jobs": rows}
+    best, first = best_row(rows), leaders(rows)
+    summary = {"sweep_id": sweep_id, "metric": metric, "best": best["job_id"] if best else None}
+    summary |= {"tied": [r["job_id"] for r in first] if len(first) > 1 else [], "jobs": rows}
     fs, path = filesystem(folder)
     fs.makedirs(path, exist_ok=True)
     with fs.open(f"{path}/sweep.json", "w") as f:
@@ -393,8 +433,7 @@ def grpo_sweep(
     )
     failed = sum(r["status"] != "completed" for r in rows)
     result = {"sweep_id": sweep_id, "report_dir": folder, "jobs": len(rows), "failed": failed}
-    best = best_row(rows)
-    summary = f"best {best['job_id']}: {_held_out(best)}" if best else "no job scored"
+    summary = summary_line(rows)
     if failed:
         return Failed(message=f"{failed} of {len(rows)} jobs failed; {summary}", data=result)
     return Completed(message=f"{len(rows)} jobs completed; {summary}", data=result)

@@ -3,6 +3,8 @@
 - `report_artifact`: `report.md` as a markdown artifact, its plots inlined as `data:` URIs (the Prefect UI, V1 and V2,
   renders those; a file path or a relative link shows a broken image), beside the report's table of figures.
 - `evaluation_artifact`: the held-out before/after scores as a table artifact.
+- `rollouts_artifact`: at each held-out evaluation, a few of the step's rollouts (the best, the worst and one between,
+  with every reward's score) as a table artifact.
 - `StageProgress`: one line per training step in the run's log, a progress artifact the UI shows as a bar, and a
   one-line bar on an interactive terminal; the SFT and GRPO watchers feed it from their poll callbacks.
 - `link_artifact`: the Hub repo after publish, the serving deployment after register.
@@ -35,7 +37,7 @@ from prefect.runtime import deployment
 from grpoflow.jobs.registry import registry_dir
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import HealthMonitor, verdict
-from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
+from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS, change
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.spec import JobSpec
@@ -106,10 +108,9 @@ def report_artifact(job: JobDir, spec: JobSpec, location: str):
 
 
 def score_change(before, after) -> str:
-    """`+42 pts` for scores in [0, 1] (accuracies, pass rates), else the plain difference."""
-    if 0 <= before <= 1 and 0 <= after <= 1:
-        return f"{100 * (after - before):+.0f} pts"
-    return f"{after - before:+.4g}"
+    """`+42 pts` for scores in [0, 1] (accuracies, pass rates), else the plain difference; `no change` for equal
+    scores (`grpoflow.trainers.held_out.change`)."""
+    return change(before, after, digits=0, unit=" pts")
 
 
 def _scored(evaluation: dict | None) -> bool:
@@ -121,7 +122,9 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
     row = {"metric": evaluation.get("metric"), "prompts": evaluation.get("n")}
     row["before"], row["after"] = evaluation.get("before"), evaluation.get("after")
     row["change"] = score_change(row["before"], row["after"]) if _scored(evaluation) else "—"
-    if evaluation.get("selected_step") is not None:
+    if evaluation.get("selected_step") == 0:
+        row["model kept"] = "the starting model (step 0)"
+    elif evaluation.get("selected_step") is not None:
         row["model kept"] = f"step {evaluation['selected_step']} ({evaluation.get('select', 'last')})"
     row["note"] = evaluation.get("note") or "before: the model GRPO started from; after: the GRPO result"
     return [row]
@@ -155,6 +158,24 @@ def samples_artifact(job: JobDir, spec: JobSpec, evaluation: dict | None):
     )
 
 
+def rollouts_artifact(job: JobDir, spec: JobSpec, step: int):
+    """The best, the worst and one in-between rollout of `step` (or of the newest kept step before it), with every
+    reward's score, as a table artifact (key `<base>-rollouts`); none when no step up to it kept its rollouts."""
+    from grpoflow.trainers.rollouts import highlight_rows
+
+    shown, rows = highlight_rows(job, step)
+    if not rows:
+        return None
+    return _safely(
+        "rollouts",
+        create_table_artifact,
+        rows,
+        key=artifact_key(spec, "rollouts"),
+        description=f"Rollouts of {job.job_id} at step {shown}: the best, the worst and one between by the total "
+        f"reward, with each reward's score (all of them: grpoflow rollouts {job.job_id} --step {shown})",
+    )
+
+
 def link_artifact(spec: JobSpec, kind: str, link: str, text: str, description: str):
     """A link artifact (key `<base>-<kind>`): the Hub repo (`hub-repo`) or the serving deployment (`deployment`)."""
     return _safely(
@@ -179,8 +200,11 @@ def score_summary(evaluation: dict | None) -> str:
             f" ({evaluation['note']})" if evaluation.get("note") else ""
         )
     before, after = evaluation["before"], evaluation["after"]
+    summary = f"{evaluation['metric']} {before:.2f} -> {after:.2f} ({score_change(before, after)}"
+    if evaluation.get("improved") is False:  # the note says which model is kept, and that none beat the start
+        return f"{summary}); {evaluation['note']}"
     kept = f", best at step {evaluation['selected_step']}" if evaluation.get("select") == "best" else ""
-    return f"{evaluation['metric']} {before:.2f} -> {after:.2f} ({score_change(before, after)}{kept})"
+    return f"{summary}{kept})"
 
 
 def completed_message(job: JobDir, spec: JobSpec, evaluation: dict | None) -> str:

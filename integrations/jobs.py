@@ -19,7 +19,7 @@ from grpoflow.trainers.spec import JobSpec
 
 
 class UnknownJob(LookupError):
-    """No such job under the output roots looked in: exit code 1 (DESIGN.md)."""
+    """No such job under the output roots looked in: the user's to fix, exit code 2 (DESIGN.md)."""
 
 
 class BadJobReference(ValueError):

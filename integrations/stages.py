@@ -102,6 +102,15 @@ def record(job: JobDir, stage: str, key: str, result, digest: Iterable[str]) -> 
     write_json_atomic(_record_path(job, stage), {**entry, "digest": _content_digest(job, files)})
 
 
+def rerecord(job: JobDir, spec: JobSpec, stage: "StageRecord") -> None:
+    """Records `stage` again as its outputs are now, its result kept: for an output a later stage replaced by design
+    (the evaluation's start model in merged/, when no checkpoint beat it), so that a resume still finds it done."""
+    old = read_record(job, stage.name)
+    if old is not None:
+        key = stage_key(spec, stage.name, {up: output_digest(job, up) for up in stage.reads})
+        record(job, stage.name, key, old["result"], old.get("paths", ()))
+
+
 @dataclass(frozen=True)
 class StageRecord:
     """What a resumable stage writes and reads, as its `@resumable` declared it; `is_done(job, spec)` tells whether it
@@ -147,6 +156,8 @@ def resumable(
                 return done["result"]
             result = fn(job, spec, *args, **kwargs)
             if not isinstance(result, State):  # a rejection is no result to keep
+                # The inputs as the stage leaves them: the evaluation may replace merged/ with the start model.
+                key = stage_key(spec, stage, {up: output_digest(job, up) for up in reads})
                 record(job, stage, key, result, digest(job) if callable(digest) else digest)
             return result
 

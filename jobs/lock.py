@@ -1,15 +1,15 @@
 """One writer per job folder: `<job>/.lock` names the process that runs the job (pid, host, process start time).
 
-`JobLock(job).acquire()` takes an exclusive kernel lock on the file (`flock`), which the kernel drops when its process
-ends however it ends, then writes its owner record into it; a second run of the same job, here or on another machine
-sharing the folder, fails to take the lock and is refused with `JobLocked` naming the holder. Taking over a stale
-lock (a crashed or killed run's record, left in the file) happens under that same kernel lock, so two runs taking
-over at the same moment cannot both win. A record written by another host that did not release it is never taken
-over (a filesystem may not carry locks between machines): remove the file by hand once that run is known to be
-dead. `release()` removes the file and drops the lock, only if it is ours.
+`JobLock(job).acquire()` takes the file's kernel lock through `filelock` (an `flock`, which the kernel drops when its
+process ends however it ends), then writes its owner record into the locked file; a second run of the same job, here
+or on another machine sharing the folder, fails to take the lock and is refused with `JobLocked` naming the holder.
+filelock locks and says nothing of who holds it, so the owner record is ours: it is written, and a record a run that
+ended without releasing left in the file is read, under the kernel lock (filelock's `on_acquired`), so two runs
+taking over a stale lock at the same moment cannot both win. A record written by another host that did not release
+it is never taken over (a filesystem may not carry locks between machines): remove the file by hand once that run is
+known to be dead. `release()` removes the file and drops the lock, only if it is ours.
 """
 
-import fcntl
 import json
 import os
 import socket
@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
+from filelock import FileLock, Timeout
 
 
 class JobLocked(RuntimeError):
@@ -53,9 +54,9 @@ def _held_by(path: Path, owner: dict) -> str:
     )
 
 
-# The locks this process holds: path -> the open file whose flock is the lock. A retried flow run in the same
-# process takes the same job again (re-entrant); flock would refuse a second open file of the same process.
-_held: dict[str, int] = {}
+# The locks this process holds, by path. A retried flow run in the same process takes the same job again
+# (re-entrant, released once); and filelock releases a lock whose last reference goes, so this keeps it.
+_held: dict[str, FileLock] = {}
 _held_guard = threading.Lock()
 
 
@@ -79,52 +80,32 @@ class JobLock:
         with _held_guard:
             if key in _held:
                 return  # ours already
-            fd = self._locked_fd()
+            # Not thread-local: a flow's tasks take and release it on different threads.
+            lock = FileLock(self.path, mode=0o644, blocking=False, thread_local=False, on_acquired=self._claim)
             try:
-                self._check_record(fd)
-                record = json.dumps(_me()).encode()
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, record, 0)
-                os.fsync(fd)
-            except BaseException:
-                os.close(fd)  # drops the flock
-                raise
-            _held[key] = fd
-
-    def _locked_fd(self) -> int:
-        """An open file of `.lock` holding its flock, the file that is at the path now (a file another run removed
-        while this one opened it locks nothing: opened again)."""
-        for _ in range(20):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
+                lock.acquire()
+            except Timeout:
                 owner = self.holder()
                 if owner is None:
                     raise JobLocked(
                         f"job {self.path.parent.name} is being started by another run; wait for it"
                     ) from None
                 raise JobLocked(_held_by(self.path, owner)) from None
-            try:
-                same = os.fstat(fd).st_ino == self.path.stat().st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                return fd
-            os.close(fd)  # released and removed by its holder between our open and our flock
-        raise JobLocked(f"could not lock {self.path}: other runs keep taking and releasing it")
+            _held[key] = lock
 
-    def _check_record(self, fd: int) -> None:
-        """Under the flock: the record a run that ended without releasing left in the file. One of this host whose
-        process is gone is stale (taken over); one of another host, or of a live process that wrote it without the
-        flock (grpoflow before the flock), is refused."""
+    def _claim(self, fd: int) -> None:
+        """Under the kernel lock: refuses a live owner's record, else writes ours. A record of this host whose process
+        is gone is stale (taken over); one of another host, or of a live process that wrote it without the kernel
+        lock (grpoflow before the flock), is refused (raising here makes filelock drop the lock)."""
         try:
             owner = json.loads(os.pread(fd, 1 << 16, 0) or b"null")
         except ValueError:
             owner = None  # a torn record: its writer died mid-write
         if isinstance(owner, dict) and owner.get("pid") is not None and _alive(owner):
             raise JobLocked(_held_by(self.path, owner))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        os.fsync(fd)
 
     def check(self) -> None:
         """Raises `JobLocked` when another live process holds the lock (without taking it)."""
@@ -137,8 +118,10 @@ class JobLock:
     def release(self) -> None:
         """Removes the lock file and drops the lock when this process holds it."""
         with _held_guard:
-            fd = _held.pop(str(self.path.resolve()), None)
-            if fd is None:
+            lock = _held.pop(str(self.path.resolve()), None)
+            if lock is None:
                 return
-            self.path.unlink(missing_ok=True)  # before the flock goes: a waiting open then finds no file, or a new one
-            os.close(fd)
+            # Removed before the lock goes (filelock leaves the file): a run waiting on this file then sees it gone
+            # and opens the path again.
+            self.path.unlink(missing_ok=True)
+            lock.release(force=True)

@@ -1,14 +1,15 @@
 """Preflight: every offline check of a job that a GPU hour should not be spent to discover, before anything runs.
 
-`grpoflow validate` runs it after the spec loads, and `grpoflow run` and `grpoflow submit` before anything starts or
-is sent. It loads no weights and needs no torch (a reward module may import it): the model folder or Hub cache holds
-config.json and weights, that config names a causal LM (transformers' table of them, which imports torch, is read
-only for architectures not named *ForCausalLM), the architecture's rules read from that config, the tokenizer has a
-chat template when the prompts need one, a local output root can be written and has room for a checkpoint and the
-trained model, the dataset opens and has its columns (checked as the ingest checks it, nothing saved), the rewards
-import and pass the dry run on a few rows, and the tools and environment import and pass theirs on a row. Two
-exceptions, both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU
-to score the sample, and an `llm_judge` calls its endpoint. By hand:
+`grpoflow validate` runs it after the spec loads, and `grpoflow run` and `grpoflow submit` before anything starts or is
+sent. It loads no weights and needs no torch (a reward module may import it): the model folder or Hub cache holds
+config.json and weights (a GGUF file: transformers can read its architecture, and its header gives the config), that
+config names a causal LM (transformers' table of them, which imports torch, is read only for architectures not named
+*ForCausalLM), the architecture's rules read from that config, the tokenizer has a chat template when the prompts need
+one, a local output root can be written and has room for a checkpoint and the trained model, the dataset opens and has
+its columns (checked as the ingest checks it, nothing saved), the rewards import and pass the dry run on a few rows,
+and the tools and environment import and pass theirs on a row. Two exceptions, both in the reward dry run: a reward
+model (`rewards[].model`, its files checked first) is loaded on CPU to score the sample, and an `llm_judge` calls its
+endpoint. By hand:
 
     python -m grpoflow.jobs.preflight examples/arithmetic.yaml
 
@@ -27,6 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpoflow.trainers.model.gguf import (
+    GgufHeader,
+    gguf_config,
+    gguf_folder,
+    gguf_note,
+    gguf_problem,
+    is_gguf,
+    read_header,
+)
 from grpoflow.trainers.model.load import (
     WEIGHT_FILES,
     cached_hub_file,
@@ -58,6 +68,7 @@ class Preflight:
     sample: Any = None  # a few training rows (a `datasets.Dataset`), once the dataset opened
     tokenizer: Any = None  # the model's tokenizer, when it loads from a local folder (no weights, no download)
     causal_lm: bool = True  # False once check_causal_lm found it is not (the checks that build the model skip it)
+    gguf: GgufHeader | None = None  # a GGUF base model's header, once check_model read it
 
 
 # --- the model -------------------------------------------------------------------------------------------------------
@@ -74,6 +85,8 @@ def check_model(p: Preflight) -> list[str]:
         except ValueError as e:
             return [f"base_model: {e}"]
         return []
+    if is_gguf(base):
+        return check_gguf(p)
     if problem := model_problem(base):
         return [problem]
     if is_local_model(base):
@@ -96,10 +109,27 @@ def check_model(p: Preflight) -> list[str]:
     return [problem] if (problem := weights_problem(base)) else []
 
 
+def check_gguf(p: Preflight) -> list[str]:
+    """A GGUF file (trainers/model/gguf.py) that transformers can read, said once to be dequantized; the folder it was
+    converted to, when it was, is then checked as any model folder, else the config its header gives."""
+    base = p.spec.base_model
+    if problem := gguf_problem(base):
+        return [problem]
+    p.gguf = read_header(base)
+    p.warnings.append(gguf_note(base, p.spec.hyperparameters.load_in_4bit))
+    folder = gguf_folder(base)
+    if (folder / "config.json").is_file():
+        p.model_dir, p.config = folder, json.loads((folder / "config.json").read_text())
+    else:
+        p.config = gguf_config(base) or None
+    return []
+
+
 def check_causal_lm(p: Preflight) -> list[str]:
     """config.json says a causal LM (GRPO generates with it and scores its tokens): not T5 or another
     encoder-decoder, nor a model AutoModelForCausalLM does not load."""
-    if p.config is None or (problem := causal_lm_problem(p.config, p.spec.base_model)) is None:
+    source = "its GGUF header" if p.gguf is not None and p.model_dir is None else "config.json"
+    if p.config is None or (problem := causal_lm_problem(p.config, p.spec.base_model, source=source)) is None:
         return []
     p.causal_lm = False
     return [problem]
@@ -154,7 +184,11 @@ def check_chat_template(p: Preflight) -> list[str]:
     system_prompt = p.spec.hyperparameters.system_prompt
     needs_one = p.prompt_format == "chat" or system_prompt is not None
     # builtin:tiny has a template; a Hub model not in the cache cannot be looked at (it is downloaded on the worker).
-    if not needs_one or p.model_dir is None or has_chat_template(p.model_dir) is not False:
+    if p.model_dir is not None:
+        has_one = has_chat_template(p.model_dir)
+    else:
+        has_one = p.gguf.chat_template if p.gguf is not None else None
+    if not needs_one or has_one is not False:
         return []
     return [chat_template_problem(p.spec.base_model, p.prompt_format == "chat", system_prompt)]
 

@@ -36,8 +36,10 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from grpoflow.jobs.report import selection_line
+from grpoflow.trainers.held_out import change
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.model.gguf import is_gguf
 from grpoflow.trainers.model.tiny import is_builtin
 from grpoflow.trainers.spec import REPO_ID_PATTERN, JobSpec, PublishSpec, load_spec, resolved_dict
 from grpoflow.trainers.spec.markdown import cell, number, table
@@ -117,8 +119,8 @@ def is_user_error(exc: BaseException) -> bool:
 
 
 def _card_base_model(base_model: str) -> str | None:
-    # The Hub links `base_model` to a repo: a built-in model or a local folder has none to link to.
-    if is_builtin(base_model) or Path(base_model).expanduser().exists():
+    # The Hub links `base_model` to a repo: a built-in model, a local folder or a GGUF file has none to link to.
+    if is_builtin(base_model) or is_gguf(base_model) or Path(base_model).expanduser().exists():
         return None
     return base_model if re.fullmatch(REPO_ID_PATTERN, base_model) else None
 
@@ -154,8 +156,9 @@ def _card_evaluation(job: JobDir) -> str | None:
         return None
     evaluation = json.loads(job.evaluation.read_text())
     before, after = evaluation.get("before"), evaluation.get("after")
-    change = number(after - before) if isinstance(before, int | float) and isinstance(after, int | float) else "—"
-    row = [f"`{evaluation.get('metric')}`", number(evaluation.get("n")), number(before), number(after), change]
+    scored = isinstance(before, int | float) and isinstance(after, int | float)
+    difference = change(before, after) if scored else "—"
+    row = [f"`{evaluation.get('metric')}`", number(evaluation.get("n")), number(before), number(after), difference]
     rows = table(["metric", "prompts", "before", "after", "change"], [row])
     selection = selection_line(evaluation)
     return f"{rows}\n\n{selection}" if selection else rows

@@ -31,12 +31,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from grpoflow.trainers.held_out import SCORE_TOLERANCE, beats, change
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 
 # The version fields repeated at the top level of `<name>.json`, where the one-record files had them.
 CURRENT_FIELDS = ("job_id", "artifact_path", "artifact_type", "metric", "score", "status", "smoke", "error")
-# Scores are means over a few prompts; a gain computed as 0.7 - 0.6 must meet min_gain 0.1.
-SCORE_TOLERANCE = 1e-9
 
 
 class RegistrationError(RuntimeError):
@@ -136,32 +135,28 @@ def gate_decision(evaluation: dict | None, gate, deployed: float | None) -> dict
 
     Args:
         evaluation (`dict`, *optional*): evaluation.json (`metric`, `before`, `after`); None when nothing was held out.
-        gate (`GateSpec`, *optional*): `min_gain` (after - before must reach it) and `beat_deployed` (after must reach
+        gate (`GateSpec`, *optional*): `min_gain` (after - before must reach it; 0 or more also needs after to beat
+            before: a model no better than its start is not promoted) and `beat_deployed` (after must reach
             `deployed`); None, or neither set, promotes every model.
         deployed (`float`, *optional*): the score the deployment name serves now; None when it serves nothing scored.
 
     Returns:
-        `dict`: `promote`, `reason` (every unmet condition, "; "-joined), and the figures judged: `metric`, `before`,
-        `after`, `gain`, `deployed_score`, `min_gain`, `beat_deployed`.
+        `dict`: `promote`, `reason` (every unmet condition, "; "-joined), `kind` (the first one's, as
+        `grpoflow.model.rejected` names it: `not_scored`, `no_improvement`, `below_min_gain`, `below_deployed`;
+        None when promoted), and the figures judged: `metric`, `before`, `after`, `gain`, `deployed_score`,
+        `min_gain`, `beat_deployed`.
     """
     evaluation = evaluation or {}
     before, after = evaluation.get("before"), evaluation.get("after")
     gain = after - before if before is not None and after is not None else None
     min_gain = gate.min_gain if gate else None
     beat_deployed = bool(gate and gate.beat_deployed)
-    gated, problems = min_gain is not None or beat_deployed, []
-    if gated and after is None:
-        problems.append("the GRPO result has no held-out score to judge (nothing held out, or nothing scored)")
-    elif min_gain is not None and (gain is None or gain + SCORE_TOLERANCE < min_gain):
-        have = "the start model was not scored" if gain is None else f"gain {gain:+.4g} ({before:.4g} -> {after:.4g})"
-        problems.append(f"{have} is below evaluation.gate.min_gain {min_gain:g}")
-    if beat_deployed and after is not None and deployed is not None and after + SCORE_TOLERANCE < deployed:
-        problems.append(
-            f"score {after:.4g} is below the deployed version's {deployed:.4g} (evaluation.gate.beat_deployed)"
-        )
+    gated = min_gain is not None or beat_deployed
+    problems = [] if not gated else _unmet(before, after, min_gain, beat_deployed, deployed)
     return {
         "promote": not problems,
-        "reason": "; ".join(problems) or ("passed evaluation.gate" if gated else "no gate"),
+        "reason": "; ".join(text for _, text in problems) or ("passed evaluation.gate" if gated else "no gate"),
+        "kind": problems[0][0] if problems else None,
         "metric": evaluation.get("metric"),
         "before": before,
         "after": after,
@@ -170,6 +165,27 @@ def gate_decision(evaluation: dict | None, gate, deployed: float | None) -> dict
         "min_gain": min_gain,
         "beat_deployed": beat_deployed,
     }
+
+
+def _unmet(before, after, min_gain: float | None, beat_deployed: bool, deployed: float | None) -> list[tuple]:
+    """The gate's unmet conditions, as (kind, sentence) pairs."""
+    if after is None:
+        return [("not_scored", "the GRPO result has no held-out score to judge (nothing held out, or nothing scored)")]
+    problems = []
+    if min_gain is not None and before is None:
+        problems.append(("not_scored", f"the start model was not scored: no gain to judge by min_gain {min_gain:g}"))
+    elif min_gain is not None and min_gain >= 0 and not beats(after, before):
+        wanted = "a gain" if min_gain == 0 else f"a gain of at least {min_gain:g}"
+        scores = f"{before:.4g} -> {after:.4g}, {change(before, after)}"
+        text = f"no checkpoint beat the starting model ({scores}); evaluation.gate.min_gain {min_gain:g} promotes only"
+        problems.append(("no_improvement", f"{text} {wanted} (null turns the gate off)"))
+    elif min_gain is not None and after - before + SCORE_TOLERANCE < min_gain:
+        text = f"gain {after - before:+.4g} ({before:.4g} -> {after:.4g}) is below evaluation.gate.min_gain"
+        problems.append(("below_min_gain", f"{text} {min_gain:g}"))
+    if beat_deployed and deployed is not None and after + SCORE_TOLERANCE < deployed:
+        text = f"score {after:.4g} is below the deployed version's {deployed:.4g} (evaluation.gate.beat_deployed)"
+        problems.append(("below_deployed", text))
+    return problems
 
 
 # --- registering

@@ -23,8 +23,10 @@ from pathlib import Path
 
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
+from grpoflow.trainers.held_out import change
 from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.rollouts import one_line, side_by_side
 from grpoflow.trainers.spec import JobSpec, resolved_dict
 from grpoflow.trainers.spec.markdown import cell, number, table
 
@@ -299,9 +301,7 @@ def _score(value) -> str:
 def _change(before, after) -> str:
     if not (isinstance(before, int | float) and isinstance(after, int | float)):
         return "—"
-    if 0 <= before <= 1 and 0 <= after <= 1:
-        return f"{100 * (after - before):+.1f} points"
-    return f"{after - before:+.4g}"
+    return change(before, after)
 
 
 def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None) -> str:
@@ -312,7 +312,8 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     row = [cell(evaluation.get("metric")), number(evaluation.get("n")), _score(before), _score(after)]
     note = "before: the model GRPO started from; after: the GRPO result, both on prompts held out of training."
     rows = table(["metric", "n", "before", "after", "change"], [row + [_change(before, after)]])
-    why = f"\n\n**Not scored:** {evaluation['note']}." if evaluation.get("note") else ""
+    label = "No improvement" if evaluation.get("improved") is False else "Not scored"
+    why = f"\n\n**{label}:** {evaluation['note']}." if evaluation.get("note") else ""
     parts = [f"{title}{rows}\n\n{note}{why}"]
     if selection := selection_line(evaluation):
         parts.append(selection)
@@ -338,32 +339,62 @@ def selection_line(evaluation: dict) -> str | None:
     step, series = evaluation.get("selected_step"), evaluation.get("series") or []
     if step is None:
         return None
+    metric, trained = evaluation.get("metric"), evaluation.get("trained")
+    if step == 0 and trained:  # select: best, and the start beat every checkpoint
+        where = f"the best, step {trained['step']}" if trained.get("step") is not None else "the GRPO result"
+        return (
+            f"**Model kept:** the starting model (step 0): no checkpoint beat its held-out {metric} "
+            f"{_score(evaluation.get('before'))} ({where}, scored {_score(trained.get('score'))}; "
+            "`evaluation.select: best` weighs the start too). `merged/` holds the starting model; the trained "
+            "checkpoints stay in `checkpoints/`."
+        )
     if evaluation.get("select") != "best":
         return f"**Model kept:** the last step's ({step}); `evaluation.select: best` would keep the best-scoring one."
     scores = {p["step"]: p["score"] for p in series if p["step"]}
     last = max(scores, default=step)
-    why = f"held-out {evaluation.get('metric')} {_score(scores.get(step))}"
+    why = f"held-out {metric} {_score(scores.get(step))}, against {_score(evaluation.get('before'))} at the start"
     if last != step:
-        why += f", against {_score(scores.get(last))} at the last step ({last})"
+        why += f" and {_score(scores.get(last))} at the last step ({last})"
     return f"**Model kept:** step {step}, the best held-out score during training ({why}; `evaluation.select: best`)."
 
 
-def plot_held_out(evaluation: dict | None, records: list[dict], out_dir: Path) -> Path | None:
-    """`held_out.png`: the held-out score by step (start model at step 0) beside the training reward, the kept step
-    marked; None without a series of more than the before and after scores."""
+# The least span of held_out.png's y-axis for a metric of unknown range, as a share of the scores' magnitude: a change
+# of 0.00005 must not fill the plot as a cliff would.
+MIN_SPAN_SHARE = 0.1
+
+
+def held_out_limits(scores: list[float]) -> tuple[float, float]:
+    """The y-axis of held_out.png: the whole 0..1 range for scores in [0, 1] (accuracies, pass rates: their natural
+    range, on which a tiny change looks tiny and all-zero scores sit at the bottom), else the scores' range, widened
+    to at least `MIN_SPAN_SHARE` of their magnitude."""
+    low, high = min(scores), max(scores)
+    if 0 <= low and high <= 1:
+        return -0.02, 1.02  # room for the markers at 0 and 1
+    span = max(high - low, MIN_SPAN_SHARE * max(abs(low), abs(high)))
+    middle = (low + high) / 2
+    return middle - 0.55 * span, middle + 0.55 * span
+
+
+def held_out_figure(evaluation: dict | None, records: list[dict]):
+    """The figure of `held_out.png` (see `plot_held_out`); None without two scored points."""
     series = [p for p in (evaluation or {}).get("series") or [] if isinstance(p.get("score"), int | float)]
     if len(series) < 2:
         return None
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(7, 3.8))
-    fig.subplots_adjust(left=0.11, right=0.89, top=0.91, bottom=0.27)
     ax = fig.add_subplot()
     steps, scores = [p["step"] for p in series], [p["score"] for p in series]
-    ax.plot(steps, scores, color="tab:green", marker="o", linewidth=2, label=f"held-out {evaluation['metric']}")
+    # Before and after alone (evaluation.every: 0) are two measurements, not a curve: markers without a line.
+    style = {"linewidth": 2} if len(series) > 2 else {"linestyle": "none", "markersize": 8}
+    ax.plot(steps, scores, color="tab:green", marker="o", label=f"held-out {evaluation['metric']}", **style)
+    ax.axhline(scores[0], color="tab:gray", linestyle="--", linewidth=1, label="starting model (step 0)")
     if evaluation.get("selected_step") is not None:
         ax.axvline(evaluation["selected_step"], color="tab:green", linestyle=":", label="model kept")
     ax.set(title="held-out score and training reward", xlabel="step", ylabel=f"held-out {evaluation['metric']}")
+    ax.set_ylim(*held_out_limits(scores))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     reward_steps, rewards = _series(records, "reward")
     if rewards:
         twin = ax.twinx()
@@ -374,8 +405,18 @@ def plot_held_out(evaluation: dict | None, records: list[dict], out_dir: Path) -
     handles, labels = (sum(pair, []) for pair in zip(*(a.get_legend_handles_labels() for a in fig.axes), strict=True))
     ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3, fontsize="small")
     ax.grid(alpha=0.3)
-    path = Path(out_dir) / "held_out.png"
+    fig.tight_layout()  # both axis labels and the legend inside the image, whatever the tick labels' width
+    return fig
+
+
+def plot_held_out(evaluation: dict | None, records: list[dict], out_dir: Path) -> Path | None:
+    """`held_out.png`: the held-out score by step (start model at step 0, its level dashed) beside the training
+    reward, the kept step marked; None without a series of at least the before and after scores."""
     with _DRAWING:
+        fig = held_out_figure(evaluation, records)
+        if fig is None:
+            return None
+        path = Path(out_dir) / "held_out.png"
         _save_png(fig, path)
     return path
 
@@ -401,6 +442,30 @@ def _metrics(records: list[dict], plots: list[Path]) -> str:
         parts.append(f"Best reward: {number(rewards[best])} at step {steps[best]}.")
     parts += [f"![{path.stem}]({path.name})" for path in plots]
     return "\n\n".join(parts)
+
+
+def _writes(job: JobDir, evaluation: dict | None) -> str | None:
+    """The section "What the model writes": for a few held-out prompts (those whose score changed most), the starting
+    model's greedy completion beside the GRPO result's, with their scores (evaluation/step-*.parquet); None without
+    both."""
+    trained = (evaluation or {}).get("trained") or {"step": (evaluation or {}).get("selected_step")}
+    pairs = side_by_side(job, trained["step"]) if trained["step"] else []
+    if not pairs:
+        return None
+    rows = [
+        [cell(one_line(p["prompt"], 120))]
+        + [f"{cell(one_line(p[side], 240))} (**{number(p[side + '_score'])}**)" for side in ("before", "after")]
+        for p in pairs
+    ]
+    after = f"step {trained['step']}" + (", not kept" if (evaluation or {}).get("trained") else "")
+    note = (
+        f"Greedy completions of {len(pairs)} held-out prompts (those whose {evaluation.get('metric')} changed most), "
+        f"with their scores; every prompt's in `evaluation/step-000000.parquet` and "
+        f"`evaluation/step-{trained['step']:06d}.parquet`, the training rollouts in `rollouts/` "
+        f"(`grpoflow rollouts {job.job_id}`)."
+    )
+    headers = ["held-out prompt", "starting model (step 0)", f"GRPO result ({after})"]
+    return "## What the model writes\n\n" + table(headers, rows) + "\n\n" + note
 
 
 def _health(alerts: list[Alert], records: list[dict]) -> str:
@@ -453,6 +518,7 @@ def write_report(
         *([_times(times)] if times else []),
         _hyperparameters(spec),
         _evaluation(evaluation, records, plot_held_out(evaluation, records, job.root)),
+        *([writes] if (writes := _writes(job, evaluation)) else []),
         _metrics(records, plots),
         _health(alerts, records),
     ]

@@ -1,23 +1,29 @@
 """Evaluation and report task: held-out before/after scores (`grpoflow.trainers.evaluate`), health verdict, report.md
-with PNG plots (`grpoflow.jobs.report`), and both as Prefect artifacts (`grpoflow.integrations.artifacts`)."""
+with PNG plots (`grpoflow.jobs.report`), and both as Prefect artifacts (`grpoflow.integrations.artifacts`). A GRPO
+result that did not beat the start model emits `grpoflow.training.alert` (`no_improvement`)."""
 
 import json
 import os
 import time
+from functools import partial
 
 from prefect import get_run_logger, task
 
-from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact
+from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact, rollouts_artifact
+from grpoflow.integrations.events import emit
 from grpoflow.integrations.jobs import job_location
-from grpoflow.integrations.stages import cancellable, resumable
+from grpoflow.integrations.stages import cancellable, rerecord, resumable
 from grpoflow.jobs.report import RUN_STARTED_ENV, write_report
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.evaluate import evaluate
+from grpoflow.tasks.merge import merge_task
+from grpoflow.tasks.train import train_task
+from grpoflow.trainers.evaluate import evaluate, no_improvement_alert
 from grpoflow.trainers.health import HealthMonitor
 from grpoflow.trainers.held_out import EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import start_model
+from grpoflow.trainers.rollouts import degenerate_example
 from grpoflow.trainers.spec import JobSpec
 from grpoflow.trainers.spec.markdown import number
 
@@ -63,6 +69,8 @@ def evaluate_task(
     evaluation = evaluate_and_report(job, spec, sft, training, wall_seconds)
     report_artifact(job, spec, job_location(job, spec))
     evaluation_artifact(spec, job, evaluation)
+    if evaluation and not spec.evaluation.every:  # with every > 0, training showed each evaluation's, the last too
+        rollouts_artifact(job, spec, training.get("global_step") or 0)
     return evaluation
 
 
@@ -90,6 +98,12 @@ def evaluate_and_report(
         evaluation = in_child["evaluation"]
     else:
         evaluation = evaluate(job, spec, start_model(spec, job))
+        if evaluation and evaluation.get("trained"):
+            # merged/ holds the start model now: the stages that wrote it take it as theirs, so a resume skips them.
+            for stage in (train_task, merge_task):
+                rerecord(job, spec, stage.fn.resumable)
+    if alert := no_improvement_alert(evaluation):
+        emit(job, "grpoflow.training.alert", alert.to_dict())
     if evaluation:
         logger.info(
             "held-out %s on %d prompts: before %s, after %s",
@@ -99,7 +113,7 @@ def evaluate_and_report(
         )
         if evaluation.get("note"):
             logger.warning("evaluation: %s", evaluation["note"])
-    alerts = HealthMonitor.for_spec(spec).check(read_metrics(job.metrics))
+    alerts = HealthMonitor.for_spec(spec, partial(degenerate_example, job)).check(read_metrics(job.metrics))
     extra = {"resumed_from_checkpoint": training["resumed_from"] or "no"}
     rows = times(sft, training, evaluation, wall_seconds, held_out_seconds(job))
     report = write_report(job, spec, evaluation, alerts, extra, rows)

@@ -1,6 +1,7 @@
 """Promotion gate task: judges the held-out evaluation by the spec's `evaluation.gate` (`grpoflow.jobs.registry.
 gate_decision`), writes the decision to the job's `gate.json`, and emits `grpoflow.model.rejected` for a model that
-fails it: the pipeline then skips publish and deploy and still completes."""
+fails it (`reason`: what failed, e.g. `no_improvement`; `message`: the sentence gate.json keeps as its `reason`): the
+pipeline then skips publish and deploy and still completes."""
 
 from prefect import get_run_logger, task
 
@@ -24,8 +25,11 @@ def gate_task(job: JobDir, spec: JobSpec, evaluation: dict | None) -> dict:
     decision = gate_decision(evaluation, gate, deployed)
     write_json_atomic(job.root / "gate.json", decision)
     if decision["promote"]:
-        get_run_logger().info("promotion gate: %s", decision["reason"])
+        # Not "no gate" just before the run asks a person to approve: the approval is this job's gate.
+        if decision["min_gain"] is not None or decision["beat_deployed"] or not gate.approval:
+            get_run_logger().info("promotion gate: %s", decision["reason"])
     else:
         get_run_logger().warning("not promoted (no publish, no deploy): %s", decision["reason"])
-        emit(job, "grpoflow.model.rejected", decision)
+        # The event's reason is a kind, as an approval's (rejected, timeout); gate.json's is the sentence.
+        emit(job, "grpoflow.model.rejected", {**decision, "reason": decision["kind"], "message": decision["reason"]})
     return decision

@@ -21,11 +21,12 @@ With `distributed.num_machines` > 1 the child runs on that many nodes of a Kubef
 import json
 import statistics
 import time
+from functools import partial
 
 from prefect import get_run_logger, task
 
 from grpoflow.cluster.multinode import run_on_machines
-from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line
+from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line, rollouts_artifact
 from grpoflow.integrations.checkpoint_sync import CheckpointSync, restore_checkpoint
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.heartbeat import ChildPhases
@@ -33,13 +34,14 @@ from grpoflow.integrations.stages import cancellable, resumable, retry_unless_fi
 from grpoflow.integrations.storage import is_remote, join
 from grpoflow.jobs.launch import recorded_divergence, run_child
 from grpoflow.jobs.report import draw_ahead, prepare_plotting
+from grpoflow.jobs.vllm_server import vllm_server
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.health import FATAL, NON_FINITE_ADVICE, Alert, HealthMonitor
 from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
+from grpoflow.trainers.rollouts import degenerate_example
 from grpoflow.trainers.spec import JobSpec
-from grpoflow.trainers.vllm_server import vllm_server
 
 
 class ProgressWatcher:
@@ -50,7 +52,7 @@ class ProgressWatcher:
     def __init__(self, job: JobDir, spec: JobSpec):
         hp = spec.hyperparameters
         self.job, self.spec, self.last_step = job, spec, 0
-        self.monitor = HealthMonitor.for_spec(spec)
+        self.monitor = HealthMonitor.for_spec(spec, examples=partial(degenerate_example, job))
         self.every = max(1, hp.max_steps // 20)
         self.alerts = []
         self.logger = get_run_logger()
@@ -73,7 +75,7 @@ class ProgressWatcher:
     def poll(self) -> str | None:
         """Handles new records; returns the reason when an alert asks the run to stop."""
         stop, before = None, self.last_step
-        self.phases.poll(self.last_step)  # the phase lines before the new steps (the model load)
+        self.phases.poll(self.last_step, self._stepping())  # the phase lines before the new steps (the model load)
         # Read before the steps: the child writes its last step's line before its exit record, so this poll's steps
         # then include the step the divergence is named at.
         diverged = recorded_divergence(self.job)
@@ -88,9 +90,13 @@ class ProgressWatcher:
             draw_ahead(records, self.job.root)  # the report's plots, while the child scores and saves
         stop = stop or self._child_diverged(diverged) or self._watch_stall(self.last_step - before)
         # Then those after them (the final save), and how long a phase outside the steps lasts.
-        stepping = self.last_step_at is not None and self.last_step < self.spec.hyperparameters.max_steps
-        self.phases.poll(self.last_step, stepping)
+        self.phases.poll(self.last_step, self._stepping())
         return stop
+
+    def _stepping(self) -> bool:
+        """Whether this child's steps are coming (its first new step arrived, its last not yet): each step's own line
+        then says enough, and the phase before the first step (`step 1: generating ...`) is over, not lasting."""
+        return self.last_step_at is not None and self.last_step < self.spec.hyperparameters.max_steps
 
     def _child_diverged(self, message: str | None) -> str | None:
         """The child's own stop on NaN or inf weights (`message`, from its exit record; the loss and gradient norm it
@@ -152,6 +158,8 @@ class ProgressWatcher:
             summary = {k: values.get(k) for k in ("reward", "reward_std", "loss", "completions/mean_length", "kl")}
             summary = {k: round(v, 4) for k, v in (summary | held_out).items() if isinstance(v, float | int)}
             emit(self.job, "grpoflow.training.progress", {"step": step, "max_steps": max_steps, **summary})
+        if held_out:  # what the model writes now: the child wrote the step's rollouts before it evaluated
+            rollouts_artifact(self.job, self.spec, step)
         stop = None
         for alert in self.monitor.update(record):
             self._alert(alert)

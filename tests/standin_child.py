@@ -8,7 +8,8 @@ in its formats: `metrics.jsonl` one line per step (TRL's keys), `checkpoints/che
 adapter that PEFT merges (zero `lora_B`: the merged model is the start model) or the full weights in `merged/` (the
 start model's), and `training.json`. It calls the job's rewards every step on canned completions, guarded as the real
 child guards them, so a failing reward ends it as it ends the real child. The SFT stand-in writes
-`sft_metrics.jsonl` and `sft/` (the base model, every weight moved by 1e-3).
+`sft_metrics.jsonl` and `sft/` (the base model, every weight moved by 1e-3). Each kept step's canned completions go to
+`rollouts/` with their rewards, as the real child keeps them.
 
 It is a double of a child process, not of grpoflow: the tasks, flows and CLI under test are the real ones. What
 training produces is tested with the real children (tests/trainers, tests/flows/test_pipeline.py).
@@ -16,6 +17,12 @@ training produces is tested with the real children (tests/trainers, tests/flows/
 `GRPOFLOW_STANDIN` (a JSON object) asks for a behaviour, keyed by the child's stage ("grpo" or "sft") or for both:
 
     {"step_seconds": 0.2}                       each step takes this long (default 0.02)
+    {"load_seconds": 2}                         the model load (between the real child's phase lines "loading the
+                                                model ..." and "model loaded ...; step 1: generating ...") takes this
+                                                long (default 0)
+    {"budget_stop_at": 2}                       budget.max_training_hours (which the spec must set) is reached after
+                                                step 2: training stops at that step's checkpoint, as the real child's
+                                                `BudgetCallback` stops it, and training.json says `stopped_by: budget`
     {"crash_at": 2, "crashes": 1}               killed (SIGKILL, as by the OOM killer) after step 2 (or the first
                                                 step after it, resuming), the first `crashes` attempts (default:
                                                 every attempt)
@@ -24,6 +31,7 @@ training produces is tested with the real children (tests/trainers, tests/flows/
     {"hang_at": 2}                              stops stepping after step 2 until it is signalled
     {"no_result": true}                         exits 0 without training.json (something ended it early)
     {"values": {"loss": NaN}}                   metric values to put in every step's record
+    {"completion": "iiiiiiii"}                  the text of every canned completion (rewarded, kept in rollouts/)
     {"sft": {...}, "grpo": {...}}               per stage
     {"jobs": {"NAME": {...}}}                   for the jobs whose spec is named NAME only (a worker started once
                                                 runs several tests' jobs)
@@ -39,9 +47,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from grpoflow.trainers.child import record_exit
+from grpoflow.trainers.budget import budget_summary
+from grpoflow.trainers.child import record_exit, say_phase
 from grpoflow.trainers.errors import REWARD_FAILED_EXIT
-from grpoflow.trainers.grpo import GRPO_DEFAULTS, checkpoint_step, resume_checkpoint
+from grpoflow.trainers.grpo import GRPO_DEFAULTS, checkpoint_step, first_step_line, resume_checkpoint
 from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
 from grpoflow.trainers.model.load import LORA_TARGETS, start_model
 from grpoflow.trainers.model.tiny import resolve_model_path
@@ -101,8 +110,9 @@ class Rewards:
     on one group of canned completions: a reward that raises, hangs or returns a bad value stops the stand-in as it
     stops the real child (exit 3, the guard's message); what each returns is its `rewards/<name>/mean`."""
 
-    def __init__(self, job: JobDir, spec):
+    def __init__(self, job: JobDir, spec, completion: str | None = None):
         self.spec, timeout = spec, spec.health.reward_timeout_s
+        self.scores: dict[str, list] = {}  # the last step's, by reward
         self.funcs = [
             (r.name, guarded_reward(build_reward(r.name, r.function, r.kwargs), r.name, timeout))
             for r in spec.rewards
@@ -114,7 +124,7 @@ class Rewards:
         self.prompts = [row[column] for row in rows]
         # Half the group answers right (the answer column, where there is one), half does not.
         answers = self.columns.get("answer") or ["42"] * len(rows)
-        texts = [str(a) if i % 2 == 0 else "no" for i, a in enumerate(answers)]
+        texts = [completion or (str(a) if i % 2 == 0 else "no") for i, a in enumerate(answers)]
         chat = bool(self.prompts) and isinstance(self.prompts[0], list)
         self.completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
 
@@ -123,9 +133,21 @@ class Rewards:
         means = {}
         for name, func in self.funcs:
             values = func(prompts=self.prompts, completions=self.completions, trainer_state=state, **self.columns)
+            self.scores[name] = values
             scored = [v for v in values if v is not None]
             means[f"rewards/{name}/mean"] = sum(scored) / len(scored) if scored else None
         return means
+
+    def keep(self, job: JobDir, step: int) -> None:
+        """The step's rollouts file, in the real child's columns (grpoflow.trainers.rollouts)."""
+        from grpoflow.trainers.rollouts import rollout_columns, step_file, write_rows
+
+        if self.spec.rollouts.every and step % self.spec.rollouts.every == 0 and self.completions:
+            n = len(self.completions)
+            logged = {"prompt": self.prompts, "completion": self.completions, "advantages": [0.0] * n}
+            logged["rewards"] = {r.name: self.scores.get(r.name, [None] * n) for r in self.spec.rewards}
+            weights = [r.weight for r in self.spec.rewards]
+            write_rows(step_file(job.rollouts, step), rollout_columns(step, logged, weights, n, None))
 
 
 def fault(job: JobDir, stage: str, step: int, asked: dict) -> int | None:
@@ -209,8 +231,12 @@ def grpo(job: JobDir, spec) -> int:
     job.checkpoints.mkdir(exist_ok=True)  # as TRL's trainer makes its output_dir, before it trains
     checkpoint = resume_checkpoint(job)
     done = checkpoint_step(checkpoint) if checkpoint else 0
-    rewards = Rewards(job, spec)
-    for step in range(done + 1, hp.max_steps + 1):
+    rewards = Rewards(job, spec, asked.get("completion"))
+    say_phase(f"loading the model {spec.base_model} (the stand-in's)")  # the real child's phase lines, in its order
+    time.sleep(asked.get("load_seconds", 0))
+    say_phase(f"model loaded in {asked.get('load_seconds', 0):.1f} s; {first_step_line(spec, checkpoint)}")
+    last = min(hp.max_steps, asked.get("budget_stop_at", hp.max_steps))
+    for step in range(done + 1, last + 1):
         time.sleep(asked.get("step_seconds", 0.02))
         try:
             scores = rewards(step)
@@ -219,9 +245,10 @@ def grpo(job: JobDir, spec) -> int:
             return record_exit(job, REWARD_FAILED_EXIT, str(e))
         values = grpo_values(step, hp.max_steps, hp.seed, [r.name for r in spec.rewards], asked)
         values.update(scores)
+        rewards.keep(job, step)
         with job.metrics.open("a") as f:
             f.write(json.dumps({"step": step, "values": values}) + "\n")
-        if step % spec.checkpoint_every == 0 or step == hp.max_steps:
+        if step % spec.checkpoint_every == 0 or step == last:
             state = {"global_step": step, "max_steps": hp.max_steps, "log_history": [{"step": step, **values}]}
             write_json_atomic(job.checkpoints / f"checkpoint-{step}" / "trainer_state.json", state)
             rotate_checkpoints(job, spec.trl.get("save_total_limit", GRPO_DEFAULTS["save_total_limit"]))
@@ -230,6 +257,8 @@ def grpo(job: JobDir, spec) -> int:
     if asked.get("no_result"):
         return 0
     model_path = start_model(spec, job)
+    what = "the adapter to adapter/" if hp.lora_rank else "the weights to merged/"
+    say_phase(f"saving {what}", after_step=last)
     if hp.lora_rank:
         targets, target = save_adapter(model_path, job.adapter, hp.lora_rank, hp.lora_alpha), job.adapter
     else:
@@ -240,8 +269,8 @@ def grpo(job: JobDir, spec) -> int:
         "artifact_dir": target.name,
         "start_model": model_path,
         "resumed_from": Path(checkpoint).name if checkpoint else None,
-        "global_step": hp.max_steps,
-        "selected_step": hp.max_steps,
+        "global_step": last,
+        "selected_step": last,
         "setup_seconds": 0.0,
         "train_seconds": seconds,
         "train_runtime": seconds,
@@ -249,6 +278,8 @@ def grpo(job: JobDir, spec) -> int:
         "lora_target_parameters": [] if targets else None,  # builtin:tiny is no mixture of experts
         "trainable_parameters": 1000 if targets else 330240,
         "total_parameters": 330240,
+        **budget_summary(spec, job, last if last < hp.max_steps else None),
+        "rollouts": {"files": len(list((job.root / "rollouts").glob("step-*.parquet"))), "loop_seconds": 0.0},
     }
     write_json_atomic(job.training_result, summary)
     return 0

@@ -5,25 +5,24 @@
 its test here, naming what grpoflow would have silently relied on. Places are given as `function` (module) because
 code moves between modules; grep for the function name. What a library documents in its own API reference (Prefect's
 SDK reference: `temporary_settings`, `url_for`, `TerminationSignal`, its settings and profiles.toml) is public and
-not listed; each row here is a debt to pay off, and there are to be at most 15 of them.
+not listed; each row here is a debt to pay off, and there are to be at most 13 of them (12, and the GGUF loader's
+architecture table a .gguf base model needs).
 
 | library | private / undocumented API | what grpoflow uses it for | where |
 | --- | --- | --- | --- |
 | trl | `GRPOTrainer._prepare_inputs(generation_batch)`, called once per `Trainer.training_step`, returning the batch with `advantages` | generate and score once, look at the advantages, hand the batch back to the parent's call | `ZeroVarianceSkippingGRPOTrainer` (trainers/zero_variance.py) |
-| trl | `GRPOTrainer._metrics`: `{"train": defaultdict(list), "eval": ...}` averaged into each log record | the `skipped_zero_variance` and `step_time` metrics | `ZeroVarianceSkippingGRPOTrainer.training_step` |
+| trl | TRL's logging buffers: `GRPOTrainer._metrics` (`{"train": defaultdict(list), "eval": ...}` averaged into each log record) and `GRPOTrainer._logs` (the latest generation's `prompt`, `completion`, `rewards[name]`, `advantages` and `log_extra` columns, all processes', for its completion logging) | the `skipped_zero_variance` and `step_time` metrics; the rollouts files (TRL's own rows, not recomputed) | `ZeroVarianceSkippingGRPOTrainer.training_step`; `logged_generation` (trainers/rollouts.py) |
 | trl | `GRPOTrainer._step`, `_current_train_step_time`, `current_gradient_accumulation_steps` (the bookkeeping of `GRPOTrainer.training_step`) | a skipped step does the same bookkeeping | `ZeroVarianceSkippingGRPOTrainer.training_step` |
 | trl | `GRPOTrainer._entropy_bonus_enabled`, `aux_loss_enabled`, `beta` | when the skip cannot be exact | `skip_blocker` (trainers/zero_variance.py) |
 | trl | the keyword arguments `GRPOTrainer._calculate_rewards` passes a reward, and the `log_extra(column, values)` / `log_metric(name, value)` hooks | rewards' dataset columns, the dry run and held-out evaluation call rewards the same way | `_TRL_ARGUMENTS`, `reward_columns` (trainers/rewards/build.py), `call_reward` (trainers/rewards/dry_run.py), `evaluate` (trainers/evaluate.py) |
 | transformers | `Trainer._save_checkpoint(model, trial)`, writing `trainer_state.json` last, `global_step` = the folder's number | a checkpoint without a complete trainer_state.json is torn; the benchmark times `_save_checkpoint` | `intact_checkpoint` (trainers/grpo.py), `train_cpu_seconds` (benchmarks/trainer_vs_trl.py) |
 | transformers | `Trainer._load_from_checkpoint(path)` and `TrainerState.load_from_json`; `Trainer.train` resuming at `max_steps` runs one step more | a child killed after its final checkpoint restores it instead of training past max_steps | `restore_final_checkpoint` (trainers/grpo.py) |
-| peft | `peft.tuners.tuners_utils._maybe_include_all_linear_layers(peft_config, model)` | the default LoRA targets: PEFT's own "all-linear" rule, on a meta-device model | `default_lora_targets` (trainers/model/architecture.py) |
-| datasets | `Dataset._fingerprint` | the ingest cache key of a Hub dataset | `_fingerprint` (trainers/dataset.py) |
 | prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (integrations/prefect_server.py) |
-| prefect | `prefect.workers.base.BaseWorker.get_worker_class_from_type` (None when not installed) | a pool's default base job template | `default_template` (flows/deployments.py) |
 | accelerate, trl | `--config_file trl/accelerate_configs/{fsdp2,zero2,zero3}.yaml` (files TRL ships, found without importing TRL) and `Accelerator.distributed_type` / `is_fsdp2` / `state.deepspeed_plugin.zero_stage` | the sharded strategies' launch, and the check of what really runs | `accelerate_config`, `child_command` (jobs/launch.py), `applied_strategy` (trainers/grpo.py) |
 | trl | `GRPOTrainer.reward_func_names`, the list its metrics are named from (`rewards/<name>/mean`) | a reward model's metric carries the spec's name, not its path | `main` (trainers/grpo.py) |
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
 | trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py) |
+| transformers | `GGUF_CONFIG_MAPPING` (`transformers.integrations.ggml`: the architectures its GGUF loader reads, the keys of `GGUF_SUPPORTED_ARCHITECTURES`, each with its config keys) and `GGUF_CONFIG_ARCHS` (`transformers.integrations.gguf`: those its newer loader builds) | validate refuses a GGUF file transformers cannot load, naming what it can, and reads the file's config, without torch | `supported_architectures`, `gguf_config` (trainers/model/gguf.py) |
 """
 
 import inspect
@@ -31,7 +30,7 @@ import json
 from collections import defaultdict
 
 import pytest
-from datasets import Dataset, DatasetDict
+from datasets import Dataset
 
 # --- TRL and transformers: one real one-step GRPO run on the built-in tiny model ------------------------------------
 
@@ -137,6 +136,21 @@ def test_metrics_is_a_dict_of_lists_by_mode_averaged_into_the_log(one_step):
     assert not trainer._metrics["train"], "log clears the metrics it averaged"
 
 
+def test_logs_hold_the_latest_generation_as_the_rollouts_read_it(one_step):
+    trainer, seen, _, _ = one_step
+    logs = trainer._logs  # what `grpoflow.trainers.rollouts.logged_generation` copies at each logged step
+    assert {"prompt", "completion", "rewards", "advantages", "extra"} <= logs.keys()
+    assert len(logs["prompt"]) == len(logs["completion"]) == len(logs["advantages"]) == 4  # one step's group
+    assert list(logs["rewards"]) == trainer.reward_func_names == ["recording_reward"]
+    assert list(logs["rewards"]["recording_reward"]) == [0.0, 1.0, 2.0, 3.0]  # in the order the reward scored them
+    # TRL's own advantages, row for row with the rewards (the batch it trains on is the same, shuffled).
+    assert sorted(logs["advantages"]) == pytest.approx(sorted(seen["prepared"][0]["advantages"].tolist()))
+    assert list(logs["advantages"]) == sorted(logs["advantages"])  # rewards 0, 1, 2, 3: advantages rise with them
+    # A reward's `log_extra` column lands there too, one value per completion (the probe's completion_tokens).
+    trainer._log_completion_extra("completion_tokens", [1, 2, 3, 4])
+    assert trainer._pending_extra_logs["completion_tokens"] == [1, 2, 3, 4]
+
+
 def test_training_step_bookkeeping_that_a_skipped_step_repeats(one_step):
     _, seen, _, _ = one_step
     at_end = seen["at_step_end"]
@@ -205,30 +219,6 @@ def test_checkpoint_is_saved_by_save_checkpoint_and_trainer_state_is_written_las
     assert state_file.stat().st_mtime_ns >= last_other, "a checkpoint killed mid-save must lack trainer_state.json"
 
 
-# --- datasets -------------------------------------------------------------------------------------------------------
-
-
-def splits() -> DatasetDict:
-    return DatasetDict(
-        {
-            # Named splits, as the ingest's are (`_split` in state.json is the split's name, None without one).
-            "train": Dataset.from_dict({"prompt": ["a", "b", "c"], "answer": ["1", "2", "3"]}, split="train"),
-            "eval": Dataset.from_dict({"prompt": ["d"], "answer": ["4"]}, split="eval"),
-        }
-    )
-
-
-def test_fingerprint_is_a_content_hash_that_save_to_disk_records(tmp_path):
-    ds = splits()
-    fingerprints = {name: d._fingerprint for name, d in ds.items()}
-    assert all(isinstance(f, str) and f for f in fingerprints.values())
-    assert fingerprints["train"] != fingerprints["eval"]
-    assert Dataset.from_dict({"prompt": ["a"]})._fingerprint != Dataset.from_dict({"prompt": ["b"]})._fingerprint
-    ds.save_to_disk(str(tmp_path))
-    for name, fingerprint in fingerprints.items():
-        assert json.loads((tmp_path / name / "state.json").read_text())["_fingerprint"] == fingerprint
-
-
 # --- Prefect --------------------------------------------------------------------------------------------------------
 
 
@@ -242,16 +232,6 @@ def test_queue_workers_drain_all(import_path):
     worker = getattr(importlib.import_module(module), name)
     assert "timeout" in inspect.signature(worker.drain_all).parameters
     worker.drain_all(timeout=0.5)  # nothing queued: returns at once
-
-
-def test_worker_class_from_pool_type():
-    from prefect.workers.base import BaseWorker
-
-    for pool_type in ("process", "kubernetes"):
-        template = BaseWorker.get_worker_class_from_type(pool_type).get_default_base_job_template()
-        assert {"job_configuration", "variables"} <= set(template)
-    # default_template turns None into "install its package".
-    assert BaseWorker.get_worker_class_from_type("no-such-pool-type") is None
 
 
 # --- accelerate, standardwebhooks -----------------------------------------------------------------------------------
@@ -286,7 +266,7 @@ def test_reward_func_names_name_the_reward_metrics():
     assert "self.reward_func_names" in source and 'f"rewards/{reward_func_name}/mean"' in source
 
 
-# --- transformers: restoring the final checkpoint; PEFT: the all-linear rule -------------------------------------------
+# --- transformers: restoring the final checkpoint --------------------------------------------------------------------
 
 
 def test_trainer_load_from_checkpoint_and_state(tmp_path):
@@ -302,19 +282,6 @@ def test_trainer_load_from_checkpoint_and_state(tmp_path):
     assert TrainerState.load_from_json(str(checkpoint / "trainer_state.json")).global_step == 3
 
 
-def test_peft_all_linear_rule_on_a_meta_model():
-    from peft import LoraConfig
-    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
-
-    from grpoflow.trainers.model.architecture import default_lora_targets
-    from grpoflow.trainers.model.tiny import resolve_model_path
-
-    # grpoflow's default targets are what PEFT's private rule picks on builtin:tiny (a Qwen2): the 7 projections.
-    assert callable(_maybe_include_all_linear_layers) and LoraConfig(target_modules="all-linear")
-    targets = default_lora_targets(resolve_model_path("builtin:tiny"))
-    assert sorted(targets) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
-
-
 def test_trl_qwen_response_template_and_training_template_helpers():
     # That the schema parses builtin:tiny's calls is test_builtin_tiny_tool_calls_parse_as_trl_reads_them
     # (tests/trainers/test_agents.py); here, that TRL still has the names.
@@ -323,3 +290,23 @@ def test_trl_qwen_response_template_and_training_template_helpers():
     assert isinstance(chat_template_utils.qwen3_template, dict) and chat_template_utils.qwen3_template
     assert callable(chat_template_utils.is_chat_template_prefix_preserving)
     assert callable(chat_template_utils.get_training_chat_template)
+
+
+# --- transformers: the GGUF architectures it loads ------------------------------------------------------------------
+
+
+def test_gguf_architecture_tables(tmp_path):
+    from transformers import AutoConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    from grpoflow.trainers.model.gguf import supported_architectures
+    from tests.gguf_files import write_gguf
+
+    assert set(GGUF_CONFIG_MAPPING) == set(GGUF_SUPPORTED_ARCHITECTURES)  # what its loader checks a file against
+    assert GGUF_CONFIG_MAPPING["llama"]["context_length"] == "max_position_embeddings"
+    assert {"llama", "qwen2", "qwen35"} <= set(supported_architectures().values())
+    # An architecture the tables leave out, transformers' loader refuses too.
+    rwkv = write_gguf(tmp_path / "rwkv.gguf", "rwkv6")
+    with pytest.raises(ValueError, match="rwkv6 is not supported"):
+        AutoConfig.from_pretrained(tmp_path, gguf_file=rwkv.name)

@@ -96,3 +96,22 @@ def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# The URL of the vLLM server the training task started (grpoflow.jobs.vllm_server), for the GRPO child.
+VLLM_SERVER_URL_ENV = "GRPOFLOW_VLLM_SERVER_URL"
+
+# Set by the canary (grpoflow.jobs.canary) for its GRPO child: one step, measured, nothing saved or evaluated.
+CANARY_ENV = "GRPOFLOW_CANARY"
+
+
+def peak_memory_gb() -> float:
+    """This process's peak memory in GB: the CUDA allocator's largest peak over its devices where it used CUDA,
+    else its peak resident set (`ru_maxrss`, KiB on Linux)."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return round(max(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())) / 1e9, 3)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, 3)

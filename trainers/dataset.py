@@ -319,13 +319,18 @@ def _long_line(src: _Source, lineno: int, max_row_bytes: int) -> DatasetError:
     )
 
 
+def _file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _fingerprint(src: _Source, ds: datasets.Dataset, storage_options: dict | None) -> str:
     if src.builder in ("hub", "disk"):
-        # `_fingerprint` hashes the builder config, which includes the repo's resolved commit.
-        return hashlib.sha256(f"{src.location}\n{src.split}\n{ds._fingerprint}".encode()).hexdigest()
+        # The content of the Arrow files the rows were loaded into (or saved as): the same bytes for the same rows.
+        files = [_file_digest(cache_file["filename"]) for cache_file in ds.cache_files]
+        return hashlib.sha256("\n".join([src.location, str(src.split), *files]).encode()).hexdigest()
     if src.is_local:
-        with open(src.location, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        return _file_digest(src.location)
     # Hashing remote bytes would mean a second download; the store's own change markers are enough for a cache key.
     fs, path = fsspec.core.url_to_fs(src.location, **(storage_options or {}))
     info = fs.info(path)

@@ -5,6 +5,12 @@
 `before` scores the model GRPO started from (the SFT output when the warm-up ran, else the base model) and `after`
 the GRPO result (`merged/`); both go to `evaluation.json`. With a 0/1 reward such as `exact_answer` the score is
 accuracy.
+
+No regression: when the GRPO result does not beat the start (`improved: false`), the job says so (`note`, the
+`no_improvement` alert), and with `evaluation.select: best` the start is the best model there is: it is kept. merged/
+then holds the start model, `after` is its score and `selected_step` is 0; the GRPO result stays in checkpoints/ (and
+a LoRA job's adapter in adapter/), its step and score in `trained`. With `select: last` the last step is kept, as
+asked; the promotion gate (`evaluation.gate.min_gain`, 0 by default) publishes and deploys neither.
 """
 
 import argparse
@@ -14,13 +20,16 @@ import threading
 import time
 from pathlib import Path
 
-from grpoflow.trainers.held_out import eval_key
+from grpoflow.trainers.health import Alert
+from grpoflow.trainers.held_out import beats, eval_key
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts, start_model
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
+from grpoflow.trainers.rollouts import write_held_out
 from grpoflow.trainers.spec import JobSpec, load_spec
+from grpoflow.trainers.spec.markdown import number
 
 # One model load at a time in a process: a sweep's jobs evaluate in threads of one process, and neither transformers'
 # lazy imports nor `from_pretrained`'s meta-device initialisation is safe to run in two threads at once.
@@ -92,12 +101,16 @@ def metric_reward(spec: JobSpec):
     )
 
 
-def score(model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None = None, reward=None) -> float | None:
+def score(
+    model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None = None, reward=None, keep_at=None
+) -> float | None:
     """Mean of the evaluation metric over greedy completions of the held-out prompts (None scores are skipped);
     None when the metric scored none of them.
 
     `model` is a folder, or a loaded model with its `tokenizer`. The first `SAMPLES` prompts, completions and
-    scores are appended to `samples` when it is given. `reward` is the metric's callable when already built.
+    scores are appended to `samples` when it is given. `reward` is the metric's callable when already built. With
+    `keep_at`, a `(JobDir, step)`, every prompt's completion and score go to the job's
+    `evaluation/step-<NNNNNN>.parquet` (`grpoflow.trainers.rollouts.write_held_out`).
     """
     reward = reward or metric_reward(spec)
     prompts = list(eval_rows["prompt"])
@@ -105,6 +118,8 @@ def score(model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None 
     if tokenizer is None:
         tokenizer = load_tokenizer(model)
     values = reward_values(reward, prompts, completions, eval_rows, tokenizer)
+    if keep_at is not None:
+        write_held_out(*keep_at, prompts, completions, values)
     if samples is not None:
         samples += [
             {"prompt": _text(p), "completion": _text(c), "score": v}
@@ -158,18 +173,21 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
         return None
     rows = prepare_prompts(dataset["eval"], spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     after_model, after_tokenizer = after or (str(job.merged), None)
-    samples = []
+    start_samples, samples = [], []
     if training is None:
         training = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
+    trained_step = training.get("selected_step", training.get("global_step"))
+    after_at = (job, trained_step) if trained_step else None  # evaluation/step-<that step>.parquet
     result = {
         "metric": spec.evaluation.metric_name,
         "n": len(rows),
-        "before": score(before_model, rows, spec),
-        "after": score(after_model, rows, spec, tokenizer=after_tokenizer, samples=samples),
+        "before": score(before_model, rows, spec, samples=start_samples, keep_at=(job, 0)),
+        "after": score(after_model, rows, spec, tokenizer=after_tokenizer, samples=samples, keep_at=after_at),
         "select": spec.evaluation.select,
         "selected_step": training.get("selected_step", training.get("global_step")),
     }
     result["series"] = score_series(job, spec, result["before"], result["after"], training)
+    result["improved"] = beats(result["after"], result["before"])
     unscored = [side for side in ("before", "after") if result[side] is None]
     if unscored:
         result["note"] = (
@@ -177,10 +195,61 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
             f"every one of the {len(rows)} held-out completions; pick another evaluation.metric, or make the reward "
             "score these completions"
         )
+    elif not result["improved"]:
+        if spec.evaluation.select == "best":
+            keep_start(job, before_model, result)
+            samples = start_samples
+        result["note"] = no_improvement_note(result)
     result["seconds"] = round(time.monotonic() - started, 3)
-    result["samples"] = samples  # a few of the GRPO result's held-out completions, with their scores
+    result["samples"] = samples  # a few of the kept model's held-out completions, with their scores
     write_json_atomic(job.evaluation, result)
     return result
+
+
+def keep_start(job: JobDir, start: str, result: dict) -> None:
+    """Makes the start model the job's model (merged/, model.json) and `result` say so: `after` its score, step 0,
+    the GRPO result's step and score in `trained`."""
+    from grpoflow.trainers.model.merge import save_start_model, write_model_json
+
+    save_start_model(start, job.merged)
+    write_model_json(job)
+    result["trained"] = {"step": result["selected_step"], "score": result["after"]}
+    result |= {"after": result["before"], "selected_step": 0}
+
+
+def no_improvement_note(result: dict) -> str:
+    """What evaluation.json, the report, the run's message and `grpoflow run` say when no checkpoint beat the start."""
+    trained = result.get("trained") or {"step": result["selected_step"], "score": result["after"]}
+    which = "best" if result.get("select") == "best" else "last"
+    who = "the GRPO result" if trained["step"] is None else f"the {which}, step {trained['step']},"
+    note = (
+        f"no checkpoint beat the starting model: {who} scored {number(trained['score'])} against the start's "
+        f"{number(result['before'])}"
+    )
+    return note + ("; the starting model is kept (merged/ holds it)" if result.get("trained") else "")
+
+
+def no_improvement_alert(evaluation: dict | None) -> Alert | None:
+    """The `no_improvement` alert (a `grpoflow.training.alert`) of an evaluation whose GRPO result did not beat the
+    start model; None when it did, or when a score is missing."""
+    if not evaluation or evaluation.get("improved") is not False:
+        return None
+    trained = evaluation.get("trained") or {"step": evaluation["selected_step"], "score": evaluation["after"]}
+    evidence = {
+        "metric": evaluation["metric"],
+        "start_score": evaluation["before"],
+        "trained_step": trained["step"],
+        "trained_score": trained["score"],
+        "select": evaluation.get("select"),
+        "kept": "start" if evaluation.get("trained") else f"step {trained['step']}",
+    }
+    advice = (
+        "The trained model is no better on the held-out prompts than the one GRPO started from. Check that the "
+        "rewards pay for what evaluation.metric measures, lower learning_rate, and score during training "
+        "(evaluation.every) with select: best, which keeps the start when nothing beats it. The promotion gate "
+        "(evaluation.gate.min_gain, 0 by default) publishes and deploys no such model."
+    )
+    return Alert("no_improvement", trained["step"] or 0, evaluation["note"], evidence, advice)
 
 
 if __name__ == "__main__":

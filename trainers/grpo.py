@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grpoflow.trainers.agents import agent_args, tool_tokenizer
 from grpoflow.trainers.budget import budget_callback, budget_summary, spent
-from grpoflow.trainers.child import record_exit, say_phase
+from grpoflow.trainers.child import CANARY_ENV, VLLM_SERVER_URL_ENV, peak_memory_gb, record_exit, say_phase
 from grpoflow.trainers.errors import DIVERGED_EXIT, REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged
 from grpoflow.trainers.held_out import held_out_args, held_out_trainer, selected_step
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
@@ -45,9 +45,9 @@ from grpoflow.trainers.model.load import (
 )
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, guarded_reward
+from grpoflow.trainers.rollouts import CompletionProbe, rollouts_callback, truncate_rollouts
 from grpoflow.trainers.spec import JobSpec, load_spec
 from grpoflow.trainers.spec.rules import trl_markers
-from grpoflow.trainers.vllm_server import VLLM_SERVER_URL_ENV
 
 
 def tracking_args(spec: JobSpec, job: JobDir) -> dict:
@@ -181,8 +181,8 @@ def intact_checkpoint(path: Path) -> bool:
 
 def resume_checkpoint(job: JobDir, tidy: bool = True) -> str | None:
     """The newest intact checkpoint in `checkpoints/`. With `tidy` (the main process of a run; the other ranks of a
-    several-GPU run only look), torn checkpoints are removed and the metrics logged after the checkpoint dropped, so
-    each step appears once."""
+    several-GPU run only look), torn checkpoints are removed and the metrics and rollouts kept after the checkpoint
+    dropped, so each step appears once."""
     if not job.checkpoints.exists():
         return None
     candidates = [p for p in job.checkpoints.glob("checkpoint-*") if p.name.rsplit("-", 1)[-1].isdigit()]
@@ -190,12 +190,14 @@ def resume_checkpoint(job: JobDir, tidy: bool = True) -> str | None:
         if intact_checkpoint(path):
             if tidy:
                 truncate_metrics(job.metrics, checkpoint_step(path))
+                truncate_rollouts(job, checkpoint_step(path))
             return str(path)
         if tidy:
             print(f"grpoflow: removing torn checkpoint {path.name}")
             shutil.rmtree(path, ignore_errors=True)
     if tidy:
         truncate_metrics(job.metrics, 0)
+        truncate_rollouts(job, 0)
     return None
 
 
@@ -295,6 +297,10 @@ def main(job_root: str) -> int:
         r.model or guarded_reward(build_reward(r.name, r.function, r.kwargs, None, r.grader, column), r.name, timeout)
         for r in spec.rewards
     ]
+    # Each completion's token count and truncation reach TRL's rows (rollouts/) through the first reward function.
+    probe = CompletionProbe()
+    if (first := next((i for i, f in enumerate(reward_funcs) if callable(f)), None)) is not None:
+        reward_funcs[first] = probe.wrap(reward_funcs[first])
 
     # --- model and trainer
     from grpoflow.trainers.zero_variance import grpo_trainer_class
@@ -319,7 +325,8 @@ def main(job_root: str) -> int:
     loading = time.monotonic()
     trainer_class = grpo_trainer_class(hp.skip_zero_variance_groups)
     if held_out is not None:
-        trainer_class = held_out_trainer(trainer_class, spec, held_out)
+        trainer_class = held_out_trainer(trainer_class, spec, held_out, job)
+    rollouts = rollouts_callback(job, spec)  # rollouts/ and completions/degenerate_ratio, before metrics.jsonl's line
     trainer = trainer_class(
         model=model,
         reward_funcs=reward_funcs,
@@ -329,9 +336,11 @@ def main(job_root: str) -> int:
         processing_class=tokenizer,
         peft_config=peft,
         quantization_config=quantization,
-        callbacks=[metrics_file_callback(job.metrics), finite, budget],
+        callbacks=[rollouts, metrics_file_callback(job.metrics), finite, budget],
         **agents,
     )
+    rollouts.trainer = trainer
+    probe.stop_ids = {*trainer.eos_token_ids, getattr(trainer.processing_class, "pad_token_id", None)}
     trainer.reward_func_names[: len(spec.rewards)] = [r.name for r in spec.rewards]  # TRL names a model by its path
 
     model = trainer.model
@@ -357,6 +366,9 @@ def main(job_root: str) -> int:
         resuming = f"; resuming from {Path(checkpoint).name}" if checkpoint else ""
         say_phase(f"{loaded}{resuming}; {first_step_line(spec, checkpoint)}")
         train_runtime = trainer.train(resume_from_checkpoint=checkpoint).metrics.get("train_runtime")
+    if os.environ.get(CANARY_ENV):  # the canary's one step (grpoflow.jobs.canary): measured, nothing saved
+        write_json_atomic(job.training_result, {"train_runtime": train_runtime, "peak_memory_gb": peak_memory_gb()})
+        return 0
 
     # --- save
     target = save_artifact(trainer, spec, job)
@@ -372,6 +384,7 @@ def main(job_root: str) -> int:
         "train_runtime": train_runtime,
         **adapters,
         **budget_summary(spec, job, budget.stopped_at, checkpoint),
+        "rollouts": rollouts.summary(),
     }
 
     # --- held-out evaluation, here when the trained model in memory is exactly what merged/ holds

@@ -14,6 +14,9 @@ evidence and what to do about it:
 - `held_out_divergence`: with held-out scores during training (`evaluation.every`), the held-out metric fell at two
   evaluations in a row while the training reward rose: the policy learns what the reward pays for, not the task;
 - `reward_unscored`: one reward returned None for every completion over the window (it adds nothing);
+- `degenerate_completions`: over the window, most completions were empty or one token or n-gram over and over
+  (`completions/degenerate_ratio`, which the training child logs: `grpoflow.trainers.rollouts.degenerate`), named with
+  one of them from the kept rollouts when the monitor is given a way to find one (`examples`);
 - `non_finite`: `loss` or `grad_norm` is NaN or inf (metrics.jsonl writes them as null): the weights are, or are about
   to be, non-finite, and no later step can recover. It is in `FATAL`: the run stops whatever `stop_on_alert` says.
   The training child checks the same, and its weights, at every step (`grpoflow.trainers.metrics.finite_callback`),
@@ -74,6 +77,8 @@ NO_SIGNAL_FRACTION = 0.95
 # 0-1 metric). On the demo (40 held-out prompts, a score every 10 steps) an honest run's score falls by 0.05-0.075
 # over two evaluations now and then, by noise alone; a gamed reward's falls by 0.1 and more (benchmarks/held_out.py).
 HELD_OUT_MIN_DROP = 0.1
+# Degenerate completions: over a window, at least this share of the completions was empty or one repeated stretch.
+DEGENERATE_SHARE = 0.5
 
 # kl is TRL's per-token estimate of KL(policy || reference) in nats. A run held by its KL term usually stays in the
 # hundredths; below this floor growth is the expected drift away from the reference at the start (kl is 0 at step 1).
@@ -118,6 +123,7 @@ class Thresholds:
     no_signal_window: int = NO_SIGNAL_WINDOW
     no_signal_fraction: float = NO_SIGNAL_FRACTION
     held_out_min_drop: float = HELD_OUT_MIN_DROP
+    degenerate_share: float = DEGENERATE_SHARE
 
 
 @dataclass
@@ -126,8 +132,8 @@ class Alert:
 
     Args:
         kind (`str`): `"policy_collapse"`, `"length_explosion"`, `"kl_drift"`, `"no_learning_signal"`,
-            `"non_finite"`, `"held_out_divergence"` or (from the training task's watchdog)
-            `"stall"`.
+            `"non_finite"`, `"held_out_divergence"`, (from the training task's watchdog) `"stall"`, or (from the
+            held-out evaluation, `grpoflow.trainers.evaluate.no_improvement_alert`) `"no_improvement"`.
         step (`int`): the training step at which it fired.
         message (`str`): one sentence saying what was seen.
         evidence (`dict`): the numbers behind it: window, before/after values, thresholds.
@@ -154,6 +160,7 @@ _KEYS = (
     "completions/mean_length",
     "completions/clipped_ratio",
     "kl",
+    "completions/degenerate_ratio",
 )
 
 
@@ -191,6 +198,7 @@ class HealthMonitor:
         window: int = 10,
         held_out_key: str | None = None,
         max_steps: int | None = None,
+        examples=None,
         **thresholds,
     ):
         if window < 2:
@@ -213,10 +221,13 @@ class HealthMonitor:
         self.held_out_key = held_out_key
         self._held_out: list[tuple[int, float, list[float]]] = []
         self._rewards_since_held_out: list[float] = []
+        # (first_step, last_step) -> (step, completion), a degenerate completion kept in those steps, or None.
+        self.examples = examples
 
     @classmethod
-    def for_spec(cls, spec) -> "HealthMonitor":
-        """The monitor of job spec `spec`: its hyperparameters and its `health` thresholds."""
+    def for_spec(cls, spec, examples=None) -> "HealthMonitor":
+        """The monitor of job spec `spec`: its hyperparameters and its `health` thresholds; `examples` finds a
+        degenerate completion to name (`grpoflow.trainers.rollouts.degenerate_example` on the job)."""
         from grpoflow.trainers.held_out import eval_key
 
         hp, health = spec.hyperparameters, spec.health
@@ -225,6 +236,7 @@ class HealthMonitor:
             kl_coef=hp.kl_coef,
             held_out_key=eval_key(spec) if spec.evaluation.every else None,
             max_steps=hp.max_steps,
+            examples=examples,
             no_signal_window=health.no_signal_window,
             no_signal_fraction=health.no_signal_fraction,
             held_out_min_drop=health.held_out_min_drop,
@@ -260,6 +272,7 @@ class HealthMonitor:
             "length_explosion": self._length_explosion,
             "kl_drift": self._kl_drift,
             "held_out_divergence": self._held_out_divergence,
+            "degenerate_completions": self._degenerate_completions,
         }
         alerts = []
         for kind, detect in detectors.items():
@@ -578,6 +591,33 @@ class HealthMonitor:
         )
         return Alert("held_out_divergence", step, message, evidence, advice)
 
+    # --- degenerate completions --------------------------------------------------------------------------------------
+
+    def _degenerate_completions(self, step: int) -> Alert | None:
+        series, window, t = self._series["completions/degenerate_ratio"], self.window, self.thresholds
+        if self.max_steps is not None and step >= self.max_steps and 0 < len(series) < window:
+            window = len(series)  # a run shorter than a window, judged at its last step
+        if len(series) < window or (share := _mean(series[-window:])) < t.degenerate_share:
+            return None
+        evidence = {"window": window, "degenerate_share_last": _r(share), "share_threshold": t.degenerate_share}
+        example = self.examples(step - window + 1, step) if self.examples else None
+        seen = ""
+        if example is not None:
+            text = example[1] if len(example[1]) <= 80 else example[1][:80] + "…"
+            evidence |= {"example_step": example[0], "example": example[1][:500]}
+            seen = f" (e.g. at step {example[0]}: {text!r})"
+        message = (
+            f"{share:.0%} of the completions over the last {window} steps were empty or one token or n-gram over and "
+            f"over{seen}: the policy collapsed onto output that says nothing."
+        )
+        advice = (
+            "Read them: grpoflow rollouts JOB_ID --worst 5. Lower learning_rate (try half) and raise kl_coef "
+            f"(now {self.kl_coef:g}) to keep the policy near the reference, and make the reward refuse such output "
+            "(a format check, a minimum length, a penalty for repetition); evaluation.select: best keeps a checkpoint "
+            "from before it."
+        )
+        return Alert("degenerate_completions", step, message, evidence, advice)
+
 
 _PER_REWARD = re.compile(r"rewards/(.+)/mean")
 
@@ -590,6 +630,7 @@ _LABELS = {
     "no_learning_signal": "no learning signal",
     "non_finite": "non-finite loss or gradient",
     "stall": "stalled training",
+    "degenerate_completions": "degenerate completions",
 }
 
 

@@ -41,6 +41,8 @@ class JobDir:
     events = property(lambda self: self.root / "events.jsonl")
     webhooks = property(lambda self: self.root / "webhooks.jsonl")
     evaluation = property(lambda self: self.root / "evaluation.json")
+    rollouts = property(lambda self: self.root / "rollouts")  # step-NNNNNN.parquet: a kept step's completions
+    evaluation_rollouts = property(lambda self: self.root / "evaluation")  # the same for each held-out evaluation
     report = property(lambda self: self.root / "report.md")
     training_result = property(lambda self: self.root / "training.json")
     logs = property(lambda self: self.root / "logs")

@@ -31,6 +31,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpoflow.trainers.graders import CODE_GRADERS
+
 if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic models then
     from grpoflow.trainers.spec import JobSpec
 
@@ -91,7 +93,7 @@ def spec_code(spec: JobSpec) -> list[str]:
 def _python_graders(value: object, where: str) -> list[str]:
     """The places under `value` (a grader, kwargs, any nesting of mappings and lists) that hold a python grader."""
     if isinstance(value, dict):
-        found = [where] if value.get("type") == "python" else []
+        found = [where] if value.get("type") in CODE_GRADERS else []
         return found + [p for k, v in value.items() for p in _python_graders(v, f"{where}.{k}")]
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in _python_graders(v, f"{where}[{i}]")]

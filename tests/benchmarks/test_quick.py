@@ -28,6 +28,7 @@ CASES = [
     ("held_out", [], {"runs", "summary", "seeds", "specs"}),
     ("graders", [], {"summary", "repeats", "graders_spec"}),
     ("sandbox", [], {"ms_per_call", "sandbox_extra_ms", "repeats"}),
+    ("rollouts", [], {"workloads", "steps", "repeats"}),
     # --smoke runs the GPU script's whole path on a CPU (a tiny-width model; QLoRA is skipped there, and says so).
     ("gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}),
 ]
@@ -52,6 +53,15 @@ def test_quick_mode_writes_every_figure(name, extra, keys, tmp_path):
     assert summary_rows(name, data)  # what `make bench` prints from it
     check = globals()[f"check_{name}"]
     check(data)
+
+
+def check_rollouts(data):
+    for w in data["workloads"].values():
+        kept, none = w["every_1"], w["every_0"]
+        steps = w["runs"]["every 1"][0]["steps"]
+        assert kept["files"] == steps and none["files"] == 0  # a file per step, and none with every: 0
+        assert 0 < kept["in_loop_share"] < 1 and kept["writer_ms_per_file"] is not None
+        assert w["ratios"]["cpu_steps_per_s"]["ratio"] > 0
 
 
 def check_graders(data):

@@ -170,7 +170,9 @@ def test_dockerignore_keeps_secrets_and_environments_out():
     assert not {"examples", "deployments", "constraints.txt", "scripts"} & set(ignored)  # what the image needs
 
 
-@pytest.mark.parametrize("name", ["Dockerfile", ".dockerignore", "scripts/install.sh", "constraints.txt"])
+@pytest.mark.parametrize(
+    "name", ["Dockerfile", ".dockerignore", "scripts/install.sh", "scripts/install_sandbox.sh", "constraints.txt"]
+)
 def test_init_template_carries_the_same_files(name):
     """`grpoflow init` writes the same image files (a project's image installs grpoflow==GRPOFLOW_VERSION); `make
     constraints` copies constraints.txt to flows/templates/project/ too."""

@@ -70,7 +70,7 @@ def test_pools_file(pools):
     assert {"name": "training", "concurrency_limit": 1} in pools["grpo-gpu"]["queues"]  # one GPU job at a time
     assert pools["grpo-k8s"]["type"] == "kubernetes"
     for pool in pools.values():
-        template = pool["base_job_template"] or default_template(pool["type"])
+        template = pool["base_job_template"] or asyncio.run(default_template(pool["type"]))
         # What the server checks when the pool is created: every {{ placeholder }} is a declared variable.
         WorkPoolCreate(name=pool["name"], type=pool["type"], base_job_template=template)
 

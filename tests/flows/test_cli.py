@@ -151,6 +151,38 @@ def test_run_a_setup_problem_starts_the_child_once_and_exits_2(tmp_path, make_sp
 
 
 @pytest.mark.usefixtures("prefect_server")
+def test_run_stopped_by_the_health_monitor_exits_4(tmp_path, make_spec, standin):
+    # A diverged run exited 1, as a crash does: a script could not tell "lower the learning rate" from "retry".
+    message = "hyperparameters.learning_rate: training diverged at step 2: the weights became NaN or inf"
+    standin(exit_at=2, exit_code=4, message=message)
+    code, _, err = cli("run", make_spec())
+    assert code == 4, err
+    assert f"grpoflow: run stopped: stopped by the health monitor: {message}" in err
+    assert child_starts(tmp_path) == 1  # not retried
+
+
+@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_run_says_when_the_budget_ended_training(tmp_path, make_spec, standin, json_flag):
+    # training.json said `stopped_by: budget`; the lines `run` prints at the end said only "completed".
+    standin(budget_stop_at=2)
+    spec = make_spec(hyperparameters={"max_steps": 4}, budget={"max_training_hours": 0.5}, evaluation={"holdout": 0})
+    code, out, err = cli("run", spec, *json_flag)
+    assert code == 0, err
+    if json_flag:
+        assert json.loads(out)["stopped_by"] == "budget" and json.loads(out)["status"] == "completed"
+        return
+    job_id = out.split()[1]
+    budget = "training stopped by budget.max_training_hours (0.5 h) at step 2"
+    assert out.splitlines()[0] == f"job {job_id} completed, {budget}: {tmp_path / 'runs' / job_id}"
+    # `grpoflow jobs` says it too, beside the steps it reached.
+    code, out, _ = cli("--output-uri", tmp_path / "runs", "jobs")
+    assert out.split() == [job_id, "completed", "2", "steps", "stopped", "by", "budget"]
+    code, out, _ = cli("--output-uri", tmp_path / "runs", "jobs", "--json")
+    assert json.loads(out)["jobs"] == [{"job_id": job_id, "status": "completed", "steps": 2, "stopped_by": "budget"}]
+
+
+@pytest.mark.usefixtures("prefect_server")
 def test_run_a_crash_is_retried_and_exits_1(tmp_path, make_spec, standin):
     # A crash (SIGKILL, an OOM kill) is retried; a reward's own exception is not (tests/tasks/test_train.py). A real
     # child killed and resumed: tests/tasks/test_train.py::test_sigkill_resumes_each_step_once.
@@ -184,7 +216,9 @@ def test_jobs_metrics_model(finished_job):
     root = str(finished_job.parent)
     code, out, _ = cli("--output-uri", root, "jobs", "--json")
     assert code == 0
-    assert json.loads(out)["jobs"] == [{"job_id": finished_job.name, "status": "completed", "steps": 3}]
+    assert json.loads(out)["jobs"] == [
+        {"job_id": finished_job.name, "status": "completed", "steps": 3, "stopped_by": None}
+    ]
 
     code, out, _ = cli("--output-uri", root, "metrics", finished_job.name, "--keys", "reward", "--json")
     assert code == 0
@@ -216,11 +250,32 @@ def test_jobs_lists_every_job_past_malformed_lines(finished_job, caplog):
     assert f"{broken / 'events.jsonl'}, line 3: skipped, not a record" in caplog.text
 
 
-def test_unknown_job_exits_1(finished_job):
-    root = str(finished_job.parent)
-    for command in ("metrics", "model"):
-        code, _, err = cli("--output-uri", root, command, "no-such-job")
-        assert code == 1 and "unknown job" in err
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # each command that reads a job back, given a job id that is not there (metrics and model exited 1)
+        (["metrics", "no-such-job"], "unknown job 'no-such-job'"),
+        (["model", "no-such-job"], "unknown job 'no-such-job'"),
+        (["rollouts", "no-such-job"], "unknown job 'no-such-job'"),
+        (["webhooks", "retry", "no-such-job"], "unknown job 'no-such-job'"),
+        (["publish", "no-such-job", "--repo-id", "me/model"], "unknown job 'no-such-job'"),
+        (["deploy", "no-such-job"], "unknown job 'no-such-job'"),
+        # a job that is there but has no model yet (its training still runs)
+        (["model", "{running}"], "has no trained model yet (status: running)"),
+        # a deployment name that is not registered (deploy --rollback and serve exited 1)
+        (["deploy", "--rollback", "no-such-name"], "unknown deployment 'no-such-name'"),
+        (["serve", "no-such-name"], "unknown deployment 'no-such-name'"),
+    ],
+)
+def test_an_unknown_job_or_name_is_bad_input_exit_2(finished_job, argv, message):
+    running = finished_job.parent / "demo-20261130-000002-cccccc"
+    running.mkdir()
+    (running / "spec.yaml").write_text("name: demo\n")
+    (running / "events.jsonl").write_text(json.dumps({"event": "grpoflow.job.started"}) + "\n")
+    argv = [a.format(running=running.name) for a in argv]
+    code, out, err = cli("--output-uri", finished_job.parent, *argv)
+    assert (code, out) == (2, ""), err
+    assert message in err and "Traceback" not in err
 
 
 def test_metrics_unknown_key(finished_job):
@@ -327,6 +382,60 @@ def test_every_exit_code_names_an_exception_that_exists():
     assert exit_code(RuntimeError("a bug")) is None  # its traceback, not a one-line message
 
 
+def commands(parser=None, words: tuple = ()):
+    """(the words after `grpoflow`, its parser) for every parser of the CLI, groups (`webhooks`) included."""
+    import argparse
+
+    from grpoflow.flows.cli import build_parser
+
+    parser = parser or build_parser()
+    yield " ".join(words), parser
+    for group in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
+        for name, sub in group.choices.items():
+            yield from commands(sub, (*words, name))
+
+
+def help_text(*words) -> str:
+    """What `grpoflow WORDS... --help` prints."""
+    import contextlib
+    import io
+
+    from grpoflow.flows.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+        main([*words, "--help"])
+    assert done.value.code == 0
+    return out.getvalue()
+
+
+def test_every_command_says_its_own_exit_codes():
+    from grpoflow.flows.errors import COMMAND_EXITS, MEANINGS
+
+    said = {words: help_text(*words.split()) for words, parser in commands() if "exit codes" in parser.format_help()}
+    for code, meaning in MEANINGS.items():  # `grpoflow --help`: what each code means for every command
+        assert f"  {code:<6}{meaning.split(':')[0]}" in said[""]
+    runnable = {words for words, parser in commands() if parser.get_default("func")}
+    assert runnable == set(COMMAND_EXITS) and runnable <= set(said), runnable ^ set(COMMAND_EXITS)
+    for words in runnable:
+        codes = COMMAND_EXITS[words]
+        assert set(codes) <= set(MEANINGS) and {0, 2} <= set(codes), words  # every command can be given bad input
+        epilog = "\n" + said[words].split("exit codes:\n", 1)[1]
+        assert all(f"\n  {code:<6}{text[:30]}" in epilog for code, text in codes.items()), (words, epilog)
+
+
+def test_every_option_has_help():
+    import argparse
+
+    missing = [
+        f"{words} {action.option_strings or action.dest}"
+        for words, parser in commands()
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction) and not action.help
+    ]
+    assert missing == []
+
+
 def test_python_dash_m_cli_maps_the_clis_own_errors(tmp_path):
     # Under `python -m grpoflow.flows.cli` the module is `__main__`: the CLI's errors still map (flows/errors.py).
     import subprocess
@@ -376,3 +485,98 @@ def test_only_a_pipe_whose_reader_left_counts_as_a_closed_stdout(monkeypatch, tm
         assert _stdout_gone()
     monkeypatch.undo()
     assert not _stdout_gone()  # pytest's capture: no file descriptor at all, or a live one
+
+
+# --- grpoflow rollouts -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def job_with_rollouts(finished_job):
+    """The finished job with two kept steps of rollouts, as the training child writes them (two rewards)."""
+    from grpoflow.trainers.rollouts import step_file, write_rows
+
+    for step in (2, 4):
+        completions = ["4", "iiiiiiiiiiiiiiii", "The answer is 4", "five\nlines"]
+        exact = [1.0, 0.0, 1.0, 0.0] if step == 2 else [1.0, 1.0, 0.0, None]
+        write_rows(
+            step_file(finished_job / "rollouts", step),
+            {
+                "step": [step] * 4,
+                "group": [0, 0, 1, 1],
+                "prompt": ["What is 2+2? " * 8] * 2 + ["2+2="] * 2,
+                "completion": completions,
+                "reward": [e + 0.5 if e is not None else 0.5 for e in exact],
+                "rewards.exact_answer": exact,
+                "rewards.length_penalty": [0.5] * 4,
+                "advantage": [0.5, -0.5, 0.5, -0.5],
+                "completion_tokens": [2, 16, 5, 3],
+                "truncated": [False, True, False, False],
+            },
+        )
+    return finished_job
+
+
+def test_rollouts_json_sorted_by_the_total(job_with_rollouts):
+    root, job_id = str(job_with_rollouts.parent), job_with_rollouts.name
+    code, out, _ = cli("--output-uri", root, "rollouts", job_id, "--json")
+    assert code == 0
+    rows = json.loads(out)["rollouts"]
+    assert [(r["step"], r["reward"]) for r in rows][:2] in ([(2, 1.5), (2, 1.5)], [(4, 1.5), (4, 1.5)])
+    assert [r["reward"] for r in rows] == sorted((r["reward"] for r in rows), reverse=True)
+    assert set(rows[0]) >= {"step", "group", "prompt", "completion", "reward", "rewards", "advantage"}  # DESIGN's
+    assert rows[0]["rewards"].keys() == {"exact_answer", "length_penalty"}
+
+    # The newest step's worst by one reward: unscored rows are never among the worst.
+    code, out, _ = cli(
+        "rollouts", job_id, "--last", "--worst", "2", "--reward", "exact_answer", "--json", "--output-uri", root
+    )
+    assert code == 0
+    rows = json.loads(out)["rollouts"]
+    assert [(r["step"], r["rewards"]["exact_answer"]) for r in rows] == [(4, 0.0), (4, 1.0)]
+
+    code, out, _ = cli(
+        "--output-uri", root, "rollouts", job_id, "--step", "2", "--best", "1", "--grep", "ANSWER", "--json"
+    )
+    assert code == 0 and [r["completion"] for r in json.loads(out)["rollouts"]] == ["The answer is 4"]
+
+
+def test_rollouts_table_fits_the_terminal(job_with_rollouts, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, _ = cli(
+        "--output-uri", str(job_with_rollouts.parent), "rollouts", job_with_rollouts.name, "--step", "2"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 5 and all(len(line) <= 100 for line in lines)
+    header = lines[0].split()
+    assert header[:6] == ["step", "group", "reward", "exact_answer", "length_penalty", "adv"]
+    assert "…" in out  # the long prompt was cut
+    assert "five lines" in out  # a completion's newline shown as a space: one line per rollout
+    # Scores aligned: each figure ends where its header does.
+    end = lines[0].index("reward") + len("reward")
+    assert all(line[:end].endswith(("1.5", "0.5")) for line in lines[1:])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["no-such-job"], "unknown job"),  # an id no root holds: exit 2 here, as for every bad argument
+        (["{job}", "--step", "3"], "no rollouts of step 3; kept: 2, 4"),
+        (["{job}", "--step", "-1"], "not a step number"),
+        (["{job}", "--reward", "exact"], "its rewards: exact_answer, length_penalty"),
+        (["{job}", "--best", "0"], "is not an integer >= 1"),
+        (["{job}", "--best", "1", "--worst", "1"], "not allowed with argument"),
+        (["{job}", "--step", "2", "--last"], "not allowed with argument"),
+    ],
+)
+def test_rollouts_bad_arguments_exit_2(job_with_rollouts, argv, message):
+    argv = [a.format(job=job_with_rollouts.name) for a in argv]
+    code, out, err = cli("--output-uri", str(job_with_rollouts.parent), "rollouts", *argv)
+    assert code == 2 and message in err and out == ""
+
+
+def test_rollouts_of_a_job_that_kept_none(finished_job):
+    code, out, err = cli("--output-uri", str(finished_job.parent), "rollouts", finished_job.name, "--json")
+    assert code == 0 and json.loads(out) == {"rollouts": []}
+    code, out, err = cli("--output-uri", str(finished_job.parent), "rollouts", finished_job.name, "--step", "1")
+    assert code == 2 and "it kept none (rollouts.every: 0" in err

@@ -575,7 +575,9 @@ def artifact_keys(flow_run_id) -> set[str]:
 def approval_spec(name: str, tmp_path: Path, **gate) -> dict:
     tmp_path.mkdir(exist_ok=True)
     spec = small_spec(name, str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"))
-    spec["evaluation"]["gate"] = {"approval": True, **gate}
+    # No minimum gain: the stand-in's model scores as its start did, which the default gate (min_gain 0) keeps back
+    # before anyone is asked.
+    spec["evaluation"]["gate"] = {"approval": True, "min_gain": None, **gate}
     spec["deploy"] = {"name": name}
     return spec
 
@@ -655,6 +657,11 @@ def test_approval_rejected_or_timed_out_from_grpoflow_run(stack, tmp_path):
             assert {"type": "model.rejected", "reason": reason} in [
                 {"type": d["type"], "reason": d["data"].get("reason")} for d in delivered
             ]
+        # The timed-out run never passed through Failed (an automation on Failed fired for it, then it completed).
+        [late] = wait_for_run_named("late")
+        with get_client(sync_client=True) as client:
+            history = [s.type.value for s in client.read_flow_run_states(late.id)]
+        assert "PAUSED" in history and "FAILED" not in history and history[-1] == "COMPLETED", history
     finally:
         server.shutdown()
 

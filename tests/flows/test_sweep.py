@@ -114,6 +114,9 @@ def row(index, status="completed", before=0.25, after=0.5, job_id=None):
         ([row(1, after=0.5), row(2, status="failed", after=1.0)], "s-1"),  # a failed job is never best
         ([row(1, before=None, after=None), row(2, after=0.3)], "s-2"),  # nor an unscored one
         ([row(1, status="failed")], None),
+        ([row(1, before=0.0, after=0.0), row(2, before=0.0, after=0.0)], None),  # a tie names no best (was s-1)
+        ([row(1, after=0.3 + 1e-12), row(2, after=0.3)], None),  # float noise is no lead either
+        ([row(1, before=0.0, after=0.0), row(2, before=0.0, after=0.0), row(3, after=0.3)], "s-3"),  # ahead alone
     ],
 )
 def test_best_job(rows, best):
@@ -261,7 +264,11 @@ def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, mon
     assert "a negative scale" in (failed / "logs" / "train.log").read_text()
     assert "RewardFailed" in rows[1]["message"] and "a negative scale" in rows[1]["message"]
     assert rows[1]["evaluation"] is None
-    assert summary["best"] in (rows[0]["job_id"], rows[2]["job_id"])
+    # The best job, unless the two completed jobs tie (the same score and gain): then none, and both are named.
+    ranking = lambda r: (r["evaluation"]["after"], r["evaluation"]["after"] - r["evaluation"]["before"])
+    tied = ranking(rows[0]) == ranking(rows[2])
+    assert summary["best"] == (None if tied else max(rows[0], rows[2], key=ranking)["job_id"])
+    assert summary["tied"] == ([rows[0]["job_id"], rows[2]["job_id"]] if tied else [])
 
     # Never more than 2 jobs at once, and 2 did run at once (the limit is a limit, not a queue of one).
     moments = sorted([(r["started"], 1) for r in rows] + [(r["ended"], -1) for r in rows])
@@ -276,14 +283,15 @@ def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, mon
     assert Path(summary["report_dir"]) == folder
     assert json.loads((folder / "sweep.json").read_text())["jobs"] == rows
     markdown = (folder / "sweep.md").read_text()
-    assert "3 jobs, 2 completed, 1 failed." in markdown and markdown.count("★ best") == 1
+    assert "3 jobs, 2 completed, 1 failed." in markdown and markdown.count("★ best") == (0 if tied else 1)
+    assert ("No best job: 2 jobs tie for first" in markdown) is tied
     artifact = Artifact.get("sw-sweep")
-    assert artifact is not None and summary["sweep_id"] in artifact.data and "★ best" in artifact.data
+    assert artifact is not None and summary["sweep_id"] in artifact.data and ("★ best" in artifact.data) is not tied
     table = Artifact.get("sw-sweep-table")
     cells = json.loads(table.data) if isinstance(table.data, str) else table.data
-    # Ranked: the completed jobs by their held-out score (equal here: grid order), the failed one last.
+    # Ranked: the completed jobs by their held-out score (equal here: grid order, one shared rank), the failed last.
     assert [c["status"].split(" ")[0] for c in cells] == ["completed", "completed", "failed"]
-    assert [c["rank"] for c in cells] == ["1", "2", "—"]
+    assert [c["rank"] for c in cells] == ["1", "1" if tied else "2", "—"]
     assert [c["job"] for c in cells] == [rows[0]["job_id"], rows[2]["job_id"], rows[1]["job_id"]]
     # `grpoflow jobs` still lists the jobs, not the sweeps folder
     code, out, _ = cli("jobs", "--json")
@@ -342,6 +350,21 @@ def test_sweep_as_flow_runs_of_a_deployment(make_spec, tmp_path):
     job = tmp_path / "runs" / rows[0]["job_id"]
     assert rows[0]["evaluation"] == json.loads((job / "evaluation.json").read_text())
     assert rows[0]["final_reward"] is not None
+
+
+def test_report_says_jobs_tie_instead_of_naming_a_best(tmp_path):
+    from grpoflow.flows.sweep import summary_line, write_report
+
+    rows = [row(1, before=0.0, after=0.0), row(2, status="failed"), row(3, before=0.0, after=0.0)]
+    markdown = report_markdown("s", rows, "exact_answer")
+    # Was: s-1 "★ best" with "0.000 → 0.000 (+0 pts)".
+    assert "★" not in markdown and "No best job: 2 jobs tie for first at 0.000 → 0.000 (no change)." in markdown
+    lines = [line for line in markdown.splitlines() if "| s-" in line]
+    assert [line.split(" | ")[0] for line in lines] == ["| 1", "| 1", "| —"]  # the tied share the first place
+    assert all(line.endswith("| tied for first |") for line in lines[:2])
+    assert summary_line(rows) == "no best: s-1, s-3 tie at 0.000 → 0.000 (no change)"  # the run's final message
+    summary = json.loads((Path(write_report(str(tmp_path), "s", rows)) / "sweep.json").read_text())
+    assert summary["best"] is None and summary["tied"] == ["s-1", "s-3"]
 
 
 def test_report_ranks_by_the_kept_models_score():

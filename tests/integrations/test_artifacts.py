@@ -73,6 +73,12 @@ def test_sft_line_has_a_fixed_format():
     )
 
 
+NO_GAIN = (
+    "no checkpoint beat the starting model: the best, step 3, scored 0.05937 against the start's 0.05942; the "
+    "starting model is kept (merged/ holds it)"
+)
+
+
 @pytest.mark.parametrize(
     "evaluation, summary",
     [
@@ -87,6 +93,20 @@ def test_sft_line_has_a_fixed_format():
         ),
         # No held-out prompts.
         (None, "no held-out evaluation"),
+        # Equal scores: no change (was "+0 pts"); a loss under half a point: its digits (was "-0 pts").
+        ({"metric": "m", "n": 4, "before": 0.0, "after": 0.0}, "m 0.00 -> 0.00 (no change)"),
+        ({"metric": "m", "n": 4, "before": 0.05942, "after": 0.05937}, "m 0.06 -> 0.06 (-0.005 pts)"),
+        # select: best kept a checkpoint that beat the start.
+        (
+            {"metric": "m", "n": 4, "before": 0.3, "after": 0.5, "select": "best", "selected_step": 4},
+            "m 0.30 -> 0.50 (+20 pts, best at step 4)",
+        ),
+        # No checkpoint beat the start (was "m 0.06 -> 0.06 (-0 pts, best at step 3)"): the start is kept, and said.
+        (
+            {"metric": "m", "n": 4, "before": 0.05942, "after": 0.05942, "select": "best", "selected_step": 0}
+            | {"improved": False, "trained": {"step": 3, "score": 0.05937}, "note": NO_GAIN},
+            f"m 0.06 -> 0.06 (no change); {NO_GAIN}",
+        ),
     ],
 )
 def test_score_summary(evaluation, summary):
@@ -178,3 +198,45 @@ def test_no_terminal_bar_without_a_terminal(make_spec, capsys):
     progress.update(1, "sft step 1/2")
     progress.close()
     assert capsys.readouterr().err == ""  # stderr is no tty here: no bar, no control characters
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_rollouts_artifact_shows_the_best_the_worst_and_one_between(tmp_path, make_spec):
+    from grpoflow.integrations.artifacts import rollouts_artifact
+    from grpoflow.trainers.rollouts import step_file, write_rows
+
+    spec, _ = load_spec(make_spec("art"))
+    job = JobDir(tmp_path / "runs" / "art-20261201-000000-abcdef")
+    totals = [0.5, 1.5, 0.0, 1.0, None]  # the last scored by no reward
+    write_rows(
+        step_file(job.rollouts, 2),
+        {
+            "step": [2] * 5,
+            "group": [0, 0, 0, 0, 0],
+            "prompt": ["What is 2+2?\nAnswer with a number."] * 5,
+            "completion": ["4", "4!", "iiii", "four", ""],
+            "reward": totals,
+            "rewards.exact_answer": [0.0, 1.0, 0.0, 1.0, None],
+            "rewards.length_penalty": [0.5, 0.5, 0.0, 0.0, None],
+            "advantage": [0.0, 1.2, -1.2, 0.6, 0.0],
+            "completion_tokens": [2, 3, 4, 2, 1],
+            "truncated": [False, False, True, False, False],
+        },
+    )
+
+    @flow
+    def evaluates():
+        rollouts_artifact(job, spec, 3)  # a held-out evaluation at step 3: the newest kept step before it, 2
+        rollouts_artifact(job, spec, 1)  # before any kept step: nothing to show
+
+    state = evaluates(return_state=True)
+    artifact = flow_run_artifacts(state.state_details.flow_run_id)["art-rollouts"]
+    assert artifact.type == "table" and "at step 2" in artifact.description
+    rows = json.loads(artifact.data)
+    assert [(r["rollout"], r["completion"], r["reward"]) for r in rows] == [
+        ("best", "4!", 1.5),
+        ("between", "4", 0.5),
+        ("worst", "iiii", 0.0),
+    ]
+    assert rows[2]["exact_answer"] == 0.0 and rows[2]["length_penalty"] == 0.0 and rows[2]["truncated"] is True
+    assert rows[0]["prompt"] == "What is 2+2? Answer with a number."  # one line in the table

@@ -165,7 +165,9 @@ def test_cli_reads_jobs_on_s3(bucket, tmp_path, monkeypatch):
     job_id = job.rsplit("/", 1)[-1]
 
     code, out, _ = cli("jobs", "--output-uri", root, "--json")
-    assert code == 0 and json.loads(out)["jobs"] == [{"job_id": job_id, "status": "completed", "steps": 2}]
+    assert code == 0 and json.loads(out)["jobs"] == [
+        {"job_id": job_id, "status": "completed", "steps": 2, "stopped_by": None}
+    ]
     code, out, _ = cli("metrics", job_id, "--output-uri", root, "--keys", "reward", "--json")
     assert code == 0 and [m["values"]["reward"] for m in json.loads(out)["metrics"]] == [0.5, 1.0]
     code, out, _ = cli("model", job_id, "--output-uri", root, "--json")

@@ -575,3 +575,53 @@ def test_the_child_reports_a_full_disk_once_and_removes_the_torn_checkpoint(tmp_
     record = json.loads((job.root / EXIT_RECORD).read_text())
     assert record["code"] == 2 and record["message"].startswith("output_uri: cannot write ")
     assert sorted(p.name for p in job.checkpoints.iterdir()) == ["checkpoint-1"]
+
+
+# --- a GGUF file as base_model (issue 42, item 1; the file's own rules: tests/trainers/test_gguf.py)
+
+
+def test_a_gguf_base_model_validates_saying_once_that_its_weights_are_dequantized(tmp_path, data, monkeypatch):
+    from grpoflow.trainers.model.gguf import convert_gguf, gguf_folder
+    from tests.conftest import cli
+    from tests.gguf_files import write_gguf
+
+    monkeypatch.setenv("GRPOFLOW_CACHE", str(tmp_path / "cache"))
+    gguf = write_gguf(tmp_path / "tiny.Q8_0.gguf")
+    spec = {"base_model": str(gguf), "dataset": {"uri": str(data["chat"])}}
+    written = {"name": "gguf", **spec, "rewards": [{"name": "exact_answer"}], "evaluation": {"holdout": 0}}
+    (tmp_path / "spec.yaml").write_text(json.dumps(written))
+    code, _, err = cli("validate", tmp_path / "spec.yaml")
+    assert code == 0, err
+    [note] = [line for line in err.splitlines() if "GGUF" in line]
+    assert note.startswith("warning: base_model: tiny.Q8_0.gguf is a GGUF file (llama, Q8_0, 91K parameters): ")
+    where = gguf_folder(str(gguf))
+    assert f"the first stage that loads it dequantizes its weights once into a model folder, {where} " in note
+    assert "training runs in float32 on CPU, bfloat16 on a GPU that has it" in note
+
+    # The header's config is checked as config.json would be: 256 positions (a rotary model: a warning).
+    warnings = []
+    assert preflight(spec_for(data, **spec, hyperparameters={"max_response_length": 300}), warnings) == []
+    assert any("beyond the 256 positions" in w for w in warnings), warnings
+    # Converted (by an earlier job), its folder is checked as any model folder; the note says where it is.
+    convert_gguf(str(gguf))
+    warnings = []
+    assert preflight(spec_for(data, **spec), warnings) == []
+    assert any(f"its weights were dequantized once into a model folder, {where} " in w for w in warnings)
+
+
+def test_gguf_files_validate_refuses_each_naming_base_model(tmp_path, data, monkeypatch):
+    from tests.gguf_files import write_gguf
+
+    monkeypatch.setenv("GRPOFLOW_CACHE", str(tmp_path / "cache"))
+    rwkv = write_gguf(tmp_path / "rwkv.gguf", "rwkv6")
+    assert [p[:60] for p in preflight(spec_for(data, base_model=str(rwkv)))] == [
+        f"base_model: {rwkv} holds a 'rwkv6' model, an architecture"[:60]
+    ]
+    # Chat prompts, and a file without a chat template: said before the conversion, from the header.
+    bare = write_gguf(tmp_path / "bare.gguf", chat_template=False)
+    problems = preflight(spec_for(data, base_model=str(bare), dataset={"uri": str(data["chat"])}))
+    assert problems == [
+        f"dataset.prompt_column: the prompts are chats (lists of messages), but the tokenizer of {bare} has no chat "
+        "template to render them; give string prompts, or use a model whose tokenizer has one (a chat or instruct "
+        "model), or add one to its tokenizer_config.json"
+    ]

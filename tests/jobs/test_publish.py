@@ -89,7 +89,7 @@ def test_merged_card_metadata_and_body(hub, job):
     # Final is step 3; the best reward (0.75) was at step 2, shown with the other metrics at that step.
     assert "| metric | final (step 3) | best reward (step 2) |" in body
     assert "| `reward` | 0.5 | 0.75 |" in body and "| `kl` | 0.008 | 0.004 |" in body
-    assert "| `exact_answer` | 8 | 0.25 | 0.625 | 0.375 |" in body
+    assert "| `exact_answer` | 8 | 0.25 | 0.625 | +37.5 points |" in body
 
 
 def test_publish_adapter(hub, tmp_path):

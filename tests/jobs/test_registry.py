@@ -132,7 +132,7 @@ def test_without_output_uri_the_registry_is_found_where_the_job_index_points(roo
     assert code == 0 and "rolled back to version 1" in out, err
 
     code, _, err = cli("serve", "nope")  # unknown: where it looked, and the names there are
-    assert code == 1
+    assert code == 2
     assert f"unknown deployment 'nope' under {elsewhere / 'runs' / 'deployments'}, {root / 'deployments'}" in err
     assert "registered: arith, old" in err
     (elsewhere / "runs" / "deployments").mkdir(parents=True)  # the same name in ./runs too: which one is meant?
@@ -143,13 +143,44 @@ def test_without_output_uri_the_registry_is_found_where_the_job_index_points(roo
 
 
 EVALUATION = {"metric": "exact_answer", "n": 8, "before": 0.5, "after": 0.75}
+NO_GAIN = "no checkpoint beat the starting model"
+
+
+@pytest.mark.parametrize(
+    "evaluation, gate, kind, reason",
+    [
+        # The default gate: a model no better than its start is not promoted, a tie included.
+        ({**EVALUATION, "after": 0.5}, GateSpec(), "no_improvement", f"{NO_GAIN} (0.5 -> 0.5, no change)"),
+        ({**EVALUATION, "after": 0.25}, GateSpec(), "no_improvement", f"{NO_GAIN} (0.5 -> 0.25, -25.0 points)"),
+        # The kept start (select: best, nothing beat it) has the start's score: refused as well.
+        (
+            {**EVALUATION, "before": 0.05942, "after": 0.05942, "selected_step": 0},
+            GateSpec(),
+            "no_improvement",
+            "evaluation.gate.min_gain 0 promotes only a gain (null turns the gate off)",
+        ),
+        # A tiny loss is a loss, never "-0".
+        ({**EVALUATION, "before": 0.05942, "after": 0.05937}, GateSpec(), "no_improvement", "-0.005 points"),
+        # A minimum above 0 names the gain it asks for.
+        ({**EVALUATION, "after": 0.5}, GateSpec(min_gain=0.1), "no_improvement", "a gain of at least 0.1"),
+        # Some gain, not enough.
+        ({**EVALUATION, "after": 0.55}, GateSpec(min_gain=0.1), "below_min_gain", "below evaluation.gate.min_gain"),
+        (EVALUATION, GateSpec(beat_deployed=True), "below_deployed", "below the deployed version's"),
+        (None, GateSpec(), "not_scored", "no held-out score"),
+    ],
+)
+def test_gate_refusals_say_what_failed(evaluation, gate, kind, reason):
+    decision = gate_decision(evaluation, gate, 0.8)
+    assert not decision["promote"] and decision["kind"] == kind and reason in decision["reason"]
+    assert "-0 " not in decision["reason"] and "-0.0 " not in decision["reason"]
 
 
 @pytest.mark.parametrize(
     "evaluation, gate, deployed, promote, reason",
     [
         (EVALUATION, None, None, True, "no gate"),  # no gate block at all
-        (EVALUATION, GateSpec(), 0.9, True, "no gate"),  # the defaults gate nothing, whatever is deployed
+        (EVALUATION, GateSpec(min_gain=None), 0.9, True, "no gate"),  # null turns it off, whatever is deployed
+        (EVALUATION, GateSpec(), 0.9, True, "passed"),  # the default (min_gain 0): a gain passes
         (EVALUATION, GateSpec(min_gain=0.25), None, True, "passed"),  # exactly the minimum passes
         (
             EVALUATION,
@@ -174,4 +205,5 @@ EVALUATION = {"metric": "exact_answer", "n": 8, "before": 0.5, "after": 0.75}
 def test_gate_decision(evaluation, gate, deployed, promote, reason):
     decision = gate_decision(evaluation, gate, deployed)
     assert decision["promote"] is promote and reason in decision["reason"]
+    assert (decision["kind"] is None) is promote
     assert decision["deployed_score"] == deployed and decision["after"] == (evaluation or {}).get("after")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpoflow.jobs.report import plot_metrics, write_report
+from grpoflow.jobs.report import held_out_figure, held_out_limits, plot_held_out, plot_metrics, write_report
 from grpoflow.trainers.health import HealthMonitor
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.spec import load_spec, to_yaml
@@ -120,6 +120,9 @@ def test_report_without_metrics_file(tmp_path):
         ({"metric": "m", "n": 10, "before": 0.0, "after": 1.0}, "| 0.0% | 100.0% | +100.0 points |"),  # 0 to 1
         ({"metric": "m", "n": 10, "before": 2.5, "after": 4.0}, "| 2.5 | 4 | +1.5 |"),  # not in [0, 1]: raw numbers
         ({"metric": "m", "n": 10, "before": None, "after": 0.5}, "| — | 50.0% | — |"),  # a score is missing
+        ({"metric": "m", "n": 10, "before": 0.0, "after": 0.0}, "| 0.0% | 0.0% | no change |"),  # was "+0.0 points"
+        # A loss too small for one decimal: its own digits, never "-0.0 points".
+        ({"metric": "m", "n": 10, "before": 0.05942, "after": 0.05937}, "| 5.9% | 5.9% | -0.005 points |"),
     ],
 )
 def test_evaluation_table(tmp_path, evaluation, expected):
@@ -185,3 +188,97 @@ def test_report_names_every_adapted_module_and_parameter(tmp_path):
         "- **Trained parameters:** 10 of 100, LoRA adapters on `q_proj`, `v_proj` and on the parameters "
         "`experts.down_proj`, `experts.gate_up_proj`"
     ) in text
+
+
+# --- no regression: a start no checkpoint beat, and held_out.png
+
+
+def no_gain(select="best", before=0.357, trained=0.175) -> dict:
+    """evaluation.json of a job whose checkpoints all scored below the start (the issue's full fine-tune)."""
+    series = [{"step": 0, "score": before}, {"step": 4, "score": 0.113}, {"step": 8, "score": trained}]
+    evaluation = {"metric": "fuzzy", "n": 40, "before": before, "select": select, "series": series, "improved": False}
+    if select == "best":  # what trainers/evaluate.py leaves: the start kept
+        evaluation |= {"after": before, "selected_step": 0, "trained": {"step": 8, "score": trained}}
+        note = "no checkpoint beat the starting model: the best, step 8, scored 0.175 against the start's 0.357"
+        return evaluation | {"note": note + "; the starting model is kept (merged/ holds it)"}
+    note = "no checkpoint beat the starting model: the last, step 8, scored 0.175 against the start's 0.357"
+    return evaluation | {"after": trained, "selected_step": 8, "note": note}
+
+
+def test_report_says_no_checkpoint_beat_the_start(tmp_path):
+    job, spec = make_job(tmp_path, n_steps=8)
+    text = write_report(job, spec, no_gain(), []).read_text()
+    # Was: "**Model kept:** step 8, the best held-out score during training (held-out fuzzy 17.5%; ...)".
+    assert "| fuzzy | 40 | 35.7% | 35.7% | no change |" in text
+    assert "**No improvement:** no checkpoint beat the starting model: the best, step 8, scored 0.175" in text
+    assert "**Model kept:** the starting model (step 0): no checkpoint beat its held-out fuzzy 35.7%" in text
+    assert "best held-out score during training" not in text and "Not scored" not in text
+
+    text = write_report(job, spec, no_gain("last"), []).read_text()
+    assert "| fuzzy | 40 | 35.7% | 17.5% | -18.2 points |" in text
+    assert "**No improvement:** no checkpoint beat the starting model: the last, step 8" in text
+    assert "**Model kept:** the last step's (8)" in text
+
+
+@pytest.mark.parametrize(
+    "scores, limits",
+    [
+        ([0.05942, 0.05937], (-0.02, 1.02)),  # a 0..1 metric's whole range: no cliff (was 0.05937-0.05942)
+        ([0.0, 0.0], (-0.02, 1.02)),  # all zero: the bottom of 0..1 (was -0.055..0.055)
+        ([0.357, 0.175, 0.113], (-0.02, 1.02)),
+        ([-2.0, 3.5], (-2.275, 3.775)),  # another scale: the scores' own range, padded
+        ([100.0, 100.01], (94.50445, 105.50555)),  # a tiny change on a large scale: a tenth of the magnitude
+    ],
+)
+def test_held_out_axis_spans_the_metrics_range(scores, limits):
+    assert held_out_limits(scores) == pytest.approx(limits)
+    series = [{"step": 3 * i, "score": s} for i, s in enumerate(scores)]
+    fig = held_out_figure({"metric": "m", "series": series, "selected_step": 0}, [])
+    assert fig.axes[0].get_ylim() == pytest.approx(limits)  # what the PNG shows
+
+
+def test_held_out_png_before_and_after_are_two_markers_on_whole_steps(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    # evaluation.every: 0, three steps: step 0 and step 3 only.
+    evaluation = {"metric": "exact_answer", "series": [{"step": 0, "score": 0.05942}, {"step": 3, "score": 0.05937}]}
+    evaluation["selected_step"] = 0
+    records = [{"step": s, "values": {"reward": 0.1 * s}} for s in range(1, 4)]
+    fig = held_out_figure(evaluation, records)
+    ax, twin = fig.axes
+    [scores] = [line for line in ax.get_lines() if line.get_label() == "held-out exact_answer"]
+    assert scores.get_linestyle() == "None" and scores.get_marker() == "o"  # two measurements, not a curve (was "-")
+    low, high = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if low <= t <= high]
+    assert ticks == [0, 1, 2, 3]  # whole steps (were 0, 0.5, 1, ... 3)
+    FigureCanvasAgg(fig).draw()
+    inside = fig.bbox
+    for artist in (ax.yaxis.label, twin.yaxis.label, ax.get_legend()):  # the left label was cut off
+        box = artist.get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= inside.width and box.y0 >= 0 and box.y1 <= inside.height, artist
+    assert_png(plot_held_out(evaluation, records, tmp_path))
+
+
+def test_held_out_png_draws_a_series_as_a_line():
+    fig = held_out_figure(no_gain(), [])
+    [scores] = [line for line in fig.axes[0].get_lines() if line.get_label() == "held-out fuzzy"]
+    assert scores.get_linestyle() == "-" and list(scores.get_xdata()) == [0, 4, 8]
+    assert held_out_figure({"metric": "m", "series": [{"step": 0, "score": 0.5}]}, []) is None  # nothing to compare
+
+
+def test_report_shows_what_the_model_writes_before_and_after(tmp_path):
+    from grpoflow.trainers.rollouts import write_held_out
+
+    job, spec = make_job(tmp_path, n_steps=6)
+    prompts = [f"What is {i}+{i}?" for i in range(8)]
+    write_held_out(job, 0, prompts, ["iiii | iiii"] * 8, [0.0] * 8)  # a pipe in a completion stays in its cell
+    write_held_out(job, 6, prompts, [str(2 * i) for i in range(8)], [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    text = write_report(job, spec, EVALUATION | {"selected_step": 6}, []).read_text()
+    section = text.split("## What the model writes\n\n", 1)[1].split("\n\n## ", 1)[0]
+    assert "| held-out prompt | starting model (step 0) | GRPO result (step 6) |" in section
+    assert r"| What is 0+0? | iiii \| iiii (**0**) | 0 (**1**) |" in section  # the prompts whose score changed
+    assert section.count("\n| What is") == 5 and "What is 2+2?" in section  # five, then in held-out order
+    assert "evaluation/step-000006.parquet" in section
+    assert text.index("## Held-out evaluation") < text.index("## What the model writes") < text.index("## Metrics")
+    # Without the held-out files (an older job, or no hold-out), no such section.
+    assert "What the model writes" not in write_report(job, spec, EVALUATION | {"selected_step": 5}, []).read_text()

@@ -29,7 +29,7 @@ def test_collapse_alert_stops_the_run(tmp_path):
         argv += ["--set", f"{key}={value}"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         code = main(argv)
-    assert code == 1, err.getvalue()[-2000:]  # stopped by the monitor: a failed run, not a rejected one
+    assert code == 4, err.getvalue()[-2000:]  # stopped by the monitor: its own code, not a crash's 1
 
     job = JobDir(next((tmp_path / "runs").iterdir()))
     events = read_events(job.events)

@@ -76,7 +76,7 @@ def test_cli_publish_exit_codes(hub, job, monkeypatch):
     code, _, err = cli("--output-uri", root, "publish", job_id, "--repo-id", "not a repo")
     assert code == 2 and "--repo-id" in err
     code, _, _ = cli("--output-uri", root, "publish", "no-such-job", "--repo-id", REPO)
-    assert code == 1
+    assert code == 2
     monkeypatch.delenv("HF_TOKEN")
     code, _, err = cli("--output-uri", root, "publish", job_id, "--repo-id", REPO)
     assert code == 2 and "HF_TOKEN" in err and TOKEN not in err

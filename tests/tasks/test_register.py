@@ -37,14 +37,14 @@ def test_deploy_is_ready_after_smoke_test_and_idempotent(finished_job):
 def test_deploy_mistakes(finished_job):
     root = finished_job.root.parent
     code, _, err = cli("--output-uri", root, "deploy", "no-such-job")
-    assert code == 1 and "unknown job" in err
+    assert code == 2 and "unknown job" in err  # bad input, as a bad --name
     code, _, err = cli("--output-uri", root, "deploy", finished_job.job_id, "--name", "Bad Name")
     assert code == 2 and "--name" in err
     shutil.rmtree(finished_job.merged)
     code, _, err = cli("--output-uri", root, "deploy", finished_job.job_id)
     assert code == 1 and "merged" in err
     code, _, err = cli("--output-uri", root, "serve", "nothing-here")
-    assert code == 1 and "unknown deployment" in err
+    assert code == 2 and "unknown deployment" in err
 
 
 def test_every_version_is_kept_and_rolled_back(finished_job):
@@ -86,20 +86,29 @@ def test_a_run_that_misses_the_gate_completes_unpromoted(make_spec, tmp_path):
     )
     code, out, err = cli("run", spec)
     assert code == 0, err
-    assert "model not promoted (not published, not deployed): gain" in out and "min_gain 2" in out
+    # The stand-in saves the start's weights as its result: the same score after as before, and the end lines say
+    # so (they read "before GRPO 0.000, after GRPO 0.000" and nothing else).
     [job] = [JobDir(p) for p in (tmp_path / "runs").iterdir() if (p / "spec.yaml").exists()]
+    evaluation = json.loads(job.evaluation.read_text())
+    score = f"{evaluation['before']:.4g}"
+    assert evaluation["after"] == evaluation["before"] and evaluation["improved"] is False
+    no_gain = f"no checkpoint beat the starting model: the last, step 2, scored {score} against the start's {score}"
+    assert f"note: {no_gain}\n" in out
+    assert (
+        "model not promoted (not published, not deployed): no checkpoint beat the starting model "
+        f"({score} -> {score}, no change); evaluation.gate.min_gain 2 promotes only a gain of at least 2"
+    ) in out
     events = [json.loads(line) for line in job.events.read_text().splitlines()]
     names = [e["event"] for e in events]
     assert "grpoflow.model.published" not in names and "grpoflow.deployment.registered" not in names
     assert names[-2:] == ["grpoflow.model.rejected", "grpoflow.job.completed"]
+    [alert] = [e["payload"] for e in events if e["event"] == "grpoflow.training.alert"]
+    assert alert["kind"] == "no_improvement" and alert["message"] == no_gain and alert["evidence"]["kept"] == "step 2"
     rejected = events[-2]["payload"]
-    evaluation = json.loads(job.evaluation.read_text())
     assert (rejected["before"], rejected["after"]) == (evaluation["before"], evaluation["after"])
-    assert (
-        rejected["promote"] is False
-        and rejected["min_gain"] == 2.0
-        and "below evaluation.gate.min_gain" in (rejected["reason"])
-    )
+    assert rejected["promote"] is False and rejected["min_gain"] == 2.0
+    # The reason is a kind (as an approval's); the sentence `grpoflow run` printed is the message.
+    assert rejected["reason"] == "no_improvement" and "evaluation.gate.min_gain 2" in rejected["message"]
     assert not (tmp_path / "runs" / "deployments").exists()
 
 

@@ -75,6 +75,29 @@ def test_train_task_runs_the_child_and_announces_each_step(make_job):
     assert told[3:5] == lines and told[5] == "training: saving the weights to merged/"
 
 
+@pytest.mark.usefixtures("prefect_server")
+def test_no_phase_line_repeats_between_steps(make_job, standin, monkeypatch):
+    # "training: model loaded in 0.4 s; step 1: generating ...: 153 s so far" came every 15 s between the step lines
+    # of a whole run. Here a beat every 0.3 s, a model load of 1.5 s and steps of 0.6 s (the task polls every 0.5 s).
+    from prefect import flow
+
+    from grpoflow.integrations import heartbeat
+
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.3)
+    standin(load_seconds=1.5, step_seconds=0.6)
+    job, spec = make_job("beats", hyperparameters={"max_steps": 5}, evaluation={"holdout": 0})
+    state = flow(lambda: train_task(job, spec))(return_state=True)
+    assert state.is_completed()
+    told = [m for m in flow_run_logs(state.state_details.flow_run_id) if m.startswith(("training: ", "step "))]
+    steps = [i for i, m in enumerate(told) if m.startswith("step ")]
+    assert [told[i].split()[1] for i in steps] == [f"{s}/5" for s in range(1, 6)]
+    assert not [m for m in told[steps[0] : steps[-1]] if not m.startswith("step ")], told  # only the steps' lines
+    # The model load still says how long it lasts: the beat is held back between steps only.
+    load = "training: loading the model builtin:tiny (the stand-in's)"
+    assert any(m.startswith(f"{load}: ") and m.endswith(" s so far") for m in told[: steps[0]]), told
+    assert told[steps[-1] + 1] == "training: saving the weights to merged/"
+
+
 def test_train_task_is_a_retried_prefect_task():
     from prefect import Task
 
@@ -281,3 +304,26 @@ def test_cancel_stops_child_and_keeps_checkpoint(tmp_path, make_spec, standin):
     assert intact_checkpoint(job.checkpoints / "checkpoint-5")
     failed = [r for r in read_events(job.events) if r["event"] == "grpoflow.job.failed"]
     assert failed and failed[-1]["payload"]["reason"] == "cancelled"
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_held_out_scores_show_rollouts_and_degenerate_output_is_an_alert(make_job, standin):
+    # A run whose every completion is `iiiiiiiiii` (completions/degenerate_ratio 1, as the real child logs it), with a
+    # held-out score at every step: each evaluation shows that step's rollouts in the UI, and the alert names one.
+    from prefect import flow
+
+    standin(grpo={"values": {"eval/exact_answer": 0.0, "completions/degenerate_ratio": 1.0}, "completion": "i" * 10})
+    job, spec = make_job("degen", hyperparameters={"max_steps": 10}, evaluation={"holdout": 0})
+    state = flow(lambda: train_task(job, spec))(return_state=True)
+    assert state.is_completed()
+    (alert,) = [e["payload"] for e in events(job) if e["event"] == "grpoflow.training.alert"]
+    assert alert["kind"] == "degenerate_completions" and alert["step"] == 10
+    assert "100% of the completions over the last 10 steps" in alert["message"]
+    assert "e.g. at step 10: 'iiiiiiiiii'" in alert["message"] and "grpoflow rollouts" in alert["advice"]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:  # every version of the key: one per held-out evaluation
+        shown = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["degen-rollouts"])))
+    assert sorted(int(a.description.split(" at step ")[1].split(":")[0]) for a in shown) == list(range(1, 11))
+    assert [row["completion"] for row in json.loads(shown[0].data)] == ["iiiiiiiiii"] * 3

@@ -15,14 +15,14 @@ import torch
 from safetensors import safe_open
 
 from grpoflow.jobs.launch import accelerate_command, child_command
+from grpoflow.jobs.vllm_server import server_command, split_gpus, starts_server, vllm_server
 from grpoflow.trainers import grpo
-from grpoflow.trainers.child import record_exit
+from grpoflow.trainers.child import VLLM_SERVER_URL_ENV, record_exit
 from grpoflow.trainers.errors import RewardFailed, TrainingSetupError
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import SetupError, check_accelerators
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.vllm_server import VLLM_SERVER_URL_ENV, server_command, split_gpus, starts_server, vllm_server
 
 real_child_command = child_command  # before a test replaces grpoflow.jobs.launch.child_command
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
@@ -194,7 +194,7 @@ STOPPING_CHILD = """
 import sys
 from pathlib import Path
 from grpoflow.trainers.jobdir import JobDir
-from grpoflow.jobs.launch import record_exit
+from grpoflow.trainers.child import record_exit
 code, message = int(sys.argv[2]), sys.argv[3]
 print(f"grpoflow: {message}", file=sys.stderr)
 sys.exit(record_exit(JobDir(Path(sys.argv[1])), code, message))

@@ -22,9 +22,11 @@ from grpoflow.trainers.grpo import grpo_config, intact_checkpoint, resume_checkp
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.tiny import build_tiny
+from grpoflow.trainers.rollouts import kept_steps
 from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import arithmetic_rows, write_jsonl
 from tests.trainers.test_held_out import VARIETY
+from tests.trainers.test_rollouts import check_rollouts, same_rollouts
 
 # --- the spec mapped onto GRPOConfig -------------------------------------------------------------------------------
 
@@ -189,8 +191,10 @@ def test_prompts_per_step_trains_on_several_groups(make_job):
 @pytest.mark.parametrize(
     "tracking, message",
     [
-        # Only transformers' integrations, by their names.
-        ({"report_to": ["comet"]}, "tracking.report_to[0]: must be 'trackio', 'tensorboard', 'wandb' or 'mlflow'"),
+        # Only transformers' integrations, by their names (comet's is comet_ml): the message lists them.
+        ({"report_to": ["comet"]}, "tracking.report_to[0]: must be 'azure_ml', 'comet_ml', 'mlflow', 'neptune', "),
+        # Any of them is taken, e.g. clearml, and named with what to install when it is missing.
+        ({"report_to": ["clearml"]}, "clearml (pip install clearml)"),
         # A tracker that is not installed is named with what to install (wandb is not a test dependency).
         ({"report_to": ["wandb"]}, "wandb (pip install wandb)"),
         # Secrets never go in the spec: there is no field for one.
@@ -311,6 +315,7 @@ def test_full_finetune_trains_saves_and_resumes(make_job):
     result = json.loads(job.training_result.read_text())
     assert (result["artifact_dir"], result["global_step"], result["resumed_from"]) == ("merged", 2, None)
     assert result["evaluated_in_training"] and json.loads(job.evaluation.read_text())["n"] == 4
+    check_rollouts(job, spec, records)  # rollouts/ and evaluation/: what the model wrote, as TRL scored it
 
     # Killed after the final checkpoint (before training.json): the retry trains nothing more, exactly max_steps.
     trained_before = weights(job.merged)
@@ -399,6 +404,10 @@ def test_killed_and_resumed_matches_uninterrupted(tmp_path):
         {k: v for k, v in r["values"].items() if k not in drop} for r in b
     ]
     assert [r["step"] for r in b if "eval/variety" in r["values"]] == [5, 10, 15, 20]
+    # Each step's rollouts file once, row for row the uninterrupted run's; the held-out completions too.
+    same_rollouts(straight, killed)
+    check_rollouts(killed, spec, b)
+    assert kept_steps(killed.evaluation_rollouts) == [0, 5, 10, 15, 20]
     wa, wb = load_file(Path(straight.merged) / "model.safetensors"), load_file(killed.merged / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     selected = [json.loads(j.training_result.read_text())["selected_step"] for j in (straight, killed)]

@@ -448,3 +448,49 @@ def test_non_finite_names_the_learning_rate_it_was_logged_with():
         "loss is not finite (NaN or inf) at step 1 with learning rate 1e+06 (hyperparameters.learning_rate): the "
         "update diverged and cannot recover."
     )
+
+
+# --- degenerate completions ------------------------------------------------------------------------------------------
+
+DEGENERATE = "completions/degenerate_ratio"  # logged by the training child (grpoflow.trainers.rollouts)
+DEGENERATE_CASES = [
+    # TRUE: the run collapses to `iiiiiiii` from step 21: most of the window by step 26
+    (series(40, reward=lambda s: 0.2, **{DEGENERATE: lambda s: 1.0 if s > 20 else 0.0}), (25, 27)),
+    # TRUE: three completions in four degenerate for a whole window
+    (series(30, **{DEGENERATE: lambda s: 0.75}), (10, 10)),
+    # FALSE: a few empty or repeated completions now and then (a quarter of them)
+    (series(60, **{DEGENERATE: lambda s: 0.25}), None),
+    # FALSE: a burst shorter than half a window
+    (series(60, **{DEGENERATE: lambda s: 1.0 if 30 < s <= 34 else 0.0}), None),
+    # FALSE: a job that logs no ratio (an older child) says nothing
+    (series(60, reward=lambda s: 0.5), None),
+    # TRUE: a run shorter than the window, judged at its last step on what it has
+    (series(5, **{DEGENERATE: lambda s: 1.0}), (5, 5)),
+]
+
+
+@pytest.mark.parametrize(("records", "expected"), DEGENERATE_CASES)
+def test_degenerate_completions(records, expected):
+    max_steps = 5 if len(records) == 5 else None
+    assert in_range(fired(records, "degenerate_completions", max_steps=max_steps), expected)
+
+
+def test_degenerate_completions_names_an_example_and_what_to_do():
+    asked = []
+
+    def examples(first, last):
+        asked.append((first, last))
+        return 12, "iiiiiiiiii"
+
+    records = series(12, **{DEGENERATE: lambda s: 0.9})
+    monitor = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0, examples=examples)
+    (alert,) = [a for a in monitor.check(records) if a.kind == "degenerate_completions"]
+    assert asked == [(1, 10)] and alert.step == 10
+    assert "90% of the completions over the last 10 steps" in alert.message
+    assert "e.g. at step 12: 'iiiiiiiiii'" in alert.message
+    assert alert.evidence["example"] == "iiiiiiiiii" and alert.evidence["degenerate_share_last"] == 0.9
+    assert "grpoflow rollouts" in alert.advice and "learning_rate" in alert.advice and "kl_coef" in alert.advice
+    assert verdict([alert]) == "degenerate completions suspected at step 10"
+    # Without a way to find one (rollouts.every: 0), the alert still fires, naming none.
+    (bare,) = HealthMonitor(max_response_length=MAX_LEN, kl_coef=0.0).check(records)
+    assert "e.g." not in bare.message and "example" not in bare.evidence

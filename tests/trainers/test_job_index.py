@@ -58,5 +58,5 @@ def test_cli_says_where_it_looked(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GRPOFLOW_OUTPUT_URI", raising=False)
     code, _, err = cli("metrics", "nowhere-20261201-000000-abcdef")
-    assert code == 1
+    assert code == 2
     assert f"under {tmp_path / 'runs'}, nor in the job index {index}" in err

@@ -12,22 +12,21 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from grpoflow.trainers.graders import GRADER_TYPES, MODEL_GRADERS
+from grpoflow.trainers.graders import CODE_GRADERS, GRADER_TYPES, GRADERS, MODEL_GRADERS
 from grpoflow.trainers.graders.formula import FormulaError, parse_formula
 from grpoflow.trainers.graders.similarity import EMBEDDING_METRICS, metric_problem
 from grpoflow.trainers.graders.templates import path_problem, template_paths
 
 # Graders of OpenAI's Evals API carry a pass_threshold (a score at or above it passes); a reward has no use for it,
 # so a grader copied from an eval keeps it, unread.
-EVAL_THRESHOLD = ("text_similarity", "python", "score_model")
+EVAL_THRESHOLD = tuple(kind for kind, grader in GRADERS.items() if grader.pass_threshold)
 MAX_SOURCE_BYTES = 256 * 1024  # OpenAI's limit on a python grader's source
 _ENDPOINT_KWARGS = ("base_url", "api_key_env", "concurrency", "timeout", "retries", "backoff")
 # grader type -> the kwargs it takes (model graders and cosine: the endpoint; python: its process's limits)
 KWARGS = {
-    "score_model": (*_ENDPOINT_KWARGS, "model"),
-    "label_model": (*_ENDPOINT_KWARGS, "model"),
+    **dict.fromkeys(MODEL_GRADERS, (*_ENDPOINT_KWARGS, "model")),
     "cosine": (*_ENDPOINT_KWARGS, "embedding_model"),
-    "python": ("timeout", "memory_mb"),
+    **dict.fromkeys(CODE_GRADERS, ("timeout", "memory_mb")),
 }
 _EXTRA_CHECKS = {
     "embedding_model": ((str,), lambda v: bool(v.strip()), "the embedding model the endpoint serves"),
@@ -51,17 +50,9 @@ def _memory_cap() -> int:
 
 def openai_types() -> dict[str, type[BaseModel]]:
     """The `openai` package's model of each grader type."""
-    from openai.types.graders import (
-        LabelModelGrader,
-        MultiGrader,
-        PythonGrader,
-        ScoreModelGrader,
-        StringCheckGrader,
-        TextSimilarityGrader,
-    )
+    from openai.types import graders
 
-    models = (StringCheckGrader, TextSimilarityGrader, ScoreModelGrader, LabelModelGrader, PythonGrader, MultiGrader)
-    return dict(zip(GRADER_TYPES, models, strict=True))
+    return {kind: getattr(graders, grader.openai) for kind, grader in GRADERS.items()}
 
 
 def grader_problems(grader: Any, kwargs: Any = None) -> list[tuple[str, str]]:
@@ -290,7 +281,7 @@ def _kwargs_problems(grader: dict, kwargs: dict) -> list[tuple[str, str]]:
         for key in kwargs
         if key not in allowed
     ]
-    if needs & {"score_model", "label_model", "cosine"} and "base_url" not in kwargs:
+    if needs & {*MODEL_GRADERS, "cosine"} and "base_url" not in kwargs:
         problems.append(("kwargs.base_url", "required: the OpenAI-compatible endpoint (its /v1 root) that answers"))
     for key, value in kwargs.items():
         types, check, what = {**KWARG_CHECKS, **_EXTRA_CHECKS}.get(key, ((object,), lambda v: True, ""))

@@ -3,8 +3,9 @@
 Each call starts one sandbox and nothing of it outlives the call:
 
 - new PID, network (no interface but a loopback of its own), IPC and UTS namespaces, and a new user namespace where
-  the worker runs unprivileged; where it runs as root, the sandboxed process is the host's `nobody` (65534) instead,
-  with no capabilities, since the kernel does not hold root, even a namespace's root, to a process limit;
+  the worker runs unprivileged; where it runs as root, the sandboxed process is an unprivileged user of its own
+  instead (a uid no system assigns), with no capabilities, since the kernel does not hold root, even a namespace's
+  root, to a process limit;
 - a root folder of its own: the interpreter and its site-packages bound read-only, `/usr` (the system's libraries)
   read-only, a private `/proc` (its own processes only), a minimal `/dev`, and a private tmpfs of bounded size as
   working folder, `/tmp` and home. No home folder, no job folder, no Hugging Face or Prefect folders, no environment
@@ -31,13 +32,17 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-NOBODY = 65534
+# Where the worker runs as root, each sandbox's process runs as a user of its own, drawn from a range no system
+# assigns: the kernel counts the process limit per user, so sandboxes running at once (a multi grader's python
+# sub-graders, several ranks) do not share one budget, as they would all as `nobody`.
+SANDBOX_UIDS = (1 << 30, 1 << 20)  # first uid, how many
 LIMIT_SETTINGS = {  # field -> (variable, default)
     "memory_mb": ("GRPOFLOW_SANDBOX_MEMORY_MB", 2048),
     "max_processes": ("GRPOFLOW_SANDBOX_MAX_PROCESSES", 16),
@@ -95,6 +100,7 @@ def _binds() -> list[str]:
 def command(argv: list[str], limits: Limits) -> list[str]:
     """The bwrap command that runs `argv` in a new sandbox."""
     as_root = os.geteuid() == 0
+    uid = SANDBOX_UIDS[0] + secrets.randbelow(SANDBOX_UIDS[1])
     isolation = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     if not as_root:
         isolation.append("--unshare-user")
@@ -112,12 +118,13 @@ def command(argv: list[str], limits: Limits) -> list[str]:
         "C.UTF-8",
     ]
     drop = (
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs"]
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
         + ["--bounding-set=-all", "--inh-caps=-all"]
         if as_root
         else []
     )
-    layout = [*_binds(), "--proc", "/proc", "--dev", "/dev", *tmp, "--chdir", "/tmp"]
+    # The tmpfs first: an interpreter or venv that lives under /tmp is bound on top of it, not hidden by it.
+    layout = [*tmp, *_binds(), "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp"]
     return [_bwrap(), *isolation, "--die-with-parent", "--new-session", *layout, *env, *drop, *argv]
 
 

@@ -68,8 +68,7 @@ def _free_parameters(model) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _layout(model_path: str, local_only: bool) -> Layout:
     """The model's `Layout`, from a meta-device build of its config."""
     import torch
-    from peft import LoraConfig
-    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+    from peft import LoraConfig, LoraModel
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -78,12 +77,14 @@ def _layout(model_path: str, local_only: bool) -> Layout:
         raise ConfigUnavailable(f"cannot read the config of {model_path!r}: {e}") from e
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    # PEFT's rule, exactly as get_peft_model applies it to target_modules="all-linear".
-    probe = _maybe_include_all_linear_layers(LoraConfig(target_modules=ALL_LINEAR, task_type="CAUSAL_LM"), model)
     head = model.get_output_embeddings()
     heads = tuple(name for name, module in model.named_modules() if head is not None and module is head)
     parameters, experts = _free_parameters(model)
-    return Layout(config.model_type, tuple(sorted(probe.target_modules)), heads, parameters, experts)
+    # PEFT's own "all-linear" rule, applied as get_peft_model applies it (last: it adds LoRA layers to the model).
+    lora = LoraModel(
+        model, LoraConfig(target_modules=ALL_LINEAR, task_type="CAUSAL_LM"), "default", low_cpu_mem_usage=True
+    )
+    return Layout(config.model_type, tuple(sorted(lora.targeted_module_names)), heads, parameters, experts)
 
 
 def _suffixes(names) -> list[str]:

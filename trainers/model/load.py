@@ -188,10 +188,13 @@ def weights_problem(model_id: str, field: str = "base_model") -> str | None:
     )
 
 
-def causal_lm_problem(config: dict, model_id: str, field: str = "base_model") -> str | None:
+def causal_lm_problem(
+    config: dict, model_id: str, field: str = "base_model", source: str = "config.json"
+) -> str | None:
     """Why the model whose config.json is `config` is not one GRPO can train: an encoder-decoder (T5, BART), or a
     model_type transformers' `AutoModelForCausalLM` does not load. None for a causal LM, or when config.json does
-    not say (no model_type): transformers' own error then comes in the training child."""
+    not say (no model_type): transformers' own error then comes in the training child. `source` says where the
+    config was read (a GGUF file's header gives one too)."""
     model_type, architectures = config.get("model_type"), config.get("architectures") or []
     names = ", ".join(str(name) for name in architectures) or f"model_type {model_type}"
     seq2seq = config.get("is_encoder_decoder") is True
@@ -206,7 +209,7 @@ def causal_lm_problem(config: dict, model_id: str, field: str = "base_model") ->
             return None
     what = "an encoder-decoder (seq2seq) model" if seq2seq else "not a causal language model"
     return (
-        f"{field}: {model_id} is {names} (config.json), {what}; GRPO needs a causal LM, one transformers' "
+        f"{field}: {model_id} is {names} ({source}), {what}; GRPO needs a causal LM, one transformers' "
         "AutoModelForCausalLM loads (decoder-only: Llama, Qwen, Mistral, GPT-2, ...)"
     )
 

@@ -51,6 +51,26 @@ def merge_adapter(
     replace_dir(staging, out_dir)
 
 
+def save_start_model(start: str, out_dir: Path) -> None:
+    """Writes the model GRPO started from into `out_dir` as merged/ holds any model (weights and tokenizer): what a
+    job keeps when no checkpoint beat the start on the held-out metric (`evaluation.select: best`).
+
+    Args:
+        start (`str`): the start model's folder or Hub id (the SFT output, or the base model).
+        out_dir (`Path`): where it goes; written beside it first and renamed into place.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from grpoflow.trainers.model.load import load_tokenizer, torch_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch_dtype())
+    staging = out_dir.parent / f".{out_dir.name}-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(str(staging))
+    load_tokenizer(start).save_pretrained(str(staging))
+    replace_dir(staging, out_dir)
+
+
 def write_model_json(job: JobDir) -> dict:
     """Describes the trained artifact as DESIGN.md's model.json: adapter or full, and the files of each."""
     is_adapter = (job.adapter / "adapter_config.json").exists()

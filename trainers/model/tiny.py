@@ -77,7 +77,12 @@ def is_builtin(model_id: str) -> bool:
 
 
 def resolve_model_path(model_id: str) -> str:
-    """Turns `builtin:tiny` into its cached local folder (building it if needed); other ids pass through unchanged."""
+    """Turns `builtin:tiny` into its cached local folder (building it if needed), and a GGUF file into the model folder
+    it is converted to (converting it if needed: `grpoflow.trainers.model.gguf`); other ids pass through unchanged."""
+    from grpoflow.trainers.model.gguf import convert_gguf, is_gguf
+
+    if is_gguf(model_id):
+        return str(convert_gguf(model_id))
     if not is_builtin(model_id):
         return model_id
     name = model_id[len(BUILTIN_PREFIX) :]

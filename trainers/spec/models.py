@@ -23,8 +23,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from grpoflow.trainers.graders import GRADER_TYPES
 from grpoflow.trainers.rewards.builtin import REWARDS
 from grpoflow.trainers.spec.rules import GRPOFLOW_ONLY, TRL, function_name, model_name, rule_problems
+from grpoflow.trainers.spec.trl_fields import trl_fields
 from grpoflow.trainers.uris import (
     ALLOW_LINK_LOCAL_ENV,
     credentials_instead,
@@ -351,8 +353,8 @@ class RewardSpec(_Section):
     )
     grader: dict[str, Any] | None = Field(
         None,
-        description="An OpenAI grader object, as OpenAI's fine-tuning API takes it (type: string_check, "
-        "text_similarity, score_model, label_model, python or multi; templates {{ item.COLUMN }} and "
+        description="An OpenAI grader object, as OpenAI's fine-tuning API takes it (type: "
+        f"{', '.join(GRADER_TYPES[:-1])} or {GRADER_TYPES[-1]}; templates {{{{ item.COLUMN }}}} and "
         "{{ sample.output_text }}); its name is the reward's name. Not with function or model.",
     )
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
@@ -405,6 +407,34 @@ class BudgetSpec(_Section):
     )
 
 
+class CanarySpec(_Section):
+    """One GRPO step at full length on the job's own devices before training: does it fit, how long will it take."""
+
+    enabled: Literal["auto"] | bool = Field(
+        "auto",
+        description="auto: run the canary stage when the job asks for a GPU (gpu_count >= 1 on a machine with CUDA) "
+        "or several machines; true: always (CPU included); false: never.",
+    )
+    device_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="The memory the job's step must fit in, in GB. Null: the device's own (CUDA: the smallest visible "
+        "GPU's total memory; CPU: the memory available now).",
+    )
+
+
+class RolloutsSpec(_Section):
+    """The rollouts kept in the job folder (rollouts/step-NNNNNN.parquet): each completion of a kept GRPO step with
+    its prompt, every reward's score, the advantage, its length and whether it was cut."""
+
+    every: Int = Field(1, ge=0, description="Keep the rollouts of every Nth GRPO step (1: every step); 0 keeps none.")
+    groups_per_step: Int | None = Field(
+        None,
+        ge=1,
+        description="Groups (prompts) kept of each kept step: the first N; null keeps every group of the step.",
+    )
+
+
 class HealthSpec(_Section):
     """The health monitor's thresholds that a job may tune (the others are fixed: grpoflow.trainers.health)."""
 
@@ -454,9 +484,11 @@ class GateSpec(_Section):
     completes, emitting grpoflow.model.rejected with both scores and the reason."""
 
     min_gain: float | None = Field(
-        None,
+        0.0,
         description="Least held-out gain required, after minus before, in the metric's units (e.g. 0.05 for five "
-        "points of a 0-1 reward); null: no minimum. A negative value tolerates that much of a loss.",
+        "points of a 0-1 reward); 0 or more also needs the model to beat the one GRPO started from (a tie is no "
+        "gain), so by default a model no better than its start is never published or deployed. A negative value "
+        "tolerates that much of a loss; null turns the gate off (and is what the default means with holdout 0).",
     )
     beat_deployed: bool = Field(
         False,
@@ -525,11 +557,14 @@ class EvaluationSpec(_Section):
     select: Literal["last", "best"] = Field(
         "last",
         description="The checkpoint merged, evaluated 'after', published and gated: the last step's, or the one "
-        "with the best held-out score during training (needs every > 0; a checkpoint is saved at each evaluation).",
+        "with the best held-out score during training (needs every > 0; a checkpoint is saved at each evaluation), "
+        "or the start model itself when no checkpoint beat it.",
     )
     max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
     gate: GateSpec = Field(
-        GateSpec(), description="Publish and deploy only when the GRPO result passes; by default every model does."
+        GateSpec(),
+        description="Publish and deploy only when the GRPO result passes; by default one that beats its "
+        "start model on the held-out metric does.",
     )
 
     @field_validator("holdout")
@@ -542,7 +577,7 @@ class EvaluationSpec(_Section):
     @field_validator("gate", mode="before")
     @classmethod
     def _no_gate(cls, value: Any) -> Any:
-        return {} if value is None else value  # `gate:` with nothing under it: no gate
+        return {"min_gain": None} if value is None else value  # `gate:` with nothing under it (or null): no gate
 
     @property
     def metric_name(self) -> str | None:
@@ -551,6 +586,8 @@ class EvaluationSpec(_Section):
 
     @model_validator(mode="after")
     def _gate_needs_held_out_prompts(self) -> "EvaluationSpec":
+        if self.holdout == 0 and self.gate.min_gain == GateSpec.model_fields["min_gain"].default:
+            self.gate.min_gain = None  # the default gate has nothing to judge without held-out prompts: no gate
         if self.holdout == 0 and (self.gate.min_gain is not None or self.gate.beat_deployed):
             raise ValueError("evaluation.gate judges held-out scores: set evaluation.holdout above 0 or drop the gate")
         return self
@@ -596,24 +633,33 @@ class WebhookSpec(_Section):
         return value
 
 
-# The integrations `tracking.report_to` takes (transformers' own `report_to` names), the package each needs, and how
-# to install it.
-TRACKERS = {
-    "trackio": ("trackio", "pip install trackio"),
-    "tensorboard": ("tensorboard", "pip install 'grpoflow[tracking]'"),
-    "wandb": ("wandb", "pip install wandb"),
-    "mlflow": ("mlflow", "pip install mlflow"),
-}
+# The package a tracker of transformers' needs where it is not the tracker's name (kubeflow: none, an environment
+# variable), and how to install one where `pip install <package>` is not the way.
+TRACKER_PACKAGES = {"azure_ml": "azureml", "flyte": "flytekit", "kubeflow": None}
+TRACKER_INSTALL = {"tensorboard": "pip install 'grpoflow[tracking]'", "azure_ml": "pip install azureml-core"}
+
+
+def _tracker(name: str) -> str:
+    """A name transformers' `report_to` takes (its integrations, frozen in trl_fields.json: no import of it here)."""
+    known = trl_fields()["report_to"]
+    if name not in known:
+        expected = ", ".join(map(repr, known[:-1])) + f" or {known[-1]!r}"
+        raise PydanticCustomError("literal_error", "must be {expected}", {"expected": expected})
+    return name
+
+
+Tracker = Annotated[str, AfterValidator(_tracker), Field(json_schema_extra={"enum": trl_fields()["report_to"]})]
 
 
 class TrackingSpec(_Section):
     """Experiment tracking of the GRPO run, through TRL's own integrations (transformers' `report_to`)."""
 
-    report_to: list[Literal[tuple(TRACKERS)]] = Field(  # the names TRACKERS lists
+    report_to: list[Tracker] = Field(
         [],
-        description="Trackers that receive the run's metrics: tensorboard (offline, no account: event files in the "
-        "job folder's tracking/), trackio (local, ~/.cache/huggingface/trackio), wandb, mlflow. Credentials come from "
-        "each tracker's own environment variables (WANDB_API_KEY, MLFLOW_TRACKING_URI, ...), never from the spec.",
+        description="Trackers that receive the run's metrics, by transformers' names for them: tensorboard (offline, "
+        "no account: event files in the job folder's tracking/), trackio (local, ~/.cache/huggingface/trackio), "
+        "wandb, mlflow, comet_ml, clearml, ... Credentials come from each tracker's own environment variables "
+        "(WANDB_API_KEY, MLFLOW_TRACKING_URI, ...), never from the spec.",
     )
     project: str = Field(
         "grpoflow", min_length=1, description="Project the runs are grouped under (trackio, wandb, mlflow)."
@@ -630,8 +676,11 @@ class TrackingSpec(_Section):
     @classmethod
     def _installed(cls, value: list[str]) -> list[str]:
         # A tracker missing on this machine would only fail once the model is loaded: say now what to install.
+        packages = {name: TRACKER_PACKAGES.get(name, name) for name in value}
         missing = [
-            f"{name} ({TRACKERS[name][1]})" for name in value if not importlib.util.find_spec(TRACKERS[name][0])
+            f"{name} ({TRACKER_INSTALL.get(name, f'pip install {package}')})"
+            for name, package in packages.items()
+            if package is not None and not importlib.util.find_spec(package)
         ]
         if missing:
             raise ValueError(f"not installed: {', '.join(missing)}")
@@ -718,7 +767,11 @@ class JobSpec(_Section):
     """A grpoflow job: dataset, base model and rewards in, a GRPO-fine-tuned model out."""
 
     name: Slug = Field(description="Job name (a slug); becomes part of the job id.")
-    base_model: Url = Field(min_length=1, description="HF repo id, local path, or builtin:tiny (offline, shipped).")
+    base_model: Url = Field(
+        min_length=1,
+        description="HF repo id, local model folder, local .gguf file (its weights dequantized once into a model "
+        "folder; needs grpoflow[gguf]), or builtin:tiny (offline, shipped).",
+    )
     dataset: DatasetSpec = Field(description="The prompt dataset.")
     rewards: list[RewardSpec] = Field(min_length=1, description="Rewards, summed with their weights.")
     sft: SFTSpec = Field(SFTSpec(), description="Optional SFT format warm-up before GRPO.")
@@ -734,6 +787,10 @@ class JobSpec(_Section):
     stop_on_alert: bool = Field(False, description="Stop training on a health alert.")
     health: HealthSpec = Field(HealthSpec(), description="Thresholds of the training health alerts.")
     budget: BudgetSpec = Field(BudgetSpec(), description="A cap on what the job may spend (training hours).")
+    rollouts: RolloutsSpec = Field(
+        RolloutsSpec(), description="The completions kept in the job folder (rollouts/), with every reward's score."
+    )
+    canary: CanarySpec = Field(CanarySpec(), description="The canary: one step at full length before training.")
     publish: PublishSpec | None = Field(None, description="Optional: push the model to the Hugging Face Hub.")
     deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
@@ -788,7 +845,16 @@ class JobSpec(_Section):
         return value
 
     @field_validator(
-        "sft", "evaluation", "hyperparameters", "health", "webhooks", "trl", "generation", "distributed", mode="before"
+        "sft",
+        "evaluation",
+        "hyperparameters",
+        "health",
+        "webhooks",
+        "trl",
+        "generation",
+        "distributed",
+        "rollouts",
+        mode="before",
     )
     @classmethod
     def _empty_section(cls, value: Any, info: ValidationInfo) -> Any:

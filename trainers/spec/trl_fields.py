@@ -1,5 +1,5 @@
-"""The fields of `trl.GRPOConfig` that a spec's `trl:` block may set, frozen in `trl_fields.json` so that validating a
-spec imports neither torch nor TRL.
+"""The fields of `trl.GRPOConfig` that a spec's `trl:` block may set, and the tracker names its `report_to` takes
+(transformers' integrations), frozen in `trl_fields.json` so that validating a spec imports neither torch nor TRL.
 
 Regenerate the file from the installed TRL after upgrading it (tests/trainers/test_trl_fields.py fails until then):
 
@@ -59,9 +59,11 @@ def generate() -> dict:
     """The record of the installed `trl.GRPOConfig`'s fields (what `trl_fields.json` holds).
 
     Returns:
-        `dict`: `{"trl_version": str, "fields": {name: {"types": [...], "choices": [...] | None, "help": str}}}`.
+        `dict`: `{"trl_version": str, "fields": {name: {"types": [...], "choices": [...] | None, "help": str}},
+        "report_to": [tracker names]}`.
     """
     import trl
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
     from trl import GRPOConfig
 
     hints = typing.get_type_hints(GRPOConfig)
@@ -75,7 +77,7 @@ def generate() -> dict:
             "choices": _choices(members, field.metadata),
             "help": " ".join(str(field.metadata.get("help", "")).split()),
         }
-    return {"trl_version": trl.__version__, "fields": fields}
+    return {"trl_version": trl.__version__, "fields": fields, "report_to": list(INTEGRATION_TO_CALLBACK)}
 
 
 @functools.cache
@@ -87,7 +89,7 @@ def trl_fields() -> dict:
 def main() -> int:
     record = generate()
     PATH.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {PATH} ({len(record['fields'])} fields of trl.GRPOConfig, TRL {record['trl_version']})")
+    print(f"wrote {PATH} ({len(record['fields'])} fields of trl.GRPOConfig, TRL {record['trl_version']}; trackers)")
     return 0
 
 

@@ -14,12 +14,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from grpoflow.trainers.child import free_port, start_child, stop_child, visible_gpus
+from grpoflow.trainers.child import VLLM_SERVER_URL_ENV, free_port, start_child, stop_child, visible_gpus
 from grpoflow.trainers.errors import TrainingSetupError
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.model.load import start_model
-
-VLLM_SERVER_URL_ENV = "GRPOFLOW_VLLM_SERVER_URL"  # read by grpoflow.trainers.grpo's generation_args
 
 
 def starts_server(spec) -> bool:

@@ -1,0 +1,80 @@
+"""The canary (grpoflow.jobs.canary, tasks/canary.py, `grpoflow canary`): one real full-length GRPO step of
+builtin:tiny on this CPU, measured; a memory it cannot fit and a known-bad stack fail it, by the CLI (exit 2) and in
+the pipeline (Rejected before training, nothing trained)."""
+
+import json
+from importlib.metadata import version
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+
+from grpoflow.jobs import canary
+from grpoflow.trainers.spec import load_spec
+from tests.conftest import cli
+
+
+def test_every_entry_of_the_shipped_table_reads():
+    for entry in yaml.safe_load(canary.COMPAT_TABLE.read_text()):
+        assert entry["issue"] and entry["fix"] and entry["when"]
+        for specifier in entry["when"].values():
+            SpecifierSet(specifier)  # raises on a malformed one
+
+
+def test_a_known_bad_pair_is_named_with_its_issue(tmp_path):
+    table = tmp_path / "compat.yaml"
+    transformers = version("transformers")
+    table.write_text(
+        yaml.safe_dump(
+            [
+                {"when": {"transformers": f"=={transformers}", "torch": ">=1"}, "issue": "X #1: breaks", "fix": "y"},
+                {"when": {"transformers": f"=={transformers}", "no-such-package": ">=0"}, "issue": "never", "fix": ""},
+            ]
+        )
+    )
+    versions = canary.installed_versions()
+    [line] = canary.known_bad(versions, table)
+    assert f"transformers {transformers}" in line and "torch " in line and line.endswith(": X #1: breaks; install y")
+    assert canary.known_bad(versions) == []  # the shipped table: this stack is fine
+
+
+def test_the_step_is_the_jobs_own_at_full_length(make_spec):
+    spec, _ = load_spec(make_spec("c", trl={"generation_kwargs": {"top_k": 5}}))
+    data = canary.canary_spec(spec)
+    assert data["hyperparameters"]["max_steps"] == 1
+    assert data["trl"]["generation_kwargs"] == {"top_k": 5, "min_new_tokens": spec.hyperparameters.max_response_length}
+    assert data["hyperparameters"]["rollouts_per_prompt"] == spec.hyperparameters.rollouts_per_prompt
+    load_spec(_written(data, make_spec))  # what the canary's child reads is a valid spec
+
+
+def _written(data: dict, make_spec):
+    path = make_spec("c")
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_the_cli_measures_a_step_and_a_memory_it_cannot_fit_fails_it(make_spec):
+    spec = make_spec("c")
+    code, out, err = cli("canary", spec, "--json")
+    assert code == 0, err[-2000:]
+    result = json.loads(out)
+    assert result["status"] == "passed" and result["device"] == "cpu"
+    assert result["peak_memory_gb"] > 0.1 and result["step_seconds"] > 0 and result["tokens_per_second"] > 0
+    assert result["projected_training_hours"] == pytest.approx(result["step_seconds"] * 3 / 3600, rel=0.01)
+    assert {"torch", "transformers", "trl", "peft"} <= set(result["versions"])
+    # The same step against 10 MB: refused with what to change (the verdict from the measured figures).
+    loaded, _ = load_spec(spec, ["canary.device_memory_gb=0.01"])
+    verdict = canary._verdict(loaded, {"train_runtime": 1.0, "peak_memory_gb": result["peak_memory_gb"]}, 0.01)
+    assert verdict["status"] == "failed" and "more than the 0.01 GB it must fit in" in verdict["reason"]
+    assert "try, in order: fewer hyperparameters.rollouts_per_prompt" in verdict["reason"]
+
+
+def test_a_known_bad_stack_ends_the_pipeline_rejected(make_spec, tmp_path, monkeypatch, prefect_server):
+    table = tmp_path / "compat.yaml"
+    table.write_text(yaml.safe_dump([{"when": {"torch": ">=0"}, "issue": "T #9: bad", "fix": "another torch"}]))
+    monkeypatch.setattr(canary, "COMPAT_TABLE", table)
+    code, out, err = cli("--output-uri", tmp_path / "runs", "run", make_spec("c", canary={"enabled": True}), "--json")
+    assert code == 2, err[-2000:]
+    assert "canary failed: a known-bad stack: torch" in err and "T #9: bad" in err
+    assert "Task run 'train" not in out + err  # GRPO never started: no checkpoint, no training.json
+    assert not list((tmp_path / "runs").rglob("checkpoint-*")) and not list((tmp_path / "runs").rglob("training.json"))
