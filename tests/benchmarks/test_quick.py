@@ -64,6 +64,13 @@ def check_rollouts(data):
         assert w["ratios"]["cpu_steps_per_s"]["ratio"] > 0
 
 
+def check_sandbox(data):
+    assert set(data["ms_per_call"]) == {
+        f"{side}, {n}" for side in ("sandboxed", "bare") for n in ("1 completion", "64 completions")
+    }
+    assert all(ms > 0 for ms in data["ms_per_call"].values()) and set(data["sandbox_extra_ms"]) == {"1", "64"}
+
+
 def check_graders(data):
     s = data["summary"]
     assert s["rows"] == 100 and s["graders"] == 6 and s["rows_per_s"] > 0
@@ -154,4 +161,5 @@ def check_held_out(data):
     assert [r["kind"] for r in data["runs"]] == ["gamed", "honest"]
     for run in data["runs"]:
         assert [p["step"] for p in run["series"]] == [0, 2, 4, 6] and run["evaluations"] == 3
-        assert run["kept_step"] in (2, 4, 6) and run["eval_s_each"] > 0
+        # 0: no checkpoint beat the starting model, which is then kept (select: best weighs step 0)
+        assert run["kept_step"] in (0, 2, 4, 6) and run["eval_s_each"] > 0

@@ -5,7 +5,6 @@ these tests run the real one, and fail where it is missing rather than skip."""
 
 import http.server
 import logging
-import os
 import sys
 import threading
 from pathlib import Path
@@ -61,10 +60,10 @@ def grade(sample, item):
         except OSError:  # not there, or not readable by the sandbox's user
             return 0.0
     paths = {{"token": "{tmp_path}/hf/token", "db": "{tmp_path}/prefect/prefect.db", "job": "{tmp_path}/runs/job",
-             "cwd": "{os.getcwd()}"}}
+             "checkout": "{Path.cwd() / "pyproject.toml"}"}}
     return float(os.path.exists(paths[what]))
 """
-    graded = run(source, ["environ", "token", "db", "job", "home", "cwd"])
+    graded = run(source, ["environ", "token", "db", "job", "home", "checkout"])
     assert [g.score for g in graded] == [0.0] * 6, graded
     [processes] = run(source, ["processes"])
     assert processes.score is not None and processes.score <= 3  # bwrap's PID 1, the grader, maybe its init
