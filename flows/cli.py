@@ -969,6 +969,7 @@ def cmd_canary(args) -> int:
     from grpoflow.trainers.dataset import ingest_dataset
 
     spec = load(args)
+    preflight(args, spec)  # a spec, dataset or reward mistake: named, exit 2, before any model loads
     datasets.disable_progress_bars()  # the ingest's bars would bury the verdict
     with tempfile.TemporaryDirectory(prefix="grpoflow-canary-data-") as tmp:
         dataset = Path(tmp) / "dataset"

@@ -186,7 +186,7 @@ def _step(spec: JobSpec, dataset_dir: Path, memory: float) -> dict:
         job = prepare(spec, dataset_dir, Path(tmp))
         try:
             run_child(
-                "grpoflow.trainers.grpo", job, spec.gpu_count if spec.gpu_count else 1, "canary.log",
+                "grpoflow.trainers.grpo", job, spec.gpu_count, "canary.log",
                 result=job.training_result, strategy=spec.distributed.strategy, env={CANARY_ENV: "1"},
             )  # fmt: skip
         except Exception as exc:  # the child's own failure, named by launch: the verdict

@@ -38,21 +38,6 @@ def is_gguf(model_id: str) -> bool:
     return model_id.lower().endswith(".gguf")
 
 
-def supported_architectures() -> dict[str, str]:
-    """The GGUF architectures transformers can load, as `{name without "-" and "_": transformers' name}`: its legacy
-    loader's table (the keys of `GGUF_SUPPORTED_ARCHITECTURES`, read from the module that does not import torch) and
-    those of its newer loader. Files spell some names otherwise (`qwen2moe`, `gpt-oss`), hence the plain keys."""
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
-
-    names = (set(GGUF_CONFIG_MAPPING) - {"general", "tokenizer"}) | set(GGUF_CONFIG_ARCHS)
-    return {_plain(name): name for name in sorted(names)}
-
-
-def _plain(name: str) -> str:
-    return name.lower().replace("-", "").replace("_", "")
-
-
 @dataclass(frozen=True)
 class GgufHeader:
     """What a GGUF file says of itself, read without its weights."""
@@ -111,32 +96,28 @@ def gguf_problem(model_id: str, field: str = "base_model") -> str | None:
         architecture = read_header(path).architecture
     except (ValueError, KeyError, IndexError, OSError) as e:
         return f"{field}: cannot read {model_id} as a GGUF file ({type(e).__name__}: {e})"
-    supported = supported_architectures()
-    if _plain(architecture) not in supported:
+    try:
+        gguf_config(model_id)
+    except ValueError as e:  # transformers' own word: "GGUF model with architecture X is not supported yet."
         version = importlib.metadata.version("transformers")
         return (
-            f"{field}: {model_id} holds a {architecture!r} model, an architecture transformers {version} cannot load "
-            f"from GGUF (it loads {', '.join(supported.values())}); give the model's safetensors folder or Hub id"
+            f"{field}: {model_id} holds a {architecture!r} model, which transformers {version} cannot load from GGUF "
+            f"({e}); give the model's safetensors folder or Hub id"
         )
     return None
 
 
 def gguf_config(model_id: str) -> dict:
-    """The config.json transformers will build from the GGUF file's header, as far as the checks before training read
-    it (model_type, max_position_embeddings, ...), through transformers' own table of GGUF keys; `{}` for the
-    architectures its newer loader builds in code. The file must pass `gguf_problem`."""
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    """The config transformers builds from the GGUF file's header (`AutoConfig.from_pretrained(..., gguf_file=)`, its
+    weights unread), as config.json would hold it.
 
-    header = read_header(model_id)
-    model_type = supported_architectures()[_plain(header.architecture)]
-    if model_type not in GGUF_CONFIG_MAPPING:
-        return {}
-    config, renames = {"model_type": model_type}, GGUF_CONFIG_MAPPING[model_type]
-    for key, value in header.metadata.items():
-        name = renames.get(key.split(".", 1)[1])
-        if isinstance(name, str):
-            config[name] = value
-    return config
+    Raises:
+        ValueError: an architecture transformers cannot load from GGUF.
+    """
+    from transformers import AutoConfig
+
+    path = Path(model_id).expanduser()
+    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
 
 
 def gguf_folder(model_id: str) -> Path:
