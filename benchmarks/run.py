@@ -24,6 +24,7 @@ BENCHMARKS = [
     "graders",
     "sandbox",
     "rollouts",
+    "canary",
     "gpu",
 ]
 
@@ -84,6 +85,14 @@ def summary_rows(name: str, r: dict) -> list[list]:
             [name, f"in-loop share of a step (every 1) {w}", s["every_1"]["in_loop_share"], "< 0.02", s["target_met"]]
             for w, s in r["workloads"].items()
         ]  # fmt: skip
+    if name == "canary":
+        rows = [
+            [name, f"canary's projection / the run's train_runtime, {shape}", s["projection_ratio"], "0.75-1.25",
+             abs(s["projection_ratio"] - 1) <= r["target"]]
+            for shape, s in r["shapes"].items()
+        ]  # fmt: skip
+        cost = r["median_canary_seconds"]
+        return [*rows, [name, "seconds the canary adds to a job (median, tiny model)", cost, "report", ""]]
     if name == "skip_zero_variance":
         return [
             [name, f"steps/s vs TRL (CPU time), skip on, {w}", s["skip_vs_trl"], f">= {s['target']}", s["target_met"]]

@@ -30,7 +30,13 @@ S3_KEYS = (
     "AWS_DEFAULT_REGION",
 )
 # Passed on to the pods as they are in the flow run (no secrets among them: those come from Secrets).
-PASSED_ENV = ("GRPOFLOW_STORAGE_BLOCK", "PREFECT_API_URL", "HF_HUB_OFFLINE", "HF_ENDPOINT")
+PASSED_ENV = (
+    "GRPOFLOW_STORAGE_BLOCK",
+    "PREFECT_API_URL",
+    "HF_HUB_OFFLINE",
+    "HF_ENDPOINT",
+    "GRPOFLOW_CANARY_JOIN_TIMEOUT_S",  # grpoflow.cluster.canary's
+)
 LABEL = "grpoflow.io/run"
 
 

@@ -223,14 +223,19 @@ class TrainJobs:
         return self.kube.call(self.kube.core.list_namespaced_pod(self.namespace, label_selector=selector)).items
 
 
-def run_on_machines(job: JobDir, spec: JobSpec, poll: Callable[[], str | None] | None = None) -> float:
-    """Runs the training stage as a TrainJob over `distributed.num_machines` nodes and returns its wall time.
+def run_on_machines(
+    job: JobDir, spec: JobSpec, poll: Callable[[], str | None] | None = None, canary: JobDir | None = None
+) -> float:
+    """Runs the training stage (or the canary's step) as a TrainJob over `distributed.num_machines` nodes and returns
+    its wall time.
 
     Args:
         job (`JobDir`): the job folder, on the shared volume (`distributed.shared_volume`).
         spec (`JobSpec`): the job's spec.
         poll (`Callable`, *optional*): called every `POLL_S` seconds (the progress watcher); a reason it returns
             stops the TrainJob and raises `TrainingStopped`.
+        canary (`JobDir`, *optional*): the canary's folder inside `job`'s: the nodes meet in one collective and run
+            its one step (`grpoflow.cluster.canary`); their logs go to `logs/canary.log`.
 
     Raises:
         `TrainingSetupError`: no Kubernetes API or image, or a node exited 2. `RewardFailed`: a node exited 3.
@@ -242,10 +247,12 @@ def run_on_machines(job: JobDir, spec: JobSpec, poll: Callable[[], str | None] |
     try:
         settings = pod_settings(kube)
         trainjobs, name = TrainJobs(kube, settings.namespace), run_name(job.job_id)
-        trainjobs.create(trainjob(spec, job.root, name, settings))
+        trainjobs.create(trainjob(spec, job.root, name, settings, canary and canary.root))
         logger.info(
-            "TrainJob %s created in namespace %s: %d nodes x %d GPUs, runtime %s, image %s, job folder %s (volume %s)",
+            "TrainJob %s created%s in namespace %s: %d nodes x %d GPUs, runtime %s, image %s, job folder %s "
+            "(volume %s)",
             name,
+            " for the canary" if canary else "",
             settings.namespace,
             spec.distributed.num_machines,
             spec.gpu_count,
@@ -255,7 +262,7 @@ def run_on_machines(job: JobDir, spec: JobSpec, poll: Callable[[], str | None] |
             spec.distributed.shared_volume,
         )
         try:
-            _watch(trainjobs, name, job, spec, poll, logger)
+            _watch(trainjobs, name, job, spec, poll, logger, "canary.log" if canary else "train.log")
         finally:
             trainjobs.delete(name)
             logger.info("TrainJob %s deleted", name)
@@ -264,8 +271,8 @@ def run_on_machines(job: JobDir, spec: JobSpec, poll: Callable[[], str | None] |
     return round(time.monotonic() - started, 3)
 
 
-def _watch(trainjobs: TrainJobs, name: str, job: JobDir, spec: JobSpec, poll, logger) -> None:
-    logs = PodLogs(trainjobs.kube, trainjobs.namespace, job.logs / "train.log")
+def _watch(trainjobs: TrainJobs, name: str, job: JobDir, spec: JobSpec, poll, logger, log_name: str) -> None:
+    logs = PodLogs(trainjobs.kube, trainjobs.namespace, job.logs / log_name)
     waiting = StartWatch(float(os.environ.get(START_TIMEOUT_ENV) or START_TIMEOUT_S), logger)
     said_suspended = False
     while True:

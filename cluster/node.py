@@ -13,6 +13,10 @@ PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT; `PET_NPROC_PER_N
 --main_process_ip HOST` (`grpoflow.jobs.launch`), its output echoed to stdout (the pod's log, which the training
 task copies into `logs/train.log`) and kept in `logs/node-R.log`.
 
+With `--canary` the folder is the canary's (`grpoflow.cluster.canary`, inside the job folder): the node first meets
+every other machine's rank in one collective (`grpoflow.cluster.canary.join_all`: a rank that cannot join is named,
+exit 2), then runs the canary's one step with them; rank 0 records its device and memory (`canary-device.json`).
+
 Exit code: 0 trained, 2 a setup problem, 3 a failed reward and 4 a diverged run (the child's, which no retry cures), 1
 anything else.
 """
@@ -22,7 +26,9 @@ import os
 import sys
 from pathlib import Path
 
+from grpoflow.cluster.canary import join_all
 from grpoflow.jobs.launch import Machines, run_child
+from grpoflow.trainers.child import CANARY_ENV, visible_gpus
 from grpoflow.trainers.errors import (
     DIVERGED_EXIT,
     REWARD_FAILED_EXIT,
@@ -31,7 +37,7 @@ from grpoflow.trainers.errors import (
     TrainingSetupError,
     TrainingStopped,
 )
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.spec import load_spec
 
 TORCH_ENV = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
@@ -75,11 +81,13 @@ def machines_from_env(environ=os.environ) -> Machines:
     )
 
 
-def train(job: JobDir, machines: Machines) -> None:
-    """Runs this node's part of the training, echoing the child's output."""
+def train(job: JobDir, machines: Machines, canary: bool = False) -> None:
+    """Runs this node's part of the training (with `canary`: the collective, then the canary's step), echoing the
+    child's output."""
     spec, _ = load_spec(job.spec)
     rank, log_name = machines.machine_rank, f"node-{machines.machine_rank}.log"
     print(f"grpoflow: node {rank} of {machines.num_machines}, {spec.gpu_count} process(es) here", flush=True)
+    env = _canary(job, spec, machines) if canary else None
     echo = Echo(job.logs / log_name)
     try:
         run_child(
@@ -90,15 +98,29 @@ def train(job: JobDir, machines: Machines) -> None:
             poll=echo,
             result=job.training_result,
             strategy=spec.distributed.strategy,
+            env=env,
             machines=machines,
         )
     finally:
         echo()
 
 
+def _canary(job: JobDir, spec, machines: Machines) -> dict:
+    """The canary's collective across every machine, and rank 0's device; the step's child environment."""
+    from grpoflow.jobs.canary import DEVICE_FILE, device_memory_gb
+
+    gpu = spec.gpu_count >= 1 and bool(visible_gpus())
+    print(f"grpoflow: {join_all(machines, gpu)}", flush=True)
+    if machines.machine_rank == 0:
+        device, memory = device_memory_gb(spec)
+        write_json_atomic(job.root / DEVICE_FILE, {"device": device, "device_memory_gb": memory})
+    return {CANARY_ENV: "1"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job_dir", help="the job folder, on the shared volume")
+    parser.add_argument("--canary", action="store_true", help="job_dir is the canary's folder: run its one step")
     args = parser.parse_args(argv)
     job = JobDir(Path(args.job_dir))
     rank = os.environ.get("PET_NODE_RANK", "?")
@@ -108,7 +130,7 @@ def main(argv=None) -> int:
                 f"grpoflow: no spec.yaml in {job.root}: is distributed.shared_volume mounted there on this node, as "
                 "in the flow run's pod?"
             )
-        train(job, machines_from_env())
+        train(job, machines_from_env(), canary=args.canary)
     except TrainingSetupError as e:
         print(f"grpoflow: {str(e).removeprefix('grpoflow: ')}", flush=True)
         return SETUP_ERROR_EXIT

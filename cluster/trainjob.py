@@ -75,8 +75,8 @@ def _pod_patch(spec: JobSpec, settings: PodSettings, job_root: Path) -> dict:
     return pod
 
 
-def trainjob(spec: JobSpec, job_root: Path, name: str, settings: PodSettings) -> dict:
-    """The TrainJob of one attempt of the training stage.
+def trainjob(spec: JobSpec, job_root: Path, name: str, settings: PodSettings, canary: Path | None = None) -> dict:
+    """The TrainJob of one attempt of the training stage (or of the canary's, the same shape).
 
     Args:
         spec (`JobSpec`): the job's spec (`distributed.*`, `gpu_count`).
@@ -84,9 +84,13 @@ def trainjob(spec: JobSpec, job_root: Path, name: str, settings: PodSettings) ->
             (the staging folder); every node gets that folder of the volume at the same path.
         name (`str`): the TrainJob's name (`grpoflow.cluster.kube.run_name`: unique per attempt).
         settings (`PodSettings`): the image, namespace, service account, scheduling and S3 Secret.
+        canary (`Path`, *optional*): the canary's folder inside `job_root`: the nodes run its collective and one
+            step (`python -m grpoflow.cluster.node --canary FOLDER`, `grpoflow.cluster.canary`) instead of training.
     """
     machines, gpus, job_root = spec.distributed.num_machines, spec.gpu_count, Path(job_root)
-    labels = {LABEL: name, "app.kubernetes.io/name": "grpoflow", "app.kubernetes.io/component": "training"}
+    component = "canary" if canary else "training"
+    labels = {LABEL: name, "app.kubernetes.io/name": "grpoflow", "app.kubernetes.io/component": component}
+    command = ["python", "-m", "grpoflow.cluster.node", *(["--canary", str(canary)] if canary else [str(job_root)])]
     metadata = {
         "name": name,
         "namespace": settings.namespace,
@@ -108,7 +112,7 @@ def trainjob(spec: JobSpec, job_root: Path, name: str, settings: PodSettings) ->
             "runtimeRef": {"name": spec.distributed.runtime, "apiGroup": GROUP, "kind": RUNTIME_KIND},
             "trainer": {
                 "image": settings.image,
-                "command": ["python", "-m", "grpoflow.cluster.node", str(job_root)],
+                "command": command,
                 "env": _env(settings, str(job_root.parent)),
                 "numNodes": machines,
                 "numProcPerNode": gpus,

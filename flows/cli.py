@@ -18,6 +18,8 @@ done, 1 what the command ran failed, 2 bad input (a spec, dataset or argument to
 unknown job id, a job another run holds), 4 a run the health monitor stopped (diverged).
 """
 
+# Each command imports inside itself what only it uses (Prefect, the spec's models and through them torch, the job
+# folders): `grpoflow --help` and every other command load none of it.
 import argparse
 import json
 import logging
@@ -26,8 +28,10 @@ import re
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from importlib.resources import files
 from pathlib import Path
 
@@ -256,11 +260,6 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
                 return EXIT_OK
         preflight(args, spec)
         check_this_machine(spec)
-        # What the flow's start imports (Prefect's flow and task engines), here while a temporary server may still
-        # be booting.
-        import prefect.flow_engine  # noqa: F401
-        import prefect.task_engine  # noqa: F401
-
         from grpoflow.flows.pipeline import grpo_pipeline
         from grpoflow.integrations.stages import REJECTED
         from grpoflow.jobs.report import waited_since
@@ -433,30 +432,74 @@ def cmd_jobs(args) -> int:
     return EXIT_OK
 
 
+# The columns `grpoflow metrics` shows by default, in this order, with the short name each gets in the table; each
+# reward's mean and the held-out score (eval/<metric>) join them as the job logged them.
+MAIN_METRICS = {
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "kl": "kl",
+    "loss": "loss",
+    "completions/mean_length": "length",
+    "completions/clipped_ratio": "clipped",
+}
+
+
+def main_metrics(known: list[str]) -> dict[str, str]:
+    """The main series of a job's metric keys `known`, as {key: column name}: reward, reward_std, each reward's mean
+    (named by the reward), kl, loss, completion length, the share of completions cut, the held-out score(s)."""
+    from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
+
+    rewards = {k: k.split("/")[1] for k in known if re.fullmatch(r"rewards/[^/]+/mean", k)}
+    held_out = {k: k for k in known if k.startswith(EVAL_PREFIX) and k != EVAL_SECONDS}
+    first, rest = list(MAIN_METRICS.items())[:2], list(MAIN_METRICS.items())[2:]
+    columns = {**dict(first), **rewards, **dict(rest), **held_out}
+    return {k: name for k, name in columns.items() if k in known}
+
+
+def metrics_table(records: list[dict], columns: dict[str, str]) -> str:
+    """The records as an aligned table: a step per row, a column per key of `columns` ({key: header})."""
+    from grpoflow.trainers.spec.markdown import number
+
+    rows = [["step", *columns.values()]]
+    rows += [[str(r["step"]), *(number(r["values"].get(k)) for k in columns)] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+
+
+def unknown_keys_problem(missing: list[str], known: list[str]) -> str:
+    """Names the keys a job never logged, each with its likeliest meaning (difflib), and the ones it did log."""
+    import difflib
+
+    def named(key: str) -> str:
+        near = difflib.get_close_matches(key, known, n=1)
+        return f"{key} (did you mean {near[0]}?)" if near else key
+
+    return f"unknown metric key(s) {', '.join(map(named, missing))}; this job logged: {', '.join(sorted(known))}"
+
+
 def cmd_metrics(args) -> int:
+    """`grpoflow metrics JOB_ID`: the main series as a table; `--keys` or `--all` for others, `--json` for scripts."""
     from grpoflow.trainers.metrics import read_metrics
 
     job, _ = find_args_job(args, args.job_id)
     keys = [k for k in (args.keys or "").split(",") if k]
     records = read_metrics(job.metrics)
+    known = list(dict.fromkeys(k for r in records for k in r["values"]))
     if keys:
-        known = set().union(*(r["values"] for r in records)) if records else set()
         missing = [k for k in keys if k not in known]
         if records and missing:
             # `kl` exists only with kl_coef > 0: the series asked for that this job has still print, exit 0.
-            problem = f"unknown metric key(s) {', '.join(missing)}; this job logged: {', '.join(sorted(known))}"
             if len(missing) == len(keys):
-                raise UsageError(problem)
-            print(f"warning: {problem}", file=sys.stderr)
+                raise UsageError(unknown_keys_problem(missing, known))
+            print(f"warning: {unknown_keys_problem(missing, known)}", file=sys.stderr)
             keys = [k for k in keys if k in known]
         records = [{"step": r["step"], "values": {k: r["values"].get(k) for k in keys}} for r in records]
     if args.json:
         print(json.dumps({"metrics": records}))
         return EXIT_OK
-    from grpoflow.trainers.spec.markdown import number
-
-    for r in records:
-        print(f"step {r['step']:>5}  " + "  ".join(f"{k}={number(v)}" for k, v in r["values"].items()))
+    if records:
+        columns = {k: k for k in keys or known} if keys or args.all else main_metrics(known)
+        print(metrics_table(records, columns))
     return EXIT_OK
 
 
@@ -960,8 +1003,6 @@ def _add_sweep_command(sub) -> None:
 
 def cmd_canary(args) -> int:
     """`grpoflow canary SPEC`: the canary's one full-length step here, on this machine's devices (jobs/canary.py)."""
-    import tempfile
-
     import datasets
 
     from grpoflow.integrations.storage import storage_options
@@ -980,7 +1021,9 @@ def cmd_canary(args) -> int:
         result = run_canary(spec, dataset)
     print(json.dumps(result, indent=2) if args.json else summary_line(result, spec))
     if result["status"] != "passed":
-        raise Rejected("" if args.json else "the canary failed: the job would not run here as specified")
+        # --json: stdout holds the answer already (canary.json's object), not main's {"status": "rejected"} too.
+        args.json = False
+        raise Rejected("the canary failed: the job would not run here as specified")
     return EXIT_OK
 
 
@@ -1016,7 +1059,6 @@ def _add_graders_command(sub) -> None:
 
 def cmd_k8s_render(args) -> int:
     import secrets
-    from datetime import UTC, datetime
 
     from grpoflow.cluster.kube import IMAGE_ENV
     from grpoflow.cluster.trainjob import rendered
@@ -1121,9 +1163,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help='print {"jobs": [{"job_id", "status", "steps", "stopped_by"}]}'
     )
     jobs.set_defaults(func=cmd_jobs)
-    metrics = sub.add_parser("metrics", help="a job's metric series")
+    metrics = sub.add_parser(
+        "metrics",
+        help="a job's metric series",
+        description="A table of the main series per step: reward, reward_std, each reward's mean, kl, loss, "
+        "completion length (length), share of completions cut (clipped), held-out score (eval/<metric>).",
+    )
     _job_id_argument(metrics)
-    metrics.add_argument("--keys", help="comma-separated metric names, e.g. reward,reward_std,loss")
+    metrics.add_argument(
+        "--keys", help="comma-separated metric names as metrics.jsonl has them, e.g. reward,rewards/exact_answer/mean"
+    )
+    metrics.add_argument("--all", action="store_true", help="every series the job logged (~45 columns)")
     metrics.add_argument("--json", action="store_true", help='print {"metrics": [{"step", "values"}]}')
     metrics.set_defaults(func=cmd_metrics)
     model = sub.add_parser("model", help="a job's trained artifact (model.json)")

@@ -31,6 +31,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
+from prefect.utilities.urls import url_for
 
 from grpoflow.tasks.job import new_job_id
 from grpoflow.trainers.spec import JobSpec
@@ -291,6 +292,4 @@ async def wait_for(flow_run_id, poll_s: float = 2.0):
 
 
 def flow_run_url(flow_run) -> str:
-    from prefect.utilities.urls import url_for
-
     return url_for(flow_run) or f"{api_url().removesuffix('/api')}/runs/flow-run/{flow_run.id}"

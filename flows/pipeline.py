@@ -39,7 +39,7 @@ from grpoflow.tasks.train import train_task
 from grpoflow.trainers.errors import ChildEndedEarly, ChildFailed, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.spec import JobSpec
+from grpoflow.trainers.spec import JobSpec, SpecError, load_spec
 from grpoflow.trainers.trust import untrusted_code
 
 
@@ -165,7 +165,9 @@ STAGES = (
 def job_run_name() -> str:
     """The flow run's name: its job id, as the flow derives it below (or the resumed job's)."""
     parameters = FlowRunContext.get().parameters
-    name = parameters["spec"].name if isinstance(parameters["spec"], JobSpec) else parameters["spec"]["name"]
+    spec = parameters["spec"]  # a JobSpec, or a deployment's JSON, not validated yet (see `grpo_pipeline`)
+    name = spec.name if isinstance(spec, JobSpec) else spec.get("name") if isinstance(spec, dict) else None
+    name = name if isinstance(name, str) and name else "rejected-spec"
     return parameters.get("job_id") or new_job_id(name, flow_run.id, flow_run.scheduled_start_time)
 
 
@@ -179,7 +181,9 @@ def name_flow_run(job_id: str) -> None:
         client.update_flow_run(flow_run.id, name=job_id)
 
 
-@flow(name="grpo-pipeline", flow_run_name=job_run_name)
+# validate_parameters=False: a spec the deployment's schema let through but JobSpec refuses (a cross-field rule) would
+# fail Prefect's own parameter check, ending the run Failed with no task run; the flow validates it and ends Rejected.
+@flow(name="grpo-pipeline", flow_run_name=job_run_name, validate_parameters=False)
 def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     """Fine-tunes `spec.base_model` with GRPO on `spec.dataset`; returns the job id, folder and evaluation.
 
@@ -188,6 +192,12 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         job_id (`str`, *optional*): reuse an existing job folder instead of creating a new one.
     """
     started = time.monotonic()
+    if not isinstance(spec, JobSpec):  # a deployment's run: the spec as its JSON
+        try:
+            spec = load_spec(spec)[0]
+        except SpecError as e:
+            get_run_logger().error("%s", e)
+            return rejected(str(e))
     if problems := untrusted_code(spec):  # before anything imports the spec's modules
         get_run_logger().error("spec rejected:\n%s", "\n".join(problems))
         return rejected("; ".join(problems))

@@ -9,7 +9,8 @@ combination's spec before anything runs: one invalid combination rejects the who
 of the sweep (`grpoflow sweep`), or, given `deployment`, as flow runs of that `grpo-pipeline` deployment on the
 server (the `sweep` deployment of deployments/prefect.yaml runs them on `grpo-pipeline/retrain`). A job that fails
 fails its row, not the sweep's other jobs. The report, `sweep.md` and `sweep.json` under
-`<output_uri>/sweeps/<sweep_id>/`, and a markdown and a table artifact (keys `<name>-sweep`, `<name>-sweep-table`),
+`<output_uri>/sweeps/<sweep_id>/`, and a markdown and a table artifact (keys `<name>-sweep`, `<name>-sweep-table`;
+one "sweep" only, for a spec whose name already says sweep),
 give each job's held-out score before and after GRPO (after: the model the job kept), its final training reward and
 its wall time, ranked by the score after (then the gain), the best job marked; jobs tied at the top (the same score
 and gain, e.g. 0.000 -> 0.000) share the rank, and none is named best: the report says they tie. The sweep's run
@@ -35,6 +36,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from grpoflow.flows.deployments import deployment_name, name_after_job, pool_job_variables, run_parameters, wait_for
 from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.integrations.artifacts import score_change
 from grpoflow.integrations.stages import REJECTED, rejected
@@ -127,9 +129,15 @@ def combination_spec(spec: dict | JobSpec, values: dict) -> JobSpec:
     return load_spec(base, [_override(k, v) for k, v in values.items()])[0]
 
 
+def sweep_name(name: str) -> str:
+    """What a sweep of spec `name` is called: `<name>-sweep`, or `name` itself when one of its words already is
+    "sweep" (a spec named `lr-sweep` gave sweep ids `lr-sweep-sweep-...`)."""
+    return name if "sweep" in _NOT_KEY.split(name.lower()) else f"{name}-sweep"
+
+
 def new_sweep_id(name: str) -> str:
-    """`<name>-sweep-<UTC time>-<6 hex>`."""
-    return f"{name}-sweep-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+    """`<name>-sweep-<UTC time>-<6 hex>` (`sweep_name`)."""
+    return f"{sweep_name(name)}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 # --- one job ---------------------------------------------------------------------------------------------------------
@@ -176,8 +184,6 @@ def _run_deployment(spec: JobSpec, deployment: str):
     """Runs the job as a flow run of `deployment` on the server (the sweep's subflow in the UI) and waits for it;
     returns (final state, job id). The run gets what `grpoflow submit` gives one: the pool's `gpu_count` from the
     spec, and its job id as its name from the start."""
-    from grpoflow.flows.deployments import wait_for
-
     started = asyncio.run(start_job_run(spec, deployment))
     flow_run = asyncio.run(wait_for(started.id))
     return flow_run.state, flow_run.name
@@ -186,8 +192,6 @@ def _run_deployment(spec: JobSpec, deployment: str):
 async def start_job_run(spec: JobSpec, deployment: str):
     """Creates the flow run of `deployment` for `spec` (linked to the calling task run, if any); returns it."""
     from prefect.deployments import arun_deployment
-
-    from grpoflow.flows.deployments import deployment_name, name_after_job, pool_job_variables, run_parameters
 
     name = deployment_name(deployment)
     async with get_client() as client:
@@ -340,9 +344,11 @@ def report_markdown(sweep_id: str, rows: list[dict], metric: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sweep_key(name: str, kind: str = "sweep") -> str:
-    """The artifact key of a sweep of spec `name`: `<name>-sweep` (the table: `<name>-sweep-table`)."""
-    return f"{_NOT_KEY.sub('-', name.lower()).strip('-') or 'grpo'}-{kind}"
+def sweep_key(name: str, table: bool = False) -> str:
+    """The artifact key of a sweep of spec `name`: `<name>-sweep` as `sweep_name` says it (the table's:
+    `<name>-sweep-table`), in the letters a Prefect key takes."""
+    key = _NOT_KEY.sub("-", sweep_name(name).lower()).strip("-")
+    return f"{key}-table" if table else key
 
 
 def report_dir(root: str, sweep_id: str) -> str:
@@ -429,7 +435,7 @@ def grpo_sweep(
     description = f"GRPO sweep {sweep_id}"
     create_markdown_artifact(markdown, key=sweep_key(spec.name), description=description)
     create_table_artifact(
-        table_rows(rows, best_row(rows)), key=sweep_key(spec.name, "sweep-table"), description=description
+        table_rows(rows, best_row(rows)), key=sweep_key(spec.name, table=True), description=description
     )
     failed = sum(r["status"] != "completed" for r in rows)
     result = {"sweep_id": sweep_id, "report_dir": folder, "jobs": len(rows), "failed": failed}

@@ -40,6 +40,7 @@ from grpoflow.trainers.health import HealthMonitor, verdict
 from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS, change
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.rollouts import highlight_rows
 from grpoflow.trainers.spec import JobSpec
 
 logger = logging.getLogger("grpoflow.artifacts")
@@ -161,8 +162,6 @@ def samples_artifact(job: JobDir, spec: JobSpec, evaluation: dict | None):
 def rollouts_artifact(job: JobDir, spec: JobSpec, step: int):
     """The best, the worst and one in-between rollout of `step` (or of the newest kept step before it), with every
     reward's score, as a table artifact (key `<base>-rollouts`); none when no step up to it kept its rollouts."""
-    from grpoflow.trainers.rollouts import highlight_rows
-
     shown, rows = highlight_rows(job, step)
     if not rows:
         return None

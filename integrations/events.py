@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from grpoflow.integrations import webhooks
@@ -25,6 +26,147 @@ from grpoflow.trainers.jobdir import JobDir
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class EventKind:
+    """One event grpoflow emits: when, and its payload's keys.
+
+    Args:
+        when (`str`): what happened.
+        payload (`dict[str, str]`): each key of the payload, with what it holds.
+        more (`str`, *optional*): the payload's other keys, when it has more than `payload` names (e.g. every metric).
+    """
+
+    when: str
+    payload: dict[str, str]
+    more: str = ""
+
+
+_JOB_END = {"job_id": "the job's id", "output_dir": "its folder (or URL)", "status": "`completed`"}
+_ALERT = {
+    "kind": "policy_collapse, length_explosion, kl_drift, no_learning_signal, non_finite, held_out_divergence, stall "
+    "or no_improvement",
+    "step": "the training step it fired at",
+    "message": "one sentence saying what was seen",
+    "evidence": "the numbers behind it: window, values, thresholds",
+    "advice": "what to change in the spec",
+}
+_GATE = {
+    "promote": "false",
+    "reason": "why: the gate's kind (no_improvement, min_gain, beat_deployed), `not_approved` or `timeout`",
+    "kind": "the gate's check that decided",
+    "metric": "the held-out metric",
+    "before": "held-out score of the start model",
+    "after": "held-out score of the GRPO result",
+    "gain": "after minus before",
+    "deployed_score": "the score of the version the deployment serves now (beat_deployed), else null",
+    "min_gain": "evaluation.gate.min_gain",
+    "beat_deployed": "evaluation.gate.beat_deployed",
+    "message": "the decision in words",
+}
+# Every event grpoflow emits (DESIGN.md, "Events"), named `grpoflow.<subject>.<verb>`: `emit` refuses any other name,
+# and the docs' events page is generated from this table. Resource: `grpoflow.job.<job_id>` (the watcher's:
+# `grpoflow.dataset.<uri>`); a webhook's body carries the name without `grpoflow.` as its `type`.
+EVENTS = {
+    "grpoflow.job.started": EventKind(
+        "a job's folder is created (or a job resumed)",
+        {"name": "the spec's name", "base_model": "the spec's base_model", "output_dir": "the job's folder (or URL)"},
+    ),
+    "grpoflow.dataset.ingested": EventKind(
+        "the dataset was read, checked and saved to the job folder",
+        {
+            "uri": "dataset.uri",
+            "num_train": "training prompts",
+            "num_eval": "held-out prompts",
+            "columns": "the dataset's columns",
+            "prompt_format": "`text` or `chat`",
+            "fingerprint": "a hash of the ingested rows",
+        },
+    ),
+    "grpoflow.sft.completed": EventKind(
+        "the SFT warm-up finished",
+        {
+            "steps": "sft.max_steps",
+            "final_loss": "the last step's loss",
+            "seconds": "its wall time",
+            "model_dir": "the folder of its model (`sft`)",
+        },
+    ),
+    "grpoflow.training.progress": EventKind(
+        "a GRPO step was logged (every few steps, the last, and each step with a held-out score)",
+        {
+            "step": "the step",
+            "max_steps": "hyperparameters.max_steps",
+            "reward": "the step's mean total reward",
+            "reward_std": "its standard deviation within the groups",
+            "loss": "the step's loss",
+            "completions/mean_length": "the completions' mean length in tokens",
+            "kl": "the KL to the reference model (kl_coef > 0 only)",
+        },
+        more="`eval/METRIC`, the held-out score, at a step with a held-out evaluation (evaluation.every)",
+    ),
+    "grpoflow.training.alert": EventKind("a health alert fired (DESIGN.md, Health alerts)", _ALERT),
+    "grpoflow.training.completed": EventKind(
+        "GRPO training ended",
+        {"global_step": "steps trained", "selected_step": "the step whose model goes on (evaluation.select)"},
+        more="every other key of the job's training.json (artifact, times, LoRA targets, parameter counts)",
+    ),
+    "grpoflow.adapter.merged": EventKind(
+        "a LoRA adapter was merged into the base model",
+        {"artifact_type": "`adapter`", "merged_files": "the files of merged/"},
+    ),
+    "grpoflow.model.published": EventKind(
+        "the model was pushed to the Hugging Face Hub",
+        {
+            "repo_id": "publish.repo_id",
+            "url": "the repository's URL",
+            "commit": "the new commit, null when nothing changed",
+            "revision": "the repository's head commit",
+            "changed": "whether the push changed the repository",
+            "artifact": "`merged` or `adapter`",
+        },
+    ),
+    "grpoflow.model.rejected": EventKind(
+        "the GRPO result failed the evaluation gate (or its approval): neither published nor deployed",
+        _GATE,
+        more="with approval: the approver's answer and note",
+    ),
+    "grpoflow.deployment.registered": EventKind(
+        "a serving deployment's new version was registered",
+        {
+            "name": "the deployment's name",
+            "version": "its new version",
+            "artifact_path": "the weights it serves",
+            "status": "its status (`ready` once the smoke inference passed)",
+            "metric": "the held-out metric",
+            "score": "the held-out score",
+        },
+    ),
+    "grpoflow.job.completed": EventKind(
+        "the job finished",
+        {**_JOB_END, "evaluation": "the held-out evaluation (evaluation.json)", "artifact_type": "adapter or full"},
+    ),
+    "grpoflow.job.failed": EventKind(
+        "the job ended without completing",
+        {
+            "reason": "`rejected` (bad input), `cancelled`, or the failure's exception class",
+            "error": "the message (its last 2000 characters)",
+        },
+    ),
+    "grpoflow.dataset.landed": EventKind(
+        "the data watcher saw a new file version (resource `grpoflow.dataset.<uri>`); the on-new-data deployment's "
+        "trigger starts a run with it",
+        {
+            "uri": "the file's URI",
+            "size": "its size in bytes",
+            "etag": "its ETag (object stores)",
+            "mtime": "its modification time",
+            "version": "its version id or ETag",
+            "spec": "the spec to run (the watcher's `spec` parameter), or null",
+        },
+    ),
+}
 
 
 def prefect_api_configured() -> bool:
@@ -50,9 +192,11 @@ def emit(job: JobDir, event: str, payload: dict | None = None) -> dict:
 
     Args:
         job (`JobDir`): the job the event is about.
-        event (`str`): a DESIGN.md event name, e.g. `grpoflow.training.completed`.
+        event (`str`): a name in `EVENTS`, e.g. `grpoflow.training.completed`.
         payload (`dict`, *optional*): JSON-serializable details; never secrets.
     """
+    if event not in EVENTS:
+        raise ValueError(f"{event!r} is not an event of grpoflow's (grpoflow.integrations.events.EVENTS)")
     record = {
         "id": str(uuid.uuid4()),
         "event": event,

@@ -18,11 +18,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prefect import get_client
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled, Failed, State
 
 from grpoflow.trainers.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.model.load import WRITE_ERRNOS
 from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 
@@ -182,7 +184,6 @@ def rejected(message: str) -> State:
 def flow_run_cancelling() -> bool:
     """Whether this flow run is being cancelled (the Prefect UI's Cancel, `prefect flow-run cancel`): its state on
     the server is Cancelling or Cancelled."""
-    from prefect import get_client
     from prefect.runtime import flow_run
 
     if flow_run.id is None:
@@ -221,8 +222,6 @@ def retry_unless_final(task, task_run, state) -> bool:
     """Prefect's `retry_condition_fn` of every stage: a rejected input, a setup problem, a deliberate stop, a reward
     that failed in training, a child that ended itself early and a write refused for want of space or permission
     (`WRITE_ERRNOS`) are final (a retry would meet them again); a crash or a transient error is retried."""
-    from grpoflow.trainers.model.load import WRITE_ERRNOS
-
     if state.name == REJECTED:
         return False
     try:

@@ -13,16 +13,30 @@ step count, into `canary.json`:
     {"status": "passed"|"failed", "reason": str|null, "device": str, "versions": {...}, "peak_memory_gb": x,
      "device_memory_gb": y, "step_seconds": s, "tokens_per_second": t, "projected_training_hours": h}
 
-Failed (the step does not fit `canary.device_memory_gb`, the child cannot run, a known-bad stack): the reason names
-what to change, in the order of what it saves. Nothing of the canary's run is kept in the job folder but canary.json.
+With `generation.vllm_mode: server` the server is checked before the step (`check_vllm_server`: its health
+endpoint, then TRL's handshake, `VLLMClient.init_communicator`, where vllm and a GPU are), and the step's first
+generation syncs the weights to it once, as the job's first step will. On several machines
+(`distributed.num_machines` > 1) the step runs as the job's TrainJob shape (`grpoflow.cluster.canary.on_machines`
+as `run_step`), whose nodes first meet in one collective across all ranks.
+
+Failed (the step does not fit `canary.device_memory_gb`, the child cannot run, a known-bad stack, the vLLM server
+does not answer, a rank cannot join): the reason names what to change, in the order of what it saves. Nothing of the
+canary's run is kept in the job folder but canary.json.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import multiprocessing
+import os
 import shutil
+import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -30,14 +44,18 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from grpoflow.trainers.child import CANARY_ENV, visible_gpus
+from grpoflow.jobs.launch import run_child
+from grpoflow.jobs.vllm_server import vllm_server
+from grpoflow.trainers.child import CANARY_ENV, VLLM_SERVER_URL_ENV, visible_gpus
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 COMPAT_TABLE = Path(__file__).with_name("compat.yaml")
 CANARY_FILE = "canary.json"
+DEVICE_FILE = "canary-device.json"  # where a step run elsewhere (a TrainJob's rank 0) says its device and memory
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "vllm", "deepspeed", "bitsandbytes", "flash-attn")
 GB = 1e9
+VLLM_TIMEOUT_S = 240.0  # TRL's vllm_server_timeout default
 
 
 class CanaryFailed(RuntimeError):
@@ -63,8 +81,6 @@ def installed_versions() -> dict[str, str]:
 
 
 def _driver_version() -> str | None:
-    import subprocess
-
     if shutil.which("nvidia-smi") is None:
         return None
     try:
@@ -159,9 +175,25 @@ def prepare(spec: JobSpec, dataset_dir: Path, root: Path) -> JobDir:
 # --- the run and the verdict ----------------------------------------------------------------------------------------
 
 
-def run_canary(spec: JobSpec, dataset_dir: Path, out: Path | None = None) -> dict:
-    """Runs the canary for `spec` on the ingested dataset in `dataset_dir`; returns canary.json's object (written to
-    `out` when given). Never raises for a failed verdict: the object says it."""
+def run_canary(
+    spec: JobSpec,
+    dataset_dir: Path,
+    out: Path | None = None,
+    run_step: Callable[[JobSpec, JobDir], None] | None = None,
+    scratch: Path | None = None,
+) -> dict:
+    """Runs the canary for `spec` on the ingested dataset in `dataset_dir`; returns canary.json's object. Never raises
+    for a failed verdict: the object says it.
+
+    Args:
+        spec (`JobSpec`): the job's spec.
+        dataset_dir (`Path`): the ingested dataset.
+        out (`Path`, *optional*): where to write canary.json.
+        run_step (`Callable`, *optional*): runs the step's child on the canary's folder (default: here, as the
+            training stage's one-machine child); `grpoflow.cluster.canary.on_machines` runs it as a TrainJob.
+        scratch (`Path`, *optional*): the folder the canary's own folder is made (and removed) in; the nodes of a
+            TrainJob see it there (the job folder, on the shared volume). Default: the system's temporary folder.
+    """
     started = time.monotonic()
     versions = installed_versions()
     device, memory = device_memory_gb(spec)
@@ -171,40 +203,144 @@ def run_canary(spec: JobSpec, dataset_dir: Path, out: Path | None = None) -> dic
     if bad := known_bad(versions):
         result |= {"status": "failed", "reason": "a known-bad stack: " + "; ".join(bad)}
     else:
-        result |= _step(spec, dataset_dir, memory)
+        result |= _step(spec, dataset_dir, memory, run_step or run_here, scratch)
     result["canary_seconds"] = round(time.monotonic() - started, 2)
     if out is not None:
         write_json_atomic(out, result)
     return result
 
 
-def _step(spec: JobSpec, dataset_dir: Path, memory: float) -> dict:
-    """The measured step, and the verdict on it."""
-    from grpoflow.jobs.launch import run_child
+def run_here(spec: JobSpec, job: JobDir) -> None:
+    """The canary's step on this machine's devices: the job's GRPO child, as the training stage starts it (with the
+    vLLM server it starts, and that server checked first)."""
+    with vllm_server(spec, job) as env:
+        if spec.generation.engine == "vllm" and spec.generation.vllm_mode == "server":
+            check_vllm_server(spec.generation.vllm_server_url or env[VLLM_SERVER_URL_ENV], vllm_timeout(spec), env)
+        run_child(
+            "grpoflow.trainers.grpo", job, spec.gpu_count, "canary.log",
+            result=job.training_result, strategy=spec.distributed.strategy, env={**env, CANARY_ENV: "1"},
+        )  # fmt: skip
 
-    with tempfile.TemporaryDirectory(prefix="grpoflow-canary-") as tmp:
+
+# --- the vLLM server (generation.vllm_mode: server): its health, TRL's handshake; the step then syncs weights once ---
+
+
+def vllm_timeout(spec: JobSpec) -> float:
+    """The seconds the server may take to answer: TRL's `vllm_server_timeout` (the job's, else TRL's 240)."""
+    return float(spec.trl.get("vllm_server_timeout") or VLLM_TIMEOUT_S)
+
+
+def check_vllm_server(url: str, timeout: float, env: dict | None = None) -> str:
+    """Checks the job's vLLM server before the step: its health endpoint (`GET /health`, as TRL's `VLLMClient` asks
+    it) answers 200 within `timeout` seconds, then, where vllm and a GPU are here, TRL's handshake
+    (`VLLMClient.init_communicator`, the NCCL group weights are synced through) in a process of its own on the
+    training GPU (`env`'s CUDA_VISIBLE_DEVICES). The step's first generation then syncs the weights once through it,
+    as the job's first step will. Returns a line saying what was checked.
+
+    Raises:
+        `CanaryFailed`: the server did not answer, or the handshake failed, naming the server.
+    """
+    _health(url, timeout)
+    if importlib.util.find_spec("vllm") is None or not visible_gpus():
+        return f"vLLM server at {url}: healthy; TRL's handshake not tried (no vllm or no GPU here)"
+    _handshake_in_own_process(url, timeout, env or {})
+    return f"vLLM server at {url}: healthy; TRL's handshake (init_communicator) done"
+
+
+def _health(url: str, timeout: float) -> None:
+    health, deadline, why = url.rstrip("/") + "/health", time.monotonic() + timeout, "no answer"
+    while True:
+        try:
+            with urllib.request.urlopen(health, timeout=max(1.0, min(10.0, timeout))) as response:
+                if response.status == 200:
+                    return
+                why = f"HTTP {response.status}"
+        except urllib.error.HTTPError as e:
+            why = f"HTTP {e.code}"
+        except (OSError, ValueError) as e:
+            why = str(getattr(e, "reason", e))
+        if time.monotonic() >= deadline:
+            raise CanaryFailed(
+                f"the vLLM server at {url} did not answer its health check (GET {health}) within {timeout:.0f} s "
+                f"({why}): start it (trl vllm-serve), fix generation.vllm_server_url, or give it longer with trl: "
+                "{vllm_server_timeout: SECONDS}"
+            )
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
+def _handshake_in_own_process(url: str, timeout: float, env: dict) -> None:
+    """TRL's `init_communicator` in a spawned process, so that its CUDA context does not stay on the training GPU;
+    one that hangs (an NCCL rendezvous the server never joins) is stopped after `timeout` seconds."""
+    context = multiprocessing.get_context("spawn")
+    errors = context.Queue()
+    process = context.Process(target=_handshake, args=(url, timeout, env, errors), daemon=True)
+    process.start()
+    limit = timeout + 60  # the client's own wait for the server, then the NCCL rendezvous
+    process.join(limit)
+    if process.is_alive():
+        process.terminate()
+        raise CanaryFailed(
+            f"TRL's handshake with the vLLM server at {url} (init_communicator) did not finish within {limit:.0f} s: "
+            "may this machine and the server reach each other on TRL's group port (51216) for NCCL?"
+        )
+    if process.exitcode != 0:
+        why = errors.get() if not errors.empty() else f"exit code {process.exitcode}"
+        raise CanaryFailed(f"TRL's handshake with the vLLM server at {url} (init_communicator) failed: {why}")
+
+
+def _handshake(url: str, timeout: float, env: dict, errors) -> None:
+    os.environ.update({k: v for k, v in env.items() if k == "CUDA_VISIBLE_DEVICES"})
+    try:
+        from trl.generation.vllm_client import VLLMClient
+
+        client = VLLMClient(base_url=url, connection_timeout=timeout)
+        client.init_communicator(device=0)
+        client.close_communicator()
+    except Exception as e:
+        errors.put(f"{type(e).__name__}: {e}")
+        raise SystemExit(1) from e
+
+
+def _step(spec: JobSpec, dataset_dir: Path, memory: float, run_step, scratch: Path | None) -> dict:
+    """The measured step, and the verdict on it."""
+    with tempfile.TemporaryDirectory(prefix="grpoflow-canary-", dir=scratch) as tmp:
         job = prepare(spec, dataset_dir, Path(tmp))
         try:
-            run_child(
-                "grpoflow.trainers.grpo", job, spec.gpu_count, "canary.log",
-                result=job.training_result, strategy=spec.distributed.strategy, env={CANARY_ENV: "1"},
-            )  # fmt: skip
-        except Exception as exc:  # the child's own failure, named by launch: the verdict
-            return {"status": "failed", "reason": f"the step did not run: {exc}"}
-        measured = json.loads(job.training_result.read_text())
-    return _verdict(spec, measured, memory)
+            run_step(spec, job)
+        except CanaryFailed as exc:  # a check before the step (the vLLM server) said why itself
+            return {"status": "failed", "reason": str(exc)}
+        except Exception as exc:  # the child's own failure (or a rank's), named by launch: the verdict
+            reason = str(exc).removeprefix("grpoflow: ")
+            return {"status": "failed", "reason": f"the step did not run: {reason}"}
+        measured = json.loads(job.training_result.read_text()) | _step_time(job)
+        elsewhere = job.root / DEVICE_FILE  # the step ran on other machines: their device, their memory
+        device = json.loads(elsewhere.read_text()) if elsewhere.exists() else {}
+    memory = spec.canary.device_memory_gb or device.get("device_memory_gb") or memory
+    figures = {"device": device["device"], "device_memory_gb": round(memory, 3)} if device else {}
+    return figures | _verdict(spec, measured, memory)
+
+
+def _step_time(job: JobDir) -> dict:
+    """TRL's own `step_time` of the canary's step (its metrics.jsonl line), when it logged one."""
+    from grpoflow.trainers.metrics import read_metrics
+
+    records = read_metrics(job.metrics)
+    step_time = records[-1]["values"].get("step_time") if records else None
+    return {"step_time": step_time} if step_time else {}
 
 
 def _verdict(spec: JobSpec, measured: dict, memory: float) -> dict:
     hp = spec.hyperparameters
-    seconds = measured.get("train_runtime") or measured.get("train_seconds") or 0.0
+    runtime = measured.get("train_runtime") or measured.get("train_seconds") or 0.0
+    # The step alone (TRL's step_time); what train() spent around it (its setup) a run spends once, not per step.
+    seconds = min(measured.get("step_time") or runtime, runtime or float("inf"))
     tokens = hp.prompts_per_step * hp.rollouts_per_prompt * hp.max_response_length
     peak = measured.get("peak_memory_gb")
     figures = {
         "peak_memory_gb": peak,
         "step_seconds": round(seconds, 3),
         "tokens_per_second": round(tokens / seconds, 1) if seconds else None,
-        "projected_training_hours": round(seconds * hp.max_steps / 3600, 6),
+        "projected_training_hours": round((runtime - seconds + seconds * hp.max_steps) / 3600, 6),
     }
     if peak is not None and peak > memory:
         reason = f"the step needs {peak:.2f} GB at its peak, more than the {memory:.2f} GB it must fit in; " + advice(

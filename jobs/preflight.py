@@ -28,6 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpoflow.trainers.agents import (
+    AgentError,
+    environment_problems,
+    load_environment,
+    load_tools,
+    sft_completion_problems,
+    tool_template_problem,
+)
+from grpoflow.trainers.model.architecture import lora_target_problem
 from grpoflow.trainers.model.gguf import (
     GgufHeader,
     gguf_config,
@@ -46,11 +55,17 @@ from grpoflow.trainers.model.load import (
     hub_model_problem,
     is_local_model,
     model_problem,
+    openai_roles,
     size_in_words,
     weights_problem,
 )
-from grpoflow.trainers.model.tiny import is_builtin, resolve_model_path
-from grpoflow.trainers.spec import LIGER_UNSUPPORTED, JobSpec, model_family
+from grpoflow.trainers.model.tiny import TINY_VERSION, cache_root, is_builtin, resolve_model_path
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward
+from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, required_columns
+from grpoflow.trainers.rewards.models import reward_model_problem
+from grpoflow.trainers.spec import LIGER_UNSUPPORTED, JobSpec, SpecError, load_spec, model_family
+from grpoflow.trainers.uris import is_remote
 
 
 @dataclass
@@ -161,7 +176,6 @@ def check_lora_targets(p: Preflight) -> list[str]:
         and not is_builtin(p.spec.base_model)
     ):
         return []  # a full fine-tune; every projection; or a Hub model not here to look at
-    from grpoflow.trainers.model.architecture import lora_target_problem
 
     problem = lora_target_problem(str(p.model_dir or resolve_model_path(p.spec.base_model)), hp.lora_target_modules)
     return [problem] if problem else []
@@ -207,10 +221,6 @@ def _reward_field(p: Preflight, message: str) -> str:
 def check_rewards_build(p: Preflight) -> list[str]:
     """Each reward imports (a custom function) or exists (a built-in) and takes its kwargs; a reward model is here,
     offline, and is a sequence classifier (its files read, no weights loaded)."""
-    from grpoflow.trainers.rewards import RewardError
-    from grpoflow.trainers.rewards.build import build_reward
-    from grpoflow.trainers.rewards.models import reward_model_problem
-
     problems = []
     for i, reward in enumerate(p.spec.rewards):
         if reward.model is not None and (problem := reward_model_problem(reward.model)) is not None:
@@ -235,7 +245,6 @@ def check_dataset(p: Preflight) -> list[str]:
     """The dataset opens and has the prompt column and every column the rewards and the SFT warm-up read."""
     from grpoflow.trainers.dataset import DatasetError
     from grpoflow.trainers.dataset import check_dataset as load_and_check
-    from grpoflow.trainers.rewards.dry_run import required_columns
 
     spec = p.spec
     try:
@@ -250,15 +259,12 @@ def check_dataset(p: Preflight) -> list[str]:
             max_row_bytes=spec.dataset.max_row_bytes,
         )
     except DatasetError as e:
-        return [f"dataset: {e}"]
+        return [f"dataset: {problem}" for problem in e.problems]  # each its own line of the report
     return []
 
 
 def check_rewards_dry_run(p: Preflight) -> list[str]:
     """The rewards that built pass the dry run on a few of the dataset's rows, shaped as TRL will pass them."""
-    from grpoflow.trainers.rewards import RewardError
-    from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards
-
     if p.sample is None or not p.rewards:
         return []
     try:
@@ -278,7 +284,6 @@ def _local_model_dir(p: Preflight) -> Path | None:
         return p.model_dir
     if p.spec.base_model != "builtin:tiny":
         return None
-    from grpoflow.trainers.model.tiny import TINY_VERSION, cache_root
 
     # Its cached folder when it was built, without building it (which needs torch): otherwise nothing to read.
     folder = cache_root() / f"builtin-tiny-{TINY_VERSION}"
@@ -388,8 +393,6 @@ def check_chat_roles(p: Preflight) -> list[str]:
     """Chat prompts use roles the chat template knows: a role outside system/user/assistant/tool is a warning; a
     template that raises on the sampled rows (when the tokenizer loads from a local folder) is a problem. OpenAI's
     `developer` role is read as `system`, as training reads it (`grpoflow.trainers.model.load.openai_roles`)."""
-    from grpoflow.trainers.model.load import openai_roles
-
     if p.prompt_format != "chat" or p.sample is None:
         return []
     prompts = [openai_roles(prompt) for prompt in p.sample[p.spec.dataset.prompt_column]]
@@ -419,15 +422,6 @@ def check_agents(p: Preflight) -> list[str]:
     every column, the prompt as `prompt`) and its get_reward() returns a number; the SFT warm-up's completions are
     text or tool-calling conversations; the prompts are chats, and the chat template renders tool calls that TRL can
     parse (when the tokenizer is here to read)."""
-    from grpoflow.trainers.agents import (
-        AgentError,
-        environment_problems,
-        load_environment,
-        load_tools,
-        sft_completion_problems,
-        tool_template_problem,
-    )
-
     spec = p.spec
     if not spec.tools and spec.environment is None:
         return []
@@ -511,8 +505,6 @@ def check_output_root(p: Preflight) -> list[str]:
     """A local output_uri can be written (a probe file is made and removed there, or in the nearest folder above it
     that exists) and has room for what training writes (`space_needed`): a full disk or a read-only root would
     otherwise fail at the first checkpoint. A remote one's jobs run in a worker's staging folder, not checked here."""
-    from grpoflow.trainers.uris import is_remote
-
     uri = p.spec.output_uri
     if is_remote(uri):
         return []
@@ -579,8 +571,6 @@ def preflight(spec: JobSpec, warnings: list[str] | None = None, storage_options:
 
 
 def main(argv: list[str]) -> int:
-    from grpoflow.trainers.spec import SpecError, load_spec
-
     try:
         spec, warnings = load_spec(argv[0], argv[1:])
     except SpecError as e:

@@ -31,8 +31,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from grpoflow.trainers.evaluate import generate
 from grpoflow.trainers.held_out import SCORE_TOLERANCE, beats, change
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.trainers.model.load import to_prompt
+from grpoflow.trainers.spec import load_spec
 
 # The version fields repeated at the top level of `<name>.json`, where the one-record files had them.
 CURRENT_FIELDS = ("job_id", "artifact_path", "artifact_type", "metric", "score", "status", "smoke", "error")
@@ -195,9 +198,6 @@ def smoke_prompt(job: JobDir):
     """A prompt from the job's own data (held-out first), as the model will see it, for the smoke inference."""
     from datasets import load_from_disk
 
-    from grpoflow.trainers.model.load import to_prompt
-    from grpoflow.trainers.spec import load_spec
-
     spec, _ = load_spec(job.spec)
     splits = load_from_disk(str(job.dataset))
     rows = splits["eval"] if "eval" in splits else splits["train"]
@@ -206,8 +206,6 @@ def smoke_prompt(job: JobDir):
 
 def smoke_test(model_dir: Path, prompt, max_new_tokens: int = 16) -> dict:
     """Loads the weights and generates one completion: the proof a deployment can serve."""
-    from grpoflow.trainers.evaluate import generate
-
     started = time.monotonic()
     completion = generate(str(model_dir), [prompt], max_new_tokens)[0]
     text = completion[0]["content"] if isinstance(completion, list) else completion

@@ -11,12 +11,10 @@ state changes (matplotlib's recommended way in servers and workers), so importin
 headless worker is equally safe.
 """
 
-import atexit
 import contextlib
 import json
 import os
 import re
-import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -82,12 +80,6 @@ def _save_png(fig, path: Path) -> None:
         raise
 
 
-def prepare_plotting() -> None:
-    """Imports matplotlib (~0.7 s) in a background thread, for a process that waits on a training child anyway (the
-    flow's training task): the report after it then draws at once. Idempotent; `_plot` imports it too."""
-    threading.Thread(target=lambda: __import__("matplotlib.figure"), name="import-matplotlib", daemon=True).start()
-
-
 def _plot(steps: list[int], values: list[float], key: str, path: Path) -> None:
     from matplotlib.figure import Figure  # not at import: the CLI and the flow import this module long before a plot
 
@@ -115,32 +107,14 @@ def plot_metrics(records: list[dict], out_dir: Path, keys: tuple[str, ...] = PLO
 
     Returns:
         `list[Path]`: the PNGs written, in `keys` order; files are named after the key with "/" as "_"
-        (`completions/mean_length` -> `completions_mean_length.png`). Plots `draw_ahead` drew of the same series
-        are moved into `out_dir` instead of drawn again.
+        (`completions/mean_length` -> `completions_mean_length.png`).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    series = {key: _series(records, key) for key in keys}
-    ahead = _AHEAD.pop(out_dir.resolve(), None)
-    if ahead is not None:
-        try:
-            drawn = ahead.result()
-            if drawn is not None and ahead.series == series:
-                return [_move_in(path, out_dir / path.name) for path in drawn]
-        finally:
-            ahead.discard()
-    return _draw(series, out_dir)
-
-
-# One drawing at a time in a process (a sweep's jobs, a plot drawn ahead beside a report): matplotlib's font cache is
-# shared by all figures.
-_DRAWING = threading.Lock()
-
-
-def _draw(series: dict[str, tuple[list[int], list[float]]], out_dir: Path) -> list[Path]:
     paths = []
     with _DRAWING:
-        for key, (steps, values) in series.items():
+        for key in keys:
+            steps, values = _series(records, key)
             if values:
                 path = out_dir / _plot_file(key)
                 _plot(steps, values, key, path)
@@ -148,66 +122,9 @@ def _draw(series: dict[str, tuple[list[int], list[float]]], out_dir: Path) -> li
     return paths
 
 
-def _move_in(path: Path, target: Path) -> Path:
-    # Whole or not at all, as `_save_png` writes: a rename, or (another file system) a copy beside it renamed.
-    try:
-        os.replace(path, target)
-    except OSError:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return target
-
-
-class _Ahead:
-    """Plots being drawn in a background thread, into a temporary folder, from the series they were given."""
-
-    def __init__(self, series: dict):
-        self.series, self.paths = series, None
-        self.folder = Path(tempfile.mkdtemp(prefix="grpoflow-plots-"))
-        self.thread = threading.Thread(target=self._draw, name="draw-plots-ahead", daemon=True)
-        self.thread.start()
-
-    def _draw(self) -> None:
-        try:
-            self.paths = _draw(self.series, self.folder)
-        except Exception:  # the report draws them itself, and says what fails then
-            self.paths = None
-
-    def result(self) -> list[Path] | None:
-        """The PNGs drawn (waiting for the thread), or None when drawing failed; `discard()` after use."""
-        self.thread.join()
-        return self.paths
-
-    def discard(self) -> None:
-        self.thread.join()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-_AHEAD: dict[Path, _Ahead] = {}
-
-
-def draw_ahead(records: list[dict], out_dir: Path, keys: tuple[str, ...] = PLOT_KEYS) -> None:
-    """Starts drawing the plots of `records` in a background thread, for the report of `out_dir` to take: the training
-    task calls it once the last step's metrics arrived, while the training child still scores and saves its model
-    (~0.5 s of plots the report would otherwise draw after the child ended). A report whose series differ (more
-    steps, a retried child) draws its own; leftovers are removed at exit."""
-    out_dir = Path(out_dir).resolve()
-    previous = _AHEAD.pop(out_dir, None)
-    if previous is not None:
-        previous.discard()
-    _AHEAD[out_dir] = _Ahead({key: _series(records, key) for key in keys})
-
-
-@atexit.register
-def _discard_ahead() -> None:
-    while _AHEAD:
-        _AHEAD.popitem()[1].discard()
+# One drawing at a time in a process (a sweep's jobs report in threads): matplotlib's font cache is shared by all
+# figures.
+_DRAWING = threading.Lock()
 
 
 # --- formatting ------------------------------------------------------------------------------------------------------

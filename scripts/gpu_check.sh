@@ -5,17 +5,20 @@
 #     scripts/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else gpu-check-out/
 #
 # Run it from a copy of the repository holding gpu-wheels/ (made here by scripts/prepare_gpu_wheels.sh). It installs
-# the wheels into /tmp/gpu-site (nothing is fetched), runs the `gpu`-marked tests, then `benchmarks.gpu` (grpoflow vs a
-# TRL script, full/LoRA/QLoRA peak memory, transformers vs paged generation), each under its own time limit so the
-# whole check ends within 9 minutes; writes OUT_DIR/{versions.txt,pytest.log,benchmark.log,gpu.json,gpu.md} and prints
-# the table. Nothing here imports prefect: the tests it runs and the benchmark use grpoflow.trainers and benchmarks/ only.
-# Exit code: 0 when the tests and the benchmark passed, else 1.
+# the wheels into /tmp/gpu-site (nothing is fetched), runs the `gpu`-marked tests, then the canary (`grpoflow canary
+# SPEC --json`: one full-length step, its peak memory, the projection) for each configuration the benchmark tries, then
+# `benchmarks.gpu` (grpoflow vs a TRL script, full/LoRA/QLoRA peak memory, transformers vs paged generation), each
+# under its own time limit so the whole check ends within 9 minutes; writes OUT_DIR/{versions.txt,pytest.log,
+# canary.log,canary.json,benchmark.log,gpu.json,gpu.md} and prints the tables. Nothing here imports prefect: the tests
+# it runs, the canary command and the benchmark use grpoflow.trainers, grpoflow.jobs and benchmarks/ only.
+# Exit code: 0 when the tests, the canaries and the benchmark passed, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-gpu-check-out}}
 PYTHON=${PYTHON:-python3}
 TESTS_S=${TESTS_S:-120}       # the gpu-marked tests
-BENCH_S=${BENCH_S:-330}       # the benchmark's hard limit; it plans its parts within BENCH_S - 40 (--budget-s)
+CANARY_S=${CANARY_S:-120}     # the canaries of every configuration together (their specs and model included)
+BENCH_S=${BENCH_S:-270}       # the benchmark's hard limit; it plans its parts within BENCH_S - 40 (--budget-s)
 mkdir -p "$OUT_DIR"
 started=$SECONDS
 
@@ -63,6 +66,33 @@ else
     timeout "$TESTS_S" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors "${files[@]}" \
         2>&1 | tee "$OUT_DIR/pytest.log" || status=1
 fi
+
+# --- the canary first, for each configuration the benchmark tries: canary.json {configuration: canary's object}
+echo "--- grpoflow canary per configuration  (after $((SECONDS - started)) s)"
+canary_started=$SECONDS
+mapfile -t specs < <(timeout "$CANARY_S" "$PYTHON" -m benchmarks.canary --gpu-specs /tmp/gpu-canary 2>"$OUT_DIR/canary.log")
+((${#specs[@]} > 0)) || { status=1; echo "writing the canaries' specs failed" >>"$OUT_DIR/canary.log"; }
+for spec in "${specs[@]}"; do
+    left=$((CANARY_S - (SECONDS - canary_started)))
+    name=$(basename "$spec" .yaml)
+    if ((left < 10)); then
+        echo "$name: not run (CANARY_S spent)" | tee -a "$OUT_DIR/canary.log"; status=1; continue
+    fi
+    timeout "$left" "$PYTHON" -m grpoflow.flows.cli canary "$spec" --json >"/tmp/gpu-canary/$name.json" \
+        2>>"$OUT_DIR/canary.log" || status=1
+done
+"$PYTHON" - "$OUT_DIR/canary.json" "${specs[@]}" <<'PY' || status=1
+import json, pathlib, sys
+found = {}
+for spec in map(pathlib.Path, sys.argv[2:]):
+    answer = spec.with_suffix(".json")
+    found[spec.stem] = json.loads(answer.read_text()) if answer.exists() and answer.read_text().strip() else None
+pathlib.Path(sys.argv[1]).write_text(json.dumps(found, indent=2) + "\n")
+for name, c in found.items():
+    print(f"canary {name}: " + ("no answer (see canary.log)" if c is None else f"{c['status']}, peak {c['peak_memory_gb']}"
+          f" GB of {c['device_memory_gb']} GB, step {c['step_seconds']} s, {c['tokens_per_second']} tokens/s, "
+          f"{c['canary_seconds']} s in all" + (f"; {c['reason']}" if c["reason"] else "")))
+PY
 
 # --- the benchmark (it rewrites its JSON after each part: a run cut short keeps what it measured)
 echo "--- python -m benchmarks.gpu  (after $((SECONDS - started)) s)"

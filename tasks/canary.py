@@ -1,14 +1,16 @@
 """Canary task: one GRPO step at full length on the work pool's own devices before training (grpoflow.jobs.canary).
 
 It runs on the same infrastructure as the training stage (the flow run's worker: the same image, GPUs and
-`distributed` settings), writes `canary.json` and a markdown artifact, and says its projection of the training
-hours in the run's log. A failed verdict (the step does not fit, a known-bad stack, a child that cannot start) ends
-the job `Rejected` before GRPO starts, naming what to change; it is not retried.
+`distributed` settings; on several machines the same TrainJob shape, whose nodes first meet in one collective:
+grpoflow.cluster.canary), writes `canary.json` and a markdown artifact, and says its projection of the training
+hours in the run's log. A failed verdict (the step does not fit, a known-bad stack, a child that cannot start, a rank
+that cannot join) ends the job `Rejected` before GRPO starts, naming what to change; it is not retried.
 """
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from grpoflow.cluster.canary import on_machines
 from grpoflow.integrations.artifacts import artifact_key
 from grpoflow.integrations.stages import cancellable, rejected, retry_unless_final
 from grpoflow.jobs.canary import CANARY_FILE, run_canary, summary_line
@@ -28,7 +30,9 @@ def canary_markdown(result: dict, line: str) -> str:
 @cancellable
 def canary_task(job: JobDir, spec: JobSpec):
     """Runs the canary on the ingested dataset; returns canary.json's object, or a Rejected state when it failed."""
-    result = run_canary(spec, job.dataset, out=job.root / CANARY_FILE)
+    several = spec.distributed.num_machines > 1  # a TrainJob's nodes run it, in a folder of the shared job folder
+    runner, scratch = (on_machines(job), job.root) if several else (None, None)
+    result = run_canary(spec, job.dataset, out=job.root / CANARY_FILE, run_step=runner, scratch=scratch)
     line = summary_line(result, spec)
     try:
         create_markdown_artifact(

@@ -2,6 +2,7 @@
 it (`grpoflow.trainers.rewards`), and emits `grpoflow.dataset.ingested`. A bad dataset or reward ends the task
 `Rejected`."""
 
+import datasets
 from prefect import task
 
 from grpoflow.integrations.events import emit
@@ -25,8 +26,6 @@ def ingest_task(job: JobDir, spec: JobSpec):
     A bad dataset or reward is the user's mistake, not a failure to retry: the task then ends in a `Rejected` state
     (before any model is loaded) whose message says what is wrong, and the flow ends the job the same way.
     """
-    import datasets
-
     datasets.disable_progress_bars()  # per-batch bars drown the flow's log; the event carries the counts
     try:
         rewards = [

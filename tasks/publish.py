@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from huggingface_hub import get_token
 from prefect import get_run_logger, task
+from prefect.settings import get_current_settings
 
 from grpoflow.integrations.artifacts import link_artifact
 from grpoflow.integrations.events import emit
@@ -18,8 +19,6 @@ from grpoflow.trainers.spec import JobSpec, PublishSpec
 
 
 def _secret_block_token() -> str | None:
-    from prefect.settings import get_current_settings
-
     # Without a Prefect API there is no block to load, and trying would start an ephemeral server.
     if not get_current_settings().api.url:
         return None

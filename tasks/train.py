@@ -33,7 +33,6 @@ from grpoflow.integrations.heartbeat import ChildPhases
 from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.integrations.storage import is_remote, join
 from grpoflow.jobs.launch import recorded_divergence, run_child
-from grpoflow.jobs.report import draw_ahead, prepare_plotting
 from grpoflow.jobs.vllm_server import vllm_server
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.health import FATAL, NON_FINITE_ADVICE, Alert, HealthMonitor
@@ -86,8 +85,6 @@ class ProgressWatcher:
             if record["step"] > self.last_step:
                 stop = self._handle(record) or stop
                 self.last_step = record["step"]
-        if self.last_step > before and self.last_step >= self.spec.hyperparameters.max_steps:
-            draw_ahead(records, self.job.root)  # the report's plots, while the child scores and saves
         stop = stop or self._child_diverged(diverged) or self._watch_stall(self.last_step - before)
         # Then those after them (the final save), and how long a phase outside the steps lasts.
         self.phases.poll(self.last_step, self._stepping())
@@ -186,7 +183,6 @@ def train_task(job: JobDir, spec: JobSpec) -> dict:
         sync = CheckpointSync(job, location, get_run_logger())
         sync.start()
     watcher = ProgressWatcher(job, spec)
-    prepare_plotting()  # while the child trains: the report's plots need matplotlib next
     try:
         if spec.distributed.num_machines > 1:  # a Kubeflow Trainer TrainJob, one node per machine
             seconds = run_on_machines(job, spec, poll=watcher.poll)

@@ -15,7 +15,8 @@ runtime's PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR (127.0.
 this process's AWS_*, KUBECONFIG or GRPOFLOW_* variables. A PersistentVolumeClaim mounted by the patches is one folder
 shared by every node: the mount path itself (the flow run's pod mounts it at the same path). The TrainJob fails
 (condition Failed; the other pods stopped) once a pod exits non-zero, and completes once every pod exited 0. Deleting
-it kills its pods. `kill(name, index)` SIGKILLs a pod's whole tree, as a node lost.
+it kills its pods. `kill(name, index)` SIGKILLs a pod's whole tree, as a node lost; `node_env[index]` sets variables
+on that node over the runtime's (a wrong PET_MASTER_PORT: a node that cannot reach the others).
 """
 
 import json
@@ -85,7 +86,9 @@ def node_spec(trainjob: dict) -> tuple[dict, list[dict]]:
 class Pod:
     """One node of a TrainJob: a process running the node container's command."""
 
-    def __init__(self, trainjob: dict, index: int, root: Path, secrets_: dict, port: int, pull_error: str | None):
+    def __init__(
+        self, trainjob: dict, index: int, root: Path, secrets_: dict, port: int, pull_error: str | None, extra: dict
+    ):
         name = trainjob["metadata"]["name"]
         container, volumes = node_spec(trainjob)
         nodes = trainjob["spec"]["trainer"].get("numNodes", 1)
@@ -126,7 +129,7 @@ class Pod:
             "PET_MASTER_PORT": str(port),
             "JOB_COMPLETION_INDEX": str(index),
             "HOSTNAME": self.name,
-        }
+        } | extra
         command = [*container["command"], *container["args"]]
         command = [sys.executable if c == "python" and i == 0 else c for i, c in enumerate(command)]
         self.command, self.env = command, env
@@ -203,6 +206,7 @@ class KubeApiServer:
     def __init__(self, root: Path, secrets: dict | None = None):
         self.root, self.secrets = root, secrets or {}
         self.pull_error: str | None = None  # set: the pods of the TrainJobs created next never start (no image)
+        self.node_env: dict[int, dict] = {}  # node index -> env over the runtime's (a wrong PET_MASTER_PORT, say)
         root.mkdir(parents=True, exist_ok=True)
         self.trainjobs: dict[tuple[str, str], dict] = {}
         self.pods: dict[tuple[str, str], list[Pod]] = {}  # by TrainJob
@@ -274,7 +278,9 @@ class KubeApiServer:
     def _start(self, key: tuple[str, str]) -> None:
         body, root, port = self.trainjobs[key], self.root / "pods", _free_port()
         nodes = range(body["spec"]["trainer"].get("numNodes", 1))
-        self.pods[key] = [Pod(body, i, root, self.secrets, port, self.pull_error) for i in nodes]
+        self.pods[key] = [
+            Pod(body, i, root, self.secrets, port, self.pull_error, self.node_env.get(i, {})) for i in nodes
+        ]
         self.started += self.pods[key]
 
     def _status(self, key: tuple[str, str]) -> dict:

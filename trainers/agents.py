@@ -11,6 +11,8 @@ rewards/<class name>/mean). The rollout ends when the model answers without a to
 Nothing here imports torch: preflight (jobs/preflight.py) runs `agent_problems` before any model loads.
 """
 
+# transformers' and TRL's chat-template helpers are imported where they are used: `grpoflow validate` imports this
+# module.
 import importlib
 import importlib.util
 import inspect

@@ -23,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.model.load import SetupError
-from grpoflow.trainers.spec import JobSpec
+from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 BUDGET_FILE = "budget.json"
 CALLBACK_NAME = "BudgetCallback"  # its class name: the key of its record in trainer_state.json's stateful_callbacks
@@ -191,8 +193,6 @@ def _work(spec: dict) -> float:
 
 def _measured(folder: Path, base_model: str) -> tuple[float, dict, str] | None:
     """(seconds per step, spec, job id) of a finished job of `base_model` in `folder`, or None."""
-    import yaml
-
     try:
         spec = yaml.safe_load((folder / "spec.yaml").read_text())
         training = json.loads((folder / "training.json").read_text())
@@ -211,8 +211,6 @@ def _measured(folder: Path, base_model: str) -> tuple[float, dict, str] | None:
 def estimate(spec: JobSpec, roots: list[str]) -> str:
     """The training time `spec` should take here, from the newest job of its base model under `roots` (local
     folders; URLs are skipped), as one sentence; or why there is none."""
-    from grpoflow.trainers.spec import resolved_dict
-
     folders = [f for root in roots if "://" not in root for f in Path(root).expanduser().glob("*/training.json")]
     for path in sorted(folders, key=lambda p: p.stat().st_mtime, reverse=True):
         if (found := _measured(path.parent, spec.base_model)) is None:

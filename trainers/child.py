@@ -6,6 +6,7 @@ process (`start_child`, `stop_child`, `free_port`, `visible_gpus`). The job serv
 
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -70,11 +71,23 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+# A child's output is a log file: the libraries' progress bars ("Loading weights", "Writing model shards", dataset
+# maps) would fill it with carriage-return updates. transformers reads huggingface_hub's switch at import.
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+
+
 def start_child(command: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     """Starts the child in its own process group, output to `log_path`, so it can be stopped as a whole; `env` adds
     to (or overrides) this process's environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **origin_env(), **(env or {})}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **QUIET_ENV,
+        **origin_env(),
+        **(env or {}),
+    }
     with log_path.open("ab") as log:
         return subprocess.Popen(
             command,
@@ -108,8 +121,6 @@ CANARY_ENV = "GRPOFLOW_CANARY"
 def peak_memory_gb() -> float:
     """This process's peak memory in GB: the CUDA allocator's largest peak over its devices where it used CUDA,
     else its peak resident set (`ru_maxrss`, KiB on Linux)."""
-    import resource
-
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -87,7 +87,12 @@ _DATA_ERRORS = (
 
 
 class DatasetError(ValueError):
-    """A user's dataset problem; the message names the file, row or column and what to do."""
+    """A user's dataset problem; the message names the file, row or column and what to do. `problems` holds each
+    problem on its own ("dataset URI: ..."), for a report that lists them beside others (the preflight's)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 @dataclass
@@ -567,6 +572,11 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
             f"prompt column '{prompt_column}' holds a null or empty message list, or a message without role or "
             f"content, in {rows}; fill them in or drop them"
         )
+    elif prompt_format == "chat" and (rows := _rows_note(_blank_user_message(table[prompt_column]))):
+        problems.append(
+            f"prompt column '{prompt_column}' has a user message that is empty or only whitespace (no question "
+            f"for the model) in {rows}; fill them in or drop them"
+        )
     if prompt_format == "chat" and not problems and (rows := _rows_note(_ends_with_assistant(table[prompt_column]))):
         problems.append(
             f"prompt column '{prompt_column}' ends with an assistant message in {rows}: a prompt ends with the turn "
@@ -580,10 +590,12 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
             problems.append(_missing_column(name, f"column '{name}' (needed by {reason})", table.column_names))
         elif rows := _rows_note(pc.is_null(table[name])):
             problems.append(f"column '{name}' (needed by {reason}) is null in {rows}; fill them in or drop them")
+    each = [f"dataset {uri}: {p}" for p in problems]
     if len(problems) == 1:
-        raise DatasetError(f"dataset {uri}: {problems[0]}")
+        raise DatasetError(each[0])
     if problems:
-        raise DatasetError(f"dataset {uri} has {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise DatasetError(f"dataset {uri} has {len(problems)} problems:\n{listing}", each)
     return prompt_format
 
 
@@ -642,6 +654,19 @@ def _empty_chat(column: pa.ChunkedArray) -> pa.ChunkedArray:
         if len(bad_rows):  # rare, so building a row-number array here costs nothing on good data
             bad = pc.or_(bad, pc.is_in(pa.array(range(len(chunk)), pa.int64()), value_set=bad_rows.cast(pa.int64())))
         masks.append(bad)
+    return pa.chunked_array(masks, type=pa.bool_())
+
+
+def _blank_user_message(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Per row: whether one of its user messages is empty or whitespace alone (checked after `_empty_chat`)."""
+    masks = []
+    for chunk in column.chunks:
+        messages = chunk.flatten()
+        content = pc.utf8_trim_whitespace(pc.struct_field(messages, "content"))
+        blank = pc.and_(pc.equal(pc.struct_field(messages, "role"), "user"), pc.equal(pc.binary_length(content), 0))
+        mask = np.zeros(len(chunk), dtype=bool)
+        mask[pc.filter(pc.list_parent_indices(chunk), pc.fill_null(blank, False)).to_numpy()] = True
+        masks.append(pa.array(mask))
     return pa.chunked_array(masks, type=pa.bool_())
 
 

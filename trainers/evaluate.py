@@ -25,6 +25,7 @@ from grpoflow.trainers.held_out import beats, eval_key
 from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts, start_model
+from grpoflow.trainers.model.merge import save_start_model, write_model_json
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 from grpoflow.trainers.rollouts import write_held_out
@@ -209,8 +210,6 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
 def keep_start(job: JobDir, start: str, result: dict) -> None:
     """Makes the start model the job's model (merged/, model.json) and `result` say so: `after` its score, step 0,
     the GRPO result's step and score in `trained`."""
-    from grpoflow.trainers.model.merge import save_start_model, write_model_json
-
     save_start_model(start, job.merged)
     write_model_json(job)
     result["trained"] = {"step": result["selected_step"], "score": result["after"]}

@@ -9,6 +9,8 @@ base model), writes `metrics.jsonl` every step and `checkpoints/` every `checkpo
 newest checkpoint when one exists, and saves `merged/` (full fine-tune) or `adapter/` (LoRA) with the tokenizer.
 """
 
+# torch, transformers, TRL and datasets are imported inside the functions the training child runs: `grpoflow
+# validate` imports this module.
 import argparse
 import json
 import os
@@ -49,6 +51,25 @@ from grpoflow.trainers.rollouts import CompletionProbe, rollouts_callback, trunc
 from grpoflow.trainers.spec import JobSpec, load_spec
 from grpoflow.trainers.spec.rules import trl_markers
 
+# The trackers TRL's GRPOTrainer sends its completion table to (`log_completions`): the rows rollouts/ keeps (prompt,
+# completion, each reward's score, advantage, completion tokens, truncated), from the same generation record.
+TABLE_TRACKERS = ("trackio", "wandb")
+# With log_completions on for a tracker's table only, TRL's console sample of each step (rich, into the child's log):
+# a couple of rows, not the step's whole table again; `tracking.num_completions_to_print` sets it.
+COMPLETIONS_PRINTED = 2
+
+
+def completion_logging(spec: JobSpec) -> dict:
+    """TRL's `log_completions` and `num_completions_to_print`: on as `tracking.log_completions` asks, and also when
+    `report_to` names a tracker that shows tables (`TABLE_TRACKERS`) while the job keeps rollouts (`rollouts.every`
+    > 0), so that the rows of rollouts/ reach it through TRL's own path."""
+    tracking = spec.tracking
+    for_table = spec.rollouts.every > 0 and any(name in TABLE_TRACKERS for name in tracking.report_to)
+    printed = tracking.num_completions_to_print
+    if not tracking.log_completions and for_table:
+        printed = printed or COMPLETIONS_PRINTED
+    return {"log_completions": tracking.log_completions or for_table, "num_completions_to_print": printed}
+
 
 def tracking_args(spec: JobSpec, job: JobDir) -> dict:
     """`GRPOConfig` fields for the spec's `tracking:` block. TensorBoard writes into `<job>/tracking/`; wandb and
@@ -65,8 +86,7 @@ def tracking_args(spec: JobSpec, job: JobDir) -> dict:
         "report_to": tracking.report_to or "none",
         "project": tracking.project,  # trackio's
         "run_name": tracking.run_name or job.job_id,
-        "log_completions": tracking.log_completions,
-        "num_completions_to_print": tracking.num_completions_to_print,
+        **completion_logging(spec),
     }
 
 

@@ -96,7 +96,7 @@ def held_out_trainer(base: type, spec: JobSpec, rows, job=None) -> type:
     """
     from transformers import Trainer
 
-    from grpoflow.trainers.evaluate import metric_reward, score
+    from grpoflow.trainers.evaluate import metric_reward, score  # evaluate imports this module: a cycle
 
     reward = metric_reward(spec)
     key = f"eval_{spec.evaluation.metric_name}"

@@ -48,6 +48,50 @@ class JobDir:
     logs = property(lambda self: self.root / "logs")
 
 
+# Every file and folder a job folder may hold, with what it holds: the docs' job-folder page is generated from it
+# (docs/gen_reference.py), and tests/test_docs.py checks it against `JobDir`'s names and a real job's folder. A name
+# ending in "/" is a folder; "*" matches any name. Hidden names (the lock, a lease, work folders) are left out.
+FILES = {
+    "spec.yaml": "The resolved spec, every default filled (secrets are never written).",
+    "dataset/": "The ingested dataset (Arrow, `datasets.save_to_disk`): the training split and the held-out prompts.",
+    "sft/": "The SFT warm-up's model (sft.enabled), the start of GRPO.",
+    "sft_metrics.jsonl": 'One line per SFT step: `{"step": n, "values": {...}}`.',
+    "metrics.jsonl": 'One line per GRPO step: `{"step": n, "values": {...}}` with at least `reward`, '
+    "`reward_std`, `loss`, `completions/mean_length`, `entropy`, and `kl` exactly when kl_coef > 0; plus every metric "
+    "TRL logs and `eval/METRIC` at each held-out evaluation.",
+    "checkpoints/": "Training checkpoints (`checkpoint-N/`); a retried or resumed training stage goes on from the "
+    "newest intact one.",
+    "training.json": "What the training stage ended with: the artifact, steps, the selected step, times, the LoRA "
+    "targets and parameter counts.",
+    "budget.json": "The training seconds spent so far (budget.max_training_hours), which resumed attempts add to.",
+    "canary.json": "The canary stage's result: passed or failed and why, one full-length step's peak memory, "
+    "time and tokens per second on the job's devices, the projected training hours.",
+    "adapter/": "LoRA jobs: the adapter (PEFT format) and the tokenizer.",
+    "merged/": "The merged weights (LoRA jobs) or the full fine-tune, with the tokenizer; loads with "
+    "`AutoModelForCausalLM.from_pretrained`.",
+    "model.json": '`{"artifact_type": "adapter" or "full", "files": [...], "merged_files": [...]}`: what '
+    "`grpoflow model JOB_ID` prints.",
+    "evaluation.json": 'The held-out evaluation: `{"metric", "n", "before", "after", ...}`; before is the '
+    "model GRPO started from, after the GRPO result (and the series of scores with evaluation.every).",
+    "evaluation/": "`step-NNNNNN.parquet`: the held-out completions of each evaluation, with their scores.",
+    "rollouts/": "`step-NNNNNN.parquet`: each kept GRPO step's completions with their prompt, every reward's score, "
+    "the advantage and the length (rollouts.every); `grpoflow rollouts JOB_ID` reads them.",
+    "gate.json": "The promotion gate's decision (evaluation.gate), and the approver's answer with gate.approval.",
+    "published.json": "The Hub push (publish): the repository, its URL and the commit.",
+    "report.md": "The human summary: hyperparameters, metric plots, held-out before/after, health verdict.",
+    "*.png": "The report's plots: reward, reward_std, entropy, completion length, held-out score.",
+    "events.jsonl": "Every event the job emitted, in order (see the events page).",
+    "webhooks.jsonl": "One line per webhook delivery attempt: the event, the URL (no credentials), the outcome "
+    "(retrying, delivered, failed, dropped), the HTTP status.",
+    "webhooks-outbox.jsonl": "One line per queued webhook delivery with its exact body; those never delivered are "
+    "what `grpoflow webhooks retry JOB_ID` sends.",
+    "logs/": "The children's logs: `train.log`, `sft.log`, `canary.log`, `vllm.log`.",
+    "stages/": "One record per finished stage (`ingest.json`, `train.json`, ...): what a resumed run skips.",
+    "flow_run.json": "The Prefect flow run working on the job, and its process (id, host, start).",
+    "tracking/": "TensorBoard event files (tracking.report_to: [tensorboard]).",
+}
+
+
 def write_json_atomic(path: Path, data) -> None:
     """Writes JSON to a temp file beside `path` and renames it, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ import logging
 import math
 from pathlib import Path
 
+from grpoflow.trainers.errors import TrainingDiverged
+
 logger = logging.getLogger("grpoflow")
 
 # Trainer's end-of-training summary record; it is not a step.
@@ -136,8 +138,6 @@ def finite_callback(field: str, learning_rate: float):
     Runs in `on_log`, which the Trainer calls every step (logging_steps=1) before it saves a checkpoint, so no
     non-finite checkpoint is written. The weights are checked by one sum per trained tensor (no copy of them)."""
     from transformers import TrainerCallback
-
-    from grpoflow.trainers.errors import TrainingDiverged
 
     class _FiniteCallback(TrainerCallback):
         def on_log(self, args, state, control, logs=None, model=None, **kwargs):

@@ -3,7 +3,8 @@ checks) ends within one total deadline and reads at most a capped reply, whateve
 
 httpx2's `timeout` bounds each phase on its own (the connection, then each read): a server answering a byte at a time
 holds a request as long as it likes, and a reply is read whole however large. `request` runs the whole exchange, from
-the connection to the reply's last byte, under one deadline, and reads the body as a stream that stops past the cap.
+the connection to the reply's last byte, under one deadline, and reads the body as a stream that stops past the cap;
+`BoundedClient` sends each request a library sends through it (openai's client) the same way.
 
 Operator settings, from the environment of the process that sends (a work pool's variables):
 
@@ -16,6 +17,7 @@ Operator settings, from the environment of the process that sends (a work pool's
 """
 
 import asyncio
+import functools
 import math
 import os
 import socket
@@ -87,12 +89,36 @@ async def request(client: httpx2.AsyncClient, method: str, url: str, timeout: fl
         ResponseTooLarge: the reply is over the cap.
         ValueError: a setting that is not a number > 0, named.
     """
+    sent = client.build_request(method, url, timeout=deadline_s(timeout), **kwargs)
+    return await _send(client.send, sent, timeout)
+
+
+class BoundedClient(httpx2.AsyncClient):
+    """An `httpx2.AsyncClient` each of whose requests is sent as `request` sends one (the total deadline, the reply
+    cap, the host looked up once and checked), for a library that sends through a client it is given: openai's
+    `AsyncOpenAI(http_client=...)`. Its errors (`ResponseTooLarge`, `ForbiddenAddress`) are no `httpx2.RequestError`,
+    so openai raises them as they are, not retried; a deadline's `httpx2.ReadTimeout` is retried as a timeout.
+
+    Args:
+        timeout (`float`): each request's total seconds (unless `GRPOFLOW_HTTP_DEADLINE_S` is lower).
+        kwargs: `httpx2.AsyncClient`'s.
+    """
+
+    def __init__(self, timeout: float, **kwargs):
+        super().__init__(timeout=deadline_s(timeout), **kwargs)
+        self.total_s = timeout
+
+    async def send(self, request: httpx2.Request, *, stream: bool = False, **kwargs) -> httpx2.Response:
+        return await _send(functools.partial(super().send, **kwargs), request, self.total_s)
+
+
+async def _send(send: Callable, sent: httpx2.Request, timeout: float) -> httpx2.Response:
+    """`send(sent, stream=True)` with its host pinned, its reply read whole within the deadline and the cap."""
     deadline, cap = deadline_s(timeout), max_response_bytes()
-    sent = client.build_request(method, url, timeout=deadline, **kwargs)
     try:
         async with asyncio.timeout(deadline):
             await _pin(sent)
-            response = await client.send(sent, stream=True)
+            response = await send(sent, stream=True)
             try:
                 body = await _read_capped(response, cap)
             finally:

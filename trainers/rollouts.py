@@ -27,6 +27,8 @@ empty or one short stretch of text over and over (`degenerate`), which the `dege
 watches. Reading needs pyarrow only.
 """
 
+import functools
+import inspect
 import json
 import math
 import os
@@ -34,6 +36,7 @@ import queue
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -211,9 +214,6 @@ class CompletionProbe:
 
     def wrap(self, reward: Callable) -> Callable:
         """`reward`, logging the two columns before each call; its name and async-ness kept."""
-        import functools
-        import inspect
-
         if inspect.iscoroutinefunction(reward):
 
             async def probed(*args, **kwargs):
@@ -248,8 +248,6 @@ class _Writer(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        import time
-
         while True:
             path, columns = self.jobs.get()
             started = time.perf_counter()
@@ -288,8 +286,6 @@ def rollouts_callback(job: JobDir, spec):
     `.summary()` says what it kept and what it cost: files, seconds in the training loop (the files written there
     included), seconds the thread spent writing beside it.
     """
-    import time
-
     from transformers import TrainerCallback
 
     every, groups = spec.rollouts.every, spec.rollouts.groups_per_step

@@ -18,7 +18,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from grpoflow.trainers.agents import AgentError, agent_args, rollout_tools, tool_tokenizer
+from grpoflow.trainers.agents import (
+    AgentError,
+    agent_args,
+    completion_messages,
+    rollout_chat_template,
+    rollout_ids,
+    rollout_tools,
+    tool_tokenizer,
+)
 from grpoflow.trainers.child import record_exit, say_phase
 from grpoflow.trainers.errors import DIVERGED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged
 from grpoflow.trainers.jobdir import JobDir, replace_dir
@@ -60,8 +68,6 @@ def sft_dataset(dataset, spec: JobSpec):
 def tool_sft_dataset(dataset, spec: JobSpec, tokenizer, tools: list):
     """Tokenized rows (`input_ids`, `labels`) for a tool job: each prompt with its completion column's conversation,
     as TRL's GRPO rollout renders and concatenates them (`grpoflow.trainers.agents.rollout_ids`)."""
-    from grpoflow.trainers.agents import completion_messages, rollout_chat_template, rollout_ids
-
     dataset = prepare_prompts(dataset, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     column = spec.sft.completion_column
     template = rollout_chat_template(tokenizer)

@@ -173,7 +173,7 @@ def unsandboxed_refusal(problem: str) -> str:
     """The message for spec code that would have to run without the sandbox, and may not."""
     return (
         "a python grader is code carried inside the spec and runs only in the sandbox, which cannot start on this "
-        f"worker ({problem}); install bubblewrap where the job runs (README, 'Security'), or set "
+        f"worker ({problem}); install bubblewrap where the job runs (docs/guides/security.md), or set "
         f"{SPEC_CODE_ENV}=unsandboxed in the work pool's environment to run it without one"
     )
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from benchmarks.common import REPO_ROOT, bench_env
 from benchmarks.learning import SEEDS, VARIANTS, summarize, table, variant_spec
@@ -65,3 +66,50 @@ def test_quick_mode_runs_the_stages_and_reports_every_figure(tmp_path):
     assert run["sft_s"] > 0 and run["grpo_s"] > 0
     assert run["gain"] == pytest.approx(run["after"] - run["before"])
     assert set(data["summary"]["grpo"]) == {"seeds", "before", "after", "gain"}
+
+
+def test_real_spec_is_the_example_at_the_seed(tmp_path):
+    from benchmarks.learning import REAL_SPEC, real_spec
+
+    example = yaml.safe_load(REAL_SPEC.read_text())
+    for seed in SEEDS:
+        spec, _ = load_spec(real_spec(seed, tmp_path, quick=False))
+        assert spec.hyperparameters.seed == seed and spec.output_uri == str(tmp_path)
+        assert spec.base_model == str(REPO_ROOT / example["base_model"])  # absolute: the job runs from anywhere
+        assert spec.hyperparameters.max_steps == example["hyperparameters"]["max_steps"]
+        assert (spec.evaluation.select, spec.evaluation.every) == ("best", example["evaluation"]["every"])
+    quick, _ = load_spec(real_spec(42, tmp_path, quick=True))
+    assert (quick.hyperparameters.max_steps, quick.evaluation.holdout, quick.evaluation.every) == (2, 4, 1)
+
+
+def test_real_table_gives_each_seed_then_mean_spread_and_range():
+    from benchmarks.learning import real_table
+
+    runs = [
+        {"seed": s, "metric": "numeric_match", "before": b, "last": last, "kept": k, "kept_step": step,
+         "gain": k - b, "wall_s": w}
+        for s, b, last, k, step, w in [(42, 0.2, 0.3, 0.4, 30, 900.0), (43, 0.2, 0.1, 0.2, 0, 1000.0)]
+    ]  # fmt: skip
+    table_lines = real_table(runs).splitlines()
+    assert "held-out numeric_match before" in table_lines[0] and "kept (select: best)" in table_lines[0]
+    assert table_lines[2].startswith("| 42 | 0.2 | 0.3 | 0.4 | 30 | 0.2 | 900 |")
+    assert table_lines[4] == "| mean ± sd | 0.2 ± 0 | 0.2 ± 0.141 | 0.3 ± 0.141 | 30, 0 | 0.1 ± 0.141 | 950 ± 70.7 |"
+    assert table_lines[5].startswith("| range | 0.2 to 0.2 | 0.1 to 0.3 | 0.2 to 0.4 |  | 0 to 0.2 |")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (REPO_ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file(), reason="needs `make demo-real`'s file"
+)
+def test_real_quick_trains_merges_and_scores_the_real_model(tmp_path):
+    path = tmp_path / "learning-real.json"
+    command = [sys.executable, "-m", "benchmarks.learning", "--real", "--quick", "--json", str(path)]
+    env = bench_env(GRPOFLOW_CACHE=str(tmp_path / "cache"))  # the GGUF file converted here, not in the user's cache
+    proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(path.read_text())
+    (run,) = data["runs"]
+    assert (run["seed"], run["n"], run["metric"], data["max_steps"]) == (42, 4, "numeric_match", 2)
+    assert [point["step"] for point in run["series"]] == [0, 1, 2]  # scored before, and at each step (every: 1)
+    assert run["kept_step"] in (0, 1, 2) and run["gain"] == pytest.approx(run["kept"] - run["before"])
+    assert "| 42 |" in data["table"] and "| mean ± sd |" in data["table"]

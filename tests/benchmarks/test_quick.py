@@ -29,6 +29,7 @@ CASES = [
     ("graders", [], {"summary", "repeats", "graders_spec"}),
     ("sandbox", [], {"ms_per_call", "sandbox_extra_ms", "repeats"}),
     ("rollouts", [], {"workloads", "steps", "repeats"}),
+    ("canary", [], {"shapes", "steps", "median_projection_ratio", "median_canary_seconds", "target_met"}),
     # --smoke runs the GPU script's whole path on a CPU (a tiny-width model; QLoRA is skipped there, and says so).
     ("gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}),
 ]
@@ -62,6 +63,13 @@ def check_rollouts(data):
         assert kept["files"] == steps and none["files"] == 0  # a file per step, and none with every: 0
         assert 0 < kept["in_loop_share"] < 1 and kept["writer_ms_per_file"] is not None
         assert w["ratios"]["cpu_steps_per_s"]["ratio"] > 0
+
+
+def check_canary(data):
+    [shape] = data["shapes"].values()  # --quick: one shape
+    assert shape["canary"]["status"] == "passed" and shape["train_runtime_s"] > 0 and shape["projected_s"] > 0
+    assert shape["projection_ratio"] == pytest.approx(shape["projected_s"] / shape["train_runtime_s"], rel=0.01)
+    assert shape["canary_seconds"] > shape["canary"]["step_seconds"] > 0  # the canary's cost holds its step
 
 
 def check_sandbox(data):
@@ -163,3 +171,8 @@ def check_held_out(data):
         assert [p["step"] for p in run["series"]] == [0, 2, 4, 6] and run["evaluations"] == 3
         # 0: no checkpoint beat the starting model, which is then kept (select: best weighs step 0)
         assert run["kept_step"] in (0, 2, 4, 6) and run["eval_s_each"] > 0
+        # No regression: the kept model never scores below the start; where nothing beat it, the start is kept, the
+        # no_improvement alert fires and the default gate withholds the publish.
+        assert run["kept"] >= run["before"]
+        nothing_beat = run["kept_step"] == 0
+        assert ("no_improvement" in run["alerts"]) == nothing_beat == run["publish_withheld"]

@@ -51,6 +51,7 @@ def test_design_deployments(deployments):
         "grpo-pipeline/nightly",
         "grpo-pipeline/on-new-data",
         "watch-new-data/watch",
+        "watch-new-data/look",  # one look now, beside the hourly watcher (README: look outside the schedule)
         # the same on Kubernetes, in the image (tests/deployments/test_k8s.py renders their Jobs)
         "grpo-pipeline/retrain-k8s",
         "grpo-pipeline/nightly-k8s",
@@ -86,6 +87,12 @@ def test_schedules(deployments):
     # Each hourly run keeps looking for 55 minutes (24 runs a day in the list), its state in the project folder.
     params = watcher["parameters"]
     assert params["watch_minutes"] == 55 and params["state_dir"] == ".grpoflow/watch-state"
+    # A look outside the schedule is a deployment of its own: no concurrency_limit to wait behind the hourly run,
+    # the same state (and so the same lock), no schedule.
+    look = deployments["watch-new-data/look"]
+    assert "concurrency_limit" not in look and "schedules" not in look
+    shared = {k: v for k, v in params.items() if k not in ("watch_minutes", "poll_seconds")}
+    assert look["parameters"] == {**shared, "watch_minutes": 0}
 
 
 def test_shipped_specs_are_valid(deployments, tmp_path):

@@ -280,7 +280,30 @@ def test_an_unknown_job_or_name_is_bad_input_exit_2(finished_job, argv, message)
 
 def test_metrics_unknown_key(finished_job):
     code, out, err = cli("--output-uri", str(finished_job.parent), "metrics", finished_job.name, "--keys", "rewrd")
-    assert code == 2 and "rewrd" in err and "reward" in err and out == ""
+    assert code == 2 and out == ""
+    assert "unknown metric key(s) rewrd (did you mean reward?); this job logged: entropy, loss, reward" in err
+
+
+def test_metrics_shows_the_main_series_as_a_table(finished_job):
+    # One line of ~45 key=value pairs per step before; now the main series in aligned columns, each reward's mean
+    # named by its reward, the held-out score where a step has one, and everything with --all.
+    values = {
+        "loss": 0.5, "grad_norm": 2.0, "reward": 0.25, "reward_std": 0.125, "rewards/exact_answer/mean": 0.25,
+        "rewards/exact_answer/std": 0.5, "completions/mean_length": 12.5, "completions/clipped_ratio": 0.0,
+        "eval/seconds": 3.0,
+    }  # fmt: skip
+    records = [{"step": 1, "values": values}, {"step": 10, "values": {**values, "eval/exact_answer": 0.75}}]
+    (finished_job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    root = str(finished_job.parent)
+    code, out, err = cli("--output-uri", root, "metrics", finished_job.name)
+    assert code == 0, err
+    assert out.splitlines() == [
+        "step  reward  reward_std  exact_answer  loss  length  clipped  eval/exact_answer",
+        "   1    0.25       0.125          0.25   0.5    12.5        0                  —",
+        "  10    0.25       0.125          0.25   0.5    12.5        0               0.75",
+    ]
+    code, out, _ = cli("--output-uri", root, "metrics", finished_job.name, "--all")
+    assert code == 0 and out.splitlines()[0].split() == ["step", *values, "eval/exact_answer"]
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
@@ -293,7 +316,7 @@ def test_metrics_prints_the_keys_the_job_has_and_names_those_it_lacks(finished_j
     if json_flag:
         assert json.loads(out) == {"metrics": [{"step": s, "values": {"reward": s / 10}} for s in (1, 2, 3)]}
     else:
-        assert out.splitlines() == [f"step {s:>5}  reward={s / 10:g}" for s in (1, 2, 3)]
+        assert out.splitlines() == ["step  reward", *(f"{s:>4}  {s / 10:>6g}" for s in (1, 2, 3))]
 
 
 def test_json_answers_on_stdout_when_the_spec_is_rejected(make_spec):

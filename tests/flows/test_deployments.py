@@ -15,6 +15,7 @@ queue) and the watcher's runs overlap. Every process the test starts is stopped,
 
 import base64
 import contextlib
+import copy
 import http.server
 import io
 import json
@@ -31,13 +32,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import s3fs
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Cancelling
 from standardwebhooks import Webhook
@@ -783,3 +785,98 @@ def test_prefect_deployment_run_refuses_credentials(stack):
     assert runs_of("grpo-pipeline/retrain", spec=spec) == []
     with get_client(sync_client=True) as client:
         assert client.read_deployment_by_name("grpo-pipeline/retrain").enforce_parameter_schema
+
+
+# --- mistakes named where they are made: at run creation, or Rejected (issue 39) -----------------------------------
+
+
+def retrain_form() -> tuple:
+    """The retrain deployment and what its launch form submits as it opens."""
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("grpo-pipeline/retrain")
+    return deployment, form_parameters(deployment.parameter_openapi_schema, deployment.parameters)
+
+
+@pytest.mark.slow
+def test_the_form_refuses_a_misspelt_builtin_reward_at_creation(stack):
+    """The retrain form with its reward's name typed `exact_answr` (the name field also takes a custom function's
+    label): the form's own check and the server refuse it when the run is created, naming the field and the
+    built-ins; no run is stored to wait in the queue and fail. With a function beside it, a label is any name."""
+    deployment, parameters = retrain_form()
+    assert parameters["spec"]["rewards"][0]["function"] is None  # the form sends the entry's every field
+    parameters["spec"]["rewards"][0]["name"] = "exact_answr"
+    checked = httpx.post(
+        f"{stack.api_url}/ui/schemas/validate",
+        json={"schema": deployment.parameter_openapi_schema, "values": parameters},
+    ).json()
+    assert checked["valid"] is False and "exact_answr" in json.dumps(checked["errors"])
+    with get_client(sync_client=True) as client:
+        with pytest.raises(PrefectHTTPStatusError) as refused:
+            client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+    detail = refused.value.response.json()["detail"]
+    assert refused.value.response.status_code == 409, detail
+    assert "Validation failed for field 'spec.rewards[0].name'" in detail, detail
+    assert "'exact_answr' is not one of ['answer_format', 'exact_answer'" in detail, detail
+    assert runs_of("grpo-pipeline/retrain", spec=parameters["spec"]) == []
+    labelled = copy.deepcopy(parameters)
+    labelled["spec"]["rewards"][0]["function"] = "grpoflow.examples.rewards.arithmetic:close_answer_reward"
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run_from_deployment(deployment.id, parameters=labelled)  # stored: the form's
+        client.delete_flow_run(flow_run.id)  # schema lets a labelled function through
+
+
+@pytest.mark.slow
+def test_a_spec_the_schema_lets_through_ends_rejected(stack):
+    """A rule no schema can check (two rewards of one name) submitted from the form: the run ends in a state named
+    Rejected whose message names the problem, not Failed by Prefect's parameter check."""
+    deployment, parameters = retrain_form()
+    parameters["spec"]["rewards"].append(copy.deepcopy(parameters["spec"]["rewards"][0]))
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+    flow_run = wait_final(flow_run.id, timeout=300)
+    assert flow_run.state.name == "Rejected", flow_run.state
+    assert "rewards[1].name: duplicate reward name 'exact_answer'" in flow_run.state.message
+
+
+@pytest.mark.slow
+def test_one_look_does_not_wait_for_the_hourly_watcher(stack, tmp_path):
+    """`prefect deployment run watch-new-data/look` while an hour-long `watch` run looks at the same folder: the
+    look runs at once (the watcher's concurrency_limit of 1 would hold a second `watch` run until the first ended),
+    announces the file, and the hourly run, sharing its state, does not announce it again."""
+    incoming, state = tmp_path / "incoming", str(tmp_path / "state")
+    incoming.mkdir()
+    hourly = {"uri": str(incoming), "state_dir": state, "settle_seconds": 1, "watch_minutes": 3, "poll_seconds": 2}
+    with get_client(sync_client=True) as client:
+        long_run = client.create_flow_run_from_deployment(deployment_id("watch-new-data/watch"), parameters=hourly)
+        deadline = time.monotonic() + 120
+        while not client.read_flow_run(long_run.id).state.is_running():
+            assert time.monotonic() < deadline, "the hourly watcher's run never started"
+            time.sleep(0.5)
+    write_jsonl(incoming / "prompts.jsonl", arithmetic_rows(4))
+    os.utime(incoming / "prompts.jsonl", (time.time() - 60, time.time() - 60))  # settled already
+    # The way the README gave before: a one-look run of `watch` itself, which the deployment's limit holds back.
+    queued = stack.cli(
+        "prefect", "deployment", "run", "watch-new-data/watch", "--param", f"uri={incoming}",
+        "--param", f"state_dir={state}", "--param", "watch_minutes=0",
+    )  # fmt: skip
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    try:
+        started = time.monotonic()
+        ran = stack.cli(
+            "prefect", "deployment", "run", "watch-new-data/look", "--param", f"uri={incoming}",
+            "--param", f"state_dir={state}", "--watch", timeout=240,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        [look] = runs_of("watch-new-data/look", uri=str(incoming))
+        look = wait_final(look.id, timeout=60)
+        with get_client(sync_client=True) as client:
+            assert client.read_flow_run(long_run.id).state.is_running()  # the look did not wait for it
+        assert look.state.is_completed() and time.monotonic() - started < 180, look.state
+        events = landed_events(str(incoming / "prompts.jsonl"))
+        assert len(events) == 1, events
+        [waiting] = [r for r in runs_of("watch-new-data/watch", uri=str(incoming)) if r.id != long_run.id]
+        assert not waiting.state.is_running() and not waiting.state.is_final(), waiting.state  # still held back
+    finally:
+        with get_client(sync_client=True) as client:
+            for flow_run in runs_of("watch-new-data/watch", uri=str(incoming)):
+                client.set_flow_run_state(flow_run.id, Cancelling(), force=True)

@@ -9,7 +9,15 @@ import yaml
 from prefect.artifacts import Artifact
 from prefect.utilities.callables import parameter_schema
 
-from grpoflow.flows.sweep import best_row, grid_overrides, grpo_sweep, parse_grid, report_markdown
+from grpoflow.flows.sweep import (
+    best_row,
+    grid_overrides,
+    grpo_sweep,
+    new_sweep_id,
+    parse_grid,
+    report_markdown,
+    sweep_key,
+)
 from grpoflow.trainers.spec import SpecError
 from tests.conftest import cli
 
@@ -374,3 +382,32 @@ def test_report_ranks_by_the_kept_models_score():
     assert [line.split(" | ")[0] for line in lines] == ["| 1", "| 2", "| —"]  # best first, the failed job last
     assert "s-3" in lines[0] and "step 4 (best)" in lines[0] and "★" in lines[0]
     assert "s-1" in lines[1] and "step 6 (last)" in lines[1] and "s-2" in lines[2]
+
+
+# --- names
+
+
+@pytest.mark.parametrize(
+    "name, sweep_id, key",
+    [
+        ("sw", "sw-sweep-", "sw-sweep"),  # a spec's name, "sweep" added
+        ("lr-sweep", "lr-sweep-", "lr-sweep"),  # read lr-sweep-sweep-<time> before: the name says sweep already
+        ("sweep-example", "sweep-example-", "sweep-example"),  # deployments/prefect.yaml's sweep: "sweep" is a word
+        ("sweeper", "sweeper-sweep-", "sweeper-sweep"),  # "sweep" inside a word is not the word
+        ("LR_Sweep", "LR_Sweep-", "lr-sweep"),  # any case and separator; the key in the letters Prefect takes
+    ],
+)
+def test_a_sweep_says_sweep_once(name, sweep_id, key):
+    made = new_sweep_id(name)
+    assert made.startswith(sweep_id) and made.removeprefix(sweep_id)[:8].isdigit()
+    assert (sweep_key(name), sweep_key(name, table=True)) == (key, f"{key}-table")
+
+
+@pytest.mark.usefixtures("prefect_server", "standin")
+def test_a_sweep_named_sweep_reads_sweep_once(make_spec, tmp_path):
+    code, out, err = cli("sweep", make_spec("lr-sweep"), "--grid", "hyperparameters.seed=1", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["sweep_id"].startswith("lr-sweep-2") and "sweep-sweep" not in out + err
+    assert [p.name for p in (tmp_path / "runs" / "sweeps").iterdir()] == [summary["sweep_id"]]
+    assert Artifact.get("lr-sweep") is not None and Artifact.get("lr-sweep-table") is not None

@@ -3,6 +3,8 @@ builtin:tiny on this CPU, measured; a memory it cannot fit and a known-bad stack
 the pipeline (Rejected before training, nothing trained)."""
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import version
 
 import pytest
@@ -10,6 +12,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 
 from grpoflow.jobs import canary
+from grpoflow.trainers.child import free_port
 from grpoflow.trainers.spec import load_spec
 from tests.conftest import cli
 
@@ -60,7 +63,9 @@ def test_the_cli_measures_a_step_and_a_memory_it_cannot_fit_fails_it(make_spec):
     result = json.loads(out)
     assert result["status"] == "passed" and result["device"] == "cpu"
     assert result["peak_memory_gb"] > 0.1 and result["step_seconds"] > 0 and result["tokens_per_second"] > 0
-    assert result["projected_training_hours"] == pytest.approx(result["step_seconds"] * 3 / 3600, rel=0.01)
+    # 3 steps of the measured one, and once what train() spent around it (at most the canary's whole time).
+    projected = result["projected_training_hours"] * 3600
+    assert result["step_seconds"] * 3 <= projected + 0.01 <= result["step_seconds"] * 3 + result["canary_seconds"]
     assert {"torch", "transformers", "trl", "peft"} <= set(result["versions"])
     # The same step against 10 MB: refused with what to change (the verdict from the measured figures).
     loaded, _ = load_spec(spec, ["canary.device_memory_gb=0.01"])
@@ -78,3 +83,52 @@ def test_a_known_bad_stack_ends_the_pipeline_rejected(make_spec, tmp_path, monke
     assert "canary failed: a known-bad stack: torch" in err and "T #9: bad" in err
     assert "Task run 'train" not in out + err  # GRPO never started: no checkpoint, no training.json
     assert not list((tmp_path / "runs").rglob("checkpoint-*")) and not list((tmp_path / "runs").rglob("training.json"))
+
+
+# --- a vLLM server (generation.vllm_mode: server): its health endpoint, on loopback ------------------------------
+
+
+class _Health(BaseHTTPRequestHandler):
+    status = 200  # what GET /health answers
+
+    def do_GET(self):
+        self.send_response(self.status if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health_server():
+    """An HTTP server on loopback whose GET /health answers `_Health.status`; yields (its URL, the handler class)."""
+    handler = type("Handler", (_Health,), {})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+
+
+def test_the_vllm_servers_health_endpoint_is_checked(health_server):
+    url, handler = health_server
+    # Healthy; TRL's handshake (init_communicator) needs vllm and a CUDA GPU, neither of which is here.
+    assert (
+        canary.check_vllm_server(url, 2)
+        == f"vLLM server at {url}: healthy; TRL's handshake not tried (no vllm or no GPU here)"
+    )
+    handler.status = 503  # up but not ready (a model still loading): refused once the timeout has passed
+    with pytest.raises(canary.CanaryFailed, match=rf"vLLM server at {url} did not answer .* within 1 s \(HTTP 503\)"):
+        canary.check_vllm_server(url, 1)
+
+
+def test_an_unreachable_vllm_server_fails_the_canary_by_name(make_spec):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    generation = {"engine": "vllm", "vllm_mode": "server", "vllm_server_url": url}
+    spec = make_spec("v", generation=generation, trl={"vllm_server_timeout": 2})
+    code, out, err = cli("canary", spec, "--json")
+    assert code == 2, err[-2000:]
+    result = json.loads(out)
+    assert result["status"] == "failed" and result["step_seconds"] is None  # the step never started
+    assert result["reason"].startswith(f"the vLLM server at {url} did not answer its health check (GET {url}/health)")
+    assert "fix generation.vllm_server_url" in result["reason"]

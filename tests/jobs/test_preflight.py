@@ -294,8 +294,9 @@ def test_a_template_in_tokenizer_config_counts(tmp_path, data):
 def test_dataset_problems_are_the_ingests(data, tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "x"}])
     problems = preflight(spec_for(data, dataset={"uri": str(bad)}))
-    assert len(problems) == 1 and problems[0].startswith("dataset: dataset ") and "'answer'" in problems[0]
-    assert "prompt column 'prompt' not found" in problems[0]
+    # each of the dataset's problems is a line of its own, as the ingest names it
+    assert len(problems) == 2 and all(p.startswith("dataset: dataset ") for p in problems)
+    assert "prompt column 'prompt' not found" in problems[0] and "column 'answer'" in problems[1]
 
 
 def test_check_dataset_saves_nothing_and_returns_the_ingests_rows(data, tmp_path):

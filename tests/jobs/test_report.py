@@ -138,46 +138,6 @@ def test_plot_metrics_skips_absent_keys(tmp_path):
     assert plot_metrics([], tmp_path / "empty") == []
 
 
-def test_plots_drawn_ahead_are_the_reports_when_the_series_match(tmp_path, monkeypatch):
-    import tempfile
-
-    import grpoflow.jobs.report as report
-
-    records = [{"step": s, "values": {"reward": s / 10, "kl": 0.01 * s}} for s in range(1, 11)]
-    # A summary record after the last step (TRL's end of training) holds no plotted value: the series still match.
-    final = [*records, {"step": 10, "values": {"train_runtime": 3.5}}]
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    report.draw_ahead(records, tmp_path / "job")
-    report._AHEAD[(tmp_path / "job").resolve()].thread.join()
-    drawn = []
-    monkeypatch.setattr(report, "_plot", lambda *a: drawn.append(a[2]))
-    paths = plot_metrics(final, tmp_path / "job")
-    assert paths == [tmp_path / "job" / "reward.png", tmp_path / "job" / "kl.png"]
-    assert drawn == []  # moved in, not drawn again
-    for path in paths:
-        assert_png(path)
-    assert list((tmp_path / "tmp").iterdir()) == []  # the temporary folder is gone
-    assert (tmp_path / "job").resolve() not in report._AHEAD
-
-
-def test_plots_drawn_ahead_of_other_series_are_drawn_again(tmp_path, monkeypatch):
-    import grpoflow.jobs.report as report
-
-    records = [{"step": s, "values": {"reward": s / 10}} for s in range(1, 11)]
-    report.draw_ahead(records[:5], tmp_path / "job")  # a child retried after it: five steps more
-    ahead = report._AHEAD[(tmp_path / "job").resolve()]
-    ahead.thread.join()
-    folder = ahead.folder
-    drawn = []
-    real = report._plot
-    monkeypatch.setattr(report, "_plot", lambda *a: drawn.append(a[2]) or real(*a))
-    assert plot_metrics(records, tmp_path / "job") == [tmp_path / "job" / "reward.png"]
-    assert drawn == ["reward"]
-    assert_png(tmp_path / "job" / "reward.png")
-    assert not folder.exists() and (tmp_path / "job").resolve() not in report._AHEAD
-
-
 def test_report_names_every_adapted_module_and_parameter(tmp_path):
     job, spec = make_job(tmp_path, ["hyperparameters.lora_rank=4"], n_steps=3)
     trained = {"trainable_parameters": 10, "total_parameters": 100, "lora_target_modules": ["q_proj", "v_proj"]}

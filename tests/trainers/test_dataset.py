@@ -197,6 +197,17 @@ BAD_DATASETS = [
         {},
         ["null or empty message list", "in 2 rows (rows 3, 4;"],
     ),
+    # a user message of whitespace alone, or empty, is no question either (a system message may be empty)
+    (
+        "a.jsonl",
+        jsonl(
+            *CHAT[:1],
+            {"prompt": [{"role": "system", "content": ""}, {"role": "user", "content": " \n\t"}]},
+            {"prompt": [{"role": "user", "content": ""}]},
+        ),
+        {},
+        ["has a user message that is empty or only whitespace", "in 2 rows (rows 2, 3;"],
+    ),
     # a column a reward needs is missing: name it, the reward, and the columns there are
     (
         "a.jsonl",
@@ -559,3 +570,25 @@ def test_an_hf_dataset_the_hub_fails_to_serve_is_one_line(hub_online, monkeypatc
 
     assert "Couldn't reach 'grpoflow-tests/nowhere' on the Hub" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_validate_lists_each_dataset_problem_on_its_own_line(tmp_path, capsys):
+    """`grpoflow validate` on chat data with a whitespace-only question and a reward's column null: two problems,
+    counted once ("2 problems", not "1 problem(s):" then "has 2 problems:"), each a line naming its row."""
+    from grpoflow.flows.cli import main
+
+    rows = [{**chat, "answer": "1"} for chat in CHAT[:3]]
+    rows[1]["prompt"] = [{"role": "user", "content": "   "}]
+    rows[2]["answer"] = None
+    (tmp_path / "chats.jsonl").write_bytes(jsonl(*rows))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"name: chats\nbase_model: builtin:tiny\ndataset: {{uri: {tmp_path / 'chats.jsonl'}}}\n"
+        "rewards: [{name: exact_answer}]\nevaluation: {holdout: 0}\n"
+    )
+    assert main(["validate", str(spec)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "grpoflow: spec rejected: 2 problems:", lines
+    assert "user message that is empty or only whitespace" in lines[1] and "(row 2;" in lines[1]
+    assert "column 'answer' (needed by reward 'exact_answer') is null in 1 row (row 3;" in lines[2]
+    assert len(lines) == 3 and all(line.startswith("  - dataset: ") for line in lines[1:])

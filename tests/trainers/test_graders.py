@@ -116,6 +116,11 @@ MALFORMED = [
     ),
     # not a mapping at all
     ("string_check", "rewards[0].grader: must be an OpenAI grader object"),
+    # a column TRL never hands a reward (it was always empty, silently)
+    (
+        {**string_check("eq"), "reference": "{{ item.completion }}"},
+        "rewards[0].grader.reference: item.completion is always empty: TRL hands rewards every dataset column but",
+    ),
 ]
 
 
@@ -243,9 +248,10 @@ def reference_scores(metric: str, output: str, reference: str) -> float:
 
         return sacrebleu.sentence_bleu(output, [reference]).score / 100
     if metric == "gleu":
+        from nltk.tokenize import word_tokenize
         from nltk.translate.gleu_score import sentence_gleu
 
-        return sentence_gleu([reference.split()], output.split())
+        return sentence_gleu([word_tokenize(reference, preserve_line=True)], word_tokenize(output, preserve_line=True))
     if metric == "fuzzy_match":
         from rapidfuzz import fuzz
 
@@ -284,6 +290,13 @@ def test_text_similarity_agrees_with_the_library_defining_each_metric(metric):
         ("rouge_2", "the cat sat", "the cat sat down", 2 * 1.0 * (2 / 3) / (1 + 2 / 3)),  # P 2/2, R 2/3
         ("bleu", "a b c d", "a b c d", 1.0),
         ("fuzzy_match", "abc", "xyz", 0.0),
+        # GLEU = min(n-gram precision, recall) over 1- to 4-grams of NLTK's tokens, each counted by hand:
+        ("gleu", "The capital is Tokyo.", "Tokyo", 1 / 14),  # 1 match of 5+4+3+2 answer n-grams (0 on whitespace)
+        ("gleu", "Tokyo", "The capital is Tokyo.", 1 / 14),  # the same match, recall now the smaller
+        ("gleu", "Tokyo.", "Tokyo", 1 / 3),  # `Tokyo` `.`: 3 n-grams, 1 matches
+        ("gleu", "the cat sat", "the cat sat down", 6 / 10),  # all 6 answer n-grams match, of the reference's 10
+        ("gleu", "Don't stop.", "Do not stop.", 4 / 10),  # Do n't stop . : Do, stop, ., "stop ." match
+        ("gleu", "tokyo", "Tokyo", 0.0),  # case counts, as in BLEU
     ],
 )
 def test_text_similarity_known_values(metric, output, reference, expect):
@@ -371,7 +384,7 @@ class Endpoint:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's naming)
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                endpoint.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                endpoint.requests.append({"path": self.path, "headers": self.headers, "body": body})  # any case
                 if self.path.endswith("/embeddings"):
                     vectors = [[t.lower().count(c) for c in "abcdefghijklmnopqrstuvwxyz"] for t in body["input"]]
                     reply = {"data": [{"index": i, "embedding": v} for i, v in enumerate(vectors)]}
@@ -480,6 +493,13 @@ def test_a_trickling_embeddings_endpoint_ends_at_its_timeout():
         error, seconds = timed(lambda: grade(cosine, ["a"], ["a"], base_url=server.base_url, timeout=0.5, retries=0))
     assert "(ReadTimeout: no complete reply within 0.5 s, the request's whole timeout) after 1 attempts" in str(error)
     assert seconds < 1.5  # the whole answer would take ~40 s
+
+
+def test_an_embeddings_reply_without_vectors_names_the_endpoint():
+    # A chat completion where the embeddings belong: what it sent, not a traceback.
+    with HostileServer("trickle", every_s=0.0) as server:
+        error, _ = timed(lambda: grade(text_similarity("cosine"), ["a"], ["a"], base_url=server.base_url, retries=0))
+    assert str(error).startswith(f'the endpoint at {server.base_url} sent no data[].embedding: {{"choices"')
 
 
 def test_a_huge_score_model_reply_is_refused_naming_the_cap(monkeypatch):
@@ -627,6 +647,38 @@ def test_graders_run_refuses_bad_completions(rft_spec, tmp_path, lines, expect):
     path.write_text("\n".join(lines) + "\n")
     code, out, err = cli("graders", "run", rft_spec, "--completions", path)
     assert code == 2 and expect in err and out == ""
+
+
+def test_graders_run_names_a_missing_completions_file(rft_spec, tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    code, out, err = cli("graders", "run", rft_spec, "--completions", missing)
+    assert (code, out, err) == (2, "", f"grpoflow: --completions {missing}: no such file\n")  # not "spec rejected"
+
+
+# A python grader broken on every row: refused as a function reward that raises is, by validate's dry run and by
+# graders run (it passed both with exit 0, the same warning once per row).
+BROKEN_GRADERS = [
+    # it reads a column no row has
+    ("    return item['nonexistent']", "KeyError: 'nonexistent'"),
+    # it returns no number
+    ("    return 'high'", "grade() returned str 'high', expected a number"),
+]
+
+
+@pytest.mark.parametrize("body, error", BROKEN_GRADERS)
+def test_a_python_grader_that_scores_nothing_is_refused(rft_spec, body, error):
+    spec = yaml.safe_load(rft_spec.read_text())
+    spec["rewards"] = [{"grader": python_grader(f"def grade(sample, item):\n{body}\n")}]
+    spec["evaluation"] = {"holdout": 0}
+    rft_spec.write_text(yaml.safe_dump(spec))
+    code, _, err = cli("validate", rft_spec)
+    refusals = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert code == 2 and refusals == [
+        f"  - rewards[0]: reward 'py' scored none of the 4 completions ({error}) on dataset row 0"
+    ], err
+    code, out, err = cli("graders", "run", rft_spec, "--rows", "3")
+    assert code == 2 and out == "", out
+    assert f"reward 'py' scored none of the 3 completions (row 0: {error})" in err
 
 
 def test_graders_run_without_completions_says_how_to_give_them(tmp_path):

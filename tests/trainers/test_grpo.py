@@ -3,6 +3,7 @@ and a real run on builtin:tiny that trains, saves merged/ or adapter/, and resum
 SIGKILL and checks that it resumes bit-exactly."""
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -22,7 +23,7 @@ from grpoflow.trainers.grpo import grpo_config, intact_checkpoint, resume_checkp
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.tiny import build_tiny
-from grpoflow.trainers.rollouts import kept_steps
+from grpoflow.trainers.rollouts import kept_steps, read_rows, step_file
 from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import arithmetic_rows, write_jsonl
 from tests.trainers.test_held_out import VARIETY
@@ -72,11 +73,26 @@ from tests.trainers.test_rollouts import check_rollouts, same_rollouts
             {"metric_for_best_model": "eval_length_penalty", "greater_is_better": True},
         ),
         # tracking: the trackers, the project (trackio's), the run named after the job unless named, completions.
-        ({"tracking": {"report_to": ["tensorboard"]}}, {"report_to": ["tensorboard"], "run_name": "job"}),
+        (
+            {"tracking": {"report_to": ["tensorboard"]}},
+            {"report_to": ["tensorboard"], "run_name": "job", "log_completions": False},  # no tables in TensorBoard
+        ),
         (
             {"tracking": {"project": "p", "run_name": "r", "log_completions": True, "num_completions_to_print": 2}},
             {"project": "p", "run_name": "r", "log_completions": True, "num_completions_to_print": 2},
         ),
+        # A tracker that shows tables gets the rollouts' rows through TRL's log_completions, the log a glimpse of
+        # them; none when the job keeps no rollouts, and all of them printed where the user asked for that.
+        (
+            {"tracking": {"report_to": ["trackio"]}},
+            {"report_to": ["trackio"], "log_completions": True, "num_completions_to_print": 2},
+        ),
+        ({"tracking": {"report_to": ["trackio"]}, "rollouts": {"every": 0}}, {"log_completions": False}),
+        (
+            {"tracking": {"report_to": ["trackio"], "log_completions": True}},
+            {"log_completions": True, "num_completions_to_print": None},
+        ),
+        ({}, {"log_completions": False}),
     ],
 )
 def test_grpo_config(make_spec, tmp_path, changes, expected):
@@ -228,6 +244,41 @@ def test_tensorboard_writes_the_reward_into_the_job_folder(make_job, monkeypatch
     assert [e.value for e in held_out] == pytest.approx(
         [r["values"]["eval/exact_answer"] for r in read_metrics(job.metrics)]
     )
+
+
+def trackio_tables(tracking_dir: Path, project: str, run: str) -> list[list[dict]]:
+    """The completions tables trackio holds for `run` (each a list of rows), as its own command line prints them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trackio.cli", "get", "metric", "--project", project, "--run", run,
+         "--metric", "completions", "--json"],
+        env={**os.environ, "TRACKIO_DIR": str(tracking_dir)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [logged["value"]["_value"] for logged in json.loads(done.stdout)["values"]]
+
+
+def test_trackio_gets_the_rows_of_rollouts(make_job, tmp_path):
+    # tracking.report_to: [trackio] turns TRL's log_completions on: its table of each step reaches trackio (a local
+    # tracker: a SQLite store, here in tmp_path) with the very rows rollouts/ keeps.
+    # make install installs trackio (no skip where it is missing: the Makefile says why it comes without its deps)
+    job, _ = make_job("trk", hyperparameters={"max_steps": 2}, tracking={"report_to": ["trackio"], "project": "p"})
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    done = subprocess.run(
+        [sys.executable, "-m", "grpoflow.trainers.grpo", str(job.root)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # One table per step (TRL logs the last one again with its end-of-training record: the same rows).
+    tables = {table[0]["step"]: table for table in trackio_tables(tmp_path / "trackio", "p", job.job_id)}
+    tracked = [row for step in sorted(tables) for row in tables[step]]
+    kept = [row for step in kept_steps(job.rollouts) for row in read_rows(step_file(job.rollouts, step))]
+    fields = ("step", "prompt", "completion", "completion_tokens", "truncated")
+    assert [[r[f] for f in fields] for r in tracked] == [[r[f] for f in fields] for r in kept]
+    assert [r["advantage"] for r in tracked] == pytest.approx([r["advantage"] for r in kept])
+    for name in ("exact_answer", "length_penalty"):
+        assert [r[name] for r in tracked] == pytest.approx([r[f"rewards.{name}"] for r in kept])
+    assert len(kept) == 2 * 4  # every completion of both steps
+    # The child's log gets TRL's console sample of each step (num_completions_to_print: 2 of its rows).
+    assert "Step 1" in done.stdout and "Step 2" in done.stdout
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------

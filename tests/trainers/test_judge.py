@@ -30,7 +30,8 @@ GOOD = {"base_url": "http://127.0.0.1:1/v1", "model": "judge", "rubric": "Q: {pr
 
 class Stub:
     """A scripted OpenAI-compatible endpoint: each POST takes the next (status, reply text, headers, delay) of
-    `script` (the last one repeats) and is recorded with its headers and body."""
+    `script` (the last one repeats) and is recorded with its headers and body. The text is sent as a chat completion
+    (an error object when the status is not 200), or as it is when the headers give a content-type."""
 
     def __init__(self, script: list[tuple]):
         self.script, self.requests, self.in_flight, self.most_in_flight = script, [], 0, 0
@@ -41,7 +42,7 @@ class Stub:
             def do_POST(self):  # noqa: N802 (http.server's naming)
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 with stub.lock:
-                    stub.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                    stub.requests.append({"path": self.path, "headers": self.headers, "body": body})  # names: any case
                     status, text, headers, delay = stub.script[min(len(stub.requests), len(stub.script)) - 1]
                     stub.in_flight += 1
                     stub.most_in_flight = max(stub.most_in_flight, stub.in_flight)
@@ -50,6 +51,8 @@ class Stub:
                     stub.in_flight -= 1
                 reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
                 data = json.dumps(reply if status == 200 else {"error": {"message": text}}).encode()
+                if "content-type" in headers:
+                    data = text.encode()
                 try:
                     self.send_response(status)
                     for name, value in headers.items():
@@ -313,3 +316,50 @@ def test_a_judge_that_hangs_the_dry_run_is_named_with_its_url(stub):
         f"reward 'llm_judge' did not return within 0.5 s on dataset row 0 (waiting on {endpoint.base_url}: is it up "
         "and reachable from here?)"
     )
+
+
+@pytest.mark.parametrize(
+    "status, content_type, body, retries, expect, attempts",
+    [
+        # a wrong key: final at once, the server's own words quoted
+        (401, "application/json", '{"error": "bad key"}', 2, 'answered HTTP 401: {"error": "bad key"}', 1),
+        # a proxy's error page, retried, then named with its attempts
+        (502, "text/html", "<h1>Bad Gateway</h1>", 1, "answered HTTP 502 after 2 attempts: <h1>Bad Gateway</h1>", 2),
+        # 200 but not JSON (a login page, a captive portal): what it sent, not a traceback
+        (200, "text/html", "<html>sign in</html>", 2, "sent no choices[0].message.content: <html>sign in</html>", 1),
+        # JSON of another API: no choices
+        (200, "application/json", '{"result": 7}', 2, 'sent no choices[0].message.content: {"result": 7}', 1),
+        # JSON declared, not sent
+        (200, "application/json", "{not json", 2, "sent no choices[0].message.content: {not json", 1),
+    ],
+)
+def test_what_a_user_reads_when_the_judge_answers_wrong(stub, status, content_type, body, retries, expect, attempts):
+    endpoint = stub((status, body, {"content-type": content_type}, 0.0))
+    with pytest.raises(JudgeError) as raised:
+        score(judge(endpoint.base_url, retries=retries), ["4"])
+    assert str(raised.value) == f"the judge at {endpoint.base_url} {expect}"
+    assert len(endpoint.requests) == attempts
+
+
+def test_a_judge_name_rebinding_to_metadata_is_never_reached(stub, monkeypatch):
+    # Loopback when the reward is built, the metadata address when openai's client sends: sent nowhere.
+    import socket
+
+    real, looked_up = socket.getaddrinfo, []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != "judge.example":
+            return real(host, port, *args, **kwargs)
+        looked_up.append(host)
+        address = "127.0.0.1" if len(looked_up) == 1 else "169.254.169.254"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port or 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    endpoint = stub((200, "7"))
+    url = endpoint.base_url.replace("127.0.0.1", "judge.example")
+    with pytest.raises(JudgeError) as raised:
+        score(judge(url, retries=2), ["4"])
+    assert str(raised.value) == (
+        f"the judge at {url}: refused: judge.example resolves to 169.254.169.254, a link-local address"
+    )
+    assert endpoint.requests == [] and looked_up == ["judge.example", "judge.example"]  # not retried either

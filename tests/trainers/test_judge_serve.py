@@ -74,7 +74,7 @@ def judge_kwargs(url: str) -> dict:
 
 
 def test_serve_answers_the_judge(judge_url, monkeypatch):
-    from grpoflow.trainers.rewards.judge import ask
+    from grpoflow.trainers.rewards.judge import ask, endpoint_client, reply_text
 
     monkeypatch.setenv("GRPOFLOW_TEST_JUDGE_KEY", KEY)
     reward = build_reward("llm_judge", kwargs=judge_kwargs(judge_url))
@@ -83,17 +83,17 @@ def test_serve_answers_the_judge(judge_url, monkeypatch):
 
     import asyncio
 
-    import httpx2
-
     async def reply() -> str:
-        async with httpx2.AsyncClient(timeout=60) as client:
+        async with endpoint_client(judge_url, None, 60, 0) as client:
             body = {
                 "model": "tiny-judge",
                 "max_tokens": 1,
                 "temperature": 0,
                 "messages": [{"role": "user", "content": "hi"}],
             }
-            return await ask(client, f"{judge_url}/chat/completions", body, judge_url, 60, 0, 0.1)
+            return reply_text(
+                await ask(client.chat.completions.with_raw_response.create(**body), judge_url), judge_url
+            )
 
     assert asyncio.run(reply()) in ("3", "7")  # choices[0].message.content, as the OpenAI protocol has it
 

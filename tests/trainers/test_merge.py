@@ -3,6 +3,8 @@ the adapter did; model.json describes the artifact."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -81,3 +83,29 @@ def test_a_full_finetune_only_gets_model_json(tmp_path):
     info = json.loads(job.model_json.read_text())
     assert info["artifact_type"] == "full" and info["files"] == info["merged_files"]
     assert "model.safetensors" in info["files"]
+
+
+# What a merge printed into a log before grpoflow silenced it, each on its own: bitsandbytes' warning about an optional
+# kernel package (on CPUs with AVX512-BF16), PEFT's read of a deprecated transformers property, and two progress bars.
+MERGE_NOISE = (
+    "No module named 'kernels'",
+    "FutureWarning",
+    "is_gradient_checkpointing",
+    "Loading weights",
+    "Writing model shards",
+    "it/s]",
+)
+
+
+def test_a_merge_logs_nothing_but_its_work(lora_job):
+    # The merge stage as a log receives it: its output to a pipe, not a terminal.
+    done = subprocess.run(
+        [sys.executable, "-m", "grpoflow.trainers.model.merge", str(lora_job.root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (lora_job.merged / "model.safetensors").exists()
+    output = done.stdout + done.stderr
+    assert [noise for noise in MERGE_NOISE if noise in output] == [], output[-2000:]

@@ -372,6 +372,34 @@ CASES = [
     pytest.param(
         {"evaluation.metric": "nope"}, "evaluation.metric: 'nope' is not one of this spec's", id="metric-bad"
     ),
+    # an entry that only names a job reward is that reward (the README once wrote metric: {name: exact_answer})
+    pytest.param(
+        {"evaluation.metric": {"name": "exact_answer"}},
+        {"evaluation.metric": "exact_answer"},
+        id="metric-entry-of-a-job-reward",
+    ),
+    # ... as the Prefect form sends it too: every other field of the entry at its default
+    pytest.param(
+        {"evaluation.metric": {"name": "exact_answer", "function": None, "model": None, "weight": 1.0, "kwargs": {}}},
+        {"evaluation.metric": "exact_answer"},
+        id="metric-entry-of-a-job-reward-from-the-form",
+    ),
+    # ... a custom function's reward by its name, where a built-in's check would have said "unknown built-in" too
+    pytest.param(
+        {"rewards": [{"function": "my_pkg.rewards:score"}], "evaluation.metric": {"name": "score"}},
+        {"evaluation.metric": "score"},
+        id="metric-entry-of-a-function-reward",
+    ),
+    # an entry of its own under a job reward's name: one line, saying what to write
+    pytest.param(
+        {
+            "rewards": [{"function": "my_pkg.rewards:score"}],
+            "evaluation.metric": {"name": "score", "kwargs": {"k": 1}},
+        },
+        "evaluation.metric.name: 'score' is already a reward of this job; write metric: score to score with that "
+        "reward, or give this held-out metric a name of its own",
+        id="metric-entry-named-as-a-job-reward",
+    ),
     pytest.param({"evaluation.holdout": 20}, {"evaluation.holdout": 20}, id="holdout-count"),
     pytest.param({"evaluation.holdout": 0}, {"evaluation.holdout": 0}, id="holdout-disabled"),
     pytest.param({"evaluation.holdout": 1.5}, "evaluation.holdout: must be a fraction below 1", id="holdout-1.5"),
@@ -536,7 +564,7 @@ def test_spec_error_reads_as_a_list():
     with pytest.raises(SpecError) as info:
         load_spec(patched({"gpu_count": 0, "name": "Bad"}))
     text = str(info.value)
-    assert text.startswith("spec rejected: 2 problem(s):\n  - ")
+    assert text.startswith("spec rejected: 2 problems:\n  - ")
     assert "\n  - gpu_count: must be >= 1 (got 0)" in text
     assert isinstance(info.value, ValueError)
 
@@ -553,6 +581,30 @@ def test_spec_error_reads_as_a_list():
         ({"rewards.0.wieght": 2}, "rewards[0].wieght: unknown key (did you mean 'weight'?)"),
         # an optional section
         ({"publish": {"repo_id": "o/m", "privte": True}}, "publish.privte: unknown key (did you mean 'private'?)"),
+        # a key of another level: named there, at every level (issue 39)
+        (
+            {"system_prompt": "Be brief."},
+            "system_prompt: unknown key here; system_prompt belongs under hyperparameters:",
+        ),
+        (
+            {"dataset.max_steps": 3},
+            "dataset.max_steps: unknown key here; max_steps belongs under sft: or under hyperparameters:",
+        ),
+        (
+            {"evaluation.min_gain": 0.1},
+            "evaluation.min_gain: unknown key here; min_gain belongs under evaluation.gate:",
+        ),
+        ({"rewards.0.holdout": 3}, "rewards[0].holdout: unknown key here; holdout belongs under evaluation:"),
+        (
+            {f"{HP}.weight": 2},
+            f"{HP}.weight: unknown key here; weight belongs in each rewards: entry or under evaluation.metric:",
+        ),
+        ({"publish": {"repo_id": "o/m", "uri": "x"}}, "publish.uri: unknown key here; uri belongs under dataset:"),
+        (
+            {"dataset.name": "x"},
+            "dataset.name: unknown key here; name belongs at the top level or in each rewards: entry or under "
+            "evaluation.metric: or under deploy:",
+        ),
         # nothing close: list what is valid
         ({"dataset.zzz": 1}, "dataset.zzz: unknown key; valid keys: uri, prompt_column, split, max_row_bytes"),
     ],
@@ -829,18 +881,13 @@ def test_every_model_forbids_extra_keys():
         assert model is BaseModel or model.model_config.get("extra") == "forbid", model
 
 
-def test_readme_hyperparameter_table_is_generated_from_the_model(capsys):
+def test_hyperparameter_table_is_generated_from_the_model(capsys):
+    # The table is no longer pasted into README.md: the docs' spec reference page is generated from the models
+    # (docs/gen_reference.py; tests/test_docs.py checks the page).
     runpy.run_module("grpoflow.trainers.spec", run_name="__main__")
     printed = capsys.readouterr().out.strip()
     assert printed == hyperparameter_table()
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    intro = "GRPO hyperparameters, with their defaults and rules:\n\n"
-    assert intro in readme, "README.md lost the sentence that introduces the hyperparameter table"
-    table = readme.split(intro, 1)[1].split("\n\n", 1)[0]
-    assert table == printed, (
-        "README.md's hyperparameter table differs from the Hyperparameters model: "
-        "paste the output of `python -m grpoflow.trainers.spec` over it"
-    )
+    table = printed
     # One row per field, each with the field's own description (the text the Prefect form shows).
     fields = spec_models.Hyperparameters.model_fields
     rows = table.splitlines()[2:]
@@ -1039,3 +1086,24 @@ def test_lora_at_a_full_fine_tune_rate_is_a_warning(spec_dict, overrides, warned
             f"hyperparameters.learning_rate: {warned}: LoRA adapters usually need 1e-5 to 2e-4 (~2e-5 is a good "
             "start), else they barely move from zero; set learning_rate"
         ]
+
+
+def test_validate_says_where_a_key_belongs_and_what_a_metric_entry_means(tmp_path, capsys):
+    """`grpoflow validate` as a user runs it: `system_prompt:` at the top level is one line saying it belongs under
+    hyperparameters (exit 2); the README's `metric: {name: exact_answer}` on a job whose reward is exact_answer is
+    that reward (exit 0), where it was refused with two contradictory lines."""
+    from grpoflow.flows.cli import main
+
+    data = Path(__file__).parents[2] / "examples" / "data" / "arithmetic.jsonl"
+    head = f"name: t\nbase_model: builtin:tiny\ndataset: {{uri: {data}}}\nrewards: [{{name: exact_answer}}]\n"
+    misplaced, metric = tmp_path / "misplaced.yaml", tmp_path / "metric.yaml"
+    misplaced.write_text(head + "system_prompt: Answer with a number.\n")
+    readme_metric = "evaluation:\n  metric: {name: exact_answer}\n"  # as the README's example wrote it
+    metric.write_text(head + "hyperparameters: {max_response_length: 16}\n" + readme_metric)
+    assert main(["validate", str(misplaced)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "grpoflow: spec rejected: 1 problem:",
+        "  - system_prompt: unknown key here; system_prompt belongs under hyperparameters:",
+    ]
+    assert main(["validate", str(metric)]) == 0
+    assert "  metric: exact_answer\n" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from grpoflow.trainers.graders import CODE_GRADERS, GRADER_TYPES, GRADERS, MODEL_GRADERS
 from grpoflow.trainers.graders.formula import FormulaError, parse_formula
+from grpoflow.trainers.graders.sandbox import SandboxSettingError, operator_limits
 from grpoflow.trainers.graders.similarity import EMBEDDING_METRICS, metric_problem
 from grpoflow.trainers.graders.templates import path_problem, template_paths
 
@@ -40,8 +41,6 @@ _EXTRA_CHECKS = {
 
 def _memory_cap() -> int:
     """The operator's cap on a sandbox's memory (`GRPOFLOW_SANDBOX_MEMORY_MB`): a spec may only lower it."""
-    from grpoflow.trainers.graders.sandbox import SandboxSettingError, operator_limits
-
     try:
         return operator_limits().memory_mb
     except SandboxSettingError:

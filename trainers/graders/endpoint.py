@@ -1,6 +1,6 @@
 """Graders that ask an OpenAI-compatible endpoint: `score_model` and `label_model` (chat completions), and
-`text_similarity` with `cosine` (embeddings), through `llm_judge`'s requests
-(`grpoflow.trainers.rewards.judge.ask`)."""
+`text_similarity` with `cosine` (embeddings), with `llm_judge`'s openai client
+(`grpoflow.trainers.rewards.judge.endpoint_client`: its retries, total deadline and reply cap)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,24 @@ import httpx2
 
 from grpoflow.trainers.graders.python import Graded
 from grpoflow.trainers.graders.templates import render
-from grpoflow.trainers.rewards.judge import JudgeError, api_key_from_env, ask, parse_score
+from grpoflow.trainers.rewards.judge import (
+    JudgeError,
+    api_key_from_env,
+    ask,
+    endpoint_client,
+    parse_score,
+    reply_text,
+    warn_backoff,
+)
 
 DEFAULT_EMBEDDING_MODEL = "text-embedding-3-large"  # what OpenAI's cosine metric embeds with
 
 
-def _client(kwargs: dict) -> tuple[httpx2.AsyncClient, dict]:
-    """An HTTP client for the endpoint (the key from its variable, never from the spec) and `ask`'s limits."""
-    headers = (
-        {"Authorization": f"Bearer {api_key_from_env(kwargs['api_key_env'])}"} if kwargs.get("api_key_env") else {}
-    )
-    timeout = kwargs.get("timeout", 30.0)
-    limits = {"timeout": timeout, "retries": kwargs.get("retries", 3), "backoff": kwargs.get("backoff", 0.5)}
-    return httpx2.AsyncClient(headers=headers, timeout=timeout), limits
+def _client(kwargs: dict):
+    """An openai client for the endpoint, the key from its variable (never from the spec)."""
+    key = api_key_from_env(kwargs["api_key_env"]) if kwargs.get("api_key_env") else None
+    warn_backoff(kwargs.get("backoff"))
+    return endpoint_client(kwargs["base_url"], key, kwargs.get("timeout", 30.0), kwargs.get("retries", 3))
 
 
 def _messages(grader: dict, sample: dict, item: dict) -> list[dict]:
@@ -89,21 +94,21 @@ def score_reply(grader: dict, reply: str) -> Graded:
 
 def model_scorer(grader: dict, kwargs: dict):
     """Scores with a `score_model` or `label_model` grader: one chat request per completion."""
-    url = kwargs["base_url"].rstrip("/") + "/chat/completions"
-    request, instruction = _request(grader, kwargs), _instruction(grader)
+    base_url, request, instruction = kwargs["base_url"], _request(grader, kwargs), _instruction(grader)
 
     async def score(samples: list[dict], items: list[dict]) -> list[Graded]:
-        client, limits = _client(kwargs)
         gate = asyncio.Semaphore(kwargs.get("concurrency", 8))
 
-        async def one(sample: dict, item: dict) -> Graded:
+        async def one(client, sample: dict, item: dict) -> Graded:
             messages = [*_messages(grader, sample, item), {"role": "user", "content": instruction}]
             async with gate:
-                reply = await ask(client, url, {**request, "messages": messages}, kwargs["base_url"], **limits)
-            return score_reply(grader, reply)
+                response = await ask(
+                    client.chat.completions.with_raw_response.create(**request, messages=messages), base_url
+                )
+            return score_reply(grader, reply_text(response, base_url))
 
-        async with client:
-            return list(await asyncio.gather(*(one(s, i) for s, i in zip(samples, items, strict=True))))
+        async with _client(kwargs) as client:
+            return list(await asyncio.gather(*(one(client, s, i) for s, i in zip(samples, items, strict=True))))
 
     return score
 
@@ -128,24 +133,23 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 def cosine_scorer(grader: dict, kwargs: dict):
     """Scores with `text_similarity` `cosine`: the input and the reference embedded in one request per completion."""
-    url = kwargs["base_url"].rstrip("/") + "/embeddings"
-    model = kwargs.get("embedding_model", DEFAULT_EMBEDDING_MODEL)
+    base_url, model = kwargs["base_url"], kwargs.get("embedding_model", DEFAULT_EMBEDDING_MODEL)
 
     async def score(samples: list[dict], items: list[dict]) -> list[Graded]:
-        client, limits = _client(kwargs)
         gate = asyncio.Semaphore(kwargs.get("concurrency", 8))
 
-        async def one(sample: dict, item: dict) -> Graded:
+        async def one(client, sample: dict, item: dict) -> Graded:
             texts = [render(grader["input"], sample, item), render(grader["reference"], sample, item)]
             async with gate:
-                vectors = await ask(
-                    client, url, {"model": model, "input": texts}, kwargs["base_url"], **limits, reply=_embeddings
+                embedded = client.embeddings.with_raw_response.create(
+                    model=model, input=texts, encoding_format="float"
                 )
+                vectors = _embeddings(await ask(embedded, base_url), base_url)
             if len(vectors) != 2 or len(vectors[0]) != len(vectors[1]):
                 return Graded(None, f"the endpoint sent {len(vectors)} embeddings for 2 texts")
             return Graded(cosine(vectors[0], vectors[1]))
 
-        async with client:
-            return list(await asyncio.gather(*(one(s, i) for s, i in zip(samples, items, strict=True))))
+        async with _client(kwargs) as client:
+            return list(await asyncio.gather(*(one(client, s, i) for s, i in zip(samples, items, strict=True))))
 
     return score

@@ -26,6 +26,9 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from grpoflow.trainers.graders import sandbox
+from grpoflow.trainers.trust import unsandboxed_allowed, unsandboxed_refusal
+
 STARTUP_S = 10.0  # the sandbox's start and the grader's imports (numpy, say), on top of the per-row time
 MAX_STDERR_CHARS = 2000
 CHILD = Path(__file__).with_name("grader_child.py")
@@ -57,7 +60,6 @@ def run_python_grader(
     """
     if not rows:
         return []
-    from grpoflow.trainers.graders import sandbox
 
     limits = sandbox.operator_limits()
     limits = replace(limits, memory_mb=min(memory_mb or limits.memory_mb, limits.memory_mb))
@@ -78,9 +80,6 @@ def _run(argv: list[str], stdin: str, timeout: float, limits) -> subprocess.Comp
     Raises:
         PermissionError: no sandbox here, and this run may not go without one (the message says what to do).
     """
-    from grpoflow.trainers.graders import sandbox
-    from grpoflow.trainers.trust import unsandboxed_allowed, unsandboxed_refusal
-
     if (problem := sandbox.sandbox_problem()) is None:
         return sandbox.run(argv, stdin, timeout, limits)
     if not unsandboxed_allowed():

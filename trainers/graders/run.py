@@ -18,10 +18,21 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpoflow.trainers.model.load import prepare_prompts
 from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward, check_output
+from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 from grpoflow.trainers.spec import JobSpec, SpecError
 
 BATCH = 256  # completions per reward call: a python grader starts one process per call
+
+
+class CompletionsError(SpecError):
+    """A `--completions` file that is missing or malformed: the command's input, not the spec (exit 2 as one)."""
+
+    def __init__(self, path: Path, problems: list[str] | str):
+        super().__init__(problems)
+        self.args = (f"--completions {path}: " + "; ".join(self.problems),)
 
 
 @dataclass
@@ -40,12 +51,15 @@ def read_completions(path: Path, num_rows: int, limit: int | None) -> list[tuple
     """(row, completion) pairs from a JSONL file, each line checked; the first `limit` lines when given.
 
     Raises:
-        SpecError: the file is missing, or a line is not `{"row": i, "completion": ...}` with `i` a dataset row.
+        CompletionsError: the file is missing, or a line is not `{"row": i, "completion": ...}` with `i` a dataset
+            row.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise CompletionsError(path, "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"--completions {path}: cannot read it: {exc}") from None
+        raise CompletionsError(path, f"cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
     pairs, problems = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -53,19 +67,19 @@ def read_completions(path: Path, num_rows: int, limit: int | None) -> list[tuple
         try:
             record = json.loads(line)
         except ValueError as exc:
-            problems.append(f"--completions {path} line {number}: not JSON ({exc})")
+            problems.append(f"line {number}: not JSON ({exc})")
             continue
         row = record.get("row") if isinstance(record, dict) else None
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < num_rows:
-            problems.append(f'--completions {path} line {number}: "row" must be a dataset row, 0 to {num_rows - 1}')
+            problems.append(f'line {number}: "row" must be a dataset row, 0 to {num_rows - 1}')
         elif not isinstance(record.get("completion"), str | list):
-            problems.append(f'--completions {path} line {number}: "completion" must be text or a list of messages')
+            problems.append(f'line {number}: "completion" must be text or a list of messages')
         else:
             pairs.append((row, record["completion"]))
         if limit is not None and len(pairs) >= limit:
             break
     if problems:
-        raise SpecError(problems)
+        raise CompletionsError(path, problems)
     return pairs
 
 
@@ -99,9 +113,6 @@ def score_completions(
     import datasets
 
     from grpoflow.trainers.dataset import DatasetError, read_dataset
-    from grpoflow.trainers.model.load import prepare_prompts
-    from grpoflow.trainers.rewards.build import build_reward, check_output
-    from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 
     datasets.disable_progress_bars()  # a bar per loading step would bury the table
     column = spec.dataset.prompt_column
@@ -114,7 +125,9 @@ def score_completions(
             max_row_bytes=spec.dataset.max_row_bytes,
         )
         rewards = [build_reward(r.name, r.function, r.kwargs, r.model, r.grader, column) for r in spec.rewards]
-    except (DatasetError, RewardError) as exc:
+    except DatasetError as exc:
+        raise SpecError(exc.problems) from None
+    except RewardError as exc:
         raise SpecError(str(exc)) from None
     pairs = _completions(spec, dataset, completions, rows)
     shaped = prepare_prompts(dataset, column, spec.hyperparameters.system_prompt)
@@ -137,6 +150,10 @@ def score_completions(
             for (row, _), error in zip(batch, _errors(reward), strict=False):
                 if error is not None:
                     scores.errors.setdefault(entry.name, []).append((row, error))
+    for name, errors in scores.errors.items():
+        if len(errors) == len(pairs) and all(value is None for value in values[name]):
+            row, reason = errors[0]
+            raise SpecError(f"reward {name!r} scored none of the {len(pairs)} completions (row {row}: {reason})")
     weights = {r.name: r.weight for r in spec.rewards}
     for k, (row, _) in enumerate(pairs):
         got = {name: values[name][k] for name in scores.names}

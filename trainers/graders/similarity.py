@@ -4,17 +4,23 @@
 | --- | --- |
 | `fuzzy_match` | rapidfuzz: `fuzz.WRatio(input, reference) / 100` |
 | `bleu` | sacrebleu: `sentence_bleu(input, [reference]).score / 100` (its defaults: 13a tokens, exp smoothing) |
-| `gleu` | NLTK: `sentence_gleu([reference tokens], input tokens)` (Google's GLEU) |
-| `meteor` | NLTK: `meteor_score([reference tokens], input tokens)` (needs NLTK's WordNet data) |
+| `gleu` | NLTK: `sentence_gleu([words(reference)], words(input))` (Google's GLEU) |
+| `meteor` | NLTK: `meteor_score([words(reference)], words(input))` (needs NLTK's WordNet data) |
 | `rouge_1` ... `rouge_5`, `rouge_l` | rouge-score: `RougeScorer([rougeN]).score(reference, input)` F-measure |
 | `cosine` | an OpenAI-compatible embeddings endpoint (see `grpoflow.trainers.graders.reward`) |
 
-Tokens for NLTK are whitespace-separated words, as NLTK's own examples split them. The libraries come with
-`pip install 'grpoflow[graders]'`; `metric_problem` says which one is missing before anything is scored.
+The NLTK metrics take tokens: `words` splits a text as NLTK's `word_tokenize` does (its Treebank-style tokenizer:
+punctuation and clitics apart, "Tokyo." is `Tokyo` and `.`), without its sentence splitter, whose data (punkt_tab) is
+a separate download and would make a score depend on the machine. Whitespace tokens scored "The capital is Tokyo."
+against "Tokyo" 0 (no token `Tokyo`); GLEU is the smaller of n-gram (1-4) precision and recall, so it is 1/14 (one
+matching 1-gram out of the answer's 14 n-grams): a long answer holding a short reference scores low, never 0. Scores
+are case-sensitive, as BLEU's. The libraries come with `pip install 'grpoflow[graders]'`; `metric_problem` says
+which one is missing before anything is scored.
 """
 
 from __future__ import annotations
 
+# The metrics' libraries (the optional `grpoflow[graders]` extra) are imported when a metric scores.
 import functools
 import importlib.util
 from collections.abc import Callable
@@ -73,6 +79,18 @@ def similarity(metric: str, output: str, reference: str) -> float:
     return min(1.0, max(0.0, float(_scorer(metric)(output, reference))))
 
 
+def words(text: str) -> list[str]:
+    """The tokens the NLTK metrics (gleu, meteor) compare: NLTK's `word_tokenize` of `text` as one line
+    (`preserve_line=True`: no sentence splitting, which needs the punkt_tab download).
+
+    >>> words("The capital is Tokyo.")
+    ['The', 'capital', 'is', 'Tokyo', '.']
+    """
+    from nltk.tokenize import word_tokenize
+
+    return word_tokenize(text, preserve_line=True)
+
+
 @functools.cache
 def _scorer(metric: str) -> Callable[[str, str], float]:
     if metric == "fuzzy_match":
@@ -86,11 +104,11 @@ def _scorer(metric: str) -> Callable[[str, str], float]:
     if metric == "gleu":
         from nltk.translate.gleu_score import sentence_gleu
 
-        return lambda output, reference: sentence_gleu([reference.split()], output.split())
+        return lambda output, reference: sentence_gleu([words(reference)], words(output))
     if metric == "meteor":
         from nltk.translate.meteor_score import meteor_score
 
-        return lambda output, reference: meteor_score([reference.split()], output.split())
+        return lambda output, reference: meteor_score([words(reference)], words(output))
     if metric.startswith("rouge_"):
         from rouge_score import rouge_scorer
 

@@ -17,6 +17,8 @@ from grpoflow.trainers.rewards.text import completion_text
 TEMPLATE = re.compile(r"\{\{\s*(.*?)\s*\}\}", re.DOTALL)
 _PART = re.compile(r"([A-Za-z_][A-Za-z0-9_\-]*)((?:\[\d+\])*)")
 SAMPLE_FIELDS = ("output_text", "output_json")
+# Dataset columns TRL's GRPOTrainer never passes to a reward (`completion` is SFT's target there, not the reward's).
+HIDDEN_COLUMNS = ("completion", "completion_ids")
 
 
 def template_paths(text: str) -> list[str]:
@@ -57,6 +59,12 @@ def path_problem(path: str) -> str | None:
     keys = parse_path(path)
     if keys is None or keys[0] not in ("item", "sample"):
         return f"{{{{ {path} }}}} must be item.<column> or sample.output_text / sample.output_json.<key>"
+    if keys[0] == "item" and keys[1] in HIDDEN_COLUMNS:
+        return (
+            f"item.{keys[1]} is always empty: TRL hands rewards every dataset column but the prompt, completion and "
+            f"completion_ids; put the reference in a column of another name (e.g. reference_answer) and write "
+            "{{ item.reference_answer }} (a completion being scored is {{ sample.output_text }})"
+        )
     if keys[0] == "sample" and keys[1] not in SAMPLE_FIELDS:
         return f"sample.{keys[1]} is not available: sample has {' and '.join(SAMPLE_FIELDS)}"
     if keys[0] == "sample" and keys[1] == "output_text" and len(keys) > 2:

@@ -14,6 +14,8 @@ named, it is not a default target.
     python -m grpoflow.trainers.model.architecture MODEL_PATH     # prints the model's default LoRA targets
 """
 
+# torch, transformers and peft are imported inside the functions that use them: `grpoflow validate` imports this
+# module.
 import functools
 import sys
 from typing import NamedTuple

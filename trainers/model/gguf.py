@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpoflow.trainers.child import say_phase
 from grpoflow.trainers.model.tiny import cache_root
 
 INSTALL = "pip install 'grpoflow[gguf]'"
@@ -169,8 +170,6 @@ def convert_gguf(model_id: str, folder: Path | None = None) -> Path:
     folder = folder or gguf_folder(model_id)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    from grpoflow.trainers.child import say_phase
 
     say_phase(f"converting {path.name} into {folder}: its weights dequantized to float32, once")
     kwargs = {"gguf_file": path.name}

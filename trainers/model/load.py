@@ -1,16 +1,22 @@
 """Model-side glue shared by the SFT, GRPO, merge and evaluation stages: dtype, LoRA/QLoRA configs, tokenizer,
 prompt formatting, and the checks for the optional accelerators (Unsloth, Liger)."""
 
+# torch, transformers, peft, datasets and the Hub's client are imported inside the functions that use them:
+# `grpoflow validate` imports this module and loads no model.
 import errno
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
 import socket
+import sys
 import urllib.parse
+import warnings
 from pathlib import Path
 
+from grpoflow.trainers.model.architecture import lora_target_problem, resolve_lora_targets
 from grpoflow.trainers.model.tiny import resolve_model_path
 from grpoflow.trainers.outbound import call_within, deadline_s
 
@@ -18,6 +24,33 @@ from grpoflow.trainers.outbound import call_within, deadline_s
 # `grpoflow.trainers.model.architecture.default_lora_targets` finds for them; a job's targets come from its own
 # architecture.
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+# --- library noise that says nothing a user can act on (every process that loads a model imports this module first)
+
+# bitsandbytes, on a CPU with AVX512-BF16, looks for an optional kernel package at import and warns when it is absent;
+# its own CPU path serves grpoflow's 4-bit loads, so each merge and training log would carry a false alarm.
+_BNB_NO_KERNELS = "Failed to load CPU gemm_4bit_forward from kernels-community"
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda record: _BNB_NO_KERNELS not in str(record.msg))
+# PEFT reads transformers' deprecated `is_gradient_checkpointing` each time it wraps a model (the adapter of every
+# merge, every training step's generation): a warning about PEFT's code, not the job's.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def quiet_progress_bars() -> None:
+    """Turns off the progress bars of transformers ("Loading weights", "Writing model shards"), huggingface_hub and
+    datasets, through their public switches, unless stderr is a terminal: in a log (a Prefect task's, a child's
+    file) each bar is a run of carriage-return updates that says nothing afterwards. The training children get the
+    same through their environment (`grpoflow.trainers.child.QUIET_ENV`)."""
+    if sys.stderr.isatty():
+        return
+    import datasets
+    import huggingface_hub.utils
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+    datasets.disable_progress_bars()
 
 
 class SetupError(RuntimeError):
@@ -370,8 +403,6 @@ def lora_targets(hp, model_path: str):
     Raises:
         `SetupError`: a requested name is not in the model; the message names the modules it has.
     """
-    from grpoflow.trainers.model.architecture import lora_target_problem, resolve_lora_targets
-
     targets = resolve_lora_targets(model_path, hp.lora_target_modules)
     # In the training child the config may be fetched (a hub id on a worker): the model itself is loaded next.
     if problem := lora_target_problem(model_path, hp.lora_target_modules, local_only=False):

@@ -31,8 +31,9 @@ def merge_adapter(
         dtype (`torch.dtype`, *optional*): dtype to load the base in; defaults to the trainer's dtype.
         say (`Callable[[str], None]`, *optional*): gets each phase as it starts (default: print).
     """
-    from grpoflow.trainers.model.load import weights_size
+    from grpoflow.trainers.model.load import quiet_progress_bars, weights_size
 
+    quiet_progress_bars()
     base = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
     say(f"loading the base model {base} ({weights_size(base)}) with {adapter_dir.name}/")
     from peft import AutoPeftModelForCausalLM
@@ -61,8 +62,9 @@ def save_start_model(start: str, out_dir: Path) -> None:
     """
     from transformers import AutoModelForCausalLM
 
-    from grpoflow.trainers.model.load import load_tokenizer, torch_dtype
+    from grpoflow.trainers.model.load import load_tokenizer, quiet_progress_bars, torch_dtype
 
+    quiet_progress_bars()
     model = AutoModelForCausalLM.from_pretrained(start, dtype=torch_dtype())
     staging = out_dir.parent / f".{out_dir.name}-staging"
     shutil.rmtree(staging, ignore_errors=True)

@@ -13,6 +13,7 @@ for production traffic). transformers' own `transformers serve` is not used: it 
 `stream_options`, sends no `data: [DONE]`, and answers a bad field with 200 or FastAPI's `{"detail"}` body.
 """
 
+import importlib.util
 import json
 import os
 import sys
@@ -22,7 +23,9 @@ import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from transformers import TextStreamer
+from transformers import AutoModelForCausalLM, GenerationConfig, TextStreamer
+
+from grpoflow.trainers.model.load import load_tokenizer
 
 # OpenAI request fields this server does not honour, each with the value that asks for nothing (which some clients
 # send anyway): any other value is a 400, not an answer that silently lacks what was asked for.
@@ -129,9 +132,6 @@ class Generator:
 
     def __init__(self, model_dir: str, name: str):
         import torch
-        from transformers import AutoModelForCausalLM
-
-        from grpoflow.trainers.model.load import load_tokenizer
 
         self.name, self.torch = name, torch
         self.tokenizer = load_tokenizer(model_dir)
@@ -193,8 +193,6 @@ class Generator:
     def generation_config(self, request: Request):
         """OpenAI's sampling in transformers' terms: temperature and top_p only (no top_k, no repetition penalty,
         whatever the model's generation_config.json suggests); temperature 0 is greedy."""
-        from transformers import GenerationConfig
-
         sampling = {"do_sample": True, "temperature": request.temperature, "top_p": request.top_p, "top_k": 0}
         return GenerationConfig(
             max_new_tokens=request.max_tokens,
@@ -334,8 +332,6 @@ def make_server(model_dir: str, name: str, host: str = "127.0.0.1", port: int = 
 def vllm_command(model_dir: str, name: str, host: str, port: int) -> list[str] | None:
     """vLLM's OpenAI server command when vLLM and a GPU are both present, else None. `--generation-config vllm`
     keeps OpenAI's defaults (temperature 1, top_p 1) rather than the model's generation_config.json."""
-    import importlib.util
-
     import torch
 
     if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():

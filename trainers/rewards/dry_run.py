@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from grpoflow.trainers.model.load import prepare_prompts
 from grpoflow.trainers.rewards import DRY_RUN_MAX_MODEL_BYTES, DRY_RUN_ROWS, RewardError
 from grpoflow.trainers.rewards.build import check_output, own_copies, reward_columns
 from grpoflow.trainers.rewards.models import load_reward_model, reward_model_bytes
@@ -108,6 +109,8 @@ def _explain(reward: Callable, row: dict, prompt_column: str, timeout_s: float, 
     `completion[0]["content"]`) fails with an IndexError or TypeError that says nothing of that. So it is called
     once more on the same row with the other shape: if it works there, the message says so.
     """
+    if problem.startswith("scored none"):
+        return ""  # a grader reads either shape of completion (its sample.output_text): calling again says nothing
     if problem.startswith("did not return"):
         # A hung reward is not called again; one waiting on an endpoint (llm_judge) says which.
         endpoint = getattr(inspect.unwrap(reward), "base_url", None)
@@ -148,7 +151,18 @@ def _check_reward_on_row(reward: Callable, row: dict, prompt_column: str, timeou
     if "error" in outcome:
         exc = outcome["error"]
         return f"raised {type(exc).__name__}: {exc}"
-    return check_output(outcome["value"], len(completions))
+    return check_output(outcome["value"], len(completions)) or _scored_none(reward, outcome["value"])
+
+
+def _scored_none(reward: Callable, values: list) -> str | None:
+    """A grader that scored none of the row's completions, each with an error (its code raised, or returned no
+    number): broken as a reward that raises is, though one unscorable completion is only "does not apply" (None)."""
+    while reward is not None and not hasattr(reward, "errors"):
+        reward = getattr(reward, "__wrapped__", None)
+    errors = getattr(reward, "errors", None) or []
+    if len(errors) == len(values) and all(v is None for v in values) and all(errors):
+        return f"scored none of the {len(values)} completions ({errors[0]})"
+    return None
 
 
 # --- a job's rewards on its dataset ------------------------------------------------------------------------------
@@ -184,8 +198,6 @@ def dry_run_job_rewards(spec, rewards: list[Callable], dataset) -> list[str]:
         RewardError: see `dry_run_rewards`; also for a malformed `GRPOFLOW_REWARD_DRY_RUN_TIMEOUT`, or a reward
             model that fails to load.
     """
-    from grpoflow.trainers.model.load import prepare_prompts
-
     timeout = dry_run_timeout()
     rows = dataset.select(range(min(DRY_RUN_ROWS, len(dataset))))
     sample = prepare_prompts(rows, spec.dataset.prompt_column, spec.hyperparameters.system_prompt)

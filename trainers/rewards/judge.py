@@ -14,19 +14,19 @@ each a plain name (no format spec, conversion, attribute or index: `{completion:
 write `{{` and `}}` for literal braces. The score is the first number of the judge's reply, or the first match of
 `score_regex` (its first group when it has one); a reply without a score is `None` ("does not apply"), as TRL treats
 it. The reward is `async def`: TRL runs it on its event loop next to the other rewards, and it sends up to
-`concurrency` requests at a time, each within `timeout` seconds in all (connection to last byte) and reading at most a
-capped reply (`grpoflow.trainers.outbound`), retrying a 429, a 5xx, a lost connection or a timeout `retries` times
-with exponential backoff (or the server's Retry-After). Plain HTTP with httpx2, which huggingface_hub already brings:
-no OpenAI SDK needed on a worker.
+`concurrency` requests at a time with openai's `AsyncOpenAI`, which retries a 429, a 5xx, a lost connection or a
+timeout `retries` times (0.5 s doubling to 8 s, or the server's Retry-After); its HTTP client
+(`grpoflow.trainers.outbound.BoundedClient`) ends each attempt within `timeout` seconds in all (connection to last
+byte), reads at most a capped reply and sends it only to the address checked.
 """
 
 import asyncio
+import logging
 import os
 import re
 import string
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from inspect import Parameter, Signature
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
@@ -38,8 +38,8 @@ from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, link_local_address, url
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-MAX_BACKOFF_S = 30.0
 REQUIRED = ("base_url", "model", "rubric")
+logger = logging.getLogger(__name__)
 # kwarg -> (accepted types, a check on the value, the message when it fails); the defaults are get_llm_judge_reward's.
 KWARG_CHECKS: dict[str, tuple[tuple[type, ...], Callable, str]] = {
     "base_url": (
@@ -59,7 +59,7 @@ KWARG_CHECKS: dict[str, tuple[tuple[type, ...], Callable, str]] = {
     "concurrency": ((int,), lambda v: v >= 1, "an integer >= 1"),
     "timeout": ((int, float), lambda v: v > 0, "seconds > 0"),
     "retries": ((int,), lambda v: v >= 0, "an integer >= 0"),
-    "backoff": ((int, float), lambda v: v >= 0, "seconds >= 0"),
+    "backoff": ((int, float), lambda v: v >= 0, "seconds >= 0"),  # accepted for older specs; openai's applies
     "temperature": ((int, float), lambda v: v >= 0, "a number >= 0"),
     "max_tokens": ((int,), lambda v: v >= 1, "an integer >= 1"),
 }
@@ -155,7 +155,7 @@ def get_llm_judge_reward(
     concurrency: int = 8,
     timeout: float = 30.0,
     retries: int = 3,
-    backoff: float = 0.5,
+    backoff: float | None = None,
     temperature: float = 0.0,
     max_tokens: int = 64,
 ) -> Callable:
@@ -175,9 +175,10 @@ def get_llm_judge_reward(
         concurrency (`int`, *optional*, defaults to `8`): requests in flight at once per reward call.
         timeout (`float`, *optional*, defaults to `30.0`): seconds per request in all, from connecting to the
             reply's last byte (GRPOFLOW_HTTP_DEADLINE_S may lower it).
-        retries (`int`, *optional*, defaults to `3`): further attempts after a 429, a 5xx or a connection error.
-        backoff (`float`, *optional*, defaults to `0.5`): seconds before the first retry, doubling each time (capped
-            at 30 s); a Retry-After header from the server wins.
+        retries (`int`, *optional*, defaults to `3`): further attempts after a 429, a 5xx, a connection error or a
+            timeout, openai's `max_retries`: 0.5 s before the first, doubling to 8 s, or the server's Retry-After.
+        backoff (`float` or `None`, *optional*): accepted for older specs and unused (a warning says so): openai's
+            client keeps its own waits.
         temperature (`float`, *optional*, defaults to `0.0`), max_tokens (`int`, *optional*, defaults to `64`): sent
             with each request.
 
@@ -196,10 +197,9 @@ def get_llm_judge_reward(
     # Here the endpoint's name is looked up too: what the requests would reach.
     if problems := judge_kwargs_problems(given) or endpoint_problems(base_url, resolve=True):
         raise ValueError("; ".join(f"kwargs.{key}: {message}" for key, message in problems))
-    headers = {"Authorization": f"Bearer {api_key_from_env(api_key_env)}"} if api_key_env else {}
+    key = api_key_from_env(api_key_env) if api_key_env else None
+    warn_backoff(backoff)
     pattern = re.compile(score_regex) if score_regex else None
-    url = base_url.rstrip("/") + "/chat/completions"
-    limits = {"timeout": timeout, "retries": retries, "backoff": backoff}
     request = {"model": model, "temperature": temperature, "max_tokens": max_tokens}
 
     async def llm_judge_reward(completions: list, prompts: list | None = None, **kwargs) -> list[float | None]:
@@ -209,13 +209,15 @@ def get_llm_judge_reward(
             for i, c in enumerate(completions)
         ]
         gate = asyncio.Semaphore(concurrency)
-        async with httpx2.AsyncClient(headers=headers, timeout=timeout) as client:
+        async with endpoint_client(base_url, key, timeout, retries) as client:
 
             async def judge(text: str) -> float | None:
+                messages = [{"role": "user", "content": text}]
                 async with gate:
-                    body = {**request, "messages": [{"role": "user", "content": text}]}
-                    reply = await ask(client, url, body, base_url, **limits)
-                return parse_score(reply, pattern, max_score)
+                    response = await ask(
+                        client.chat.completions.with_raw_response.create(**request, messages=messages), base_url
+                    )
+                return parse_score(reply_text(response, base_url), pattern, max_score)
 
             return list(await asyncio.gather(*(judge(t) for t in texts)))
 
@@ -296,64 +298,73 @@ def parse_score(reply: str, pattern: re.Pattern | None, max_score: float | None)
     return min(1.0, max(0.0, value / max_score))
 
 
-async def ask(
-    client: httpx2.AsyncClient,
-    url: str,
-    body: dict,
-    base_url: str,
-    timeout: float,
-    retries: int,
-    backoff: float,
-    reply: Callable[[httpx2.Response, str], Any] | None = None,
-) -> Any:
-    """POSTs one chat-completions request and returns the reply's text, retrying 429, 5xx, connection errors and
-    timeouts. Each attempt ends within `timeout` seconds in all and reads at most the reply cap
-    (`grpoflow.trainers.outbound`). `reply(response, base_url)` reads another kind of answer (an embeddings one, say)
-    instead of the text.
+def endpoint_client(base_url: str, key: str | None, timeout: float, retries: int):
+    """An `openai.AsyncOpenAI` for an OpenAI-compatible endpoint (the judge's, a model grader's, an embedding one's).
+
+    Args:
+        base_url (`str`): the endpoint's `/v1` root.
+        key (`str` or `None`): sent as `Authorization: Bearer ...`; `None` sends `EMPTY`, as vLLM's examples do for
+            a server without a key.
+        timeout (`float`): each attempt's total seconds, connection to last byte (`outbound.BoundedClient`).
+        retries (`int`): openai's `max_retries`: further attempts after a 429, a 5xx, a lost connection or a timeout.
+
+    Returns:
+        `openai.AsyncOpenAI`: to be used in `async with` (it closes its connections).
+    """
+    import openai  # ~1 s to import: loaded where requests are sent, never by `grpoflow validate`
+
+    return openai.AsyncOpenAI(
+        base_url=base_url,
+        api_key=key or "EMPTY",  # never OPENAI_API_KEY from this process's environment
+        max_retries=retries,
+        timeout=timeout,
+        # Nor OPENAI_ORG_ID / OPENAI_PROJECT_ID: the endpoint may be anyone's.
+        default_headers={"OpenAI-Organization": openai.omit, "OpenAI-Project": openai.omit},
+        http_client=outbound.BoundedClient(timeout),
+    )
+
+
+def warn_backoff(backoff: float | None) -> None:
+    if backoff is not None:
+        logger.warning(
+            "kwargs.backoff (of llm_judge or a model grader) is no longer used: openai's client waits 0.5 s before "
+            "the first retry, doubling to 8 s, or what the server's Retry-After says; remove it from the spec"
+        )
+
+
+async def ask(request: Awaitable, base_url: str) -> httpx2.Response:
+    """Awaits one request of openai's client made `with_raw_response` and returns its HTTP reply, read whole.
 
     Raises:
-        JudgeError: the endpoint is unreachable or too slow, or answered an error status after the last attempt, or
-            a reply over the cap, or one without `choices[0].message.content`.
+        JudgeError: the endpoint was unreachable or too slow on every attempt, answered an error status, sent a reply
+            over the cap, or resolved to a refused address; the message names `base_url`, never the key.
     """
-    for attempt in range(retries + 1):
-        last = attempt == retries
-        try:
-            response = await outbound.request(client, "POST", url, timeout, json=body)
-        except outbound.ResponseTooLarge as exc:
-            raise JudgeError(f"the judge at {base_url} sent {exc}") from None
-        except outbound.ForbiddenAddress as exc:
-            raise JudgeError(f"the judge at {base_url}: {exc}") from None
-        except httpx2.TransportError as exc:  # refused, reset, DNS, or the request's total deadline
-            if last:
-                what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                raise JudgeError(
-                    f"cannot reach the judge at {base_url} ({what}) after {attempt + 1} attempts"
-                ) from None
-            await asyncio.sleep(min(backoff * 2**attempt, MAX_BACKOFF_S))
-            continue
-        if response.status_code == 429 or response.status_code >= 500:
-            if last:
-                raise JudgeError(
-                    f"the judge at {base_url} answered HTTP {response.status_code} after {attempt + 1} attempts: "
-                    f"{response.text[:200]}"
-                )
-            await asyncio.sleep(_retry_after(response) or min(backoff * 2**attempt, MAX_BACKOFF_S))
-            continue
-        if response.status_code >= 400:
-            raise JudgeError(f"the judge at {base_url} answered HTTP {response.status_code}: {response.text[:200]}")
-        return (reply or _reply_text)(response, base_url)
-    raise AssertionError("unreachable")
+    import openai  # see endpoint_client
 
-
-def _retry_after(response: httpx2.Response) -> float | None:
     try:
-        seconds = float(response.headers.get("retry-after", ""))
-    except ValueError:
-        return None  # absent, or an HTTP date: the exponential backoff applies
-    return min(max(seconds, 0.0), MAX_BACKOFF_S)
+        return (await request).http_response
+    except (openai.APIError, outbound.ResponseTooLarge, outbound.ForbiddenAddress) as exc:
+        raise JudgeError(_failure(exc, base_url)) from None
 
 
-def _reply_text(response: httpx2.Response, base_url: str) -> str:
+def _failure(exc: Exception, base_url: str) -> str:
+    """What went wrong, naming the endpoint; the attempts counted from the retry header openai sends."""
+    if isinstance(exc, outbound.ResponseTooLarge):
+        return f"the judge at {base_url} sent {exc}"
+    if isinstance(exc, outbound.ForbiddenAddress):
+        return f"the judge at {base_url}: {exc}"
+    attempts = int(exc.request.headers.get("x-stainless-retry-count", "0")) + 1
+    status = getattr(exc, "status_code", None)
+    if status is not None:  # openai.APIStatusError
+        counted = f" after {attempts} attempts" if status == 429 or status >= 500 or attempts > 1 else ""
+        return f"the judge at {base_url} answered HTTP {status}{counted}: {exc.response.text[:200]}"
+    cause = exc.__cause__ or exc  # httpx2's error (refused, reset, DNS, the total deadline) under openai's
+    what = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    return f"cannot reach the judge at {base_url} ({what}) after {attempts} attempts"
+
+
+def reply_text(response: httpx2.Response, base_url: str) -> str:
+    """A chat-completions reply's `choices[0].message.content` ("" when it is not text)."""
     try:
         content = response.json()["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):

@@ -4,7 +4,8 @@
 - `rules.py`: the cross-field rules, which read their defaults from the models;
 - `loading.py`: YAML in (hardened), `--set` overrides, shape caps, errors as "dotted.location: message" lines,
   `load_spec`, and the resolved spec out (`resolved_dict`, `to_yaml`);
-- `docs.py`: the README's hyperparameter table, printed by `python -m grpoflow.trainers.spec`.
+- `docs.py`: the hyperparameter table (`python -m grpoflow.trainers.spec` prints it) and the docs' spec page,
+  every field of every section (`spec_reference`).
 
 A rejected spec raises `SpecError`, which lists every violation at once.
 """

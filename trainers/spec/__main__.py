@@ -1,4 +1,4 @@
-"""Prints the GRPO hyperparameter table that README.md's section "The job spec" holds:
+"""Prints the GRPO hyperparameter table that the docs' spec reference page holds:
 python -m grpoflow.trainers.spec
 """
 

@@ -8,10 +8,11 @@ written to the job folder's `spec.yaml`.
 
 import copy
 import difflib
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import fsspec
 import yaml
@@ -35,7 +36,8 @@ class SpecError(ValueError):
     def __init__(self, problems: list[str] | str):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"spec rejected: {len(self.problems)} problem(s):\n{lines}")
+        count = f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}"
+        super().__init__(f"spec rejected: {count}:\n{lines}")
 
 
 # --- pydantic errors as "dotted.location: message" ------------------------------------------------------------------
@@ -108,11 +110,46 @@ def _aliases(section: str) -> dict[str, str]:
     return aliases
 
 
+@functools.cache
+def _key_homes(model: type[BaseModel] = JobSpec, section: str = "spec") -> dict[str, list[str]]:
+    """Every key of the spec, with the sections it is valid in ("spec" the top level, "rewards[]" a list's items)."""
+    homes: dict[str, list[str]] = {}
+    for name, field in model.model_fields.items():
+        homes.setdefault(name, []).append(section)
+        if (inner := _inner_model(field.annotation)) is not None:
+            path = name if section == "spec" else f"{section}.{name}"
+            listed = get_origin(field.annotation) is list  # rewards, webhooks: the keys of each item
+            for key, sections in _key_homes(inner, path + "[]" * listed).items():
+                homes.setdefault(key, []).extend(sections)
+    return homes
+
+
+def _where_in(section: str) -> str:
+    """Where a key of `section` goes, in words: `under hyperparameters:`, `in each rewards: entry`, `at the top
+    level`."""
+    if section == "spec":
+        return "at the top level"
+    if section.endswith("[]"):
+        return f"in each {section[:-2]}: entry"
+    return f"under {section}:"
+
+
+def _elsewhere(loc: tuple, name: str) -> str | None:
+    """The hint "`name` belongs under `hyperparameters:`" when `name` is a key of another level of the spec."""
+    here = _dotted(part if not isinstance(part, int) else "[]" for part in loc).replace(".[]", "[]")
+    homes = [section for section in _key_homes().get(name, []) if section != here]
+    if not homes:
+        return None
+    return f"unknown key here; {name} belongs {' or '.join(map(_where_in, homes))}"
+
+
 def _unknown_key(loc: tuple) -> str:
     model = _model_at(loc[:-1])
     valid = list(model.model_fields) if model else []
     section, name = _dotted(loc[:-1]), str(loc[-1])
     aliases = {k: v for k, v in _aliases(section).items() if k not in valid}
+    if elsewhere := _elsewhere(loc[:-1], name):
+        return elsewhere
     if name not in aliases and section in _GRPO_LEVELS and name in trl_fields()["fields"]:
         return f"unknown key: a TRL option (trl.GRPOConfig's {name}): put it under trl:"
     close = difflib.get_close_matches(name, valid + list(aliases), n=1)

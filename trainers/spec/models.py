@@ -1,7 +1,7 @@
 """The job spec's pydantic models: a grpoflow job, its sections and its GRPO hyperparameters, with their field types.
 
 Each field's `description` is the one written copy of what it means and its rule: the Prefect form shows it, and the
-README's hyperparameter table is generated from it (`python -m grpoflow.trainers.spec`). `JobSpec` runs the cross-field
+docs' spec reference page is generated from it (`python -m grpoflow.trainers.spec`). `JobSpec` runs the cross-field
 rules (`trainers/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
 """
 
@@ -25,7 +25,14 @@ from pydantic_core import PydanticCustomError
 
 from grpoflow.trainers.graders import GRADER_TYPES
 from grpoflow.trainers.rewards.builtin import REWARDS
-from grpoflow.trainers.spec.rules import GRPOFLOW_ONLY, TRL, function_name, model_name, rule_problems
+from grpoflow.trainers.spec.rules import (
+    GRPOFLOW_ONLY,
+    TRL,
+    function_name,
+    metric_by_name,
+    model_name,
+    rule_problems,
+)
 from grpoflow.trainers.spec.trl_fields import trl_fields
 from grpoflow.trainers.uris import (
     ALLOW_LINK_LOCAL_ENV,
@@ -324,10 +331,21 @@ class DatasetSpec(_Section):
     )
 
 
+# A reward entry with no function, model or grader is a built-in: its name must be one, which the deployments'
+# parameter schema checks too, so that Prefect's server refuses a typo'd name when the run is created (it validates a
+# run's parameters against the schema, `enforce_parameter_schema`) instead of a run that waits its turn and fails. No
+# "required" in it: the server drops every "required" of the schema before it validates.
+BUILT_IN_ENTRY = {
+    "if": {"properties": {key: {"type": "null"} for key in ("function", "model", "grader")}},
+    "then": {"properties": {"name": {"enum": sorted(REWARDS)}}},
+}
+
+
 class RewardSpec(_Section):
     """One reward; the spec's rewards are summed with their weights."""
 
-    model_config = ConfigDict(title="Reward entry")  # the Prefect form's label (the metric's choice shows it)
+    # The Prefect form's label (the metric's choice shows it), and the built-in names refused at run creation.
+    model_config = ConfigDict(title="Reward entry", json_schema_extra=BUILT_IN_ENTRY)
 
     name: str | None = Field(
         None,
@@ -362,9 +380,9 @@ class RewardSpec(_Section):
         {},
         description="Arguments for parameterised rewards. llm_judge takes base_url, model, rubric (a template with "
         "{completion}, {prompt} and dataset columns), api_key_env (the NAME of the variable holding the key), "
-        "score_regex, max_score, concurrency, timeout, retries, backoff, temperature, max_tokens. A model grader (and "
-        "cosine) takes base_url, api_key_env, model (or embedding_model), concurrency, timeout, retries, backoff; a "
-        "python grader timeout and memory_mb.",
+        "score_regex, max_score, concurrency, timeout, retries, temperature, max_tokens (backoff: accepted, "
+        "ignored). A model grader (and cosine) takes base_url, api_key_env, model (or embedding_model), "
+        "concurrency, timeout, retries; a python grader timeout and memory_mb.",
     )
 
     @model_validator(mode="after")
@@ -860,6 +878,11 @@ class JobSpec(_Section):
     def _empty_section(cls, value: Any, info: ValidationInfo) -> Any:
         # A YAML key with nothing under it (`sft:`) is null; read it as "all defaults".
         return ([] if info.field_name == "webhooks" else {}) if value is None else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metric_naming_a_job_reward(cls, data: Any) -> Any:
+        return metric_by_name(data)
 
     @model_validator(mode="after")
     def _rules_then_defaults(self) -> "JobSpec":

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from grpoflow.trainers.graders.checks import grader_problems
 from grpoflow.trainers.spec.trl_fields import trl_fields
 from grpoflow.trainers.uris import is_remote, url_credentials
 
@@ -71,7 +72,7 @@ def trl_markers(model: type[BaseModel]) -> dict[str, TRL | None]:
 def trl_spec_keys() -> dict[str, str]:
     """The trl.GRPOConfig fields the spec sets, each with the spec key that sets it: the hyperparameters' from their
     `TRL` markers, the other sections' from `SECTION_TRL_KEYS`. A `trl:` block may set none of them."""
-    from grpoflow.trainers.spec.models import Hyperparameters
+    from grpoflow.trainers.spec.models import Hyperparameters  # models imports this module: a cycle
 
     keys = {}
     for field, marker in trl_markers(Hyperparameters).items():
@@ -496,8 +497,6 @@ def _entry_problems(where: str, reward: dict, builtins: list[str] | None) -> lis
 def _grader_entry_problems(where: str, reward: dict) -> list[str]:
     """A `grader:` entry: the object checked with the openai package's types (trainers/graders/checks.py), its name
     the reward's, nothing else beside it but weight and kwargs."""
-    from grpoflow.trainers.graders.checks import grader_problems
-
     problems = [
         f"{where}.{key}: a grader entry is the grader object alone (with weight and kwargs); remove {key}"
         for key in ("function", "model")
@@ -533,6 +532,27 @@ def _reward_problems(data: dict) -> list[str]:
     return problems + _metric_problems(_section(data, "evaluation").get("metric"), names, builtins)
 
 
+def _bare_name(entry: Any) -> Any:
+    """The name of a reward entry that gives nothing else (`{name: exact_answer}`, or the Prefect form's entry with
+    every other field at its default); None for any other entry."""
+    if not isinstance(entry, dict):
+        return None
+    rest = {k: v for k, v in entry.items() if k != "name" and v not in (None, {}) and not (k == "weight" and v == 1.0)}
+    return None if rest else entry.get("name")
+
+
+def metric_by_name(data: Any) -> Any:
+    """`data` with `evaluation.metric: {name: X}` read as `metric: X` when X is a reward of the job: an entry that
+    only names a job reward means that reward (the README once showed it so), not a second copy of it."""
+    evaluation = data.get("evaluation") if isinstance(data, dict) else None
+    metric = evaluation.get("metric") if isinstance(evaluation, dict) else None
+    rewards = data.get("rewards") if isinstance(data, dict) and isinstance(data.get("rewards"), list) else []
+    name = _bare_name(metric)
+    if not isinstance(name, str) or name not in map(_reward_name, rewards):
+        return data
+    return {**data, "evaluation": {**evaluation, "metric": name}}
+
+
 def _metric_problems(metric: Any, names: list[str], builtins: list[str] | None) -> list[str]:
     """`evaluation.metric`: a job reward's name, or an entry of its own whose name no reward of the job has."""
     if isinstance(metric, str) and names and metric not in names:
@@ -540,15 +560,16 @@ def _metric_problems(metric: Any, names: list[str], builtins: list[str] | None) 
             f"evaluation.metric: {metric!r} is not one of this spec's rewards: {', '.join(dict.fromkeys(names))} "
             "(or give the metric as a reward entry of its own: {name: ...} or {function: ...})"
         ]
-    if not isinstance(metric, dict):
-        return []
-    problems = _entry_problems("evaluation.metric", metric, builtins)
+    if not isinstance(metric, dict) or _bare_name(metric) in names:
+        return []  # a job reward's name alone is that reward (`metric_by_name`)
     name = _reward_name(metric)
     if isinstance(name, str) and name in names:
-        problems.append(
-            f"evaluation.metric.name: {name!r} is already a reward of this job (trained on); write metric: {name} to "
-            "score with that reward, or give this held-out metric a name of its own"
-        )
+        # One line, and no other about this entry: its name alone says what it was meant to be.
+        return [
+            f"evaluation.metric.name: {name!r} is already a reward of this job; write metric: {name} to score with "
+            "that reward, or give this held-out metric a name of its own"
+        ]
+    problems = _entry_problems("evaluation.metric", metric, builtins)
     if metric.get("weight", 1.0) != 1.0:  # the saved spec writes the default out
         problems.append("evaluation.metric.weight: a held-out metric is not added to the rewards; remove weight")
     return problems
