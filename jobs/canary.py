@@ -356,7 +356,7 @@ def advice(spec: JobSpec) -> str:
     steps = [
         f"fewer hyperparameters.rollouts_per_prompt (now {hp.rollouts_per_prompt}) or prompts_per_step (now "
         f"{hp.prompts_per_step})",
-        "trl: {gradient_checkpointing: true}",
+        "trl: {activation_checkpointing: true}",
         f"a smaller hyperparameters.max_response_length (now {hp.max_response_length})",
         "LoRA (hyperparameters.lora_rank)" if hp.lora_rank is None else "QLoRA (hyperparameters.load_in_4bit: true)",
         "a device with more memory, or distributed.strategy fsdp2/zero3 over several GPUs",

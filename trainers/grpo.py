@@ -118,8 +118,9 @@ GRPO_DEFAULTS = {
     "save_total_limit": 2,
     "disable_tqdm": True,
     # TRL's default turns checkpointing on, which only costs time on small models; memory is the user's lever
-    # (max_response_length, lora_rank, load_in_4bit, or trl: {gradient_checkpointing: true}).
-    "gradient_checkpointing": False,
+    # (max_response_length, lora_rank, load_in_4bit, or trl: {activation_checkpointing: true}). By transformers' new
+    # name: its deprecated alias `gradient_checkpointing` (which TRL still defaults to True) warns at every config.
+    "activation_checkpointing": False,
 }
 
 
@@ -186,7 +187,12 @@ def grpo_config(spec: JobSpec, job: JobDir):
     groups), then grpoflow's defaults, then the spec's `trl:` block, applied last as given."""
     from trl import GRPOConfig
 
-    return GRPOConfig(**owned_args(spec, job), **{**GRPO_DEFAULTS, **spec.trl})
+    defaults = dict(GRPO_DEFAULTS)
+    if (
+        "gradient_checkpointing" in spec.trl
+    ):  # the old name, given: transformers reads it only when the new one is unset
+        defaults.pop("activation_checkpointing")
+    return GRPOConfig(**owned_args(spec, job), **{**defaults, **spec.trl})
 
 
 def intact_checkpoint(path: Path) -> bool:

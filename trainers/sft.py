@@ -98,7 +98,7 @@ def sft_config(spec: JobSpec, output_dir: Path):
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,  # TRL defaults the deprecated alias gradient_checkpointing to True
         # A tool job's rows are whole rollouts, tokenized here: TRL's default cut (1024 tokens) would drop their ends.
         **({"max_length": None} if spec.tools or spec.environment is not None else {}),
     )

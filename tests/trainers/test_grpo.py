@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,20 @@ def test_trl_block_reaches_grpo_config(make_spec, tmp_path):
     spec, _ = load_spec(make_spec("trl2", trl={"gradient_checkpointing": True, "save_total_limit": 5}))
     config = grpo_config(spec, JobDir(tmp_path / "job"))
     assert (config.gradient_checkpointing, config.save_total_limit, config.num_generations) == (True, 5, 4)
+    assert config.activation_checkpointing  # the deprecated name given still turns it on
+    spec, _ = load_spec(make_spec("trl3", trl={"activation_checkpointing": True}))
+    assert grpo_config(spec, JobDir(tmp_path / "job")).activation_checkpointing
+
+
+def test_grpo_config_says_no_deprecation(make_spec, tmp_path):
+    # grpoflow's default turns checkpointing off by transformers' own name: no FutureWarning at every config (and so
+    # in every training log) about the alias TRL still defaults to True.
+    spec, _ = load_spec(make_spec("quiet"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = grpo_config(spec, JobDir(tmp_path / "job"))
+    assert config.activation_checkpointing is False and config.gradient_checkpointing is False
+    assert [str(w.message) for w in caught if "checkpointing" in str(w.message)] == []
 
 
 def test_every_field_grpo_config_sets_is_owned_by_the_spec(make_spec, tmp_path):

@@ -1,0 +1,33 @@
+"""The README's and the docs' benchmark tables are the benchmarks' own output (benchmarks/readme.py), never typed."""
+
+import json
+
+from benchmarks.common import RESULTS_DIR
+from benchmarks.learning import real_table
+from benchmarks.readme import BLOCK, PAGES, main, render, stale_blocks
+
+
+def cited() -> set[str]:
+    return {m.group("name") for page in PAGES for m in BLOCK.finditer(page.read_text())}
+
+
+def test_each_page_holds_its_results_table():
+    assert "learning-real.json" in cited()  # the README's real-model learning table
+    assert stale_blocks() == [], "run `python -m benchmarks.readme` after a benchmark's run (and commit its JSON)"
+
+
+def test_the_real_model_table_is_what_the_benchmark_renders_from_its_runs():
+    result = json.loads((RESULTS_DIR / "learning-real.json").read_text())
+    assert real_table(result["runs"]).strip() == result["table"].strip()
+    assert [run["seed"] for run in result["runs"]] == [42, 43, 44] and not result["quick"]
+
+
+def test_a_typed_figure_is_found_and_rewritten(tmp_path, monkeypatch, capsys):
+    page = tmp_path / "README.md"
+    good = "intro\n<!-- results: learning-real.json -->\n| typed | 0.99 |\n<!-- /results -->\nend\n"
+    page.write_text(good)
+    monkeypatch.setattr("benchmarks.readme.PAGES", [page])
+    monkeypatch.setattr("benchmarks.readme.REPO_ROOT", tmp_path)
+    assert main(["--check"]) == 1 and "README.md: learning-real.json" in capsys.readouterr().out
+    assert main([]) == 0 and main(["--check"]) == 0
+    assert page.read_text() == render(good) and "| typed |" not in page.read_text()
