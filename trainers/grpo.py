@@ -188,9 +188,7 @@ def grpo_config(spec: JobSpec, job: JobDir):
     from trl import GRPOConfig
 
     defaults = dict(GRPO_DEFAULTS)
-    if (
-        "gradient_checkpointing" in spec.trl
-    ):  # the old name, given: transformers reads it only when the new one is unset
+    if "gradient_checkpointing" in spec.trl:  # the old name given: transformers reads it only when the new is unset
         defaults.pop("activation_checkpointing")
     return GRPOConfig(**owned_args(spec, job), **{**defaults, **spec.trl})
 
