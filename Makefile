@@ -13,9 +13,6 @@ $(STAMP): pyproject.toml constraints.txt scripts/install.sh
 	# other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it). The Dockerfile
 	# installs with the same script.
 	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math,graders,gguf,docs
-	# trackio, the local tracker the tests read completion tables back from, without its dependencies: they would add
-	# uvicorn[standard] (uvloop under every Prefect server of the suite) and hold pillow below 13; it runs without them
-	$(PIP) install --quiet --no-deps -c constraints.txt trackio gradio_client brotli python-multipart
 	scripts/install_sandbox.sh
 	touch $(STAMP)
 

@@ -20,7 +20,7 @@ from prefect import Task, flow, get_client, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.exceptions import ParameterTypeError, TerminationSignal
 from prefect.runtime import flow_run
-from prefect.states import Completed
+from prefect.states import Completed, State
 
 from grpoflow.integrations.jobs import job_location
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
@@ -162,13 +162,35 @@ STAGES = (
 )
 
 
+def spec_name(spec: JobSpec | dict) -> str:
+    """The name of `spec`, a JobSpec or a deployment's JSON not validated yet (see `checked_spec`), for a run's name
+    before the spec is checked: `rejected-spec` where it has none."""
+    name = spec.name if isinstance(spec, JobSpec) else spec.get("name") if isinstance(spec, dict) else None
+    return name if isinstance(name, str) and name else "rejected-spec"
+
+
+def checked_spec(spec: JobSpec | dict) -> JobSpec | State:
+    """`spec` as a JobSpec, or the run's `Rejected` state naming its problems (logged on the run's log).
+
+    A flow that takes a spec skips Prefect's parameter check (`validate_parameters=False`): a spec the deployment's
+    schema let through but JobSpec refuses (a cross-field rule) would fail that check, ending the run Failed with no
+    task run. A deployment's run then gets the spec as its JSON, checked here; a caller's JobSpec is returned as is.
+    """
+    if isinstance(spec, JobSpec):
+        return spec
+    try:
+        return load_spec(spec)[0]
+    except SpecError as e:
+        get_run_logger().error("%s", e)
+        return rejected(str(e))
+
+
 def job_run_name() -> str:
     """The flow run's name: its job id, as the flow derives it below (or the resumed job's)."""
     parameters = FlowRunContext.get().parameters
-    spec = parameters["spec"]  # a JobSpec, or a deployment's JSON, not validated yet (see `grpo_pipeline`)
-    name = spec.name if isinstance(spec, JobSpec) else spec.get("name") if isinstance(spec, dict) else None
-    name = name if isinstance(name, str) and name else "rejected-spec"
-    return parameters.get("job_id") or new_job_id(name, flow_run.id, flow_run.scheduled_start_time)
+    return parameters.get("job_id") or new_job_id(
+        spec_name(parameters["spec"]), flow_run.id, flow_run.scheduled_start_time
+    )
 
 
 def name_flow_run(job_id: str) -> None:
@@ -181,8 +203,7 @@ def name_flow_run(job_id: str) -> None:
         client.update_flow_run(flow_run.id, name=job_id)
 
 
-# validate_parameters=False: a spec the deployment's schema let through but JobSpec refuses (a cross-field rule) would
-# fail Prefect's own parameter check, ending the run Failed with no task run; the flow validates it and ends Rejected.
+# validate_parameters=False: the flow checks the spec itself and ends Rejected (`checked_spec`).
 @flow(name="grpo-pipeline", flow_run_name=job_run_name, validate_parameters=False)
 def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     """Fine-tunes `spec.base_model` with GRPO on `spec.dataset`; returns the job id, folder and evaluation.
@@ -192,12 +213,9 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         job_id (`str`, *optional*): reuse an existing job folder instead of creating a new one.
     """
     started = time.monotonic()
-    if not isinstance(spec, JobSpec):  # a deployment's run: the spec as its JSON
-        try:
-            spec = load_spec(spec)[0]
-        except SpecError as e:
-            get_run_logger().error("%s", e)
-            return rejected(str(e))
+    spec = checked_spec(spec)  # a deployment's run: the spec as its JSON
+    if not isinstance(spec, JobSpec):
+        return spec
     if problems := untrusted_code(spec):  # before anything imports the spec's modules
         get_run_logger().error("spec rejected:\n%s", "\n".join(problems))
         return rejected("; ".join(problems))

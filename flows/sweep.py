@@ -37,7 +37,7 @@ from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from grpoflow.flows.deployments import deployment_name, name_after_job, pool_job_variables, run_parameters, wait_for
-from grpoflow.flows.pipeline import grpo_pipeline
+from grpoflow.flows.pipeline import checked_spec, grpo_pipeline, spec_name
 from grpoflow.integrations.artifacts import score_change
 from grpoflow.integrations.stages import REJECTED, rejected
 from grpoflow.integrations.storage import filesystem, is_remote, join
@@ -382,11 +382,11 @@ def _local(root: str) -> Path:
 def sweep_run_name() -> str:
     """The sweep's flow run name: its sweep id (the `sweep_id` parameter, else a new one)."""
     parameters = FlowRunContext.get().parameters
-    name = parameters["spec"].name if isinstance(parameters["spec"], JobSpec) else parameters["spec"]["name"]
-    return parameters.get("sweep_id") or new_sweep_id(name)
+    return parameters.get("sweep_id") or new_sweep_id(spec_name(parameters["spec"]))
 
 
-@flow(name="grpo-sweep", flow_run_name=sweep_run_name)
+# validate_parameters=False: the flow checks the spec itself and ends Rejected, as grpo-pipeline does (`checked_spec`).
+@flow(name="grpo-sweep", flow_run_name=sweep_run_name, validate_parameters=False)
 def grpo_sweep(
     spec: JobSpec,
     grid: dict[str, list[Any]],
@@ -406,6 +406,9 @@ def grpo_sweep(
         sweep_id (`str`, *optional*): the report's folder name under `<output_uri>/sweeps/` (default: a new id).
     """
     logger = get_run_logger()
+    spec = checked_spec(spec)  # a deployment's run: the spec as its JSON
+    if not isinstance(spec, JobSpec):
+        return spec
     if max_concurrent < 1:
         return rejected(f"max_concurrent: must be >= 1 (got {max_concurrent})")
     try:

@@ -44,6 +44,7 @@ from grpoflow.trainers.model.gguf import (
     gguf_note,
     gguf_problem,
     is_gguf,
+    local_gguf,
     read_header,
 )
 from grpoflow.trainers.model.load import (
@@ -126,11 +127,14 @@ def check_model(p: Preflight) -> list[str]:
 
 def check_gguf(p: Preflight) -> list[str]:
     """A GGUF file (trainers/model/gguf.py) that transformers can read, said once to be dequantized; the folder it was
-    converted to, when it was, is then checked as any model folder, else the config its header gives."""
+    converted to, when it was, is then checked as any model folder, else the config its header gives. A remote file
+    (`hf://`, `s3://`) not downloaded yet: its metadata only (the file is there), its header read by the training
+    child."""
     base = p.spec.base_model
     if problem := gguf_problem(base):
         return [problem]
-    p.gguf = read_header(base)
+    local = local_gguf(base)  # None: a remote file not downloaded yet
+    p.gguf = read_header(local) if local is not None else None
     p.warnings.append(gguf_note(base, p.spec.hyperparameters.load_in_4bit))
     folder = gguf_folder(base)
     if (folder / "config.json").is_file():

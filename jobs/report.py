@@ -26,7 +26,7 @@ from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.rollouts import one_line, side_by_side
 from grpoflow.trainers.spec import JobSpec, resolved_dict
-from grpoflow.trainers.spec.markdown import cell, number, table
+from grpoflow.trainers.spec.markdown import cell, literal, number, table
 
 # `grpoflow run` sets this to its start (Unix seconds), so the report's wall time is the one the user waited.
 RUN_STARTED_ENV = "GRPOFLOW_RUN_STARTED"
@@ -370,8 +370,8 @@ def _writes(job: JobDir, evaluation: dict | None) -> str | None:
     if not pairs:
         return None
     rows = [
-        [cell(one_line(p["prompt"], 120))]
-        + [f"{cell(one_line(p[side], 240))} (**{number(p[side + '_score'])}**)" for side in ("before", "after")]
+        [literal(one_line(p["prompt"], 120))]  # the model's text as written, wrapped: markdown formats none of it
+        + [f"{literal(one_line(p[side], 240))} (**{number(p[side + '_score'])}**)" for side in ("before", "after")]
         for p in pairs
     ]
     after = f"step {trained['step']}" + (", not kept" if (evaluation or {}).get("trained") else "")

@@ -25,3 +25,8 @@ else
     "$python" -m pip install --quiet -c constraints.txt --find-links wheels \
         "grpoflow[$extras]==${GRPOFLOW_VERSION:?set GRPOFLOW_VERSION: the grpoflow this project runs on}"
 fi
+if [[ ",$extras," == *",dev,"* ]]; then
+    # trackio, the local tracker the tests read TRL's completion tables back from, without its dependencies: they
+    # would add uvicorn[standard] (uvloop under every Prefect server of the suite) and hold pillow below 13
+    "$python" -m pip install --quiet --no-deps -c constraints.txt trackio gradio_client brotli python-multipart
+fi

@@ -14,6 +14,9 @@ hf_xet pipeline), `list_repo_files` / `list_repo_tree` and `list_repo_commits` c
   `deletedFolder`).
 - `GET /api/models/{repo}/tree/main[/{path}]`: the file listing; `GET /api/models/{repo}/commits/main`: the
   history, newest first.
+- `HEAD` and `GET /{repo}/resolve/{revision}/{path}` (what `get_hf_file_metadata` and `hf_hub_download` call): the
+  file at `main` or at a commit's oid, with `X-Repo-Commit`, `ETag` (its git-blob oid) and its bytes; 404
+  `RepoNotFound`, `RevisionNotFound` or `EntryNotFound` as the Hub says them.
 
 Authentication is `Authorization: Bearer <token>`: `accepted_token` may do everything, `read_only_token` may read
 but gets 403 on writes, anything else gets 401. `fail_next(n)` answers the next n requests with 503 (a transient
@@ -40,6 +43,7 @@ import yaml
 
 GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.bin filter=lfs diff=lfs merge=lfs -text\n"
 _REPO = r"/api/models/(?P<repo>[^/]+/[^/]+)"
+_RESOLVE = r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<path>.+)"
 
 
 def git_blob_oid(content: bytes) -> str:
@@ -194,6 +198,9 @@ class _HubHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
     # --- plumbing ---
 
     def _read_body(self) -> bytes:
@@ -206,18 +213,19 @@ class _HubHandler(BaseHTTPRequestHandler):
             return body
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-    def _send(self, status: int, data, headers: dict | None = None) -> None:
-        body = json.dumps(data).encode()
+    def _send(self, status: int, data, headers: dict | None = None, content_type: str = "application/json") -> None:
+        body = data if isinstance(data, bytes) else json.dumps(data).encode()
         # Recorded before answering: once the client has its response, a test may count requests at once.
         with self.hub._lock:
             self.hub.requests.append((self.command, self._request_path, status))
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # a HEAD answer has no body: bytes after it would be the next answer's start
+            self.wfile.write(body)
 
     def _error(self, status: int, message: str, code: str | None = None) -> None:
         headers = {"X-Error-Message": message, **({"X-Error-Code": code} if code else {})}
@@ -345,6 +353,17 @@ class _HubHandler(BaseHTTPRequestHandler):
             entries.append({"type": "directory", "path": folder, "oid": hashlib.sha1(folder.encode()).hexdigest()})
         self._send(200, entries)
 
+    def resolve(self, repo: str, revision: str, path: str, **_) -> None:
+        if not (found := self._repo(repo)):
+            return
+        commit = found.head if revision == "main" else next((c for c in found.commits if c.oid == revision), None)
+        if commit is None:
+            return self._error(404, f"Invalid rev id: {revision}", code="RevisionNotFound")
+        if (content := commit.files.get(path)) is None:
+            return self._error(404, f"Entry not found: {path}", code="EntryNotFound")
+        headers = {"X-Repo-Commit": commit.oid, "ETag": f'"{git_blob_oid(content)}"'}
+        self._send(200, content, headers, content_type="application/octet-stream")
+
     def commits(self, repo: str, **_) -> None:
         if found := self._repo(repo):
             history = [
@@ -365,4 +384,6 @@ _ROUTES = [
     ("POST", _REPO + r"/commit/main", True, _HubHandler.commit),
     ("GET", _REPO + r"/tree/main(?:/(?P<sub>.+))?", False, _HubHandler.tree),
     ("GET", _REPO + r"/commits/main", False, _HubHandler.commits),
+    ("HEAD", _RESOLVE, False, _HubHandler.resolve),
+    ("GET", _RESOLVE, False, _HubHandler.resolve),
 ]

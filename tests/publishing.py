@@ -52,6 +52,32 @@ def hub(request, monkeypatch):
         yield server
 
 
+GGUF_REPO = "grpo-org/tiny-GGUF"
+GGUF_URI = f"hf://{GGUF_REPO}/tiny.Q8_0.gguf"
+
+
+@pytest.fixture
+def gguf_hub(tmp_path, hf_home, monkeypatch):
+    """The fake Hub holding a tiny GGUF model (tests/gguf_files.py) at `GGUF_URI`, reached as a Hub file is: its
+    endpoint in huggingface_hub's constants (and HF_ENDPOINT, for child processes), HF_TOKEN, online, and an empty Hub
+    cache in `hf_home`."""
+    from tests.gguf_files import write_gguf
+
+    with HubServer(accepted_token=TOKEN) as server:
+        content = write_gguf(tmp_path / "tiny.Q8_0.gguf").read_bytes()
+        server._commit(server._create(GGUF_REPO, private=False), "add the GGUF", "", {"tiny.Q8_0.gguf": content}, [])
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        # Read once, at import, from HF_ENDPOINT: set what huggingface_hub derived from it.
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        yield server
+
+
 def make_job(root: Path, base_model: str = "builtin:tiny", dataset_uri: str = "data/arith.jsonl") -> JobDir:
     """A finished job folder: merged weights (the tiny model), a LoRA adapter, spec, metrics and evaluation."""
     import torch

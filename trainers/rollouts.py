@@ -433,17 +433,17 @@ def highlight_rows(job: JobDir, step: int, width: int = 300) -> tuple[int | None
     shown = []
     for label, row in highlights(rows):
         scores = {name: row[f"rewards.{name}"] for name in reward_names(row)}
-        shown.append(
+        shown.append(  # the scores and the completion first: a UI shows as many columns as fit, in this order
             {
                 "rollout": label,
-                "group": row["group"],
                 "reward": row["reward"],
                 **{name: None if v is None else round(v, 4) for name, v in scores.items()},
+                "completion": one_line(row["completion"], width),
+                "prompt": one_line(row["prompt"], width),
                 "advantage": None if row["advantage"] is None else round(row["advantage"], 4),
                 "tokens": row["completion_tokens"],
                 "truncated": row["truncated"],
-                "prompt": one_line(row["prompt"], width),
-                "completion": one_line(row["completion"], width),
+                "group": row["group"],
             }
         )
     return kept[-1], shown

@@ -38,7 +38,7 @@ import pytest
 import s3fs
 import yaml
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId
+from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterId
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import Cancelling
@@ -790,10 +790,10 @@ def test_prefect_deployment_run_refuses_credentials(stack):
 # --- mistakes named where they are made: at run creation, or Rejected (issue 39) -----------------------------------
 
 
-def retrain_form() -> tuple:
-    """The retrain deployment and what its launch form submits as it opens."""
+def retrain_form(name: str = "grpo-pipeline/retrain") -> tuple:
+    """The retrain deployment (or deployment `name`) and what its launch form submits as it opens."""
     with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("grpo-pipeline/retrain")
+        deployment = client.read_deployment_by_name(name)
     return deployment, form_parameters(deployment.parameter_openapi_schema, deployment.parameters)
 
 
@@ -836,6 +836,23 @@ def test_a_spec_the_schema_lets_through_ends_rejected(stack):
     flow_run = wait_final(flow_run.id, timeout=300)
     assert flow_run.state.name == "Rejected", flow_run.state
     assert "rewards[1].name: duplicate reward name 'exact_answer'" in flow_run.state.message
+
+
+@pytest.mark.slow
+def test_a_sweep_spec_the_schema_lets_through_ends_rejected(stack):
+    """The same mistake in the sweep deployment's form: its run ends Rejected, naming the problem, before any job
+    (no task run), where Prefect's parameter check ended it Failed."""
+    deployment, parameters = retrain_form("grpo-sweep/sweep")
+    parameters["spec"]["rewards"].append(copy.deepcopy(parameters["spec"]["rewards"][0]))
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+    flow_run = wait_final(flow_run.id, timeout=300)
+    assert flow_run.state.name == "Rejected", flow_run.state
+    assert "rewards[1].name: duplicate reward name 'exact_answer'" in flow_run.state.message
+    assert flow_run.name.startswith("sweep-example-"), flow_run.name  # named after its spec, as a sweep id
+    with get_client(sync_client=True) as client:
+        ran = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    assert ran == []
 
 
 @pytest.mark.slow

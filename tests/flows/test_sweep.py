@@ -218,6 +218,25 @@ def test_sweep_on_a_deployment_the_server_lacks_fails_every_row(make_spec, tmp_p
     assert not list((tmp_path / "runs").glob("dep-*"))  # no job ran here
 
 
+@pytest.mark.usefixtures("prefect_server")
+def test_a_spec_as_a_deployment_passes_it_is_checked_by_the_sweep(make_spec, tmp_path):
+    """The spec as a deployment's run passes it (its JSON, not a JobSpec) with a mistake no schema can check (two
+    rewards of one name): the sweep's run ends Rejected, naming it, with no job started (Prefect's own parameter
+    check ended it Failed). The same spec without the mistake is taken: its one job is tried (and fails here, on a
+    deployment the server lacks)."""
+    spec = yaml.safe_load(make_spec("form").read_text())
+    grid = {"hyperparameters.seed": [1]}
+    twice = {**spec, "rewards": [*spec["rewards"], spec["rewards"][0]]}
+    state = grpo_sweep(twice, grid, deployment="no-such-deployment", return_state=True)
+    assert state.name == "Rejected", state
+    assert "rewards[2].name: duplicate reward name 'exact_answer'" in state.message, state.message
+    assert not (tmp_path / "runs").exists()
+    state = grpo_sweep(spec, grid, deployment="no-such-deployment", return_state=True)
+    assert state.is_failed() and state.message.startswith("1 of 1 jobs failed"), state
+    [folder] = (tmp_path / "runs" / "sweeps").iterdir()
+    assert folder.name.startswith("form-sweep-")
+
+
 def test_sweep_on_a_deployment_needs_a_server(make_spec, monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     from prefect.settings import PREFECT_API_URL, temporary_settings

@@ -213,8 +213,8 @@ def test_rollouts_artifact_shows_the_best_the_worst_and_one_between(tmp_path, ma
         {
             "step": [2] * 5,
             "group": [0, 0, 0, 0, 0],
-            "prompt": ["What is 2+2?\nAnswer with a number."] * 5,
-            "completion": ["4", "4!", "iiii", "four", ""],
+            "prompt": ["# Task\nWhat is 2+2? Answer in <answer> tags, as the examples below show."] * 5,
+            "completion": ["4", "<answer>4</answer>!", "iiii", "four", ""],
             "reward": totals,
             "rewards.exact_answer": [0.0, 1.0, 0.0, 1.0, None],
             "rewards.length_penalty": [0.5, 0.5, 0.0, 0.0, None],
@@ -234,9 +234,13 @@ def test_rollouts_artifact_shows_the_best_the_worst_and_one_between(tmp_path, ma
     assert artifact.type == "table" and "at step 2" in artifact.description
     rows = json.loads(artifact.data)
     assert [(r["rollout"], r["completion"], r["reward"]) for r in rows] == [
-        ("best", "4!", 1.5),
+        ("best", "<answer>4</answer>!", 1.5),
         ("between", "4", 0.5),
         ("worst", "iiii", 0.0),
     ]
     assert rows[2]["exact_answer"] == 0.0 and rows[2]["length_penalty"] == 0.0 and rows[2]["truncated"] is True
-    assert rows[0]["prompt"] == "What is 2+2? Answer with a number."  # one line in the table
+    # The UI's columns in the keys' order: the scores and the completion before what fits only with scrolling.
+    assert list(rows[0])[:5] == ["rollout", "reward", "exact_answer", "length_penalty", "completion"]
+    # The text as written, on one line: the default (V2) UI shows a table's cells as plain text (V1 renders them as
+    # markdown, where the tags would vanish; an escaped `\<answer\>` would show its backslashes in V2).
+    assert rows[0]["prompt"] == "# Task What is 2+2? Answer in <answer> tags, as the examples below show."

@@ -231,12 +231,13 @@ def test_report_shows_what_the_model_writes_before_and_after(tmp_path):
 
     job, spec = make_job(tmp_path, n_steps=6)
     prompts = [f"What is {i}+{i}?" for i in range(8)]
-    write_held_out(job, 0, prompts, ["iiii | iiii"] * 8, [0.0] * 8)  # a pipe in a completion stays in its cell
+    # A pipe in a completion stays in its cell; its markdown is shown, not rendered (the UI renders the report).
+    write_held_out(job, 0, prompts, ["iiii | <b>iiii</b>"] * 8, [0.0] * 8)
     write_held_out(job, 6, prompts, [str(2 * i) for i in range(8)], [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
     text = write_report(job, spec, EVALUATION | {"selected_step": 6}, []).read_text()
     section = text.split("## What the model writes\n\n", 1)[1].split("\n\n## ", 1)[0]
     assert "| held-out prompt | starting model (step 0) | GRPO result (step 6) |" in section
-    assert r"| What is 0+0? | iiii \| iiii (**0**) | 0 (**1**) |" in section  # the prompts whose score changed
+    assert r"| What is 0+0? | iiii \| \<b\>iiii\</b\> (**0**) | 0 (**1**) |" in section  # the ones whose score changed
     assert section.count("\n| What is") == 5 and "What is 2+2?" in section  # five, then in held-out order
     assert "evaluation/step-000006.parquet" in section
     assert text.index("## Held-out evaluation") < text.index("## What the model writes") < text.index("## Metrics")

@@ -19,6 +19,7 @@ from grpoflow.trainers.model.gguf import INSTALL, convert_gguf, gguf_config, ggu
 from grpoflow.trainers.model.load import SetupError
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, resolve_model_path
 from tests.gguf_files import write_gguf
+from tests.s3_server import bucket, s3_env  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +139,93 @@ def test_the_model_card_links_no_hub_repo_for_a_gguf_file():
     # Relative, and not here (publish runs elsewhere): it still reads as owner/name, which the Hub would link.
     assert _card_base_model("models/SmolLM2-135M-Instruct.Q4_1.gguf") is None
     assert _card_base_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# --- a remote GGUF file: a Hub repo's (the loopback Hub, tests/hub_server.py), a store's (moto, tests/s3_server.py)
+
+
+def test_a_hub_gguf_validates_from_its_metadata_and_a_missing_one_is_refused_naming_it(gguf_hub, cache):
+    from tests.publishing import GGUF_REPO, GGUF_URI
+
+    assert gguf_problem(GGUF_URI) is None
+    assert gguf_hub.hits("HEAD", f"/{GGUF_REPO}/resolve/main/tiny.Q8_0.gguf") == 1
+    assert gguf_hub.hits("GET", "/resolve/") == 0  # no byte of the file downloaded
+    assert gguf_config(GGUF_URI) == {}  # its header is read once it is here: the training child downloads it
+    missing = {
+        "hf://grpo-org/no-such-GGUF/tiny.Q8_0.gguf": "grpo-org/no-such-GGUF is no model repo on the Hub at",
+        f"hf://{GGUF_REPO}/tiny.Q4_K_M.gguf": f"{GGUF_REPO} has no file 'tiny.Q4_K_M.gguf' (at main) on the Hub at",
+        f"hf://{GGUF_REPO}@0123abc/tiny.Q8_0.gguf": f"{GGUF_REPO} has no revision '0123abc' on the Hub at",
+        f"hf://datasets/{GGUF_REPO}/tiny.Q8_0.gguf": "is not a file of a Hub model repo; write hf://<owner>/<name>",
+    }
+    for uri, expected in missing.items():
+        problem = gguf_problem(uri)
+        assert problem.startswith(f"base_model: {uri}") and expected in problem, problem
+
+
+def test_validate_takes_a_hub_gguf_and_refuses_a_missing_one_with_exit_2(gguf_hub, cache, tmp_path):
+    from tests.conftest import cli, write_jsonl
+    from tests.publishing import GGUF_REPO, GGUF_URI
+
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1?"}], "answer": str(i + 1)} for i in range(8)]
+    spec = {"name": "hub-gguf", "dataset": {"uri": str(write_jsonl(tmp_path / "chat.jsonl", rows))}}
+    spec |= {"rewards": [{"name": "exact_answer"}], "evaluation": {"holdout": 0}}
+    for name, base_model in (("ok", GGUF_URI), ("missing", f"hf://{GGUF_REPO}/tiny.Q4_K_M.gguf")):
+        (tmp_path / f"{name}.yaml").write_text(json.dumps({**spec, "base_model": base_model}))
+    code, _, err = cli("validate", tmp_path / "ok.yaml")
+    assert code == 0, err
+    [note] = [line for line in err.splitlines() if line.startswith("warning: base_model:")]
+    assert note.startswith(f"warning: base_model: {GGUF_URI} is a remote GGUF file (0.1 MB, not downloaded yet): ")
+    assert str(gguf_folder(GGUF_URI)) in note and gguf_hub.hits("GET", "/resolve/") == 0
+    code, _, err = cli("validate", tmp_path / "missing.yaml")
+    assert code == 2
+    assert f"base_model: hf://{GGUF_REPO}/tiny.Q4_K_M.gguf: {GGUF_REPO} has no file 'tiny.Q4_K_M.gguf'" in err
+
+
+def test_a_lora_job_trains_from_a_hub_gguf_downloaded_once(gguf_hub, cache, make_job):
+    from huggingface_hub import constants
+
+    from tests.publishing import GGUF_REPO, GGUF_URI
+
+    job, _ = make_job("hub-gguf", base_model=GGUF_URI, hyperparameters={"max_steps": 2, "lora_rank": 4})
+    assert grpo.main(str(job.root)) == 0  # downloads the file, converts it, trains on the folder
+    assert gguf_hub.hits("GET", f"/{GGUF_REPO}/resolve/") == 1
+    [downloaded] = Path(constants.HF_HUB_CACHE).rglob("tiny.Q8_0.gguf")  # in the Hub cache, as hf download puts it
+    folder = gguf_folder(GGUF_URI)
+    assert folder.parent == cache / "gguf" and folder.name.startswith("tiny.Q8_0-")
+    assert json.loads((job.adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(folder)
+    assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
+    assert gguf_problem(GGUF_URI) is None  # now here: its header is checked too
+    assert gguf_config(GGUF_URI)["model_type"] == "llama"
+    assert resolve_model_path(GGUF_URI) == str(folder)  # a later stage: the same folder, nothing downloaded again
+    assert gguf_hub.hits("GET", f"/{GGUF_REPO}/resolve/") == 1
+    with pytest.MonkeyPatch.context() as offline:  # a worker without the Hub: the cached copy, the same key (its etag)
+        offline.setattr(constants, "HF_HUB_OFFLINE", True)
+        offline.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # another key for the metadata held a minute
+        assert gguf_folder(GGUF_URI) == folder and resolve_model_path(GGUF_URI) == str(folder)
+
+    # A new version of the file (another etag) is another conversion.
+    repo = gguf_hub.repos[GGUF_REPO]
+    gguf_hub._commit(repo, "requantize", "", {"tiny.Q8_0.gguf": downloaded.read_bytes() + b"\0" * 32}, [])
+    from grpoflow.trainers.model import gguf as gguf_module
+
+    gguf_module._metadata.clear()  # a minute later, as a new process sees it
+    assert gguf_folder(GGUF_URI) != folder
+
+
+def test_an_s3_gguf_validates_downloads_once_and_converts(gguf_file, cache, bucket):  # noqa: F811 - the fixture
+    import s3fs
+
+    uri = f"s3://{bucket}/models/tiny.Q8_0.gguf"
+    problem = gguf_problem(uri)
+    assert problem == f"base_model: {uri} does not exist (a GGUF file; a model folder or a Hub model id also do)"
+    s3fs.S3FileSystem().put_file(str(gguf_file), uri)
+    from grpoflow.trainers.model import gguf as gguf_module
+
+    gguf_module._metadata.clear()
+    assert gguf_problem(uri) is None and gguf_config(uri) == {}  # its metadata only, until it is downloaded
+    folder = Path(resolve_model_path(uri))
+    assert folder == gguf_folder(uri) and (folder / "model.safetensors").is_file()
+    [copy] = (cache / "gguf" / "downloads").iterdir()
+    assert copy.read_bytes() == gguf_file.read_bytes()
+    config, local = gguf_config(uri), gguf_config(str(gguf_file))
+    assert config.pop("_name_or_path") != local.pop("_name_or_path") and config == local  # the copy's header

@@ -665,8 +665,12 @@ BROKEN_GRADERS = [
 ]
 
 
+def grader_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == reward.__name__]
+
+
 @pytest.mark.parametrize("body, error", BROKEN_GRADERS)
-def test_a_python_grader_that_scores_nothing_is_refused(rft_spec, body, error):
+def test_a_python_grader_that_scores_nothing_is_refused(rft_spec, caplog, body, error):
     spec = yaml.safe_load(rft_spec.read_text())
     spec["rewards"] = [{"grader": python_grader(f"def grade(sample, item):\n{body}\n")}]
     spec["evaluation"] = {"holdout": 0}
@@ -676,9 +680,30 @@ def test_a_python_grader_that_scores_nothing_is_refused(rft_spec, body, error):
     assert code == 2 and refusals == [
         f"  - rewards[0]: reward 'py' scored none of the 4 completions ({error}) on dataset row 0"
     ], err
+    # The refusal, once, is the whole message: not after the grader's own "4 of 4 completions not scored" warning.
+    assert err.count(error) == 1 and "not scored" not in err, err
+    assert grader_warnings(caplog) == []
     code, out, err = cli("graders", "run", rft_spec, "--rows", "3")
     assert code == 2 and out == "", out
     assert f"reward 'py' scored none of the 3 completions (row 0: {error})" in err
+
+
+def test_a_grader_that_scores_some_completions_warns_once(rft_spec, caplog):
+    """A grader that cannot score some completions passes the dry run, which logs its warning once (not once per
+    row); called as TRL calls it in training, it warns at each call, as before."""
+    spec = yaml.safe_load(rft_spec.read_text())
+    source = "def grade(sample, item):\n    return float(sample['output_text'])\n"  # "" and "<answer>..." are not
+    spec["rewards"] = [{"grader": python_grader(source)}]
+    spec["evaluation"] = {"holdout": 0}
+    rft_spec.write_text(yaml.safe_dump(spec))
+    code, _, err = cli("validate", rft_spec)
+    line = "grader 'py': 3 of 4 completions not scored (None): ValueError: could not convert string to float: ''"
+    assert code == 0 and grader_warnings(caplog) == [line], err
+    caplog.clear()
+    training = get_grader_reward(python_grader(source))
+    for _ in range(2):
+        assert asyncio.run(training(["1", "one"])) == [1.0, None]
+    assert len(grader_warnings(caplog)) == 2 and "1 of 2 completions not scored" in grader_warnings(caplog)[0]
 
 
 def test_graders_run_without_completions_says_how_to_give_them(tmp_path):

@@ -5,7 +5,7 @@ import doctest
 import pytest
 
 from grpoflow.trainers.spec import markdown
-from grpoflow.trainers.spec.markdown import cell, number, table
+from grpoflow.trainers.spec.markdown import cell, literal, number, table
 
 
 def test_doctest():
@@ -62,3 +62,26 @@ def test_table_rows_line_up_with_the_header():
 
 def test_table_without_rows_is_the_header():
     assert table(["a"], []) == "| a |\n| --- |"
+
+
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("<think>4</think> <answer>4</answer>", r"\<think\>4\</think\> \<answer\>4\</answer\>"),  # not taken as HTML
+        ("**4** and 2*3*4 = 24_0_", r"\*\*4\*\* and 2\*3\*4 = 24\_0\_"),  # no bold, no italics
+        ("`x` [a](b) ~~no~~ &lt; a\\b", r"\`x\` \[a\](b) \~\~no\~\~ \&lt; a\\b"),  # no code, link, strike, entity
+        ("# 29", r"\# 29"),  # no heading
+        ("- 4", r"\- 4"),  # no list
+        ("1. add, 2. carry", r"1\. add, 2. carry"),  # no numbered list (only the text's start could start one)
+        ("a | b\nc", r"a \| b c"),  # a pipe would split the row, a newline end it
+        ("", ""),
+    ],
+)
+def test_literal_escapes_what_markdown_would_format(text, shown):
+    assert literal(text) == shown
+
+
+def test_literal_wraps_long_text_at_words_and_breaks_a_long_run():
+    assert literal("one two three four five", width=9) == "one two<br>three<br>four five"
+    assert literal("i" * 20, width=8) == "iiiiiiii<br>iiiiiiii<br>iiii"  # a collapsed completion wraps too
+    assert all(len(line) <= 48 for line in literal("word " * 100).split("<br>"))

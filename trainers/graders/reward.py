@@ -19,6 +19,8 @@ endpoint serves when it is not the grader's `model`.
 
 A completion that cannot be scored (the grader raised or timed out, the model answered no number or label, the formula
 divided by zero) scores None, "does not apply" to TRL, and the reason is logged once per call: the trainer goes on.
+A caller that reports unscored completions itself (the dry run, which refuses a grader that scored none) holds that
+line with `held_warnings`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from inspect import Parameter, Signature
 from typing import Any
 
@@ -38,6 +42,32 @@ from grpoflow.trainers.graders.templates import item_columns, render, sample_of
 
 logger = logging.getLogger(__name__)
 Scorer = Callable[[list[dict], list[dict]], Awaitable[list[Graded]]]
+_held: ContextVar[list[str] | None] = ContextVar("grpoflow_held_grader_warnings", default=None)
+
+
+@contextmanager
+def held_warnings() -> Iterator[list[str]]:
+    """Within it (this thread, and the tasks it starts), a grader's per-call warning ("k of n completions not
+    scored") goes to the list it yields instead of the log, for the caller to drop or log (`log_warnings`)."""
+    token = _held.set(held := [])
+    try:
+        yield held
+    finally:
+        _held.reset(token)
+
+
+def log_warnings(held: list[str]) -> None:
+    """Logs warnings `held_warnings` kept, as the grader would have."""
+    for line in held:
+        logger.warning("%s", line)
+
+
+def _warn(line: str) -> None:
+    held = _held.get()
+    if held is None:
+        logger.warning("%s", line)
+    else:
+        held.append(line)
 
 
 def get_grader_reward(grader: dict, prompt_column: str = "prompt", **kwargs) -> Callable:
@@ -74,9 +104,7 @@ def get_grader_reward(grader: dict, prompt_column: str = "prompt", **kwargs) -> 
         graded = await score([sample_of(c) for c in completions], items)
         grader_reward.errors = [g.error for g in graded]
         if failed := [g.error for g in graded if g.error is not None]:
-            logger.warning(
-                "grader %r: %d of %d completions not scored (None): %s", name, len(failed), len(graded), failed[0]
-            )
+            _warn(f"grader {name!r}: {len(failed)} of {len(graded)} completions not scored (None): {failed[0]}")
         return [g.score for g in graded]
 
     grader_reward.errors = []

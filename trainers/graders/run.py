@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpoflow.trainers.graders.reward import held_warnings
 from grpoflow.trainers.model.load import prepare_prompts
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, check_output
@@ -141,7 +142,8 @@ def score_completions(
         columns = trl_columns({k: [r[k] for r in records] for k in shaped.column_names})
         for entry, reward in zip(spec.rewards, rewards, strict=True):
             try:
-                got = call_reward(reward, prompts, texts, [[] for _ in texts], columns)
+                with held_warnings():  # dropped: this command prints its own count of what was not scored
+                    got = call_reward(reward, prompts, texts, [[] for _ in texts], columns)
             except Exception as exc:  # the user's reward raised: named, exit 2
                 raise SpecError(f"reward {entry.name!r} raised {type(exc).__name__}: {exc}") from None
             if (problem := check_output(got, len(texts))) is not None:

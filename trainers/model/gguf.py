@@ -9,6 +9,13 @@ loads any model: `resolve_model_path` gives it, as it gives builtin:tiny's. The 
 size and modification time) and with the transformers version, so a changed file or loader converts anew; the
 jobs of a sweep or a benchmark share one conversion.
 
+A remote file is fetched first, once: `hf://<owner>/<name>[@<revision>]/<path>.gguf` (a file of a Hub model repo,
+spelled as huggingface_hub's `parse_hf_uri` reads it) through `hf_hub_download`, into the Hub cache (HF_TOKEN,
+HF_ENDPOINT and HF_HUB_OFFLINE apply); any other URL fsspec opens (`s3://bucket/key.gguf`, its credentials from the
+worker's environment) into `$GRPOFLOW_CACHE/gguf/downloads/`. Validate asks for its metadata only (the Hub's HEAD,
+fsspec's `info`), and reads its header once it is downloaded; its key holds its etag instead of its modification
+time.
+
     python -m grpoflow.trainers.model.gguf model.gguf      # converts (if needed) and prints the folder
 """
 
@@ -25,9 +32,12 @@ from pathlib import Path
 
 from grpoflow.trainers.child import say_phase
 from grpoflow.trainers.model.tiny import cache_root
+from grpoflow.trainers.uris import is_remote, unopenable, url_credentials, url_scheme
 
 INSTALL = "pip install 'grpoflow[gguf]'"
 MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file
+HF_SPELLING = "hf://<owner>/<name>[@<revision>]/<file>.gguf"
+METADATA_TTL_S = 60.0  # how long one process reuses a remote file's metadata (validate asks for it several times)
 
 
 def is_gguf(model_id: str) -> bool:
@@ -80,10 +90,21 @@ def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
 
 
 def gguf_problem(model_id: str, field: str = "base_model") -> str | None:
-    """Why the GGUF file `model_id` cannot be a base model here, found without loading its weights: no such file, not
-    a GGUF file, the `gguf` package missing, a file it cannot read, or an architecture transformers cannot load from
-    GGUF. None when it can be converted (whether it is a causal LM is `gguf_config`'s model_type to check)."""
-    path = Path(model_id).expanduser()
+    """Why the GGUF file `model_id` cannot be a base model here, found without loading its weights: no such file (or
+    remote file), not a GGUF file, the `gguf` package missing, a file it cannot read, or an architecture transformers
+    cannot load from GGUF. A remote file not downloaded yet is checked by its metadata only. None when it can be
+    converted (whether it is a causal LM is `gguf_config`'s model_type to check)."""
+    if not is_remote(model_id):
+        return _file_problem(Path(model_id.removeprefix("file://")).expanduser(), model_id, field)
+    try:
+        remote = remote_gguf(model_id)
+    except RemoteGgufError as e:
+        return f"{field}: {e}"
+    return _file_problem(remote.local, model_id, field) if remote.local is not None else None
+
+
+def _file_problem(path: Path, model_id: str, field: str) -> str | None:
+    """`gguf_problem` of the local file `path`, said of `model_id`."""
     if not path.exists():
         return f"{field}: {model_id} does not exist (a GGUF file; a model folder or a Hub model id also do)"
     if not path.is_file():
@@ -98,7 +119,7 @@ def gguf_problem(model_id: str, field: str = "base_model") -> str | None:
     except (ValueError, KeyError, IndexError, OSError) as e:
         return f"{field}: cannot read {model_id} as a GGUF file ({type(e).__name__}: {e})"
     try:
-        gguf_config(model_id)
+        gguf_config(str(path))
     except ValueError as e:  # transformers' own word: "GGUF model with architecture X is not supported yet."
         version = importlib.metadata.version("transformers")
         return (
@@ -108,66 +129,286 @@ def gguf_problem(model_id: str, field: str = "base_model") -> str | None:
     return None
 
 
+# --- remote files ----------------------------------------------------------------------------------------------------
+
+
+class RemoteGgufError(ValueError):
+    """A remote GGUF file that cannot be had from here, in one line naming it (without the spec field)."""
+
+
+@dataclass(frozen=True)
+class RemoteGguf:
+    """What a remote GGUF file's metadata says: enough to key its conversion and to find its local copy."""
+
+    uri: str
+    etag: str  # the content's version: the Hub's etag (sha256 for LFS files), the store's ETag or mtime
+    size: int | None
+    local: Path | None  # the downloaded copy, once there
+
+
+_metadata: dict[tuple[str, ...], tuple[float, RemoteGguf]] = {}  # `remote_gguf`'s answers
+
+
+def remote_gguf(uri: str) -> RemoteGguf:
+    """The metadata of the remote GGUF file `uri`, asked once a minute at most (no bytes of the file itself).
+
+    Raises:
+        RemoteGgufError: no such repo, revision or file; a gated repo; the Hub offline with no cached copy; a store
+            that cannot be reached or read.
+    """
+    import time
+
+    now, key = time.monotonic(), _metadata_key(uri)
+    held = _metadata.get(key)
+    if held is not None and now - held[0] < METADATA_TTL_S and (held[1].local is None or held[1].local.is_file()):
+        return held[1]
+    if (where := url_credentials(uri)) is not None:
+        raise RemoteGgufError(f"{uri} holds a credential ({where}); put it in the environment instead")
+    found = _hub_metadata(uri) if url_scheme(uri) == "hf" else _store_metadata(uri)
+    _metadata[key] = (now, found)
+    return found
+
+
+def _metadata_key(uri: str) -> tuple[str, ...]:
+    """What a remote file's metadata depends on besides its URI: the Hub asked and the caches its copy may be in."""
+    from huggingface_hub import constants
+
+    return (uri, constants.ENDPOINT, str(constants.HF_HUB_CACHE), str(cache_root()))
+
+
+def _hub_file(uri: str):
+    """`uri`'s repo, revision and path (huggingface_hub's own reading of hf:// URIs); a model repo's file only."""
+    from huggingface_hub import parse_hf_uri
+    from huggingface_hub.errors import HfUriError
+
+    try:
+        parsed = parse_hf_uri(uri)
+    except HfUriError as e:
+        raise RemoteGgufError(f"{uri} is not a Hub file URI ({e.msg}); write {HF_SPELLING}") from e
+    if parsed.type != "model" or not parsed.path_in_repo:
+        raise RemoteGgufError(f"{uri} is not a file of a Hub model repo; write {HF_SPELLING}")
+    return parsed
+
+
+def _hub_metadata(uri: str) -> RemoteGguf:
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from grpoflow.trainers.model.load import HUB_CHECK_TIMEOUT_S, hub_offline
+    from grpoflow.trainers.outbound import call_within, deadline_s
+
+    hub = _hub_file(uri)
+    if hub_offline():
+        cached = try_to_load_from_cache(hub.id, hub.path_in_repo, revision=hub.revision)
+        if not isinstance(cached, str):
+            raise RemoteGgufError(
+                f"{uri} is not in the local Hugging Face cache and the Hub is offline (HF_HUB_OFFLINE=1); download it "
+                f"where the Hub is reachable (hf download {hub.id} {hub.path_in_repo}) or unset HF_HUB_OFFLINE"
+            )
+        local = Path(cached)  # its blob is named after its etag, as the Hub gave it
+        return RemoteGguf(uri, local.resolve().name, local.stat().st_size, local)
+    url = hf_hub_url(hub.id, hub.path_in_repo, revision=hub.revision)
+    ask = lambda: get_hf_file_metadata(url, timeout=HUB_CHECK_TIMEOUT_S)  # noqa: E731 - its HEAD, no bytes of the file
+    try:
+        meta = call_within(deadline_s(HUB_CHECK_TIMEOUT_S), ask)
+    except (HfHubHTTPError, OSError) as e:  # TimeoutError, the deadline, among them
+        raise RemoteGgufError(_hub_refusal(uri, hub, e)) from e
+    cached = try_to_load_from_cache(hub.id, hub.path_in_repo, revision=meta.commit_hash)
+    local = Path(cached) if isinstance(cached, str) else None
+    return RemoteGguf(uri, meta.etag or meta.commit_hash or "", meta.size, local)
+
+
+def _hub_refusal(uri: str, hub, error: BaseException) -> str:
+    """What the Hub's `error` about the file `uri` (`hub`, parsed) means, in one line."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = f"the Hub at {constants.ENDPOINT}"
+    if isinstance(error, GatedRepoError):
+        return f"{uri}: {hub.id} is a gated model: accept its terms with the account whose token is in HF_TOKEN"
+    if isinstance(error, RepositoryNotFoundError):
+        return (
+            f"{uri}: {hub.id} is no model repo on {where} (or a private one this machine's token cannot see: HF_TOKEN)"
+        )
+    if isinstance(error, RevisionNotFoundError):
+        return f"{uri}: {hub.id} has no revision {hub.revision!r} on {where}"
+    if isinstance(error, EntryNotFoundError):
+        return f"{uri}: {hub.id} has no file {hub.path_in_repo!r} (at {hub.revision or 'main'}) on {where}"
+    return f"{uri}: cannot ask {where} for it ({type(error).__name__}: {error}); check the network and HF_ENDPOINT"
+
+
+def _store_metadata(uri: str) -> RemoteGguf:
+    """A file fsspec opens (`s3://...`): its `info` (size, ETag or modification time)."""
+    import fsspec
+
+    if (problem := unopenable(uri)) is not None:
+        raise RemoteGgufError(f"{uri}: {problem}")
+    fs, path = fsspec.core.url_to_fs(uri)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError as e:
+        raise RemoteGgufError(f"{uri} does not exist (a GGUF file; a model folder or a Hub model id also do)") from e
+    except OSError as e:  # PermissionError among them
+        raise RemoteGgufError(f"{uri} cannot be read ({type(e).__name__}: {e}); check the worker's credentials") from e
+    if info.get("type") == "directory":
+        raise RemoteGgufError(f"{uri} is a folder, not a GGUF file")
+    etag = str(info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or "").strip('"')
+    size = info.get("size")
+    local = _download_path(uri, etag, size)
+    return RemoteGguf(uri, etag, size, local if local.is_file() else None)
+
+
+def _download_path(uri: str, etag: str, size: int | None) -> Path:
+    """Where a store's file is downloaded to: `$GRPOFLOW_CACHE/gguf/downloads/<stem>-<key>.gguf`."""
+    key = hashlib.sha256(f"{uri}\0{etag}\0{size}".encode()).hexdigest()[:12]
+    name = Path(uri.rstrip("/").rsplit("/", 1)[-1])
+    return cache_root() / "gguf" / "downloads" / f"{name.stem}-{key}.gguf"
+
+
+def fetch_gguf(model_id: str) -> Path:
+    """The local GGUF file `model_id` names: itself, or a remote one downloaded once (the Hub's cache, or grpoflow's).
+
+    Raises:
+        RemoteGgufError: as `remote_gguf`, or a download that failed.
+    """
+    if not is_remote(model_id):
+        return Path(model_id.removeprefix("file://")).expanduser()
+    remote = remote_gguf(model_id)
+    if remote.local is not None:
+        return remote.local
+    say_phase(f"downloading {model_id} ({(remote.size or 0) / 1e6:.1f} MB), once")
+    try:
+        local = _download(remote)
+    except OSError as e:
+        raise RemoteGgufError(f"{model_id}: the download failed ({type(e).__name__}: {e})") from e
+    _metadata.pop(_metadata_key(model_id), None)
+    return local
+
+
+def _download(remote: RemoteGguf) -> Path:
+    if url_scheme(remote.uri) == "hf":
+        from huggingface_hub import hf_hub_download
+
+        hub = _hub_file(remote.uri)
+        # The spec's revision (or main), as `hf download` asks: its ref is then in the cache for offline workers.
+        return Path(hf_hub_download(hub.id, hub.path_in_repo, revision=hub.revision))
+    import fsspec
+
+    target = _download_path(remote.uri, remote.etag, remote.size)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fs, path = fsspec.core.url_to_fs(remote.uri)
+    # Written beside the target and renamed: a download cut short never reads as the file.
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}-", delete=False) as staging:
+        pass
+    try:
+        fs.get_file(path, staging.name)
+        Path(staging.name).replace(target)
+    finally:
+        Path(staging.name).unlink(missing_ok=True)
+    return target
+
+
 def gguf_config(model_id: str) -> dict:
     """The config transformers builds from the GGUF file's header (`AutoConfig.from_pretrained(..., gguf_file=)`, its
-    weights unread), as config.json would hold it.
+    weights unread), as config.json would hold it; `{}` for a remote file not downloaded yet.
 
     Raises:
         ValueError: an architecture transformers cannot load from GGUF.
     """
     from transformers import AutoConfig
 
-    path = Path(model_id).expanduser()
+    if (path := local_gguf(model_id)) is None:
+        return {}
     return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
 
 
+def local_gguf(model_id: str) -> Path | None:
+    """The local file of the GGUF `model_id`: itself, or a remote one's downloaded copy; None when not downloaded."""
+    if not is_remote(model_id):
+        return Path(model_id.removeprefix("file://")).expanduser()
+    return remote_gguf(model_id).local
+
+
 def gguf_folder(model_id: str) -> Path:
-    """Where the GGUF file `model_id` is (or will be) converted to: `$GRPOFLOW_CACHE/gguf/<file name>-<key>/`."""
-    path = Path(model_id).expanduser().resolve()
-    stat = path.stat()
+    """Where the GGUF file `model_id` is (or will be) converted to: `$GRPOFLOW_CACHE/gguf/<file name>-<key>/`, the key
+    made of its path, size and modification time (a remote file: its URI, size and etag) and transformers' version."""
     version = importlib.metadata.version("transformers")
-    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{version}".encode()).hexdigest()[:12]
-    return cache_root() / "gguf" / f"{path.stem}-{key}"
+    if is_remote(model_id):
+        remote = remote_gguf(model_id)
+        what, name = f"{model_id}\0{remote.size}\0{remote.etag}", Path(model_id.rsplit("/", 1)[-1])
+    else:
+        name = Path(model_id.removeprefix("file://")).expanduser().resolve()
+        stat = name.stat()
+        what = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    key = hashlib.sha256(f"{what}\0{version}".encode()).hexdigest()[:12]
+    return cache_root() / "gguf" / f"{name.stem}-{key}"
 
 
 def gguf_note(model_id: str, load_in_4bit: bool = False) -> str:
     """The line validate says once of a GGUF base model: what the file holds, that its weights are dequantized, where
-    to, and the precision the job trains in."""
-    header, folder = read_header(model_id), gguf_folder(model_id)
+    to, and the precision the job trains in. A remote file not downloaded yet: its size, and where it will go."""
+    folder, local = gguf_folder(model_id), local_gguf(model_id)
+    precision = "in 4-bit NF4 (load_in_4bit)" if load_in_4bit else "in float32 on CPU, bfloat16 on a GPU that has it"
+    if local is None:
+        size = remote_gguf(model_id).size
+        return (
+            f"base_model: {model_id} is a remote GGUF file ({(size or 0) / 1e6:.1f} MB, not downloaded yet): the "
+            f"first stage that loads it downloads it once, checks its architecture and dequantizes its weights once "
+            f"into a model folder, {folder}, which every stage loads; training runs {precision}; merged/ and the Hub "
+            "get safetensors"
+        )
+    header = read_header(local)
     count = header.parameters
     amount = f"{count / 1e6:.0f}M" if count >= 1e6 else f"{count / 1e3:.0f}K"
     amount = f"{count / 1e9:.1f}B" if count >= 1e9 else amount
     what = f"{header.architecture}, {header.quantization}, {amount} parameters"
     done = (folder / "config.json").is_file()
     when = "its weights were dequantized" if done else "the first stage that loads it dequantizes its weights"
-    precision = "in 4-bit NF4 (load_in_4bit)" if load_in_4bit else "in float32 on CPU, bfloat16 on a GPU that has it"
+    shown = model_id if is_remote(model_id) else Path(model_id).name
     return (
-        f"base_model: {Path(model_id).name} is a GGUF file ({what}): {when} once into a model folder, {folder} "
+        f"base_model: {shown} is a GGUF file ({what}): {when} once into a model folder, {folder} "
         f"({header.parameters * 4 / 1e9:.1f} GB of float32 safetensors, its tokenizer and chat template), which "
         f"every stage loads; training runs {precision}; merged/ and the Hub get safetensors"
     )
 
 
 def convert_gguf(model_id: str, folder: Path | None = None) -> Path:
-    """Converts the GGUF file `model_id` into an ordinary model folder (float32 safetensors, tokenizer, chat
-    template, generation config) unless it is there already; returns the folder.
+    """Converts the GGUF file `model_id` (a remote one downloaded first, once) into an ordinary model folder (float32
+    safetensors, tokenizer, chat template, generation config) unless it is there already; returns the folder.
 
     transformers refuses `save_pretrained` on a model loaded with `gguf_file` (it counts as quantized), so the
     dequantized weights move into a model built from the same config, which saves as any model does.
 
     Args:
-        model_id (`str`): the path of a .gguf file; `SetupError` with `gguf_problem`'s message when it cannot be one.
+        model_id (`str`): the path or URI of a .gguf file; `SetupError` with `gguf_problem`'s message when it cannot
+            be one.
         folder (`Path`, *optional*): where to; defaults to `gguf_folder(model_id)`, the cache.
     """
     from grpoflow.trainers.model.load import SetupError
 
-    path = Path(model_id).expanduser().resolve()
-    folder = Path(folder) if folder else gguf_folder(model_id) if path.is_file() else None
-    if folder is not None and (folder / "config.json").is_file():
-        return folder
+    try:
+        target = folder
+        if target is None and (is_remote(model_id) or Path(model_id).expanduser().is_file()):
+            target = gguf_folder(model_id)
+        if target is not None and (target / "config.json").is_file():
+            return Path(target)
+        path = fetch_gguf(model_id)
+        # Keyed anew once downloaded: the etag of the version that came, should one have been pushed meanwhile.
+        target = Path(folder) if folder else gguf_folder(model_id)
+    except RemoteGgufError as e:  # on a worker: said as validate says it
+        raise SetupError(f"base_model: {e}") from e
     if problem := gguf_problem(model_id):  # on a worker: a missing file or gguf package, said as validate says it
         raise SetupError(problem)
-    folder = folder or gguf_folder(model_id)
+    return target if (target / "config.json").is_file() else _convert(path.absolute(), target)
+
+
+def _convert(path: Path, folder: Path) -> Path:
+    """`convert_gguf`'s work: the local GGUF file `path` into `folder`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

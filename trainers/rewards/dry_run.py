@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import math
 import os
@@ -10,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from grpoflow.trainers.graders.reward import held_warnings, log_warnings
 from grpoflow.trainers.model.load import prepare_prompts
 from grpoflow.trainers.rewards import DRY_RUN_MAX_MODEL_BYTES, DRY_RUN_ROWS, RewardError
 from grpoflow.trainers.rewards.build import check_output, own_copies, reward_columns
@@ -31,6 +33,8 @@ def dry_run_rewards(
     tags and bare. They are conversational (`[{"role": "assistant", ...}]`) when the row's prompt is a message list,
     as in TRL, so pass rows as the trainer will see them. Like TRL, every column except the prompt, `completion` and
     `completion_ids` is passed as a keyword list.
+    A grader's own warning about completions it could not score is logged once (each distinct line) when the reward
+    passes, and left out when it is refused: the refusal says why, once.
 
     Args:
         rewards (`list[tuple[str, Callable]]`): (spec name, reward) pairs.
@@ -48,16 +52,25 @@ def dry_run_rewards(
     indices = row_numbers[:DRY_RUN_ROWS] if row_numbers is not None else list(range(len(sample)))
     problems = []
     for name, reward in rewards:
-        for row, row_number in zip(sample, indices, strict=True):
-            problem = _check_reward_on_row(reward, row, prompt_column, timeout_s)
-            if problem is not None:
-                explained = _explain(reward, row, prompt_column, timeout_s, problem)
-                problems.append(f"reward {name!r} {problem} on dataset row {row_number}{explained}")
-                break  # one problem per reward is enough to act on; a hung reward would also cost timeout_s per row
+        with held_warnings() as held:
+            problem = _first_problem(reward, list(zip(sample, indices, strict=True)), prompt_column, timeout_s)
+        if problem is None:
+            log_warnings(list(dict.fromkeys(held)))
+        else:
+            problems.append(f"reward {name!r} {problem}")
     if len(problems) == 1:
         raise RewardError(problems[0], problems)
     if problems:
         raise RewardError(f"{len(problems)} reward problems:\n" + "\n".join(f"- {p}" for p in problems), problems)
+
+
+def _first_problem(reward: Callable, rows: list[tuple[dict, int]], prompt_column: str, timeout_s: float) -> str | None:
+    """The first problem of `reward` on the (row, row number) pairs, with the row and what to change; None if none."""
+    for row, row_number in rows:
+        if (problem := _check_reward_on_row(reward, row, prompt_column, timeout_s)) is not None:
+            # One problem per reward is enough to act on; a hung reward would also cost timeout_s per row.
+            return f"{problem} on dataset row {row_number}{_explain(reward, row, prompt_column, timeout_s, problem)}"
+    return None
 
 
 def call_reward(reward: Callable, prompts: list, completions: list, completion_ids: list, columns: dict) -> Any:
@@ -142,8 +155,9 @@ def _check_reward_on_row(reward: Callable, row: dict, prompt_column: str, timeou
         except BaseException as exc:  # reported, not raised: the thread must not die silently
             outcome["error"] = exc
 
-    # A daemon thread, because a hung reward cannot be killed and must not keep the process alive at exit.
-    thread = threading.Thread(target=call, name="reward-dry-run", daemon=True)
+    # A daemon thread, because a hung reward cannot be killed and must not keep the process alive at exit; in this
+    # context, so a grader's warnings are held with the caller's (`held_warnings`).
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(call,), name="reward-dry-run", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():

@@ -787,8 +787,9 @@ class JobSpec(_Section):
     name: Slug = Field(description="Job name (a slug); becomes part of the job id.")
     base_model: Url = Field(
         min_length=1,
-        description="HF repo id, local model folder, local .gguf file (its weights dequantized once into a model "
-        "folder; needs grpoflow[gguf]), or builtin:tiny (offline, shipped).",
+        description="HF repo id, local model folder, a .gguf file (local, hf://owner/name[@rev]/file.gguf or "
+        "s3://...; its weights dequantized once into a model folder; needs grpoflow[gguf]), or builtin:tiny (offline, "
+        "shipped).",
     )
     dataset: DatasetSpec = Field(description="The prompt dataset.")
     rewards: list[RewardSpec] = Field(min_length=1, description="Rewards, summed with their weights.")
