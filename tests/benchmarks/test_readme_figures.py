@@ -3,7 +3,7 @@
 import json
 
 from benchmarks.common import RESULTS_DIR
-from benchmarks.learning import real_table
+from benchmarks.learning import real_table, summarize, table
 from benchmarks.readme import BLOCK, PAGES, main, render, stale_blocks
 
 
@@ -12,7 +12,7 @@ def cited() -> set[str]:
 
 
 def test_each_page_holds_its_results_table():
-    assert "learning-real.json" in cited()  # the README's real-model learning table
+    assert {"learning.json", "learning-real.json"} <= cited()  # the README's learning tables: tiny and real model
     assert stale_blocks() == [], "run `python -m benchmarks.readme` after a benchmark's run (and commit its JSON)"
 
 
@@ -20,6 +20,12 @@ def test_the_real_model_table_is_what_the_benchmark_renders_from_its_runs():
     result = json.loads((RESULTS_DIR / "learning-real.json").read_text())
     assert real_table(result["runs"]).strip() == result["table"].strip()
     assert [run["seed"] for run in result["runs"]] == [42, 43, 44] and not result["quick"]
+
+
+def test_the_tiny_model_table_is_what_the_benchmark_renders_from_its_runs():
+    result = json.loads((RESULTS_DIR / "learning.json").read_text())
+    assert table(summarize(result["runs"]), result["runs"]).strip() == result["table"].strip()
+    assert result["seeds"] == [42, 43, 44] and not result["quick"]
 
 
 def test_a_typed_figure_is_found_and_rewritten(tmp_path, monkeypatch, capsys):
