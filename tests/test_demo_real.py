@@ -46,7 +46,7 @@ def test_without_the_gguf_file_validate_names_it(project):
 
 def make_dry_run(gguf: str) -> list[str]:
     """`make -n demo-real` with the GGUF file at `gguf`: the commands make would run, not run."""
-    command = ["make", "-n", "demo-real", f"SMOLLM2_GGUF={gguf}"]
+    command = ["make", "-n", "--no-print-directory", "demo-real", f"SMOLLM2_GGUF={gguf}"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     return proc.stdout.splitlines()
 
