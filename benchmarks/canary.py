@@ -116,7 +116,7 @@ def one_shape(name: str, shape: dict, steps: int, root: Path, canary_first: bool
         "canary": canary,
         "train_runtime_s": run["train_runtime"],
         "train_wall_s": run["wall_s"],
-        "projected_s": round(projected_s, 2),
+        "projected_s": round(projected_s, 4),  # unrounded enough to recompute the ratio (quick runs: under a second)
         "projection_ratio": round(projected_s / run["train_runtime"], 3),
         # Why they differ: the canary's step against the run's median step (the machine's noise), the run's steps'
         # spread (slowest / fastest: identical work on a shared machine), the run's mean length as a share of max.
