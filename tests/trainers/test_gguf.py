@@ -229,3 +229,16 @@ def test_an_s3_gguf_validates_downloads_once_and_converts(gguf_file, cache, buck
     assert copy.read_bytes() == gguf_file.read_bytes()
     config, local = gguf_config(uri), gguf_config(str(gguf_file))
     assert config.pop("_name_or_path") != local.pop("_name_or_path") and config == local  # the copy's header
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "http://169.254.169.254/latest/meta-data/model.gguf",  # a cloud metadata service, through fsspec's http
+        "https://example.invalid/model.gguf",  # any web address the worker reaches
+        "ftp://127.0.0.1/model.gguf",
+    ],
+)
+def test_a_remote_gguf_comes_only_from_the_hub_or_an_object_store(uri):
+    problem = gguf_problem(uri)
+    assert problem is not None and "hf://" in problem and "s3://" in problem and uri in problem

@@ -11,8 +11,8 @@ jobs of a sweep or a benchmark share one conversion.
 
 A remote file is fetched first, once: `hf://<owner>/<name>[@<revision>]/<path>.gguf` (a file of a Hub model repo,
 spelled as huggingface_hub's `parse_hf_uri` reads it) through `hf_hub_download`, into the Hub cache (HF_TOKEN,
-HF_ENDPOINT and HF_HUB_OFFLINE apply); any other URL fsspec opens (`s3://bucket/key.gguf`, its credentials from the
-worker's environment) into `$GRPOFLOW_CACHE/gguf/downloads/`. Validate asks for its metadata only (the Hub's HEAD,
+HF_ENDPOINT and HF_HUB_OFFLINE apply); an object store's URL (`s3://bucket/key.gguf`, gs://, az://: `REMOTE_SCHEMES`;
+its credentials from the worker's environment) into `$GRPOFLOW_CACHE/gguf/downloads/`. Validate asks for its metadata only (the Hub's HEAD,
 fsspec's `info`), and reads its header once it is downloaded; its key holds its etag instead of its modification
 time.
 
@@ -132,6 +132,12 @@ def _file_problem(path: Path, model_id: str, field: str) -> str | None:
 # --- remote files ----------------------------------------------------------------------------------------------------
 
 
+# Where a remote GGUF may come from: the Hub and object stores, each behind its own credentials. Not http(s) or any
+# other fsspec protocol: a spec from a deployment could otherwise make the worker fetch from any address it reaches
+# (a cloud metadata service, a service on the cluster's network).
+REMOTE_SCHEMES = frozenset({"hf", "s3", "gs", "gcs", "az", "abfs"})
+
+
 class RemoteGgufError(ValueError):
     """A remote GGUF file that cannot be had from here, in one line naming it (without the spec field)."""
 
@@ -164,6 +170,12 @@ def remote_gguf(uri: str) -> RemoteGguf:
         return held[1]
     if (where := url_credentials(uri)) is not None:
         raise RemoteGgufError(f"{uri} holds a credential ({where}); put it in the environment instead")
+    if url_scheme(uri) not in REMOTE_SCHEMES:
+        stores = ", ".join(f"{s}://" for s in sorted(REMOTE_SCHEMES - {"hf"}))
+        raise RemoteGgufError(
+            f"{uri}: a remote GGUF file is read from the Hub (hf://) or an object store ({stores}); download it "
+            "yourself and give its path"
+        )
     found = _hub_metadata(uri) if url_scheme(uri) == "hf" else _store_metadata(uri)
     _metadata[key] = (now, found)
     return found
