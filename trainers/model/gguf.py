@@ -12,9 +12,9 @@ jobs of a sweep or a benchmark share one conversion.
 A remote file is fetched first, once: `hf://<owner>/<name>[@<revision>]/<path>.gguf` (a file of a Hub model repo,
 spelled as huggingface_hub's `parse_hf_uri` reads it) through `hf_hub_download`, into the Hub cache (HF_TOKEN,
 HF_ENDPOINT and HF_HUB_OFFLINE apply); an object store's URL (`s3://bucket/key.gguf`, gs://, az://: `REMOTE_SCHEMES`;
-its credentials from the worker's environment) into `$GRPOFLOW_CACHE/gguf/downloads/`. Validate asks for its metadata only (the Hub's HEAD,
-fsspec's `info`), and reads its header once it is downloaded; its key holds its etag instead of its modification
-time.
+its credentials from the worker's environment) into `$GRPOFLOW_CACHE/gguf/downloads/`. Validate asks for its
+metadata only (the Hub's HEAD, fsspec's `info`), and reads its header once it is downloaded; its key holds its etag
+instead of its modification time.
 
     python -m grpoflow.trainers.model.gguf model.gguf      # converts (if needed) and prints the folder
 """
