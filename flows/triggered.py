@@ -42,7 +42,8 @@ def grpo_pipeline_from_file(
         job_spec, warnings = load_spec(source, overrides, storage_options(source))
     except SpecError as e:
         logger.error("spec %s rejected:\n%s", source, "\n".join(e.problems))
-        return rejected(f"{source}: {'; '.join(e.problems)}")
+        problems = "; ".join(e.problems)
+        return rejected(problems if source in problems else f"{source}: {problems}")
     for warning in warnings:
         logger.warning(warning)
     logger.info("spec %s, dataset %s", source, job_spec.dataset.uri)

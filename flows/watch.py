@@ -61,6 +61,7 @@ from grpoflow.integrations.storage import filesystem, is_remote, join
 from grpoflow.trainers.dataset import COMPRESSIONS, FORMATS
 from grpoflow.trainers.jobdir import write_json_atomic
 from grpoflow.trainers.spec.models import OptionalUrl, Url
+from grpoflow.trainers.uris import OBJECT_STORES, STORES, outside_stores
 
 EVENT = "grpoflow.dataset.landed"
 STATE_DIR_ENV = "GRPOFLOW_WATCH_STATE_DIR"
@@ -113,6 +114,8 @@ def is_candidate(relative_path: str) -> bool:
 
 def list_files(uri: str) -> list[FileVersion]:
     """Every dataset file under `uri` (a folder, a prefix, or one file), temporary names left out."""
+    if refused := outside_stores(uri, OBJECT_STORES):
+        raise ValueError(f"uri {uri}: {refused}")
     fs, root = filesystem(uri)
     if not fs.exists(root):
         return []
@@ -350,6 +353,9 @@ def watch_new_data(
         poll_seconds (`float`, *optional*, defaults to 30): time between two looks of one run.
     """
     logger = get_run_logger()
+    for name, value, stores in (("uri", uri, OBJECT_STORES), ("spec", spec, STORES)):
+        if value and (refused := outside_stores(value, stores)):  # before the first look, not at each for an hour
+            raise ValueError(f"{name} {value}: {refused}")
     if not is_remote(uri):
         uri = str(Path(uri).expanduser().resolve())
     if state_dir and not is_remote(state_dir):

@@ -48,7 +48,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from grpoflow.trainers.jobdir import replace_dir
 from grpoflow.trainers.model.load import hub_not_answering, hub_offline
 from grpoflow.trainers.spec import REPO_ID_PATTERN
-from grpoflow.trainers.uris import url_scheme
+from grpoflow.trainers.uris import CHAINED, url_scheme
 
 SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
 # The files `save_to_disk` writes at the top of its folder: a Dataset's (state.json) or a DatasetDict's.
@@ -134,6 +134,8 @@ class _Source:
 
 
 def _resolve(uri: str, split: str | None) -> _Source:
+    if CHAINED.search(uri):  # fsspec would open `/x/cache::http://host/...`'s second half as a URL
+        raise DatasetError(f"{uri}: a chained URL (fsspec's `cache::s3://...`) is refused: give the store's own URL")
     src = _resolve_hf(uri, split) if uri.lower().startswith("hf://") else _resolve_file(uri)
     if src.builder == "disk":
         src.split = split

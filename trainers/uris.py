@@ -45,6 +45,36 @@ def unopenable(uri: str | os.PathLike) -> str | None:
     return None
 
 
+# Where a spec may point grpoflow's reads and writes besides the local disk: object stores and the Hugging Face Hub,
+# each behind its own credentials. Not http(s), ftp, sftp, smb or any other protocol fsspec knows: a spec from a
+# deployment (or an event's payload) could otherwise make the worker reach any address it can, a cloud metadata
+# service or a service on the cluster's network included.
+OBJECT_STORES = frozenset({"s3", "gs", "gcs", "az", "abfs"})
+STORES = OBJECT_STORES | {"hf"}
+# fsspec's chained URLs (`simplecache::http://...`): no scheme of their own, so a path to `Path`, a URL to fsspec.
+CHAINED = re.compile(r"::[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def outside_stores(uri: str | os.PathLike, stores: frozenset[str] = STORES) -> str | None:
+    """Why `uri` is refused (its scheme is none of the local disk's or `stores`), or None.
+
+    >>> outside_stores("s3://b/spec.yaml"), outside_stores("runs"), outside_stores("file:///tmp/x")
+    (None, None, None)
+    >>> outside_stores("http://10.0.0.1/spec.yaml", OBJECT_STORES)[:74]
+    'http:// is refused: a local path, or a URL of s3://, gs://, gcs://, az:// '
+    """
+    if CHAINED.search(str(uri)):
+        return "a chained URL (fsspec's `cache::s3://...`) is refused: give the store's own URL"
+    scheme = url_scheme(uri)
+    if scheme in ("", "file", "local") or scheme in stores:
+        return None
+    known = [f"{s}://" for s in ("s3", "gs", "gcs", "az", "abfs", "hf") if s in stores]
+    return (
+        f"{scheme}:// is refused: a local path, or a URL of {', '.join(known[:-1])} or {known[-1]} (another protocol "
+        "would let a spec make the worker reach any address, a cloud metadata service included)"
+    )
+
+
 # Query parameters that carry a credential (`?token=`, `?api_key=`, `?sig=`, `?X-Amz-Signature=`...).
 CREDENTIAL_PARAM = re.compile(
     r"(?i)(.*[_-])?(token|key|apikey|sig|signature|secret|password|passwd|pwd|auth|credentials?)"

@@ -8,6 +8,7 @@ import yaml
 
 from grpoflow.flows.triggered import DEFAULT_SPEC, grpo_pipeline_from_file
 from grpoflow.integrations.stages import REJECTED
+from tests.hostile_server import HostileServer
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -63,3 +64,13 @@ def test_spec_on_s3(bucket, tmp_path):
     assert f"dataset not found: s3://{bucket}/landed/none.jsonl" in rejection(state)
     missing = rejection(grpo_pipeline_from_file(spec=f"s3://{bucket}/specs/nope.yaml", return_state=True))
     assert f"spec file not found: s3://{bucket}/specs/nope.yaml" in missing
+
+
+def test_a_spec_at_a_web_address_is_refused_before_any_request():
+    # An event's payload names the spec: anyone who can emit one would have the worker fetch any address it reaches
+    # (the cloud's metadata service answers JSON whose keys the rejection would list).
+    with HostileServer("huge", size=10) as server:
+        spec = f"{server.url}/latest/meta-data/iam/security-credentials/role"
+        message = rejection(grpo_pipeline_from_file(spec=spec, return_state=True))
+        assert server.requests == 0
+    assert message.startswith(f"{spec}: http:// is refused: a local path, or a URL of s3://")

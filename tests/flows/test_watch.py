@@ -27,6 +27,7 @@ from grpoflow.flows.watch import (
     state_path,
     watch_new_data,
 )
+from tests.hostile_server import HostileServer
 
 ROW = b'{"prompt": "What is 1+2?", "answer": "3"}\n'
 
@@ -322,3 +323,15 @@ def test_a_look_that_lost_its_lease_writes_nothing(bucket):
 def test_a_state_dir_without_conditional_writes_is_refused():
     with pytest.raises(ValueError, match=r"state_dir: 'gs://b/state': a shared state needs conditional writes"):
         one_look("s3://b/incoming", state_dir="gs://b/state")
+
+
+@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.parametrize("field", ["uri", "spec"])
+def test_a_watch_of_a_web_address_is_refused_before_any_request(tmp_path, field):
+    # A run's parameters are anyone's with access to the API: an http(s) uri or spec would have the worker list (and
+    # each triggered run read) whatever address they name, the cloud's metadata service included.
+    with HostileServer("huge", size=10) as server:
+        parameters = {"uri": str(tmp_path), field: f"{server.url}/latest/meta-data/"}
+        with pytest.raises(ValueError, match=rf"^{field} http://127.0.0.1:\d+/latest/meta-data/: http:// is refused"):
+            one_look(parameters.pop("uri"), **parameters)
+        assert server.requests == 0

@@ -325,6 +325,8 @@ def test_bad_datasets_are_rejected_and_leave_nothing(tmp_path, dest, name, conte
         ("{tmp}/folder.jsonl", "is a directory"),  # a folder, not a file
         ("ftp://host/data.jsonl", "unsupported scheme ftp://"),  # schemes the loader does not take
         ("http://host/data.jsonl", "supported: local path, file://, s3://, hf://datasets/"),
+        # fsspec's chained URL: as a path it would still open its second half (http) as a URL
+        ("simplecache::http://169.254.169.254/x.jsonl", "a chained URL (fsspec's `cache::s3://...`) is refused"),
         ("hf://models/org/name", "only Hub datasets are supported"),  # a Hub model is not a dataset
         # `datasets.load_dataset("../..")` would read a local folder
         ("hf://datasets/../..", "'../..' is not a Hub dataset id"),

@@ -481,11 +481,13 @@ CASES = [
     pytest.param({f"{HP}.seed": -1}, f"{HP}.seed: must be >= 0 (got -1)", id="seed-negative"),
     pytest.param({f"{HP}.seed": 2**32}, f"{HP}.seed: must be <= 4294967295", id="seed-too-large"),
     pytest.param({"dataset.max_row_bytes": 0}, "dataset.max_row_bytes: must be >= 1 (got 0)", id="max_row_bytes-0"),
-    # --- output_uri: a local folder, or a URL whose scheme fsspec can open ---
+    # --- output_uri: a local folder, or an object store's URL ---
     pytest.param({"output_uri": "s3://bucket/runs"}, {"output_uri": "s3://bucket/runs"}, id="output_uri-s3"),
-    pytest.param(
-        {"output_uri": "s4://bucket/runs"}, "output_uri: cannot write to s4:// (Protocol not known", id="output_uri-s4"
-    ),
+    pytest.param({"output_uri": "s4://bucket/runs"}, "output_uri: s4:// is refused: a local path", id="output_uri-s4"),
+    # Any other protocol fsspec knows would let a deployed spec have the worker reach any address.
+    pytest.param({"output_uri": "http://169.254.169.254/x"}, "output_uri: http:// is refused", id="output_uri-http"),
+    pytest.param({"output_uri": "sftp://10.0.0.5/runs"}, "output_uri: sftp:// is refused", id="output_uri-sftp"),
+    pytest.param({"output_uri": "hf://owner/runs"}, "output_uri: hf:// is refused", id="output_uri-hf"),
     pytest.param({"output_uri": ""}, "output_uri: must not be empty", id="output_uri-empty"),
 ]
 

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from grpoflow.trainers import uris
-from grpoflow.trainers.uris import is_remote, link_local_address, unopenable, url_credentials, url_scheme
+from grpoflow.trainers.uris import (
+    OBJECT_STORES,
+    is_remote,
+    link_local_address,
+    outside_stores,
+    unopenable,
+    url_credentials,
+    url_scheme,
+)
 
 
 def test_doctest():
@@ -54,6 +62,33 @@ def test_unopenable(uri, fragment):
         assert reason is None
     else:
         assert reason.startswith(fragment) and "s3://bucket/prefix" in reason
+
+
+@pytest.mark.parametrize(
+    "uri, stores, refused",
+    [
+        ("runs", OBJECT_STORES, False),  # a local path
+        ("file:///tmp/x", OBJECT_STORES, False),
+        ("s3://bucket/runs", OBJECT_STORES, False),
+        ("GS://bucket/runs", OBJECT_STORES, False),  # schemes are case-insensitive
+        ("hf://owner/name/spec.yaml", OBJECT_STORES, True),  # the Hub only where a caller allows it
+        ("hf://owner/name/spec.yaml", uris.STORES, False),
+        ("http://169.254.169.254/latest/meta-data/", uris.STORES, True),  # fsspec's http would fetch it
+        ("HTTPS://example.com/spec.yaml", uris.STORES, True),
+        ("ftp://10.0.0.1/x", uris.STORES, True),
+        ("memory://x", uris.STORES, True),  # fsspec knows it, a spec has no use for it
+        ("simplecache::http://127.0.0.1/x", uris.STORES, True),  # fsspec's chained URL hides its protocol
+        ("simplecache::s3://bucket/x", uris.STORES, True),
+        ("runs::2024", uris.STORES, False),  # "::" alone is part of a name
+    ],
+)
+def test_outside_stores(uri, stores, refused):
+    reason = outside_stores(uri, stores)
+    assert (reason is not None) is refused
+    if refused and "::" in uri:
+        assert reason.startswith("a chained URL")
+    elif refused:
+        assert reason.startswith(f"{url_scheme(uri)}:// is refused: a local path, or a URL of s3://")
 
 
 @pytest.mark.parametrize(

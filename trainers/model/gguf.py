@@ -32,7 +32,7 @@ from pathlib import Path
 
 from grpoflow.trainers.child import say_phase
 from grpoflow.trainers.model.tiny import cache_root
-from grpoflow.trainers.uris import is_remote, unopenable, url_credentials, url_scheme
+from grpoflow.trainers.uris import STORES, is_remote, unopenable, url_credentials, url_scheme
 
 INSTALL = "pip install 'grpoflow[gguf]'"
 MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file
@@ -132,10 +132,8 @@ def _file_problem(path: Path, model_id: str, field: str) -> str | None:
 # --- remote files ----------------------------------------------------------------------------------------------------
 
 
-# Where a remote GGUF may come from: the Hub and object stores, each behind its own credentials. Not http(s) or any
-# other fsspec protocol: a spec from a deployment could otherwise make the worker fetch from any address it reaches
-# (a cloud metadata service, a service on the cluster's network).
-REMOTE_SCHEMES = frozenset({"hf", "s3", "gs", "gcs", "az", "abfs"})
+# Where a remote GGUF may come from: the Hub and object stores (`uris.STORES`), never http(s).
+REMOTE_SCHEMES = STORES
 
 
 class RemoteGgufError(ValueError):

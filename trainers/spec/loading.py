@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from grpoflow.trainers.spec.models import MAX_INT, METRIC_ENTRY, METRIC_NAME, JobSpec
 from grpoflow.trainers.spec.rules import rule_problems, shown, trl_spec_keys
 from grpoflow.trainers.spec.trl_fields import trl_fields
-from grpoflow.trainers.uris import url_scheme
+from grpoflow.trainers.uris import outside_stores, unopenable, url_scheme
 
 # Caps that turn a YAML alias bomb, a runaway nesting or a huge value into one clear error, instead of a hang, a
 # RecursionError or a job that fails after the model has loaded. No real spec comes near them.
@@ -250,11 +250,13 @@ def _read(source: "str | Path | dict | JobSpec", storage_options: dict | None = 
         return source
     # A URL (s3://bucket/spec.yaml) is read through fsspec; Path() would fold its "//".
     path = source if url_scheme(source) else Path(source)
+    if (refused := outside_stores(source)) or (refused := unopenable(source)):
+        raise SpecError(f"{source}: {refused}")
     if isinstance(path, Path) and path.exists() and not (path.is_file() or path.is_dir()):
         # Opening a named pipe would wait for a writer forever, and /dev/zero never ends.
         raise SpecError(f"{path}: not a regular file (a pipe, socket or device); give the path of a YAML file")
     try:
-        with fsspec.open(str(path), "rb", **(storage_options or {})) as f:
+        with fsspec.open(path, "rb", **(storage_options or {})) if isinstance(path, str) else path.open("rb") as f:
             raw = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(f"spec file not found: {path}") from None

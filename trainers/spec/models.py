@@ -36,8 +36,10 @@ from grpoflow.trainers.spec.rules import (
 from grpoflow.trainers.spec.trl_fields import trl_fields
 from grpoflow.trainers.uris import (
     ALLOW_LINK_LOCAL_ENV,
+    OBJECT_STORES,
     credentials_instead,
     link_local_address,
+    outside_stores,
     unopenable,
     url_credentials,
 )
@@ -859,6 +861,8 @@ class JobSpec(_Section):
     def _writable_scheme(cls, value: str) -> str:
         # Remote roots go through fsspec (integrations/storage.py): a scheme it cannot open would only fail after
         # training.
+        if reason := outside_stores(value, OBJECT_STORES):
+            raise ValueError(reason)
         if reason := unopenable(value):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
         return value
