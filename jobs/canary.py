@@ -13,6 +13,8 @@ step count, into `canary.json`:
     {"status": "passed"|"failed", "reason": str|null, "device": str, "versions": {...}, "peak_memory_gb": x,
      "device_memory_gb": y, "step_seconds": s, "tokens_per_second": t, "projected_training_hours": h}
 
+(`"share"` too, when `grpoflow canary` here tried one machine's share of a job over several: `machine_share`.)
+
 With `generation.vllm_mode: server` the server is checked before the step (`check_vllm_server`: its health
 endpoint, then TRL's handshake, `VLLMClient.init_communicator`, where vllm and a GPU are), and the step's first
 generation syncs the weights to it once, as the job's first step will. On several machines
@@ -146,6 +148,35 @@ def canary_spec(spec: JobSpec) -> dict:
     return data
 
 
+def machine_share(spec: JobSpec) -> tuple[dict, str | None]:
+    """The canary's spec for a run here of a job over several machines, and what it measures: one machine's share of
+    the step (`num_machines` 1, `prompts_per_step` divided among the machines, rounded up so that each prompt's
+    group stays whole on this machine's processes). A spec on one machine comes back as `canary_spec`'s, with None.
+
+    Raises:
+        CanaryFailed: a job sharded across machines on one GPU each, whose share cannot be sharded here.
+    """
+    data, machines = canary_spec(spec), spec.distributed.num_machines
+    if machines == 1:
+        return data, None
+    if spec.distributed.strategy != "ddp" and spec.gpu_count < 2:
+        raise CanaryFailed(
+            f"distributed.strategy {spec.distributed.strategy} shards this job across its {machines} machines' single "
+            "GPUs: one machine cannot take its share here; the pipeline's canary stage tries it on the machines, as "
+            "a TrainJob"
+        )
+    hp, prompts = data["hyperparameters"], spec.hyperparameters.prompts_per_step
+    hp["prompts_per_step"] = -(-prompts // machines)
+    data["distributed"] = {"strategy": spec.distributed.strategy, "num_machines": 1}
+    each = hp["prompts_per_step"]
+    exact = "" if prompts % machines == 0 else f" ({each} prompts for its {prompts}/{machines}: groups kept whole)"
+    share = (
+        f"one machine's share of the job's {machines}{exact}: its memory and step time, without the collective across "
+        "machines, which the pipeline's canary stage tries as a TrainJob"
+    )
+    return data, share
+
+
 def longest_prompts(dataset_dir: Path, column: str, count: int):
     """The `count` longest prompts of the ingested training split (by characters; a chat by its messages'), as a
     DatasetDict with that one split."""
@@ -160,11 +191,12 @@ def longest_prompts(dataset_dir: Path, column: str, count: int):
     return DatasetDict({"train": train.select(order)})
 
 
-def prepare(spec: JobSpec, dataset_dir: Path, root: Path) -> JobDir:
-    """A job folder for the canary's child under `root`: its spec and its dataset of the longest prompts."""
+def prepare(spec: JobSpec, dataset_dir: Path, root: Path, data: dict | None = None) -> JobDir:
+    """A job folder for the canary's child under `root`: its spec (`data`, default `canary_spec`'s) and its dataset
+    of the longest prompts."""
     job = JobDir(root / "canary")
     job.root.mkdir(parents=True)
-    job.spec.write_text(yaml.safe_dump(canary_spec(spec), sort_keys=False))
+    job.spec.write_text(yaml.safe_dump(data or canary_spec(spec), sort_keys=False))
     hp = spec.hyperparameters
     longest_prompts(dataset_dir, spec.dataset.prompt_column, hp.prompts_per_step * spec.processes).save_to_disk(
         str(job.dataset)
@@ -181,6 +213,7 @@ def run_canary(
     out: Path | None = None,
     run_step: Callable[[JobSpec, JobDir], None] | None = None,
     scratch: Path | None = None,
+    log: Path | None = None,
 ) -> dict:
     """Runs the canary for `spec` on the ingested dataset in `dataset_dir`; returns canary.json's object. Never raises
     for a failed verdict: the object says it.
@@ -193,6 +226,11 @@ def run_canary(
             training stage's one-machine child); `grpoflow.cluster.canary.on_machines` runs it as a TrainJob.
         scratch (`Path`, *optional*): the folder the canary's own folder is made (and removed) in; the nodes of a
             TrainJob see it there (the job folder, on the shared volume). Default: the system's temporary folder.
+        log (`Path`, *optional*): where the step's log is kept (the job's `logs/canary.log`). Default: a temporary
+            file, kept only when the step failed (its reason names it).
+
+    Run here (no `run_step`) for a job over several machines, the step is one machine's share (`machine_share`):
+    canary.json's `share` says so.
     """
     started = time.monotonic()
     versions = installed_versions()
@@ -203,7 +241,7 @@ def run_canary(
     if bad := known_bad(versions):
         result |= {"status": "failed", "reason": "a known-bad stack: " + "; ".join(bad)}
     else:
-        result |= _step(spec, dataset_dir, memory, run_step or run_here, scratch)
+        result |= _step(spec, dataset_dir, memory, run_step, scratch, log)
     result["canary_seconds"] = round(time.monotonic() - started, 2)
     if out is not None:
         write_json_atomic(out, result)
@@ -301,23 +339,53 @@ def _handshake(url: str, timeout: float, env: dict, errors) -> None:
         raise SystemExit(1) from e
 
 
-def _step(spec: JobSpec, dataset_dir: Path, memory: float, run_step, scratch: Path | None) -> dict:
-    """The measured step, and the verdict on it."""
+def _step(spec: JobSpec, dataset_dir: Path, memory: float, run_step, scratch: Path | None, log: Path | None) -> dict:
+    """The measured step (here: for a job over several machines, one machine's share), and the verdict on it."""
+    try:
+        data, share = machine_share(spec) if run_step is None else (canary_spec(spec), None)
+    except CanaryFailed as exc:
+        return {"status": "failed", "reason": str(exc)}
+    said = {"share": share} if share else {}
+    return said | _measured(spec, data, dataset_dir, memory, run_step or run_here, scratch, log)
+
+
+def _measured(
+    spec: JobSpec, data: dict, dataset_dir: Path, memory: float, run_step, scratch: Path | None, log: Path | None
+) -> dict:
+    """The step of the canary's spec `data`, measured, and the verdict on it (its advice in `spec`'s terms)."""
     with tempfile.TemporaryDirectory(prefix="grpoflow-canary-", dir=scratch) as tmp:
-        job = prepare(spec, dataset_dir, Path(tmp))
+        job = prepare(spec, dataset_dir, Path(tmp), data)
         try:
             run_step(spec, job)
         except CanaryFailed as exc:  # a check before the step (the vLLM server) said why itself
             return {"status": "failed", "reason": str(exc)}
         except Exception as exc:  # the child's own failure (or a rank's), named by launch: the verdict
-            reason = str(exc).removeprefix("grpoflow: ")
+            reason = getattr(exc, "ended", str(exc)).removeprefix("grpoflow: ")
+            if kept := _keep_log(job.logs / "canary.log", log, failed=True):  # the canary's folder goes: not its log
+                child_log = str(job.logs / "canary.log")
+                reason = reason.replace(child_log, str(kept)) if child_log in reason else f"{reason}; its log: {kept}"
             return {"status": "failed", "reason": f"the step did not run: {reason}"}
+        _keep_log(job.logs / "canary.log", log, failed=False)
         measured = json.loads(job.training_result.read_text()) | _step_time(job)
         elsewhere = job.root / DEVICE_FILE  # the step ran on other machines: their device, their memory
         device = json.loads(elsewhere.read_text()) if elsewhere.exists() else {}
     memory = spec.canary.device_memory_gb or device.get("device_memory_gb") or memory
     figures = {"device": device["device"], "device_memory_gb": round(memory, 3)} if device else {}
-    return figures | _verdict(spec, measured, memory)
+    return figures | _verdict(spec, measured, memory, data["hyperparameters"]["prompts_per_step"])
+
+
+def _keep_log(child_log: Path, log: Path | None, failed: bool) -> Path | None:
+    """Copies the step's log out of the canary's folder (removed after the step) to `log`, or, when the step failed
+    and no `log` is given, to a temporary file; returns where it went."""
+    if not child_log.exists() or (log is None and not failed):
+        return None
+    if log is None:
+        fd, name = tempfile.mkstemp(prefix="grpoflow-canary-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(child_log, log)
+    return log
 
 
 def _step_time(job: JobDir) -> dict:
@@ -329,12 +397,13 @@ def _step_time(job: JobDir) -> dict:
     return {"step_time": step_time} if step_time else {}
 
 
-def _verdict(spec: JobSpec, measured: dict, memory: float) -> dict:
+def _verdict(spec: JobSpec, measured: dict, memory: float, prompts: int) -> dict:
+    """The step's figures and whether it fits; `prompts` is the step's own `prompts_per_step` (a machine's share)."""
     hp = spec.hyperparameters
     runtime = measured.get("train_runtime") or measured.get("train_seconds") or 0.0
     # The step alone (TRL's step_time); what train() spent around it (its setup) a run spends once, not per step.
     seconds = min(measured.get("step_time") or runtime, runtime or float("inf"))
-    tokens = hp.prompts_per_step * hp.rollouts_per_prompt * hp.max_response_length
+    tokens = prompts * hp.rollouts_per_prompt * hp.max_response_length
     peak = measured.get("peak_memory_gb")
     figures = {
         "peak_memory_gb": peak,
@@ -374,6 +443,8 @@ def summary_line(result: dict, spec: JobSpec) -> str:
         f"a full-length step {result['step_seconds']} s ({result['tokens_per_second']} tokens/s); "
         f"{spec.hyperparameters.max_steps} steps project to {hours:.2f} h of training"
     )
+    if share := result.get("share"):
+        line += f"; measured: {share}"
     cap = spec.budget.max_training_hours
     if cap is not None and hours > cap:
         line += f", above budget.max_training_hours ({cap:g} h): training stops at the cap"

@@ -244,10 +244,11 @@ def check_exit(
     if code == DIVERGED_EXIT:
         reason = record["message"] if record else f"{stage} diverged (NaN or inf)"
         raise TrainingStopped(f"stopped by the health monitor: {reason} (log: {log_path})")
+    ended = f"{stage} child {exit_reason(proc.returncode, oom_before)}. Last lines of its log: {last_lines(log_path)}"
     raise ChildFailed(
-        f"{stage} child {exit_reason(proc.returncode, oom_before)}. Last lines of its log: {last_lines(log_path)}. "
-        "The stage is retried while its retries last (GRPO resumes from its newest checkpoint); the whole log is "
-        f"{log_path}."
+        f"{ended}. The stage is retried while its retries last (GRPO resumes from its newest checkpoint); the whole "
+        f"log is {log_path}.",
+        ended,
     )
 
 

@@ -32,7 +32,9 @@ def canary_task(job: JobDir, spec: JobSpec):
     """Runs the canary on the ingested dataset; returns canary.json's object, or a Rejected state when it failed."""
     several = spec.distributed.num_machines > 1  # a TrainJob's nodes run it, in a folder of the shared job folder
     runner, scratch = (on_machines(job), job.root) if several else (None, None)
-    result = run_canary(spec, job.dataset, out=job.root / CANARY_FILE, run_step=runner, scratch=scratch)
+    result = run_canary(
+        spec, job.dataset, out=job.root / CANARY_FILE, run_step=runner, scratch=scratch, log=job.logs / "canary.log"
+    )
     line = summary_line(result, spec)
     try:
         create_markdown_artifact(

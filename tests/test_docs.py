@@ -8,8 +8,9 @@ every shell block of the tour (docs/guides/own-project.md) runs or says what it 
   before it) passes `grpoflow validate --no-preflight`, and so does each block of spec sections (every top-level key a
   spec field) within a minimal spec; `<!-- fragment -->` on the line before a block leaves it out;
 - every `GRPOFLOW_*` name the product code reads is in `grpoflow.jobs.settings.SETTINGS` (and so on the page);
-- each ```bash/```sh block of the tour is run by `test_the_tour_runs_offline` (slow), or is marked
-  `<!-- needs: server -->`, `<!-- needs: gpu -->` or `<!-- needs: network -->` on the line before it.
+- each ```bash/```sh block of the tour is run by `test_the_tour_runs_offline` (slow; its training children are the
+  stand-in), or is marked `<!-- needs: server -->`, `<!-- needs: gpu -->` or `<!-- needs: network -->` on the line
+  before it.
 """
 
 import contextlib
@@ -30,7 +31,7 @@ from grpoflow.flows.cli import main
 from grpoflow.integrations.events import EVENTS
 from grpoflow.jobs.settings import SETTINGS
 from grpoflow.trainers.jobdir import FILES, JobDir
-from tests.conftest import cli
+from tests.conftest import cli, standin_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -304,9 +305,19 @@ def tour_script(blocks: list[tuple[int, str | None, str]]) -> str:
 @pytest.mark.slow
 def test_the_tour_runs_offline(tmp_path):
     """Runs the tour's offline blocks as a user would, in an empty folder, with grpoflow on PATH; then checks what the
-    jobs it ran left: only documented files in the job folder, only documented events and payload keys."""
+    jobs it ran left: only documented files in the job folder, only documented events and payload keys.
+
+    The training children are the stand-in (tests/standin_child.py), which writes what they write: this test is about
+    the guide's commands, the pipeline around the children and what they leave; what training produces is tested
+    with the real children (tests/flows/test_pipeline.py, the `trained_jobs` whose folders are checked below too)."""
     # The session's Prefect home and job index (tests/conftest.py) keep the tour's jobs apart from the user's.
-    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    # The stand-in importable as `tests.standin_child` without the repository root on the path, where grpoflow's own
+    # `tasks/` would be found before the tour's tasks.py (grpoflow appends the project folder to sys.path).
+    shim = tmp_path / "path"
+    shim.mkdir()
+    (shim / "tests").symlink_to(Path(__file__).resolve().parent)
+    env = {**os.environ, **standin_env(), "PATH": path, "PYTHONPATH": str(shim)}
     env.pop("PREFECT_API_URL", None)  # a temporary server, as for a user without one
     work = tmp_path / "tour"
     work.mkdir()

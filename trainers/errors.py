@@ -35,7 +35,11 @@ class TrainingDiverged(RuntimeError):
 
 class ChildFailed(RuntimeError):
     """The child crashed (an exit code or a signal the other errors do not explain): a retry may cure it. The message
-    says how it ended, its log's last telling lines and where the whole log is."""
+    says how it ended, its log's last telling lines and where the whole log is; `ended` says the first two only."""
+
+    def __init__(self, message: str, ended: str | None = None):
+        super().__init__(message)
+        self.ended = ended or message
 
 
 class ChildEndedEarly(RuntimeError):

@@ -140,11 +140,17 @@ def finite_callback(field: str, learning_rate: float):
     from transformers import TrainerCallback
 
     class _FiniteCallback(TrainerCallback):
+        # The model and its trained parameters, found once: walking the modules every step cost more than the sums
+        # on a small model.
+        trained: tuple = (None, [])
+
         def on_log(self, args, state, control, logs=None, model=None, **kwargs):
             if not logs or not {"loss", "grad_norm"} & logs.keys():
                 return  # an evaluation's or the end-of-training record
             bad = [k for k in ("loss", "grad_norm") if isinstance(logs.get(k), float) and not math.isfinite(logs[k])]
-            if not bad and model is not None and not weights_finite(model):
+            if model is not None and self.trained[0] is not model:
+                self.trained = (model, trained_parameters(model))
+            if not bad and model is not None and not weights_finite(self.trained[1]):
                 bad = ["the weights"]
             if bad:
                 raise TrainingDiverged(
@@ -156,14 +162,16 @@ def finite_callback(field: str, learning_rate: float):
     return _FiniteCallback()
 
 
-def weights_finite(model) -> bool:
-    """Whether every trained (requires_grad) parameter of `model` is finite: one sum per tensor, one device sync.
-    A sharded parameter (FSDP2's DTensor) is summed over its local shard."""
+def trained_parameters(model) -> list[tuple]:
+    """The parameters of `model` that training updates (requires_grad), what `weights_finite` checks: each with
+    whether it is sharded (FSDP2's DTensor, summed over its local shard)."""
+    return [(p, hasattr(p, "to_local")) for p in model.parameters() if p.requires_grad]
+
+
+def weights_finite(parameters: list[tuple]) -> bool:
+    """Whether every one of `parameters` (`trained_parameters`') is finite: one sum per tensor, one device sync."""
     import torch
 
-    sums = [
-        (p.to_local() if hasattr(p, "to_local") else p).detach().sum(dtype=torch.float32)
-        for p in model.parameters()
-        if p.requires_grad
-    ]
-    return not sums or bool(torch.isfinite(torch.stack([s.to(sums[0].device) for s in sums])).all())
+    with torch.no_grad():
+        sums = [(p.to_local() if sharded else p).sum(dtype=torch.float32) for p, sharded in parameters]
+        return not sums or bool(torch.isfinite(torch.stack([s.to(sums[0].device) for s in sums])).all())

@@ -3,6 +3,7 @@ builtin:tiny on this CPU, measured; a memory it cannot fit and a known-bad stack
 the pipeline (Rejected before training, nothing trained)."""
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import version
@@ -50,18 +51,62 @@ def test_the_step_is_the_jobs_own_at_full_length(make_spec):
     load_spec(_written(data, make_spec))  # what the canary's child reads is a valid spec
 
 
+@pytest.mark.parametrize("prompts, share", [(4, 2), (3, 2), (1, 1)])
+def test_a_machines_share_is_a_valid_one_machine_spec(make_spec, prompts, share):
+    spec, _ = load_spec(make_spec("c", hyperparameters={"prompts_per_step": prompts}, **TWO_MACHINES))
+    data, said = canary.machine_share(spec)
+    assert data["hyperparameters"]["prompts_per_step"] == share and data["distributed"]["num_machines"] == 1
+    assert ("groups kept whole" in said) is (prompts % 2 == 1)  # rounded up: at least its share
+    load_spec(_written(data, make_spec))
+    one, _ = load_spec(make_spec("c"))
+    assert canary.machine_share(one) == (canary.canary_spec(one), None)
+
+
+def test_a_share_that_cannot_be_sharded_here_fails_before_any_child(make_spec, tmp_path):
+    sharded = {**TWO_MACHINES, "distributed": {**TWO_MACHINES["distributed"], "strategy": "fsdp2"}}
+    spec, _ = load_spec(make_spec("c", gpu_count=1, **sharded))
+    result = canary.run_canary(spec, tmp_path / "never-read")
+    assert result["status"] == "failed" and "one machine cannot take its share here" in result["reason"]
+
+
+def test_a_failed_steps_log_outlives_the_canarys_folder(make_spec, dataset_file, tmp_path):
+    from grpoflow.trainers.dataset import ingest_dataset
+    from grpoflow.trainers.errors import ChildFailed
+
+    def crashing(spec, job):
+        job.logs.mkdir(parents=True, exist_ok=True)
+        (job.logs / "canary.log").write_text("Traceback ...\nRuntimeError: boom\n")
+        raise ChildFailed(f"... retried ...; the whole log is {job.logs / 'canary.log'}.", "training child exited 1")
+
+    spec, _ = load_spec(make_spec("c"))
+    ingest_dataset(str(dataset_file), tmp_path / "dataset")
+    result = canary.run_canary(spec, tmp_path / "dataset", run_step=crashing)
+    reason, kept = result["reason"].split("; its log: ")
+    assert reason == "the step did not run: training child exited 1"  # not the stage's retry advice
+    assert "boom" in open(kept).read()
+    os.unlink(kept)
+    job_log = tmp_path / "logs" / "canary.log"  # the pipeline's: the job folder's logs/canary.log
+    result = canary.run_canary(spec, tmp_path / "dataset", run_step=crashing, log=job_log)
+    assert result["reason"].endswith(f"; its log: {job_log}") and "boom" in job_log.read_text()
+
+
 def _written(data: dict, make_spec):
     path = make_spec("c")
     path.write_text(yaml.safe_dump(data))
     return path
 
 
+# A job over two machines: here, the step is one machine's share (its prompts divided among the machines).
+TWO_MACHINES = {"distributed": {"num_machines": 2, "shared_volume": "rwx"}, "output_uri": "s3://bucket/runs"}
+
+
 def test_the_cli_measures_a_step_and_a_memory_it_cannot_fit_fails_it(make_spec):
-    spec = make_spec("c")
+    spec = make_spec("c", hyperparameters={"prompts_per_step": 2}, **TWO_MACHINES)
     code, out, err = cli("canary", spec, "--json")
     assert code == 0, err[-2000:]
     result = json.loads(out)
     assert result["status"] == "passed" and result["device"] == "cpu"
+    assert result["share"].startswith("one machine's share of the job's 2: its memory and step time, without")
     assert result["peak_memory_gb"] > 0.1 and result["step_seconds"] > 0 and result["tokens_per_second"] > 0
     # 3 steps of the measured one, and once what train() spent around it (at most the canary's whole time).
     projected = result["projected_training_hours"] * 3600
@@ -69,7 +114,8 @@ def test_the_cli_measures_a_step_and_a_memory_it_cannot_fit_fails_it(make_spec):
     assert {"torch", "transformers", "trl", "peft"} <= set(result["versions"])
     # The same step against 10 MB: refused with what to change (the verdict from the measured figures).
     loaded, _ = load_spec(spec, ["canary.device_memory_gb=0.01"])
-    verdict = canary._verdict(loaded, {"train_runtime": 1.0, "peak_memory_gb": result["peak_memory_gb"]}, 0.01)
+    measured = {"train_runtime": 1.0, "peak_memory_gb": result["peak_memory_gb"]}
+    verdict = canary._verdict(loaded, measured, 0.01, loaded.hyperparameters.prompts_per_step)
     assert verdict["status"] == "failed" and "more than the 0.01 GB it must fit in" in verdict["reason"]
     assert "try, in order: fewer hyperparameters.rollouts_per_prompt" in verdict["reason"]
 

@@ -167,11 +167,11 @@ def test_a_non_finite_step_stops_the_child_naming_the_rate(logs, weight, stopped
 def test_weights_finite_reads_only_what_trains():
     import torch
 
-    from grpoflow.trainers.metrics import weights_finite
+    from grpoflow.trainers.metrics import trained_parameters, weights_finite
 
     model = torch.nn.Linear(2, 2)
-    assert weights_finite(model)
+    assert weights_finite(trained_parameters(model))
     torch.nn.init.constant_(model.bias, math.nan)
-    assert not weights_finite(model)
+    assert not weights_finite(trained_parameters(model))
     model.bias.requires_grad_(False)  # a frozen tensor (a LoRA base, a 4-bit weight) is not the run's to check
-    assert weights_finite(model)
+    assert weights_finite(trained_parameters(model))
