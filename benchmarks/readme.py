@@ -18,7 +18,7 @@ import sys
 from benchmarks.common import REPO_ROOT, RESULTS_DIR
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
-BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+\.json) -->\n)(?P<table>.*?)(\n<!-- /results -->)", re.DOTALL)
+BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+\.json) -->\n)(?:(?P<table>.*?)\n)?(<!-- /results -->)", re.DOTALL)
 
 
 def result_table(name: str) -> str:
@@ -28,7 +28,7 @@ def result_table(name: str) -> str:
 
 def render(text: str) -> str:
     """`text` with every marked block replaced by its result's table."""
-    return BLOCK.sub(lambda m: m.group(1) + result_table(m.group("name")) + m.group(4), text)
+    return BLOCK.sub(lambda m: m.group(1) + result_table(m.group("name")) + "\n" + m.group(4), text)
 
 
 def stale_blocks() -> list[str]:
@@ -37,7 +37,7 @@ def stale_blocks() -> list[str]:
         f"{page.relative_to(REPO_ROOT)}: {m.group('name')}"
         for page in PAGES
         for m in BLOCK.finditer(page.read_text())
-        if m.group("table").strip() != result_table(m.group("name"))
+        if (m.group("table") or "").strip() != result_table(m.group("name"))
     ]
 
 

@@ -29,21 +29,28 @@ BENCHMARKS = [
 ]
 
 
+def ranged(side: dict) -> str:
+    """A side's CPU-time ratio with the range of its alternating pairs: `0.921 [0.86-1.04]`."""
+    low, high = side["cpu_steps_per_s_ratio_range"]
+    return f"{fmt(side['cpu_steps_per_s_ratio'])} [{fmt(low)}-{fmt(high)}]"
+
+
 def summary_rows(name: str, r: dict) -> list[list]:
     """The headline figures of one benchmark's JSON: [benchmark, figure, value, target, met]."""
     if name == "trainer_vs_trl":
         target = f">= {r['target_ratio']}"
         sides = r["in_process"]["sides"]
         rows = [
-            [name, f"steps/s vs TRL (CPU time), {side}", s["cpu_steps_per_s_ratio"], target, r["target_met"][side]]
+            [name, f"steps/s vs TRL (CPU time), {side}", ranged(s), target, r["target_met"][side]]
             for side, s in sides.items()
             if not side.startswith("trl")
         ]
         for side, s in sides.items():
             if "vs_trl_same_checkpoints" in s:
                 label = f"{side} vs TRL with the same checkpoint schedule"
-                value = s["vs_trl_same_checkpoints"]["cpu_steps_per_s_ratio"]
-                rows.append([name, f"steps/s (CPU time), {label}", value, target, value >= r["target_ratio"]])
+                same = s["vs_trl_same_checkpoints"]
+                met = same["cpu_steps_per_s_ratio"] >= r["target_ratio"]
+                rows.append([name, f"steps/s (CPU time), {label}", ranged(same), target, met])
         shares = r.get("where_time_goes", {})
         for side, v in shares.items():
             if side != "trl" and not side.startswith("trl"):
@@ -95,12 +102,13 @@ def summary_rows(name: str, r: dict) -> list[list]:
         return [*rows, [name, "seconds the canary adds to a job (median, tiny model)", cost, "report", ""]]
     if name == "skip_zero_variance":
         return [
-            [name, f"steps/s vs TRL (CPU time), skip on, {w}", s["skip_vs_trl"], f">= {s['target']}", s["target_met"]]
+            [name, f"steps/s vs TRL (CPU time), skip on, {w}", ranged(s["sides"]["grpoflow+skip"]),
+             f">= {s['target']}", s["target_met"]]
             for w, s in r["workloads"].items()
-        ]
+        ]  # fmt: skip
     if name == "pipeline_overhead":
         return [
-            [name, f"overhead s, {mode}", s["overhead_s"], f"<= {r['target_overhead_s']}", s["target_met"]]
+            [name, f"overhead s, {mode}", s["overhead_s"], f"<= {s['target_overhead_s']}", s["target_met"]]
             for mode, s in r["sides"].items()
         ]
     if name == "ingest_scale":
@@ -138,6 +146,13 @@ def summary_rows(name: str, r: dict) -> list[list]:
     return []
 
 
+def summary_table(results: dict[str, dict], skipped: list[list] = ()) -> str:
+    """The summary table of every benchmark's JSON in `results` (by name, in `BENCHMARKS`' order), then the rows of
+    those that did not run (`skipped`)."""
+    rows = [row for name in BENCHMARKS if name in results for row in summary_rows(name, results[name])]
+    return markdown_table(["benchmark", "figure", "value", "target", "met"], [*rows, *skipped])
+
+
 def main(argv=None) -> int:
     p = parser(__doc__)
     p.add_argument("--only", help="comma-separated benchmark names (default: all)")
@@ -146,38 +161,34 @@ def main(argv=None) -> int:
     names = [n for n in (args.only.split(",") if args.only else BENCHMARKS) if n]
     import torch
 
-    results, rows, failed = {}, [], []
+    results, skipped, failed = {}, [], []
     for name in names:
         if name == "gpu" and not torch.cuda.is_available():
-            rows.append([name, "skipped: no CUDA GPU here (run `python -m benchmarks.gpu` on one)", None, "", ""])
+            skipped.append([name, "skipped: no CUDA GPU here (run `python -m benchmarks.gpu` on one)", None, "", ""])
             continue
-        path = RESULTS_DIR / f"{name}.json"
-        command = [
-            sys.executable,
-            "-m",
-            f"benchmarks.{name}",
-            "--json",
-            str(path),
-            *(["--quick"] if args.quick else []),
-        ]
-        if args.from_results:
-            proc = subprocess.CompletedProcess(command, 0 if path.exists() else 1)
-        else:
-            print(f"--- {' '.join(command[1:])}", flush=True)
-            proc = subprocess.run(command, cwd=REPO_ROOT, env=bench_env())
-        if proc.returncode != 0:
+        if (code := run_one(name, args)) != 0:
             failed.append(name)
-            rows.append([name, f"FAILED (exit code {proc.returncode})", None, "", ""])
+            skipped.append([name, f"FAILED (exit code {code})", None, "", ""])
             continue
-        results[name] = json.loads(path.read_text())
-        rows += summary_rows(name, results[name])
-    table = markdown_table(["benchmark", "figure", "value", "target", "met"], rows)
+        results[name] = json.loads((RESULTS_DIR / f"{name}.json").read_text())
+    table = summary_table(results, skipped)
     print(f"\n## Summary{' (quick)' if args.quick else ''}\n\n{table}\n")
     for name, r in results.items():
         print(f"### {name}\n\n{r['table']}\n")
-    summary = {"quick": args.quick, "rows": [[fmt(v) if i == 2 else v for i, v in enumerate(row)] for row in rows]}
-    (RESULTS_DIR / "summary.json").write_text(json.dumps({**summary, "table": table, "failed": failed}, indent=2))
+    summary = {"quick": args.quick, "benchmarks": list(results), "skipped": skipped, "table": table, "failed": failed}
+    (RESULTS_DIR / "summary.json").write_text(json.dumps(summary, indent=2))
     return 1 if failed else 0
+
+
+def run_one(name: str, args) -> int:
+    """Runs benchmark `name` in a child process into benchmarks/results/NAME.json (with --from-results: only looks
+    for that file); returns its exit code."""
+    path = RESULTS_DIR / f"{name}.json"
+    if args.from_results:
+        return 0 if path.exists() else 1
+    command = [sys.executable, "-m", f"benchmarks.{name}", "--json", str(path), *(["--quick"] if args.quick else [])]
+    print(f"--- {' '.join(command[1:])}", flush=True)
+    return subprocess.run(command, cwd=REPO_ROOT, env=bench_env()).returncode
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ import json
 
 from benchmarks.common import RESULTS_DIR
 from benchmarks.learning import real_table, summarize, table
-from benchmarks.readme import BLOCK, PAGES, main, render, stale_blocks
+from benchmarks.readme import BLOCK, PAGES, main, render, result_table, stale_blocks
+from benchmarks.run import summary_table
 
 
 def cited() -> set[str]:
@@ -12,7 +13,8 @@ def cited() -> set[str]:
 
 
 def test_each_page_holds_its_results_table():
-    assert {"learning.json", "learning-real.json"} <= cited()  # the README's learning tables: tiny and real model
+    # The README's learning tables (tiny and real model) and its speed table (`make bench`'s summary).
+    assert {"learning.json", "learning-real.json", "summary.json"} <= cited()
     assert stale_blocks() == [], "run `python -m benchmarks.readme` after a benchmark's run (and commit its JSON)"
 
 
@@ -28,6 +30,13 @@ def test_the_tiny_model_table_is_what_the_benchmark_renders_from_its_runs():
     assert result["seeds"] == [42, 43, 44] and not result["quick"]
 
 
+def test_the_speed_table_is_what_make_bench_renders_from_each_benchmarks_result():
+    summary = json.loads((RESULTS_DIR / "summary.json").read_text())
+    results = {name: json.loads((RESULTS_DIR / f"{name}.json").read_text()) for name in summary["benchmarks"]}
+    assert summary_table(results, summary["skipped"]).strip() == summary["table"].strip()
+    assert not summary["quick"] and not summary["failed"] and not any(r["quick"] for r in results.values())
+
+
 def test_a_typed_figure_is_found_and_rewritten(tmp_path, monkeypatch, capsys):
     page = tmp_path / "README.md"
     good = "intro\n<!-- results: learning-real.json -->\n| typed | 0.99 |\n<!-- /results -->\nend\n"
@@ -37,3 +46,7 @@ def test_a_typed_figure_is_found_and_rewritten(tmp_path, monkeypatch, capsys):
     assert main(["--check"]) == 1 and "README.md: learning-real.json" in capsys.readouterr().out
     assert main([]) == 0 and main(["--check"]) == 0
     assert page.read_text() == render(good) and "| typed |" not in page.read_text()
+    page.write_text("<!-- results: learning-real.json -->\n<!-- /results -->\n")  # a new, empty block is filled
+    assert main(["--check"]) == 1 and main([]) == 0
+    filled = f"<!-- results: learning-real.json -->\n{result_table('learning-real.json')}\n<!-- /results -->\n"
+    assert page.read_text() == filled
