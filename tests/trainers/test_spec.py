@@ -653,6 +653,18 @@ TRL_OPTION = "unknown key: a TRL option (trl.GRPOConfig's {}): put it under trl:
             {"trl": {"output_dir": "/tmp"}},
             "trl.output_dir: set by grpoflow (checkpoints go to the job folder's checkpoints/)",
         ),
+        # uploads to the Hub from inside training (the worker's token, public by default, before the gate): refused
+        *[
+            ({"trl": {name: value}}, f"trl.{name}: an upload to the Hugging Face Hub from inside training")
+            for name, value in [
+                ("push_to_hub", True),
+                ("hub_model_id", "someone/leak"),
+                ("hub_strategy", "all_checkpoints"),
+                ("hub_token", "hf_notreal"),
+                ("log_completions_hub_repo", "someone/completions"),
+                ("trackio_space_id", "someone/dashboard"),
+            ]
+        ],
         # a grpoflow hyperparameter put under trl:
         (
             {"trl": {"kl_coef": 0.1}},

@@ -29,3 +29,12 @@ def test_validating_a_trl_block_imports_neither_torch_nor_trl():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_upload_the_trl_block_refuses_is_a_field_of_the_installed_trl():
+    from grpoflow.trainers.spec.rules import TRL_UPLOADS
+
+    # A field TRL renamed would slip past the refusal: each name must still be one of GRPOConfig's.
+    assert set(TRL_UPLOADS) <= set(trl_fields()["fields"])
+    hub = {name for name in trl_fields()["fields"] if name.startswith(("hub_", "push_to_hub", "trackio_"))}
+    assert hub <= set(TRL_UPLOADS), hub - set(TRL_UPLOADS)  # and none of theirs is missed

@@ -119,6 +119,23 @@ TRL_SET_BY_GRPOFLOW = {
     "use_cpu": "follows the machine and gpu_count",
     "model_init_kwargs": "the dtype follows the machine",
 }
+# The trl.GRPOConfig fields that upload to the Hugging Face Hub from inside training with the worker's token, public
+# by default: before the promotion gate and a person's approval, from any spec a deployment runs. What to use instead.
+_PUBLISH = "grpoflow publishes the kept model through publish: (publish.repo_id), after the gate and any approval"
+_TRACKIO = "tracking.report_to: [trackio] logs locally; a Space is the pool's setting (TRACKIO_SPACE_ID)"
+TRL_UPLOADS = {
+    "push_to_hub": _PUBLISH,
+    "hub_model_id": _PUBLISH,
+    "hub_strategy": _PUBLISH,
+    "hub_private_repo": _PUBLISH,
+    "hub_always_push": _PUBLISH,
+    "hub_revision": _PUBLISH,
+    "hub_token": "a token in a spec is stored in spec.yaml, Prefect's database and events; " + _PUBLISH,
+    "log_completions_hub_repo": "every step's prompts and completions are in rollouts/ (grpoflow rollouts JOB)",
+    "trackio_space_id": _TRACKIO,
+    "trackio_bucket_id": _TRACKIO,
+    "trackio_static_space_id": _TRACKIO,
+}
 _TYPE_NAMES = {
     "bool": "true or false",
     "int": "an integer",
@@ -371,6 +388,11 @@ def _trl_problems(trl: dict, hyperparameters: list[str]) -> list[str]:
             problems.append(f"{where}: set by the spec; use {trl_spec_keys()[name]}")
         elif name in TRL_SET_BY_GRPOFLOW:
             problems.append(f"{where}: set by grpoflow ({TRL_SET_BY_GRPOFLOW[name]})")
+        elif name in TRL_UPLOADS:
+            problems.append(
+                f"{where}: an upload to the Hugging Face Hub from inside training, with the worker's token, before "
+                f"the promotion gate and approval: refused; {TRL_UPLOADS[name]}"
+            )
         elif name in hyperparameters:
             problems.append(f"{where}: a grpoflow hyperparameter, not a TRL option; use hyperparameters.{name}")
         elif name not in fields:
