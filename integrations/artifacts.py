@@ -34,6 +34,7 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.runtime import deployment
 
+from grpoflow.jobs.canary import projection_line
 from grpoflow.jobs.registry import registry_dir
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import HealthMonitor, verdict
@@ -208,12 +209,15 @@ def score_summary(evaluation: dict | None) -> str:
 
 def completed_message(job: JobDir, spec: JobSpec, evaluation: dict | None) -> str:
     """The message of a completed run's state: the held-out score and the health verdict (as the report's), that the
-    budget ended training when it did, and why the model was not promoted when the gate or a person kept it back."""
+    budget ended training when it did, the canary's projection beside the time training took, and why the model was not
+    promoted when the gate or a person kept it back."""
     alerts = HealthMonitor.for_spec(spec).check(read_metrics(job.metrics))
     message = f"completed: {score_summary(evaluation)}; {verdict(alerts)}"
     training = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
     if budget := budget_line(training):
         message += f"; {budget}"
+    if canary := projection_line(job):
+        message += f"; {canary}"
     gate = job.root / "gate.json"
     decision = json.loads(gate.read_text()) if gate.exists() else {"promote": True}
     return message if decision["promote"] else f"{message}; not promoted: {decision['reason']}"

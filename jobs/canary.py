@@ -451,6 +451,29 @@ def summary_line(result: dict, spec: JobSpec) -> str:
     return line
 
 
+def projection_line(job: JobDir) -> str | None:
+    """The passed canary's projection beside the training time the run took, in one line (the report's summary and
+    the flow run's final state message); None where no canary passed in `job`."""
+    path = job.root / CANARY_FILE
+    canary = json.loads(path.read_text()) if path.exists() else {}
+    if canary.get("status") != "passed" or canary.get("projected_training_hours") is None:
+        return None
+    projected = canary["projected_training_hours"] * 3600
+    line = f"the canary projected {_seconds(projected)} of training (its full-length step {canary['step_seconds']} s"
+    line += f", peak {canary['peak_memory_gb']} GB)"
+    trained = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
+    if took := trained.get("train_runtime"):
+        line += f"; training took {_seconds(took)}" + (f" ({took / projected:.2f}x)" if projected else "")
+    return line
+
+
+def _seconds(seconds: float) -> str:
+    """`42 s`, `12.5 min` or `3.2 h`."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def wanted(spec: JobSpec) -> bool:
     """Whether the pipeline runs the canary stage: `canary.enabled` true, or auto with a GPU job or several
     machines."""

@@ -19,6 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from grpoflow.jobs.canary import projection_line
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
 from grpoflow.trainers.held_out import change
@@ -185,6 +186,7 @@ def _summary(job: JobDir, spec: JobSpec, records: list[dict], extra: dict) -> st
         f"- **Steps run:** {steps}",
         f"- **Artifact:** {_artifact(job, spec)}",
         *_trained_parameters(job),
+        *([f"- **Canary:** {canary}"] if (canary := projection_line(job)) else []),
     ]
     for key, value in extra.items():
         if key == "wall_time_s" and isinstance(value, int | float):

@@ -243,3 +243,22 @@ def test_report_shows_what_the_model_writes_before_and_after(tmp_path):
     assert text.index("## Held-out evaluation") < text.index("## What the model writes") < text.index("## Metrics")
     # Without the held-out files (an older job, or no hold-out), no such section.
     assert "What the model writes" not in write_report(job, spec, EVALUATION | {"selected_step": 5}, []).read_text()
+
+
+def test_the_canarys_projection_stands_beside_the_time_training_took(tmp_path):
+    from grpoflow.integrations.artifacts import completed_message
+    from grpoflow.jobs.canary import projection_line
+
+    job, spec = make_job(tmp_path)
+    assert projection_line(job) is None  # no canary ran: nothing said
+    canary = {"status": "passed", "projected_training_hours": 0.01, "step_seconds": 0.5, "peak_memory_gb": 0.62}
+    (job.root / "canary.json").write_text(json.dumps(canary))
+    job.training_result.write_text(json.dumps({"train_runtime": 30.0}))
+    line = (
+        "the canary projected 36 s of training (its full-length step 0.5 s, peak 0.62 GB); training took 30 s (0.83x)"
+    )
+    assert projection_line(job) == line
+    assert f"- **Canary:** {line}" in write_report(job, spec, EVALUATION, []).read_text()
+    assert completed_message(job, spec, EVALUATION).endswith(f"; {line}")  # the flow run's final state message
+    (job.root / "canary.json").write_text(json.dumps({**canary, "status": "failed"}))
+    assert projection_line(job) is None  # a failed canary ended the job before training

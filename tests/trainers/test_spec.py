@@ -665,6 +665,7 @@ TRL_OPTION = "unknown key: a TRL option (trl.GRPOConfig's {}): put it under trl:
                 ("trackio_space_id", "someone/dashboard"),
             ]
         ],
+        ({"trl": {"accelerator_config": "/proc/self/environ"}}, "trl.accelerator_config: give the mapping itself"),
         # a grpoflow hyperparameter put under trl:
         (
             {"trl": {"kl_coef": 0.1}},

@@ -388,6 +388,8 @@ def _trl_problems(trl: dict, hyperparameters: list[str]) -> list[str]:
             problems.append(f"{where}: set by the spec; use {trl_spec_keys()[name]}")
         elif name in TRL_SET_BY_GRPOFLOW:
             problems.append(f"{where}: set by grpoflow ({TRL_SET_BY_GRPOFLOW[name]})")
+        elif name == "accelerator_config" and not isinstance(value, dict):
+            problems.append(f"{where}: give the mapping itself; a path would have training read a file of the worker")
         elif name in TRL_UPLOADS:
             problems.append(
                 f"{where}: an upload to the Hugging Face Hub from inside training, with the worker's token, before "
