@@ -249,7 +249,7 @@ def _read(source: "str | Path | dict | JobSpec", storage_options: dict | None = 
     if isinstance(source, dict):
         return source
     # A URL (s3://bucket/spec.yaml) is read through fsspec; Path() would fold its "//".
-    path = source if url_scheme(source) else Path(source)
+    path = source if url_scheme(source) else Path(source).expanduser()
     if (refused := outside_stores(source)) or (refused := unopenable(source)):
         raise SpecError(f"{source}: {refused}")
     if isinstance(path, Path) and path.exists() and not (path.is_file() or path.is_dir()):
