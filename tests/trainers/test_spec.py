@@ -802,6 +802,13 @@ def test_missing_file(tmp_path):
     assert info.value.problems == [f"spec file not found: {tmp_path / 'nope.yaml'}"]
 
 
+def test_a_spec_path_under_home_is_read(tmp_path, monkeypatch, spec_dict):
+    # An event's `spec: ~/specs/job.yaml`: the home folder is expanded, as fsspec did before local paths went to Path.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "job.yaml").write_text(json.dumps(spec_dict))  # JSON is YAML
+    assert load_spec("~/job.yaml")[0].name == spec_dict["name"]
+
+
 @pytest.mark.parametrize("max_steps", [100_000, 1_000_000_000])
 def test_a_max_steps_past_any_grpo_run_is_a_warning_saying_what_it_means(spec_dict, max_steps):
     # Not refused: a run capped by budget.max_training_hours may mean it; MAX_INT already refuses an overflow.
