@@ -155,6 +155,10 @@ def discard_job(job: JobDir) -> None:
     shutil.rmtree(job.root, ignore_errors=True)
 
 
+# What the job's end writes after the folder was uploaded: uploaded once more.
+ANNOUNCED = ("events.jsonl", "webhooks.jsonl", webhooks.OUTBOX, "report.md")
+
+
 @task(name="upload-job", retries=3, retry_delay_seconds=2 * RETRY_DELAY_S)
 def upload_job_task(job: JobDir, spec: JobSpec, names: tuple[str, ...] = ()) -> str | None:
     """`upload_job` as a retried task (logged, visible in the run's graph); see `upload_job`."""
@@ -215,10 +219,14 @@ class JobEnding:
     def completed(self, result: dict) -> dict:
         # The flow run's final state says how it went (`end.message`): the held-out score and the health verdict.
         self.message = completed_message(self.job, self.spec, result.get("evaluation"))
-        # Uploaded before job.completed announces the folder, then once more for the events that announced it.
-        upload_job_task(self.job, self.spec)
+        # Uploaded before job.completed announces the folder, then once more for the events that announced it; a
+        # local output_uri has nothing to upload (no task runs in the run's graph that did nothing).
+        remote = is_remote(self.spec.output_uri)
+        if remote:
+            upload_job_task(self.job, self.spec)
         self._announce("grpoflow.job.completed", result)
-        upload_job_task(self.job, self.spec, names=("events.jsonl", "webhooks.jsonl", webhooks.OUTBOX, "report.md"))
+        if remote:
+            upload_job_task(self.job, self.spec, names=ANNOUNCED)
         return result
 
     def _announce(self, event: str, payload: dict) -> None:
