@@ -30,6 +30,9 @@ from grpoflow.trainers.model.load import SetupError
 from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 BUDGET_FILE = "budget.json"
+# How often budget.json is rewritten while training runs (and at each checkpoint and the end): a crash loses at most
+# this much of the books (a checkpoint's own record keeps its time exactly), not a file written every step.
+BUDGET_WRITE_S = 5.0
 CALLBACK_NAME = "BudgetCallback"  # its class name: the key of its record in trainer_state.json's stateful_callbacks
 DELETE_FIX = (
     "delete the file and resume the job: the count restarts from the newest checkpoint's own record (from 0 without "
@@ -136,13 +139,12 @@ def budget_callback(job: JobDir, spec: JobSpec):
             # A checkpoint saved before this callback kept a record has no key for it, and Trainer._save_checkpoint
             # indexes it (a KeyError at the first save after such a resume).
             state.stateful_callbacks.setdefault(CALLBACK_NAME, self.state())
-            self.before, self.started = self.seconds, time.monotonic()
+            self.before, self.started, self.written = self.seconds, time.monotonic(), float("-inf")
 
         def on_step_end(self, args, state, control, **kwargs):
-            used = self.before + time.monotonic() - self.started
+            now = time.monotonic()
+            used = self.before + now - self.started
             self.seconds = round(used, 3)
-            if state.is_world_process_zero:
-                write_json_atomic(job.root / BUDGET_FILE, {"seconds": self.seconds, "step": state.global_step})
             if cap is not None and used >= cap * 3600 and state.global_step < state.max_steps:
                 control.should_save = control.should_training_stop = True
                 self.stopped_at = state.global_step
@@ -151,6 +153,10 @@ def budget_callback(job: JobDir, spec: JobSpec):
                     "training stops at this step's checkpoint",
                     flush=True,
                 )
+            due = control.should_save or control.should_training_stop or state.global_step >= state.max_steps
+            if state.is_world_process_zero and (due or now - self.written >= BUDGET_WRITE_S):
+                write_json_atomic(job.root / BUDGET_FILE, {"seconds": self.seconds, "step": state.global_step})
+                self.written = now
             return control
 
     return BudgetCallback()
