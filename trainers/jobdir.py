@@ -63,7 +63,8 @@ FILES = {
     "newest intact one.",
     "training.json": "What the training stage ended with: the artifact, steps, the selected step, times, the LoRA "
     "targets and parameter counts.",
-    "budget.json": "The training seconds spent so far (budget.max_training_hours), which resumed attempts add to.",
+    "budget.json": "The training seconds spent so far (budget.max_training_hours), which resumed attempts add to; "
+    "rewritten every 5 s of training and at each checkpoint.",
     "canary.json": "The canary stage's result: passed or failed and why, one full-length step's peak memory, "
     "time and tokens per second on the job's devices, the projected training hours.",
     "adapter/": "LoRA jobs: the adapter (PEFT format) and the tokenizer.",
