@@ -454,17 +454,30 @@ def summary_line(result: dict, spec: JobSpec) -> str:
 def projection_line(job: JobDir) -> str | None:
     """The passed canary's projection beside the training time the run took, in one line (the report's summary and
     the flow run's final state message); None where no canary passed in `job`."""
-    path = job.root / CANARY_FILE
-    canary = json.loads(path.read_text()) if path.exists() else {}
-    if canary.get("status") != "passed" or canary.get("projected_training_hours") is None:
-        return None
-    projected = canary["projected_training_hours"] * 3600
-    line = f"the canary projected {_seconds(projected)} of training (its full-length step {canary['step_seconds']} s"
-    line += f", peak {canary['peak_memory_gb']} GB)"
-    trained = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
-    if took := trained.get("train_runtime"):
+    canary, trained = _read_json(job.root / CANARY_FILE), _read_json(job.training_result)
+    projected, took = canary.get("projected_training_hours"), trained.get("train_runtime")
+    if canary.get("status") != "passed" or not _is_number(projected):
+        return None  # no canary ran or it failed; or a file someone edited: the end of the job says nothing of it
+    projected *= 3600
+    line = (
+        f"the canary projected {_seconds(projected)} of training (its full-length step {canary.get('step_seconds')} s"
+    )
+    line += f", peak {canary.get('peak_memory_gb')} GB)"
+    if _is_number(took) and took > 0:
         line += f"; training took {_seconds(took)}" + (f" ({took / projected:.2f}x)" if projected else "")
     return line
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value and abs(value) < 1e12
 
 
 def _seconds(seconds: float) -> str:

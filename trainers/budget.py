@@ -154,10 +154,17 @@ def budget_callback(job: JobDir, spec: JobSpec):
                     flush=True,
                 )
             due = control.should_save or control.should_training_stop or state.global_step >= state.max_steps
-            if state.is_world_process_zero and (due or now - self.written >= BUDGET_WRITE_S):
-                write_json_atomic(job.root / BUDGET_FILE, {"seconds": self.seconds, "step": state.global_step})
-                self.written = now
+            if due or now - self.written >= BUDGET_WRITE_S:
+                self.write(state)
             return control
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.write(state)  # a stop another callback asked for after this one's step end: the books exact
+
+        def write(self, state) -> None:
+            if state.is_world_process_zero:
+                write_json_atomic(job.root / BUDGET_FILE, {"seconds": self.seconds, "step": state.global_step})
+            self.written = time.monotonic()
 
     return BudgetCallback()
 

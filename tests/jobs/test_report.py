@@ -262,3 +262,15 @@ def test_the_canarys_projection_stands_beside_the_time_training_took(tmp_path):
     assert completed_message(job, spec, EVALUATION).endswith(f"; {line}")  # the flow run's final state message
     (job.root / "canary.json").write_text(json.dumps({**canary, "status": "failed"}))
     assert projection_line(job) is None  # a failed canary ended the job before training
+    # A canary.json someone edited (a job folder on a shared store) says nothing, never a traceback at the job's end.
+    for broken in (
+        "{",
+        "[1]",
+        json.dumps({**canary, "projected_training_hours": "x"}),
+        json.dumps({"status": "passed"}),
+    ):
+        (job.root / "canary.json").write_text(broken)
+        assert projection_line(job) is None
+    (job.root / "canary.json").write_text(json.dumps(canary))
+    job.training_result.write_text('{"train_runtime": "soon"}')
+    assert projection_line(job) == "the canary projected 36 s of training (its full-length step 0.5 s, peak 0.62 GB)"

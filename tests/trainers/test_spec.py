@@ -784,8 +784,14 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 @pytest.mark.parametrize(
     "text, problem",
     [
-        ("- a\n- b\n", "the top level must be a mapping of spec keys (got ['a', 'b'])"),
-        ("", "the top level must be a mapping of spec keys (got None)"),
+        ("- a\n- b\n", "the top level must be a mapping of spec keys (got a list of 2 items)"),
+        ("", "the top level must be a mapping of spec keys (got an empty file)"),
+        # A token file named as the spec (an event's `spec:`): its value is never repeated into a state message.
+        (
+            "hf_NotARealTokenButSecret\n",
+            "the top level must be a mapping of spec keys (got text of 25 characters, not repeated here)",
+        ),
+        ("12345\n", "the top level must be a mapping of spec keys (got a single int value, not repeated here)"),
     ],
 )
 def test_top_level_must_be_a_mapping(tmp_path, text, problem):
@@ -1110,11 +1116,12 @@ def test_lora_at_a_full_fine_tune_rate_is_a_warning(spec_dict, overrides, warned
         ]
 
 
-def test_validate_says_where_a_key_belongs_and_what_a_metric_entry_means(tmp_path, capsys):
+def test_validate_says_where_a_key_belongs_and_what_a_metric_entry_means(tmp_path):
     """`grpoflow validate` as a user runs it: `system_prompt:` at the top level is one line saying it belongs under
     hyperparameters (exit 2); the README's `metric: {name: exact_answer}` on a job whose reward is exact_answer is
     that reward (exit 0), where it was refused with two contradictory lines."""
-    from grpoflow.flows.cli import main
+    # tests.conftest.cli, not capsys: a handler left on capsys's closed stream breaks a later test's logging.
+    from tests.conftest import cli
 
     data = Path(__file__).parents[2] / "examples" / "data" / "arithmetic.jsonl"
     head = f"name: t\nbase_model: builtin:tiny\ndataset: {{uri: {data}}}\nrewards: [{{name: exact_answer}}]\n"
@@ -1122,10 +1129,12 @@ def test_validate_says_where_a_key_belongs_and_what_a_metric_entry_means(tmp_pat
     misplaced.write_text(head + "system_prompt: Answer with a number.\n")
     readme_metric = "evaluation:\n  metric: {name: exact_answer}\n"  # as the README's example wrote it
     metric.write_text(head + "hyperparameters: {max_response_length: 16}\n" + readme_metric)
-    assert main(["validate", str(misplaced)]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
+    code, _, err = cli("validate", misplaced)
+    assert code == 2
+    assert err.strip().splitlines() == [
         "grpoflow: spec rejected: 1 problem:",
         "  - system_prompt: unknown key here; system_prompt belongs under hyperparameters:",
     ]
-    assert main(["validate", str(metric)]) == 0
-    assert "  metric: exact_answer\n" in capsys.readouterr().out
+    code, out, _ = cli("validate", metric)
+    assert code == 0
+    assert "  metric: exact_answer\n" in out

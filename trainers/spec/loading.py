@@ -282,8 +282,20 @@ def _read(source: "str | Path | dict | JobSpec", storage_options: dict | None = 
     except ValueError as exc:  # PyYAML's own, unwrapped: a "\U" escape past U+10FFFF, a date like 2026-13-45
         raise SpecError(f"{path}: invalid YAML: a value YAML cannot build ({exc})") from None
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: the top level must be a mapping of spec keys (got {shown(data)})")
+        raise SpecError(f"{path}: the top level must be a mapping of spec keys (got {_top_level(data)})")
     return data
+
+
+def _top_level(data: Any) -> str:
+    """What a file that is no spec holds, never its value: a one-line file an event's `spec:` names (a token file,
+    `~/.cache/huggingface/token`) would otherwise be repeated into the run's state message and logs."""
+    if data is None:
+        return "an empty file"
+    if isinstance(data, list):
+        return f"a list of {len(data)} item{'s' * (len(data) != 1)}"
+    if isinstance(data, str):
+        return f"text of {len(data)} characters, not repeated here"
+    return f"a single {type(data).__name__} value, not repeated here"
 
 
 # --- --set overrides ------------------------------------------------------------------------------------------------
