@@ -40,7 +40,7 @@ from grpoflow.trainers.errors import ChildEndedEarly, ChildFailed, RewardFailed,
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.spec import JobSpec, SpecError, load_spec
-from grpoflow.trainers.trust import untrusted_code
+from grpoflow.trainers.trust import deployment_problems
 
 
 class NamedFailures(logging.Filter):
@@ -216,7 +216,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     spec = checked_spec(spec)  # a deployment's run: the spec as its JSON
     if not isinstance(spec, JobSpec):
         return spec
-    if problems := untrusted_code(spec):  # before anything imports the spec's modules
+    if problems := deployment_problems(spec):  # before anything imports the spec's modules or reads its paths
         get_run_logger().error("spec rejected:\n%s", "\n".join(problems))
         return rejected("; ".join(problems))
 

@@ -44,7 +44,7 @@ from grpoflow.integrations.storage import filesystem, is_remote, join
 from grpoflow.trainers.held_out import SCORE_TOLERANCE
 from grpoflow.trainers.metrics import read_jsonl
 from grpoflow.trainers.spec import JobSpec, SpecError, apply_overrides, load_spec
-from grpoflow.trainers.trust import untrusted_code
+from grpoflow.trainers.trust import deployment_problems
 
 _NOT_KEY = re.compile(r"[^a-z0-9]+")  # Prefect artifact keys: lowercase letters, digits and dashes
 BEST = "★ best"
@@ -418,7 +418,7 @@ def grpo_sweep(
         return rejected("; ".join(e.problems))
     sweep_id = sweep_id or flow_run.name
     specs = [combination_spec(spec, values) for values in combinations]
-    if problems := list(dict.fromkeys(p for s in specs for p in untrusted_code(s))):
+    if problems := list(dict.fromkeys(p for s in specs for p in deployment_problems(s))):
         logger.error("sweep rejected:\n%s", "\n".join(problems))
         return rejected("; ".join(problems))
     logger.info("sweep %s: %d jobs, at most %d at once", sweep_id, len(specs), max_concurrent)

@@ -19,6 +19,7 @@ from grpoflow.integrations.stages import rejected
 from grpoflow.integrations.storage import storage_options
 from grpoflow.trainers.spec import SpecError, load_spec
 from grpoflow.trainers.spec.models import OptionalUrl, Url
+from grpoflow.trainers.trust import path_outside
 
 DEFAULT_SPEC = "deployments/default-spec.yaml"
 
@@ -38,6 +39,9 @@ def grpo_pipeline_from_file(
     source = spec or default_spec
     # JSON quoting keeps the URI a string through the override's YAML parsing (a name like `2024` stays text).
     overrides = [f"dataset.uri={json.dumps(dataset_uri)}"] if dataset_uri else []
+    if refused := path_outside("spec", source):  # the spec file itself, before it is read
+        logger.error("spec %s rejected: %s", source, refused)
+        return rejected(refused)
     try:
         job_spec, warnings = load_spec(source, overrides, storage_options(source))
     except SpecError as e:

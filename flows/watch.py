@@ -61,6 +61,7 @@ from grpoflow.integrations.storage import filesystem, is_remote, join
 from grpoflow.trainers.dataset import COMPRESSIONS, FORMATS
 from grpoflow.trainers.jobdir import write_json_atomic
 from grpoflow.trainers.spec.models import OptionalUrl, Url
+from grpoflow.trainers.trust import path_outside
 from grpoflow.trainers.uris import OBJECT_STORES, STORES, outside_stores
 
 EVENT = "grpoflow.dataset.landed"
@@ -356,6 +357,9 @@ def watch_new_data(
     for name, value, stores in (("uri", uri, OBJECT_STORES), ("spec", spec, STORES)):
         if value and (refused := outside_stores(value, stores)):  # before the first look, not at each for an hour
             raise ValueError(f"{name} {value}: {refused}")
+    for name, value in (("uri", uri), ("spec", spec), ("state_dir", state_dir)):
+        if value and (refused := path_outside(name, value)):  # the pool's GRPOFLOW_DEPLOYED_PATHS
+            raise ValueError(refused)
     if not is_remote(uri):
         uri = str(Path(uri).expanduser().resolve())
     if state_dir and not is_remote(state_dir):

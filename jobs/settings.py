@@ -69,6 +69,13 @@ SETTINGS = {
         "Code carried in a spec (a `python` grader): `unsandboxed` lets it run without the sandbox where none can "
         "start; `0` refuses it from a deployment even with the sandbox.",
     ),
+    "GRPOFLOW_DEPLOYED_PATHS": Setting(
+        "unset: any path the worker's user can read and write",
+        "Folders (separated by `:`; relative ones are the project folder's, `.` is the project itself) where a spec "
+        "from a deployment may name local paths: dataset.uri, a local base_model or reward model, output_uri, an "
+        "event's spec file, a watcher's folders. Each must resolve inside one, symbolic links followed; otherwise "
+        "the run ends Rejected before anything is read.",
+    ),
     "GRPOFLOW_ALLOW_LINK_LOCAL_URLS": Setting(
         "unset: refused",
         "`1` allows endpoints on link-local and cloud-metadata addresses (webhooks, judges, a vLLM server), which a "

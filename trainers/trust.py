@@ -16,9 +16,14 @@ process only on the user's own command line (with one warning) or where the pool
 `GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`; a spec from a deployment is refused otherwise, and `GRPOFLOW_ALLOW_SPEC_CODE=0`
 refuses such code from a deployment even with the sandbox.
 
-The CLI marks its commands with `command_line()`; every flow that takes a spec checks it with `untrusted_code`
-first, before any stage imports a reward, and ends `Rejected` naming the setting that would allow it. The training
-children learn where their spec came from through `SPEC_ORIGIN_ENV` (`origin_env`).
+Local paths: where the work pool sets `GRPOFLOW_DEPLOYED_PATHS` (folders, separated by `os.pathsep`; relative ones
+are the project folder's), every local path a spec from a deployment names (`dataset.uri`, a local `base_model` or
+reward model, `output_uri`, an event's spec file, a watcher's folders) must resolve, symbolic links followed, inside
+one of them; unset, the worker's file system is the boundary.
+
+The CLI marks its commands with `command_line()`; every flow that takes a spec checks it with `deployment_problems`
+first, before any stage imports a reward or reads a path, and ends `Rejected` naming the setting that would allow it.
+The training children learn where their spec came from through `SPEC_ORIGIN_ENV` (`origin_env`).
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpoflow.trainers.graders import CODE_GRADERS
+from grpoflow.trainers.uris import file_path, url_scheme
 
 if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic models then
     from grpoflow.trainers.spec import JobSpec
 
 REWARD_MODULES_ENV = "GRPOFLOW_REWARD_MODULES"
 SPEC_CODE_ENV = "GRPOFLOW_ALLOW_SPEC_CODE"
+PATHS_ENV = "GRPOFLOW_DEPLOYED_PATHS"  # the folders a deployment's spec may name local paths in
 SPEC_ORIGIN_ENV = "GRPOFLOW_SPEC_ORIGIN"  # set by the launcher for its children: command_line or deployment
 # What grpoflow ships as rewards, tools and environments (no factory of them takes code), and TRL's rewards.
 ALWAYS_ALLOWED = ("grpoflow.trainers.rewards.builtin", "grpoflow.examples", "trl.rewards")
@@ -141,6 +148,67 @@ def untrusted_code(spec: JobSpec, project: Path | None = None) -> list[str]:
             f"those the work pool lists in {REWARD_MODULES_ENV}" + _how_to_allow(module)
         )
     return problems + _spec_code_problems(spec)
+
+
+def deployment_problems(spec: JobSpec, project: Path | None = None) -> list[str]:
+    """What a spec from outside the command line may not do: name a module the pool does not allow, carry code that
+    may not run here, or name a local path outside the pool's `GRPOFLOW_DEPLOYED_PATHS`; empty when none (or when the
+    spec came from the command line)."""
+    return untrusted_code(spec, project) + untrusted_paths(spec, project)
+
+
+def local_paths(spec: JobSpec) -> list[tuple[str, str]]:
+    """Every local path the spec names, with where: (location, path as given); URLs of a store and Hub ids are not
+    paths."""
+    from grpoflow.trainers.model.gguf import is_gguf
+    from grpoflow.trainers.model.load import is_local_model
+
+    found = [("dataset.uri", spec.dataset.uri), ("output_uri", spec.output_uri)]
+    models = [("base_model", spec.base_model)] + [(f"rewards[{i}].model", r.model) for i, r in enumerate(spec.rewards)]
+    metric = spec.evaluation.metric
+    if not isinstance(metric, str | None):
+        models.append(("evaluation.metric.model", metric.model))
+    found += [
+        (where, model)
+        for where, model in models
+        if model and not model.startswith("builtin:") and (is_local_model(model) or is_gguf(model))
+    ]
+    return [(where, path) for where, path in found if url_scheme(path) in ("", "file")]
+
+
+def untrusted_paths(spec: JobSpec, project: Path | None = None) -> list[str]:
+    """The spec's local paths outside the folders the pool allows a deployment's spec (`GRPOFLOW_DEPLOYED_PATHS`);
+    empty when it sets none, or when the spec came from the command line."""
+    return [problem for where, path in local_paths(spec) if (problem := path_outside(where, path, project))]
+
+
+def allowed_roots(project: Path | None = None) -> list[Path] | None:
+    """The folders of `GRPOFLOW_DEPLOYED_PATHS`, resolved (relative ones against the project folder); None when the
+    pool sets none."""
+    listed = [p.strip() for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p.strip()]
+    if not listed:
+        return None
+    project = Path(project or os.getcwd())
+    return [(project / Path(p).expanduser()).resolve() for p in listed]
+
+
+def path_outside(where: str, path: str, project: Path | None = None) -> str | None:
+    """Why the local `path` (a spec's `where`) may not be used by a run from a deployment, or None: it resolves, its
+    symbolic links followed, outside every folder of `GRPOFLOW_DEPLOYED_PATHS`."""
+    roots = allowed_roots(project)
+    if roots is None or from_command_line() or url_scheme(path) not in ("", "file"):
+        return None
+    try:
+        resolved = (Path(project or os.getcwd()) / Path(file_path(path)).expanduser()).resolve()
+    except ValueError as e:  # a file:// URL of another host
+        return f"{where}: {e}"
+    if any(resolved.is_relative_to(root) for root in roots):
+        return None
+    return (
+        f"{where}: {path} is outside the folders this work pool lets a run from a deployment read and write "
+        f"({PATHS_ENV}: {os.pathsep.join(map(str, roots))}); put it under one of them, or add its folder to "
+        f"{PATHS_ENV} in the pool's environment"
+    )
 
 
 def _spec_code_problems(spec: JobSpec) -> list[str]:

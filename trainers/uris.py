@@ -14,7 +14,7 @@ import ipaddress
 import os
 import re
 import socket
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 # RFC 3986's scheme: a letter, then letters, digits, "+", "-" or ".".
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -29,6 +29,21 @@ def url_scheme(uri: str | os.PathLike) -> str:
 def is_remote(uri: str | os.PathLike) -> bool:
     """True for URLs fsspec resolves remotely (`s3://...`); False for local paths and `file://`."""
     return url_scheme(uri) not in ("", "file", "local")
+
+
+def file_path(uri: str) -> str:
+    """The local path of a `file://` URL (`file:///data/runs` -> `/data/runs`); any other `uri` as it is. A host other
+    than `localhost` is a ValueError (the file is on another machine).
+
+    >>> file_path("file:///data/my%20runs"), file_path("file://localhost/x"), file_path("runs")
+    ('/data/my runs', '/x', 'runs')
+    """
+    if url_scheme(uri) != "file":
+        return uri
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"{uri} names host {parts.netloc!r}; use file:///absolute/path")
+    return unquote(parts.path)
 
 
 def unopenable(uri: str | os.PathLike) -> str | None:

@@ -483,6 +483,10 @@ CASES = [
     pytest.param({"dataset.max_row_bytes": 0}, "dataset.max_row_bytes: must be >= 1 (got 0)", id="max_row_bytes-0"),
     # --- output_uri: a local folder, or an object store's URL ---
     pytest.param({"output_uri": "s3://bucket/runs"}, {"output_uri": "s3://bucket/runs"}, id="output_uri-s3"),
+    pytest.param({"output_uri": "file:///data/my%20runs"}, {"output_uri": "/data/my runs"}, id="output_uri-file-url"),
+    pytest.param(
+        {"output_uri": "file://nas/runs"}, "output_uri: file://nas/runs names host 'nas'", id="output_uri-file-host"
+    ),
     pytest.param({"output_uri": "s4://bucket/runs"}, "output_uri: s4:// is refused: a local path", id="output_uri-s4"),
     # Any other protocol fsspec knows would let a deployed spec have the worker reach any address.
     pytest.param({"output_uri": "http://169.254.169.254/x"}, "output_uri: http:// is refused", id="output_uri-http"),

@@ -2,17 +2,30 @@
 reward signature, and a spec that does not come from the user's own command line may name only the modules the work
 pool allows. The bad-input corpus holds the command-line side; here, the flows a deployment runs."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.flows.sweep import grpo_sweep
+from grpoflow.flows.triggered import grpo_pipeline_from_file
+from grpoflow.flows.watch import watch_new_data
 from grpoflow.trainers.graders.sandbox import sandbox_problem
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.trust import REWARD_MODULES_ENV, SPEC_CODE_ENV, command_line, spec_code, untrusted_code
+from grpoflow.trainers.trust import (
+    PATHS_ENV,
+    REWARD_MODULES_ENV,
+    SPEC_CODE_ENV,
+    command_line,
+    deployment_problems,
+    local_paths,
+    spec_code,
+    untrusted_code,
+    untrusted_paths,
+)
 
 CALLED = []
 
@@ -133,3 +146,78 @@ def test_the_flows_reject_it_before_anything_runs(make_spec, tmp_path):
     state = grpo_pipeline(spec, return_state=True)
     assert state.name == "Rejected" and "'grpoflow.trainers.graders.reward' is not allowed" in state.message
     assert not (tmp_path / "runs").exists()  # no job folder, nothing imported or called
+
+
+def test_a_deployment_spec_names_local_paths_only_inside_the_pools_folders(make_spec, tmp_path, monkeypatch):
+    project, data, outside = tmp_path / "project", tmp_path / "data", tmp_path / "other-tenant"
+    for folder in (project / "runs", data, outside / "model"):
+        folder.mkdir(parents=True)
+    (project / "escape").symlink_to(outside)  # a link in an allowed folder leads out of it
+    (outside / "model" / "config.json").write_text("{}")
+    monkeypatch.chdir(project)
+    spec = load_spec(make_spec("paths"))[0]
+
+    def refused(**changes) -> list[str]:
+        return [p.split(":")[0] for p in untrusted_paths(spec.model_copy(update=changes))]
+
+    assert local_paths(spec) == [
+        ("dataset.uri", str(tmp_path / "arith.jsonl")),
+        ("output_uri", str(tmp_path / "runs")),
+    ]
+    assert refused() == []  # the pool sets no folders: the worker's file system is the boundary
+    monkeypatch.setenv(PATHS_ENV, f".{os.pathsep}{data}")  # the project, and a data folder
+    assert refused() == ["dataset.uri", "output_uri"]
+    [problem] = untrusted_paths(spec.model_copy(update={"output_uri": "runs"}))
+    assert problem.startswith(f"dataset.uri: {tmp_path / 'arith.jsonl'} is outside the folders this work pool lets")
+    assert f"{PATHS_ENV}: {project}{os.pathsep}{data})" in problem
+    inside = spec.model_copy(
+        update={"output_uri": "runs", "dataset": spec.dataset.model_copy(update={"uri": f"file://{data}/x.jsonl"})}
+    )
+    assert untrusted_paths(inside) == []
+    for uri in (
+        "../other-tenant/x.jsonl",
+        "escape/x.jsonl",
+        f"file://{outside}/x.jsonl",
+        f"{data}/../other-tenant/x.jsonl",
+    ):
+        escaping = inside.model_copy(update={"dataset": inside.dataset.model_copy(update={"uri": uri})})
+        assert [p.split(":")[0] for p in untrusted_paths(escaping)] == ["dataset.uri"], uri
+    for model, where in (
+        (str(outside / "model"), ["base_model"]),
+        ("escape/model", ["base_model"]),
+        ("Qwen/Qwen2.5-0.5B", []),
+        ("/elsewhere/m.gguf", ["base_model"]),
+        ("hf://o/n/m.gguf", []),
+    ):
+        assert [p.split(":")[0] for p in untrusted_paths(inside.model_copy(update={"base_model": model}))] == where, (
+            model
+        )
+    reward = inside.rewards[0].model_copy(update={"name": "rm", "model": str(outside / "model")})
+    assert [p.split(":")[0] for p in untrusted_paths(inside.model_copy(update={"rewards": [reward]}))] == [
+        "rewards[0].model"
+    ]
+    assert untrusted_paths(inside.model_copy(update={"output_uri": "s3://bucket/runs"})) == []  # a store, not a path
+    with command_line():  # the user's own command line: any path
+        assert untrusted_paths(spec) == []
+    assert deployment_problems(spec) == untrusted_paths(spec) != []
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_the_flows_reject_a_path_outside_the_pools_folders(make_spec, tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    monkeypatch.setenv(PATHS_ENV, str(project))
+    spec = load_spec(make_spec("paths"))[0]  # its dataset and output_uri under tmp_path, outside the project
+    for state in (
+        grpo_pipeline(spec, return_state=True),
+        grpo_sweep(spec, {"hyperparameters.seed": [1, 2]}, return_state=True),
+    ):
+        assert (
+            state.name == "Rejected" and state.message.startswith("dataset.uri: ") and "output_uri: " in state.message
+        )
+    state = grpo_pipeline_from_file(str(make_spec("elsewhere")), return_state=True)  # the event's spec file itself
+    assert state.name == "Rejected" and state.message.startswith(f"spec: {tmp_path / 'elsewhere.yaml'} is outside")
+    with pytest.raises(ValueError, match=r"^uri: /var/log is outside the folders"):
+        watch_new_data("/var/log", watch_minutes=0)
+    assert not (tmp_path / "runs").exists()  # nothing written

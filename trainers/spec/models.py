@@ -38,6 +38,7 @@ from grpoflow.trainers.uris import (
     ALLOW_LINK_LOCAL_ENV,
     OBJECT_STORES,
     credentials_instead,
+    file_path,
     link_local_address,
     outside_stores,
     unopenable,
@@ -865,7 +866,7 @@ class JobSpec(_Section):
             raise ValueError(reason)
         if reason := unopenable(value):
             raise ValueError("cannot write to" + reason.removeprefix("cannot open"))
-        return value
+        return file_path(value)  # a file:// URL is the folder it names (Path would read it as `./file:/...`)
 
     @field_validator(
         "sft",
