@@ -687,8 +687,22 @@ def cmd_submit(args) -> int:
         message = flow_run.state.message
         print(f"flow run {flow_run.name}: {state}" + (f" ({message})" if message else ""))
     if args.wait and not flow_run.state.is_completed():
-        raise Failed("")  # the line above said how it ended
+        raise run_ending(flow_run.state)  # the line above said how it ended
     return EXIT_OK
+
+
+def run_ending(state) -> Exception:
+    """What a flow run that did not complete ends the command with, as `grpoflow run` would for the same end: Rejected
+    (exit 2) for a rejected spec or a training setup problem, Diverged (4) for the health monitor's stop, else Failed
+    (1). A server's run holds its exception only as the state's message, which Prefect begins with the class name."""
+    from grpoflow.integrations.stages import REJECTED
+
+    message = state.message or ""
+    if state.name == REJECTED or message.startswith("Flow run encountered an exception: TrainingSetupError: "):
+        return Rejected("")
+    if message.startswith("Flow run encountered an exception: TrainingStopped: "):
+        return Diverged("")
+    return Failed("")
 
 
 def cmd_sweep(args) -> int:

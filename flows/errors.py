@@ -112,8 +112,10 @@ COMMAND_EXITS = {
     "deployments list": {EXIT_OK: "listed", EXIT_REJECTED: "a bad argument"},
     "submit": {
         EXIT_OK: "submitted (--wait: completed)",
-        EXIT_FAILED: "the server failed, or (--wait) the run did not complete",
-        EXIT_REJECTED: f"{BAD_SPEC}, no server to submit to (PREFECT_API_URL)",
+        EXIT_FAILED: "the server failed, or (--wait) the run failed or was cancelled",
+        EXIT_REJECTED: f"{BAD_SPEC}, no server to submit to (PREFECT_API_URL), or (--wait) the run ended Rejected "
+        "or with a training setup problem",
+        EXIT_DIVERGED: "(--wait) the run's health monitor stopped it",
     },
     "sweep": {EXIT_OK: "every job completed", EXIT_FAILED: "some job failed", EXIT_REJECTED: f"{BAD_SPEC} or grid"},
     "publish": {

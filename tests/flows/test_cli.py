@@ -405,6 +405,25 @@ def test_every_exit_code_names_an_exception_that_exists():
     assert exit_code(RuntimeError("a bug")) is None  # its traceback, not a one-line message
 
 
+def test_a_servers_run_ends_the_command_as_grpoflow_run_would():
+    # What `submit --wait` reads back of a run: its state's name and message (the exception only as Prefect words it).
+    from prefect.states import Cancelled, Crashed, Failed
+
+    from grpoflow.flows.cli import run_ending
+    from grpoflow.flows.errors import exit_code
+    from grpoflow.integrations.stages import rejected
+
+    def failed(error: str) -> int:
+        return exit_code(run_ending(Failed(message=f"Flow run encountered an exception: {error}")))
+
+    assert exit_code(run_ending(rejected("dataset.uri: no such file"))) == 2
+    assert failed("TrainingSetupError: grpoflow: vllm is not installed") == 2
+    assert failed("TrainingStopped: stopped by the health monitor: loss is nan") == 4
+    assert failed("ChildFailed: grpo child killed (SIGKILL)") == failed("RewardFailed: reward 'r' raised") == 1
+    assert failed("RuntimeError: TrainingStopped: quoted by another error") == 1  # the class name leads, or nothing
+    assert exit_code(run_ending(Crashed(message="TrainingStopped: "))) == exit_code(run_ending(Cancelled())) == 1
+
+
 def commands(parser=None, words: tuple = ()):
     """(the words after `grpoflow`, its parser) for every parser of the CLI, groups (`webhooks`) included."""
     import argparse

@@ -69,6 +69,14 @@ def small_spec(name: str, dataset_uri: str, output_uri: str) -> dict:
     }
 
 
+# Jobs whose stand-in child stops at step 1 on purpose, as the real child does: a setup problem (exit 2) and the health
+# monitor's stop (exit 4); with the exit code `grpoflow submit --wait` (and `grpoflow run`) ends with, and the error.
+ENDINGS = {
+    "setup-problem": {"grpo": {"exit_at": 1, "exit_code": 2, "message": "trl 0.0 is too old for this spec"}},
+    "diverges": {"grpo": {"exit_at": 1, "exit_code": 4, "message": "loss is nan at step 1"}},
+}
+
+
 # --- without a server ---------------------------------------------------------------------------------------------
 
 
@@ -188,7 +196,8 @@ def stack(tmp_path_factory, s3_env):
         # run with the real child: tests/flows/test_init.py::test_installed_grpoflow_runs_a_project_of_its_own.
         **standin_env(),
         # The job the cancel test stops trains slowly (200 s if nothing stopped it); the others at once.
-        "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 0.5}}}),
+        # The jobs of test_submit_wait_exits_as_grpoflow_run_would stop at their first step as the real child stops.
+        "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 0.5}, **ENDINGS}}),
     }
     procs = []
     try:
@@ -843,6 +852,22 @@ def test_a_spec_the_schema_lets_through_ends_rejected(stack, name):
     assert ran == []
     if name == "grpo-sweep/sweep":
         assert flow_run.name.startswith("sweep-example-"), flow_run.name  # named after its spec, as a sweep id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, code, error", [("setup-problem", 2, "TrainingSetupError"), ("diverges", 4, "TrainingStopped")]
+)
+def test_submit_wait_exits_as_grpoflow_run_would(stack, tmp_path, name, code, error):
+    """`grpoflow submit --wait` ends with the code `grpoflow run` gives the same end (2 a setup problem no retry
+    fixes, 4 the health monitor's stop), not 1 for any run that did not complete: a script tells them apart."""
+    spec = tmp_path / f"{name}.yaml"
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    spec.write_text(yaml.safe_dump(small_spec(name, str(data), str(tmp_path / "runs"))))
+    waited = stack.cli("grpoflow", "submit", spec, "--wait")
+    assert waited.returncode == code, waited.stdout + waited.stderr
+    assert f": Failed (Flow run encountered an exception: {error}: " in waited.stdout
+    assert ENDINGS[name]["grpo"]["message"] in waited.stdout and waited.stderr == ""
 
 
 @pytest.mark.slow
