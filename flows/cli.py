@@ -152,31 +152,20 @@ def print_estimate(args, spec) -> None:
 
 
 def check_resume(spec, job_id: str) -> None:
-    """A resumed job must run the spec it started with: its stages' records are only valid for that spec. The job
-    is looked for under the spec's output_uri, local or remote (`s3://...`)."""
-    from grpoflow.integrations.jobs import checked_job_id
-    from grpoflow.integrations.storage import filesystem, is_remote, join, storage_options
-    from grpoflow.trainers.spec import load_spec, resolved_dict
+    """A resumed job must run the spec it started with (`resume_problem`), and no live run may hold it: said here,
+    before a server starts, as exit 2 (the flow checks the same for a deployment's `job_id`)."""
+    from grpoflow.integrations.jobs import resume_problem
+    from grpoflow.integrations.storage import is_remote
 
-    root = spec.output_uri if is_remote(spec.output_uri) else str(Path(spec.output_uri).expanduser().resolve())
-    saved = join(root, checked_job_id(job_id, "--resume"), "spec.yaml")
-    fs, path = filesystem(saved)
-    if not fs.exists(path):
-        raise UsageError(f"--resume: unknown job {job_id!r} under {root}")
-    if not is_remote(root):
+    if problem := resume_problem(spec, job_id, "--resume"):
+        raise UsageError(problem)
+    if not is_remote(spec.output_uri):
         from grpoflow.jobs.lock import JobLock, JobLocked
 
         try:
-            JobLock(Path(root) / job_id).check()
+            JobLock(Path(spec.output_uri).expanduser().resolve() / job_id).check()
         except JobLocked as e:
             raise UsageError(f"--resume: {e}") from None
-    before, after = resolved_dict(load_spec(saved, storage_options=storage_options(saved))[0]), resolved_dict(spec)
-    changed = sorted(k for k in before.keys() | after.keys() if k != "output_uri" and before.get(k) != after.get(k))
-    if changed:
-        raise UsageError(
-            f"--resume: the spec differs from job {job_id}'s spec.yaml in: {', '.join(changed)}; "
-            "start a new job instead (without --resume)"
-        )
 
 
 def print_result(args, result: dict, spec) -> dict:

@@ -22,7 +22,7 @@ from prefect.exceptions import ParameterTypeError, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
-from grpoflow.integrations.jobs import job_location
+from grpoflow.integrations.jobs import BadJobReference, job_location, resume_problem
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
 from grpoflow.jobs.canary import wanted as canary_wanted
 from grpoflow.tasks.approval import await_approval
@@ -210,7 +210,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
 
     Args:
         spec (`JobSpec`): the job spec; validated before anything runs.
-        job_id (`str`, *optional*): reuse an existing job folder instead of creating a new one.
+        job_id (`str`, *optional*): resume this existing job (its spec.yaml must be `spec`) instead of starting one.
     """
     started = time.monotonic()
     spec = checked_spec(spec)  # a deployment's run: the spec as its JSON
@@ -219,6 +219,8 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
     if problems := deployment_problems(spec):  # before anything imports the spec's modules or reads its paths
         get_run_logger().error("spec rejected:\n%s", "\n".join(problems))
         return rejected("; ".join(problems))
+    if job_id is not None and (problem := resumable(spec, job_id)):  # the UI form's job_id: another spec's job
+        return rejected(problem)
 
     # --- job folder (the same one on every retry of this flow run)
     created = create_job_task(
@@ -252,6 +254,15 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
         evaluation = done["evaluate"]
         end.completed({**result, "evaluation": evaluation, "artifact_type": done["merge"]["artifact_type"]})
     return Completed(message=end.message, data={**result, "evaluation": evaluation, "dataset": done["ingest"]})
+
+
+def resumable(spec: JobSpec, job_id: str) -> str | None:
+    """Why the job `job_id` may not be resumed with `spec` (`resume_problem`: no such job, or it ran another spec),
+    else None (a retry of this flow run finds the spec.yaml it wrote: the same spec)."""
+    try:
+        return resume_problem(spec, job_id, "job_id")
+    except BadJobReference as e:
+        return str(e)
 
 
 def completed_before(job: JobDir, spec: JobSpec) -> bool:

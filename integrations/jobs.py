@@ -12,10 +12,17 @@ from datetime import datetime
 from pathlib import Path
 
 from grpoflow.integrations.checkpoint_sync import FileMirror, sync_checkpoints
-from grpoflow.integrations.storage import filesystem, is_remote, join, mirror_job_files, staging_root
+from grpoflow.integrations.storage import (
+    filesystem,
+    is_remote,
+    join,
+    mirror_job_files,
+    staging_root,
+    storage_options,
+)
 from grpoflow.trainers.jobdir import JobDir, check_job_id, index_dir, known_roots, locate
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.spec import JobSpec
+from grpoflow.trainers.spec import JobSpec, load_spec, resolved_dict
 
 
 class UnknownJob(LookupError):
@@ -64,6 +71,27 @@ def search_roots(explicit: str | None) -> list[str]:
     if explicit:
         return [explicit]
     return list(dict.fromkeys([str(Path("runs").resolve()), *known_roots()]))
+
+
+def resume_problem(spec: JobSpec, job_id: str, option: str) -> str | None:
+    """Why `job_id` cannot be resumed with `spec`, or None: a resumed job must run the spec it started with (its
+    stages' records, its checkpoints and whoever later promotes its model count on it), so a job id that names no
+    job under the spec's output_uri (local or remote), or whose spec.yaml differs from `spec` (output_uri aside), is
+    refused.
+    `option` prefixes the message (`--resume`, `job_id`); a job id that is no job id raises `BadJobReference`."""
+    root = spec.output_uri if is_remote(spec.output_uri) else str(Path(spec.output_uri).expanduser().resolve())
+    saved = join(root, checked_job_id(job_id, option), "spec.yaml")
+    fs, path = filesystem(saved)
+    if not fs.exists(path):
+        return f"{option}: unknown job {job_id!r} under {root}"
+    before, after = resolved_dict(load_spec(saved, storage_options=storage_options(saved))[0]), resolved_dict(spec)
+    changed = sorted(k for k in before.keys() | after.keys() if k != "output_uri" and before.get(k) != after.get(k))
+    if changed:
+        return (
+            f"{option}: the spec differs from job {job_id}'s spec.yaml in: {', '.join(changed)}; start a new job "
+            "instead (without " + ("--resume)" if option.startswith("--") else "a job id)")
+        )
+    return None
 
 
 def find_job(job_id: str, explicit: str | None = None) -> tuple[JobDir, str]:

@@ -53,6 +53,33 @@ def test_resume_rejects_a_changed_spec(trained_job, tmp_path):
     assert code == 2 and "unknown job" in err
 
 
+def test_a_deployments_job_id_resumes_only_the_job_of_its_own_spec(make_spec):
+    """The UI form's `job_id` (a deployment's parameter: anyone who may launch a run): another spec's job (other data,
+    rewards or publish target) is not taken over and its spec.yaml not replaced; an unknown id is no new job."""
+    from grpoflow.flows.pipeline import grpo_pipeline
+    from grpoflow.trainers.spec import load_spec
+
+    spec = load_spec(make_spec("taken"))[0]
+    code, out, _ = cli("run", make_spec("taken"), "--json")
+    assert code == 0
+    job = JobDir(Path(json.loads(out)["output_dir"]))
+    saved, events = job.spec.read_text(), job.events.read_text()
+    other = load_spec(make_spec("taken", rewards=[{"name": "length_penalty", "kwargs": {"max_chars": 2}}]))[0]
+    for job_id, message in (
+        (
+            job.job_id,
+            f"job_id: the spec differs from job {job.job_id}'s spec.yaml in: evaluation, rewards; start a new job",
+        ),
+        ("taken-20991231-000000-abcdef", "job_id: unknown job 'taken-20991231-000000-abcdef' under "),
+        ("../elsewhere", "job_id: not a job id: '../elsewhere'"),
+    ):
+        state = grpo_pipeline(other, job_id=job_id, return_state=True)
+        assert state.name == "Rejected" and state.message.startswith(message), state.message
+    assert job.spec.read_text() == saved and job.events.read_text() == events  # untouched, nothing announced
+    assert sorted(p.name for p in job.root.parent.iterdir()) == [job.job_id]  # no new folder
+    assert grpo_pipeline(spec, job_id=job.job_id, return_state=True).is_completed()  # its own spec: resumed
+
+
 def test_resume_after_sft_replaced_retrains_on_it(make_spec):
     spec = make_spec("resume3", sft={"enabled": True, "max_steps": 2, "batch_size": 4})
     code, out, _ = cli("run", spec, "--json")
