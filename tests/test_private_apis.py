@@ -13,7 +13,7 @@ not listed; each row here is a debt to pay off, and there are to be at most 12 o
 | trl | TRL's logging buffers: `GRPOTrainer._metrics` (`{"train": defaultdict(list), "eval": ...}` averaged into each log record) and `GRPOTrainer._logs` (the latest generation's `prompt`, `completion`, `rewards[name]`, `advantages` and `log_extra` columns, all processes', for its completion logging) | the `skipped_zero_variance` and `step_time` metrics; the rollouts files (TRL's own rows, not recomputed) | `ZeroVarianceSkippingGRPOTrainer.training_step`; `logged_generation` (trainers/rollouts.py) |
 | trl | `GRPOTrainer._step`, `_current_train_step_time`, `current_gradient_accumulation_steps` (the bookkeeping of `GRPOTrainer.training_step`) | a skipped step does the same bookkeeping | `ZeroVarianceSkippingGRPOTrainer.training_step` |
 | trl | `GRPOTrainer._entropy_bonus_enabled`, `aux_loss_enabled`, `beta` | when the skip cannot be exact | `skip_blocker` (trainers/zero_variance.py) |
-| trl | the keyword arguments `GRPOTrainer._calculate_rewards` passes a reward, and the `log_extra(column, values)` / `log_metric(name, value)` hooks | rewards' dataset columns, the dry run and held-out evaluation call rewards the same way | `_TRL_ARGUMENTS`, `reward_columns` (trainers/rewards/build.py), `call_reward` (trainers/rewards/dry_run.py), `evaluate` (trainers/evaluate.py) |
+| trl | the keyword arguments `GRPOTrainer._calculate_rewards` passes a reward, and the `log_extra(column, values)` / `log_metric(name, value)` hooks | rewards' dataset columns, the dry run and held-out evaluation call rewards the same way | `TRL_ARGUMENTS` (trainers/rewards/__init__.py), `reward_columns` (trainers/rewards/build.py), `call_reward` (trainers/rewards/dry_run.py), `evaluate` (trainers/evaluate.py) |
 | transformers | `Trainer._save_checkpoint(model, trial)`, writing `trainer_state.json` last, `global_step` = the folder's number | a checkpoint without a complete trainer_state.json is torn; the benchmark times `_save_checkpoint` | `intact_checkpoint` (trainers/grpo.py), `train_cpu_seconds` (benchmarks/trainer_vs_trl.py) |
 | transformers | `Trainer._load_from_checkpoint(path)` and `TrainerState.load_from_json`; `Trainer.train` resuming at `max_steps` runs one step more | a child killed after its final checkpoint restores it instead of training past max_steps | `restore_final_checkpoint` (trainers/grpo.py) |
 | prefect | `prefect.events.worker.EventsWorker.drain_all(timeout=)`, `prefect.logging.handlers.APILogWorker.drain_all(timeout=)` | flush logs and events before the temporary server stops | `drain_workers` (integrations/prefect_server.py) |
@@ -192,7 +192,7 @@ def test_reward_keyword_arguments_are_those_grpoflow_passes_outside_a_trainer(on
 
     trainer, seen, _, _ = one_step
     kwargs = seen["reward_kwargs"][0]
-    # `call_reward` and `_TRL_ARGUMENTS` (trainers/rewards/): these, plus every dataset column but the prompt.
+    # `call_reward` and `TRL_ARGUMENTS` (trainers/rewards/): these, plus every dataset column but the prompt.
     # (`environments` too, only with an environment factory.)
     assert set(kwargs) - DATASET_COLUMNS == {"prompts", "completion_ids", "trainer_state", "log_extra", "log_metric"}
     # A dataset column, one value per completion: the group's prompt's answer, four times.

@@ -47,6 +47,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 
 from grpoflow.trainers.jobdir import replace_dir
 from grpoflow.trainers.model.load import hub_not_answering, hub_offline
+from grpoflow.trainers.rewards import TRL_ARGUMENTS
 from grpoflow.trainers.spec import REPO_ID_PATTERN
 from grpoflow.trainers.uris import CHAINED, url_scheme
 
@@ -585,6 +586,8 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
             "the model answers (the user's), as OpenAI's RFT format requires; a trailing assistant message is an "
             "answer: put it in a column of its own (e.g. reference_answer) for the rewards to read"
         )
+    reserved = [name for name in table.column_names if name in TRL_ARGUMENTS and name != prompt_column]
+    problems += [_reserved_column(name) for name in reserved]
     for name, reason in (required_columns or {}).items():
         if name == prompt_column:
             continue
@@ -599,6 +602,21 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
         listing = "\n".join(f"  - {p}" for p in problems)
         raise DatasetError(f"dataset {uri} has {len(problems)} problems:\n{listing}", each)
     return prompt_format
+
+
+def _reserved_column(name: str) -> str:
+    # TRL gives every reward its own `prompts`, `completions`, `completion_ids` (a column of one of these names makes
+    # each reward call fail with "got multiple values"), `trainer_state`, `log_extra`, `log_metric` and `environments`
+    # (TRL's replace the column's, silently).
+    what = (
+        "TRL would fail at the first step (each reward given two values for it)"
+        if name in ("prompts", "completions", "completion_ids")
+        else "a reward asking for it gets TRL's, never this column"
+    )
+    return (
+        f"column '{name}' has the name of an argument TRL gives every reward ({', '.join(sorted(TRL_ARGUMENTS))}): "
+        f"{what}; rename the column"
+    )
 
 
 def _wrong_type(name: str, t: pa.DataType) -> str:

@@ -26,6 +26,11 @@ import re
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # The thousands-separated form goes first so "1,234" is one number; the lookbehind keeps the "-" of "5-3" an operator.
 NUMBER = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|(?:(?<![\w.])-)?\.\d+")
+# TRL passes these to every reward (GRPOTrainer._calculate_rewards); any other parameter without a default is a
+# dataset column, and a dataset column of one of these names never reaches a reward.
+TRL_ARGUMENTS = frozenset(
+    {"completions", "prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+)
 DRY_RUN_ROWS = 4
 # A reward model above this much weight is not loaded on CPU by the dry run (its config is still checked): a 7B one
 # would take minutes and tens of GB there, while a classifier of up to ~0.5B parameters in fp32 loads in seconds.

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards import TRL_ARGUMENTS, RewardError
 from grpoflow.trainers.rewards.builtin import REWARDS
 from grpoflow.trainers.rewards.models import get_reward_model_reward, reward_model_problem
 
@@ -271,18 +271,6 @@ def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
     return guarded
 
 
-# TRL passes these to every reward; any other parameter without a default is a dataset column.
-_TRL_ARGUMENTS = {
-    "completions",
-    "prompts",
-    "completion_ids",
-    "trainer_state",
-    "log_extra",
-    "log_metric",
-    "environments",
-}
-
-
 def reward_columns(reward: Callable) -> list[str]:
     """The dataset columns a reward needs: its parameters without defaults that TRL does not supply itself.
 
@@ -297,7 +285,7 @@ def reward_columns(reward: Callable) -> list[str]:
     return [
         p.name
         for p in parameters
-        if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in _TRL_ARGUMENTS
+        if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_ARGUMENTS
     ]
 
 
