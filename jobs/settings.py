@@ -71,10 +71,10 @@ SETTINGS = {
     ),
     "GRPOFLOW_DEPLOYED_PATHS": Setting(
         "unset: any path the worker's user can read and write",
-        "Folders (separated by `:`; relative ones are the project folder's, `.` is the project itself) where a spec "
-        "from a deployment may name local paths: dataset.uri, a local base_model or reward model, output_uri, an "
-        "event's spec file, a watcher's folders. Each must resolve inside one, symbolic links followed; otherwise "
-        "the run ends Rejected before anything is read.",
+        "Folders (separated by `:`; relative ones are the project folder's) where, besides the project folder, a "
+        "spec from a deployment may name local paths: dataset.uri, a local base_model or reward model, output_uri, "
+        "an event's spec file, a watcher's folders. Each must resolve inside one, symbolic links followed; "
+        "otherwise the run ends Rejected before anything is read.",
     ),
     "GRPOFLOW_ALLOW_LINK_LOCAL_URLS": Setting(
         "unset: refused",

@@ -19,7 +19,7 @@ refuses such code from a deployment even with the sandbox.
 Local paths: where the work pool sets `GRPOFLOW_DEPLOYED_PATHS` (folders, separated by `os.pathsep`; relative ones
 are the project folder's), every local path a spec from a deployment names (`dataset.uri`, a local `base_model` or
 reward model, `output_uri`, an event's spec file, a watcher's folders) must resolve, symbolic links followed, inside
-one of them; unset, the worker's file system is the boundary.
+the project folder or one of them; unset, the worker's file system is the boundary.
 
 The CLI marks its commands with `command_line()`; every flow that takes a spec checks it with `deployment_problems`
 first, before any stage imports a reward or reads a path, and ends `Rejected` naming the setting that would allow it.
@@ -177,24 +177,24 @@ def local_paths(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def untrusted_paths(spec: JobSpec, project: Path | None = None) -> list[str]:
-    """The spec's local paths outside the folders the pool allows a deployment's spec (`GRPOFLOW_DEPLOYED_PATHS`);
-    empty when it sets none, or when the spec came from the command line."""
+    """The spec's local paths outside the project folder and the folders the pool allows a deployment's spec
+    (`GRPOFLOW_DEPLOYED_PATHS`); empty when it sets none, or when the spec came from the command line."""
     return [problem for where, path in local_paths(spec) if (problem := path_outside(where, path, project))]
 
 
 def allowed_roots(project: Path | None = None) -> list[Path] | None:
-    """The folders of `GRPOFLOW_DEPLOYED_PATHS`, resolved (relative ones against the project folder); None when the
-    pool sets none."""
+    """The project folder and the folders of `GRPOFLOW_DEPLOYED_PATHS`, resolved (relative ones against the project
+    folder); None when the pool sets none."""
     listed = [p.strip() for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p.strip()]
     if not listed:
         return None
     project = Path(project or os.getcwd())
-    return [(project / Path(p).expanduser()).resolve() for p in listed]
+    return list(dict.fromkeys((project / Path(p).expanduser()).resolve() for p in [".", *listed]))
 
 
 def path_outside(where: str, path: str, project: Path | None = None) -> str | None:
     """Why the local `path` (a spec's `where`) may not be used by a run from a deployment, or None: it resolves, its
-    symbolic links followed, outside every folder of `GRPOFLOW_DEPLOYED_PATHS`."""
+    symbolic links followed, outside the project folder and every folder of `GRPOFLOW_DEPLOYED_PATHS`."""
     roots = allowed_roots(project)
     if roots is None or from_command_line() or url_scheme(path) not in ("", "file"):
         return None
@@ -206,8 +206,8 @@ def path_outside(where: str, path: str, project: Path | None = None) -> str | No
         return None
     return (
         f"{where}: {path} is outside the folders this work pool lets a run from a deployment read and write "
-        f"({PATHS_ENV}: {os.pathsep.join(map(str, roots))}); put it under one of them, or add its folder to "
-        f"{PATHS_ENV} in the pool's environment"
+        f"(the project and {PATHS_ENV}: {os.pathsep.join(map(str, roots))}); put it under one of them, or add its "
+        f"folder to {PATHS_ENV} in the pool's environment"
     )
 
 

@@ -165,11 +165,11 @@ def test_a_deployment_spec_names_local_paths_only_inside_the_pools_folders(make_
         ("output_uri", str(tmp_path / "runs")),
     ]
     assert refused() == []  # the pool sets no folders: the worker's file system is the boundary
-    monkeypatch.setenv(PATHS_ENV, f".{os.pathsep}{data}")  # the project, and a data folder
+    monkeypatch.setenv(PATHS_ENV, f"{data}{os.pathsep}../data")  # a data folder (twice), besides the project
     assert refused() == ["dataset.uri", "output_uri"]
     [problem] = untrusted_paths(spec.model_copy(update={"output_uri": "runs"}))
     assert problem.startswith(f"dataset.uri: {tmp_path / 'arith.jsonl'} is outside the folders this work pool lets")
-    assert f"{PATHS_ENV}: {project}{os.pathsep}{data})" in problem
+    assert f"(the project and {PATHS_ENV}: {project}{os.pathsep}{data})" in problem
     inside = spec.model_copy(
         update={"output_uri": "runs", "dataset": spec.dataset.model_copy(update={"uri": f"file://{data}/x.jsonl"})}
     )
@@ -207,7 +207,7 @@ def test_the_flows_reject_a_path_outside_the_pools_folders(make_spec, tmp_path, 
     project = tmp_path / "project"
     project.mkdir()
     monkeypatch.chdir(project)
-    monkeypatch.setenv(PATHS_ENV, str(project))
+    monkeypatch.setenv(PATHS_ENV, str(tmp_path / "shared"))  # besides the project folder
     spec = load_spec(make_spec("paths"))[0]  # its dataset and output_uri under tmp_path, outside the project
     for state in (
         grpo_pipeline(spec, return_state=True),
