@@ -29,6 +29,20 @@ os.environ["GRPOFLOW_RETRY_DELAY_S"] = "0"
 pytest_plugins = ["tests.publishing"]
 
 
+def pytest_configure(config):
+    # absl's logging (rouge_score's, imported by the rouge text_similarity graders) writes to the stderr of the moment
+    # it is imported: under a test's capture, pytest's capture file. Its handler closes a stream that is not
+    # sys.stderr when a later logging.config.dictConfig (Prefect's, in a `grpoflow run` of the `cli` helper, which
+    # redirects sys.stderr) shuts every handler down: pytest's capture file then, and each test after fails with
+    # "I/O operation on closed file". Pointed at the real stderr, which it never closes.
+    import sys
+
+    with contextlib.suppress(ModuleNotFoundError):  # absent: nothing holds such a stream
+        import absl.logging
+
+        absl.logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
+
+
 def pytest_collection_modifyitems(config, items):
     from grpoflow.trainers.child import visible_gpus
 

@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import httpx2
 
+from grpoflow.trainers.trust import spec_from_command_line
 from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, address_of, forbidden_among, link_local_address
 
 DEADLINE_ENV = "GRPOFLOW_HTTP_DEADLINE_S"
@@ -169,6 +170,38 @@ async def _read_capped(response: httpx2.Response, cap: int) -> bytes:
         if len(body) > cap:
             raise ResponseTooLarge(_too_large(cap))
     return bytes(body)
+
+
+def reply_shown(response: httpx2.Response) -> str:
+    """What of an endpoint's unexpected reply goes into an error message: the server's own error text (OpenAI's
+    `{"error": {"message": ...}}`, or a string `error`, `detail` or `message`), at most 200 characters; otherwise, for
+    a spec of the user's own command line, the reply's first 200 characters, and for a spec from a deployment only
+    its size and type. Whoever launches a deployment's run names the endpoint, and reads the run's state message and
+    logs: a judge's `base_url` at a loopback or cluster service that answers a POST with its records would otherwise
+    show them to that person.
+
+    >>> reply_shown(httpx2.Response(401, json={"error": {"message": "Incorrect API key provided"}}))
+    'Incorrect API key provided'
+    >>> reply_shown(httpx2.Response(200, json=[{"name": "db_password", "value": "s3cret"}]))
+    'a reply of 41 bytes (application/json) without an error message, not shown (the spec came from a deployment)'
+    """
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        error = error.get("message") if isinstance(error, dict) else error
+        for text in (error, body.get("detail"), body.get("message")):
+            if isinstance(text, str) and text.strip():
+                return text.strip()[:200]
+    if spec_from_command_line():
+        return response.text[:200]
+    kind = response.headers.get("content-type", "no content type").split(";")[0]
+    return (
+        f"a reply of {len(response.content)} bytes ({kind}) without an error message, not shown (the spec came from "
+        "a deployment)"
+    )
 
 
 def _late(deadline: float, timeout: float) -> str:

@@ -229,12 +229,16 @@ def _spec_code_problems(spec: JobSpec) -> list[str]:
     return [f"{where}: {unsandboxed_refusal(problem)}" for where in places] if problem else []
 
 
+def spec_from_command_line() -> bool:
+    """Whether the spec being run came from the user's own command line: this process's, or the launcher's that
+    started it (`origin_env`)."""
+    return from_command_line() or os.environ.get(SPEC_ORIGIN_ENV) == "command_line"
+
+
 def unsandboxed_allowed() -> bool:
-    """Whether spec code may run without the sandbox where none can start: the user's own command line (this
-    process's, or the launcher's that started it), or the work pool's `GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`."""
-    if os.environ.get(SPEC_CODE_ENV) == "unsandboxed" or from_command_line():
-        return True
-    return os.environ.get(SPEC_ORIGIN_ENV) == "command_line"
+    """Whether spec code may run without the sandbox where none can start: the user's own command line, or the work
+    pool's `GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`."""
+    return os.environ.get(SPEC_CODE_ENV) == "unsandboxed" or spec_from_command_line()
 
 
 def unsandboxed_refusal(problem: str) -> str:

@@ -18,6 +18,7 @@ from grpoflow.trainers.graders.reward import get_grader_reward
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward
 from grpoflow.trainers.spec import SpecError, load_spec
+from grpoflow.trainers.trust import command_line
 from tests.conftest import cli, write_jsonl
 from tests.hostile_server import HostileServer, timed
 
@@ -497,7 +498,7 @@ def test_a_trickling_embeddings_endpoint_ends_at_its_timeout():
 
 def test_an_embeddings_reply_without_vectors_names_the_endpoint():
     # A chat completion where the embeddings belong: what it sent, not a traceback.
-    with HostileServer("trickle", every_s=0.0) as server:
+    with HostileServer("trickle", every_s=0.0) as server, command_line():  # the user's own spec: what it sent
         error, _ = timed(lambda: grade(text_similarity("cosine"), ["a"], ["a"], base_url=server.base_url, retries=0))
     assert str(error).startswith(f'the endpoint at {server.base_url} sent no data[].embedding: {{"choices"')
 

@@ -22,6 +22,7 @@ from grpoflow.trainers.rewards.judge import (
     parse_score,
 )
 from grpoflow.trainers.spec import SpecError, load_spec
+from grpoflow.trainers.trust import command_line
 from tests.hostile_server import HostileServer, timed
 
 KEY = "sk-grpoflow-test-0123456789"
@@ -322,7 +323,7 @@ def test_a_judge_that_hangs_the_dry_run_is_named_with_its_url(stub):
     "status, content_type, body, retries, expect, attempts",
     [
         # a wrong key: final at once, the server's own words quoted
-        (401, "application/json", '{"error": "bad key"}', 2, 'answered HTTP 401: {"error": "bad key"}', 1),
+        (401, "application/json", '{"error": "bad key"}', 2, "answered HTTP 401: bad key", 1),
         # a proxy's error page, retried, then named with its attempts
         (502, "text/html", "<h1>Bad Gateway</h1>", 1, "answered HTTP 502 after 2 attempts: <h1>Bad Gateway</h1>", 2),
         # 200 but not JSON (a login page, a captive portal): what it sent, not a traceback
@@ -335,10 +336,34 @@ def test_a_judge_that_hangs_the_dry_run_is_named_with_its_url(stub):
 )
 def test_what_a_user_reads_when_the_judge_answers_wrong(stub, status, content_type, body, retries, expect, attempts):
     endpoint = stub((status, body, {"content-type": content_type}, 0.0))
-    with pytest.raises(JudgeError) as raised:
+    with pytest.raises(JudgeError) as raised, command_line():  # the user's own spec: what the endpoint sent
         score(judge(endpoint.base_url, retries=retries), ["4"])
     assert str(raised.value) == f"the judge at {endpoint.base_url} {expect}"
     assert len(endpoint.requests) == attempts
+
+
+@pytest.mark.parametrize(
+    "status, content_type, body, expect",
+    [
+        # an OpenAI-compatible server's error: its own words, as from the command line
+        (401, "application/json", '{"error": {"message": "bad key", "type": "auth"}}', "answered HTTP 401: bad key"),
+        # a service on the worker's loopback answering a POST with its records: none of them
+        (200, "application/json", '[{"name": "db_password", "value": "s3cret"}]',
+         "sent no choices[0].message.content: a reply of 44 bytes (application/json) without an error message, "
+         "not shown (the spec came from a deployment)"),
+        (403, "text/html", "<p>admin console: token=abc</p>",
+         "answered HTTP 403: a reply of 31 bytes (text/html) without an error message, not shown (the spec came "
+         "from a deployment)"),
+    ],
+)  # fmt: skip
+def test_a_deployments_judge_shows_no_reply_but_an_error_message(stub, status, content_type, body, expect):
+    """Whoever launches a deployment's run names the judge's base_url and reads the run's state and logs: an endpoint
+    at a service the worker reaches (loopback, the cluster's network) must not have its reply shown to them."""
+    endpoint = stub((status, body, {"content-type": content_type}, 0.0))
+    with pytest.raises(JudgeError) as raised:
+        score(judge(endpoint.base_url, retries=0), ["4"])
+    assert str(raised.value) == f"the judge at {endpoint.base_url} {expect}"
+    assert "s3cret" not in str(raised.value) and "token=abc" not in str(raised.value)
 
 
 def test_a_judge_name_rebinding_to_metadata_is_never_reached(stub, monkeypatch):

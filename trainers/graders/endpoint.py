@@ -12,6 +12,7 @@ import httpx2
 
 from grpoflow.trainers.graders.python import Graded
 from grpoflow.trainers.graders.templates import render
+from grpoflow.trainers.outbound import reply_shown
 from grpoflow.trainers.rewards.judge import (
     JudgeError,
     api_key_from_env,
@@ -118,7 +119,7 @@ def _embeddings(response: httpx2.Response, base_url: str) -> list[list[float]]:
         data = sorted(response.json()["data"], key=lambda d: d.get("index", 0))
         return [[float(x) for x in d["embedding"]] for d in data]
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise JudgeError(f"the endpoint at {base_url} sent no data[].embedding: {response.text[:200]}") from None
+        raise JudgeError(f"the endpoint at {base_url} sent no data[].embedding: {reply_shown(response)}") from None
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -357,7 +357,7 @@ def _failure(exc: Exception, base_url: str) -> str:
     status = getattr(exc, "status_code", None)
     if status is not None:  # openai.APIStatusError
         counted = f" after {attempts} attempts" if status == 429 or status >= 500 or attempts > 1 else ""
-        return f"the judge at {base_url} answered HTTP {status}{counted}: {exc.response.text[:200]}"
+        return f"the judge at {base_url} answered HTTP {status}{counted}: {outbound.reply_shown(exc.response)}"
     cause = exc.__cause__ or exc  # httpx2's error (refused, reset, DNS, the total deadline) under openai's
     what = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
     return f"cannot reach the judge at {base_url} ({what}) after {attempts} attempts"
@@ -369,6 +369,6 @@ def reply_text(response: httpx2.Response, base_url: str) -> str:
         content = response.json()["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
         raise JudgeError(
-            f"the judge at {base_url} sent no choices[0].message.content: {response.text[:200]}"
+            f"the judge at {base_url} sent no choices[0].message.content: {outbound.reply_shown(response)}"
         ) from None
     return content if isinstance(content, str) else ""
