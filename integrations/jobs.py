@@ -77,8 +77,8 @@ def resume_problem(spec: JobSpec, job_id: str, option: str) -> str | None:
     """Why `job_id` cannot be resumed with `spec`, or None: a resumed job must run the spec it started with (its
     stages' records, its checkpoints and whoever later promotes its model count on it), so a job id that names no
     job under the spec's output_uri (local or remote), or whose spec.yaml differs from `spec` (output_uri aside), is
-    refused.
-    `option` prefixes the message (`--resume`, `job_id`); a job id that is no job id raises `BadJobReference`."""
+    refused. `option` prefixes the message (`--resume`, `job_id`); a job id that is no job id raises
+    `BadJobReference`."""
     root = spec.output_uri if is_remote(spec.output_uri) else str(Path(spec.output_uri).expanduser().resolve())
     saved = join(root, checked_job_id(job_id, option), "spec.yaml")
     fs, path = filesystem(saved)

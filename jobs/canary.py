@@ -143,7 +143,7 @@ def canary_spec(spec: JobSpec) -> dict:
     key = "min_tokens" if spec.generation.engine == "vllm" else "min_new_tokens"
     kwargs[key] = hp["max_response_length"]
     data["trl"] = {**trl, "generation_kwargs": kwargs}
-    data["evaluation"] = {**data.get("evaluation", {}), "every": 0}
+    data["evaluation"] = {**data.get("evaluation", {}), "every": 0, "select": "last"}  # "best" needs every > 0
     data["sft"] = {**data.get("sft", {}), "enabled": False}
     return data
 
@@ -441,7 +441,7 @@ def summary_line(result: dict, spec: JobSpec) -> str:
     line = (
         f"canary passed on {result['device']}: peak {result['peak_memory_gb']} GB of {result['device_memory_gb']} GB, "
         f"a full-length step {result['step_seconds']} s ({result['tokens_per_second']} tokens/s); "
-        f"{spec.hyperparameters.max_steps} steps project to {hours:.2f} h of training"
+        f"{spec.hyperparameters.max_steps} steps project to {_seconds(hours * 3600)} of training"
     )
     if share := result.get("share"):
         line += f"; measured: {share}"

@@ -51,6 +51,24 @@ def test_the_step_is_the_jobs_own_at_full_length(make_spec):
     load_spec(_written(data, make_spec))  # what the canary's child reads is a valid spec
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"evaluation": {"holdout": 4, "every": 2, "select": "best"}},  # "best" wants every > 0: the canary has none
+        {"evaluation": {"holdout": 4, "every": 2, "gate": {"min_gain": 0.05, "approval": True}}},
+        {"checkpoint_every": 2, "rollouts": {"every": 2, "groups_per_step": 1}},
+        {"sft": {"enabled": True, "max_steps": 5}, "budget": {"max_training_hours": 0.5}},
+        {"hyperparameters": {"max_steps": 3, "lora_rank": 4, "skip_zero_variance_groups": True}},
+        {"stop_on_alert": True, "health": {"no_signal_window": 2}},
+    ],
+    ids=["select-best", "gate-approval", "checkpoints-rollouts", "sft-budget", "lora-skip", "health"],
+)
+def test_the_canarys_spec_of_any_job_shape_is_valid(make_spec, changes):
+    # Found by `grpoflow canary` on a job with select: best: the canary's own spec was refused before its step.
+    spec, _ = load_spec(make_spec("c", **changes))
+    load_spec(_written(canary.canary_spec(spec), make_spec))
+
+
 @pytest.mark.parametrize("prompts, share", [(4, 2), (3, 2), (1, 1)])
 def test_a_machines_share_is_a_valid_one_machine_spec(make_spec, prompts, share):
     spec, _ = load_spec(make_spec("c", hyperparameters={"prompts_per_step": prompts}, **TWO_MACHINES))
@@ -178,3 +196,16 @@ def test_an_unreachable_vllm_server_fails_the_canary_by_name(make_spec):
     assert result["status"] == "failed" and result["step_seconds"] is None  # the step never started
     assert result["reason"].startswith(f"the vLLM server at {url} did not answer its health check (GET {url}/health)")
     assert "fix generation.vllm_server_url" in result["reason"]
+
+
+def test_the_summary_says_the_projection_in_a_unit_that_reads(make_spec):
+    # A tiny job's projection read "project to 0.00 h of training"; the budget's cap is still said in hours.
+    spec, _ = load_spec(make_spec("c", budget={"max_training_hours": 1}))
+    passed = {"status": "passed", "device": "cpu", "peak_memory_gb": 0.6, "device_memory_gb": 24.0}
+    passed |= {"step_seconds": 0.03, "tokens_per_second": 1000.0}
+    lines = [canary.summary_line({**passed, "projected_training_hours": h}, spec) for h in (0.00005, 0.5, 3.0)]
+    assert [line.split("; ")[1] for line in lines] == [
+        "3 steps project to 0 s of training",
+        "3 steps project to 30.0 min of training",
+        "3 steps project to 3.0 h of training, above budget.max_training_hours (1 h): training stops at the cap",
+    ]

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -594,6 +595,10 @@ class EvaluationSpec(_Section):
         if value >= 1 and value != int(value):
             raise ValueError("must be a fraction below 1 or a whole number of prompts")
         return value
+
+    @field_serializer("holdout")
+    def _count_as_int(self, value: float) -> int | float:
+        return int(value) if value >= 1 else value  # a count reads as one (8, not 8.0) in spec.yaml and the report
 
     @field_validator("gate", mode="before")
     @classmethod
