@@ -481,7 +481,9 @@ def _is_number(value) -> bool:
 
 
 def _seconds(seconds: float) -> str:
-    """`42 s`, `12.5 min` or `3.2 h`."""
+    """`0.4 s`, `42 s`, `12.5 min` or `3.2 h`."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

@@ -205,7 +205,7 @@ def test_the_summary_says_the_projection_in_a_unit_that_reads(make_spec):
     passed |= {"step_seconds": 0.03, "tokens_per_second": 1000.0}
     lines = [canary.summary_line({**passed, "projected_training_hours": h}, spec) for h in (0.00005, 0.5, 3.0)]
     assert [line.split("; ")[1] for line in lines] == [
-        "3 steps project to 0 s of training",
+        "3 steps project to 0.2 s of training",
         "3 steps project to 30.0 min of training",
         "3 steps project to 3.0 h of training, above budget.max_training_hours (1 h): training stops at the cap",
     ]
