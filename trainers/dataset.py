@@ -586,7 +586,7 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
             "the model answers (the user's), as OpenAI's RFT format requires; a trailing assistant message is an "
             "answer: put it in a column of its own (e.g. reference_answer) for the rewards to read"
         )
-    reserved = [name for name in table.column_names if name in TRL_ARGUMENTS and name != prompt_column]
+    reserved = [name for name in table.column_names if name in TRL_ARGUMENTS | TRL_IMAGES and name != prompt_column]
     problems += [_reserved_column(name) for name in reserved]
     for name, reason in (required_columns or {}).items():
         if name == prompt_column:
@@ -604,10 +604,20 @@ def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_colum
     return prompt_format
 
 
+# The columns GRPOTrainer reads as images (`_generate_and_score_completions`), of a vision-language model.
+TRL_IMAGES = frozenset({"image", "images"})
+
+
 def _reserved_column(name: str) -> str:
     # TRL gives every reward its own `prompts`, `completions`, `completion_ids` (a column of one of these names makes
     # each reward call fail with "got multiple values"), `trainer_state`, `log_extra`, `log_metric` and `environments`
-    # (TRL's replace the column's, silently).
+    # (TRL's replace the column's, silently); it reads `image` and `images` as the prompts' images.
+    if name in TRL_IMAGES:
+        return (
+            f"column '{name}' is what TRL reads as the prompts' images (vision-language training, which grpoflow does "
+            "not run: the first step would fail after the model loads); rename the column (e.g. image_url) if a "
+            "reward reads it"
+        )
     what = (
         "TRL would fail at the first step (each reward given two values for it)"
         if name in ("prompts", "completions", "completion_ids")
