@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic model
 REWARD_MODULES_ENV = "GRPOFLOW_REWARD_MODULES"
 SPEC_CODE_ENV = "GRPOFLOW_ALLOW_SPEC_CODE"
 PATHS_ENV = "GRPOFLOW_DEPLOYED_PATHS"  # the folders a deployment's spec may name local paths in
+LOCAL_SCHEMES = ("", "file", "local")  # a plain path, and the URLs of one (`uris.file_path`)
 SPEC_ORIGIN_ENV = "GRPOFLOW_SPEC_ORIGIN"  # set by the launcher for its children: command_line or deployment
 # What grpoflow ships as rewards, tools and environments (no factory of them takes code), and TRL's rewards.
 ALWAYS_ALLOWED = ("grpoflow.trainers.rewards.builtin", "grpoflow.examples", "trl.rewards")
@@ -173,7 +174,7 @@ def local_paths(spec: JobSpec) -> list[tuple[str, str]]:
         for where, model in models
         if model and not model.startswith("builtin:") and (is_local_model(model) or is_gguf(model))
     ]
-    return [(where, path) for where, path in found if url_scheme(path) in ("", "file")]
+    return [(where, path) for where, path in found if url_scheme(path) in LOCAL_SCHEMES]
 
 
 def untrusted_paths(spec: JobSpec, project: Path | None = None) -> list[str]:
@@ -196,7 +197,7 @@ def path_outside(where: str, path: str, project: Path | None = None) -> str | No
     """Why the local `path` (a spec's `where`) may not be used by a run from a deployment, or None: it resolves, its
     symbolic links followed, outside the project folder and every folder of `GRPOFLOW_DEPLOYED_PATHS`."""
     roots = allowed_roots(project)
-    if roots is None or from_command_line() or url_scheme(path) not in ("", "file"):
+    if roots is None or from_command_line() or url_scheme(path) not in LOCAL_SCHEMES:
         return None
     try:
         resolved = (Path(project or os.getcwd()) / Path(file_path(path)).expanduser()).resolve()

@@ -32,13 +32,13 @@ def is_remote(uri: str | os.PathLike) -> bool:
 
 
 def file_path(uri: str) -> str:
-    """The local path of a `file://` URL (`file:///data/runs` -> `/data/runs`); any other `uri` as it is. A host other
-    than `localhost` is a ValueError (the file is on another machine).
+    """The local path of a `file://` (or fsspec's `local://`) URL (`file:///data/runs` -> `/data/runs`); any other
+    `uri` as it is. A host other than `localhost` is a ValueError (the file is on another machine).
 
     >>> file_path("file:///data/my%20runs"), file_path("file://localhost/x"), file_path("runs")
     ('/data/my runs', '/x', 'runs')
     """
-    if url_scheme(uri) != "file":
+    if url_scheme(uri) not in ("file", "local"):
         return uri
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost"):

@@ -178,6 +178,7 @@ def test_a_deployment_spec_names_local_paths_only_inside_the_pools_folders(make_
         "../other-tenant/x.jsonl",
         "escape/x.jsonl",
         f"file://{outside}/x.jsonl",
+        f"local://{outside}/x.jsonl",
         f"{data}/../other-tenant/x.jsonl",
     ):
         escaping = inside.model_copy(update={"dataset": inside.dataset.model_copy(update={"uri": uri})})
