@@ -484,6 +484,7 @@ CASES = [
     # --- output_uri: a local folder, or an object store's URL ---
     pytest.param({"output_uri": "s3://bucket/runs"}, {"output_uri": "s3://bucket/runs"}, id="output_uri-s3"),
     pytest.param({"output_uri": "file:///data/my%20runs"}, {"output_uri": "/data/my runs"}, id="output_uri-file-url"),
+    pytest.param({"output_uri": "local:///data/runs"}, {"output_uri": "/data/runs"}, id="output_uri-local-url"),
     pytest.param(
         {"output_uri": "file://nas/runs"}, "output_uri: file://nas/runs names host 'nas'", id="output_uri-file-host"
     ),
