@@ -22,7 +22,7 @@ from grpoflow.integrations.storage import (
 )
 from grpoflow.trainers.jobdir import JobDir, check_job_id, index_dir, known_roots, locate
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.spec import JobSpec, load_spec, resolved_dict
+from grpoflow.trainers.spec import JobSpec, SpecError, load_spec, resolved_dict
 
 
 class UnknownJob(LookupError):
@@ -84,7 +84,11 @@ def resume_problem(spec: JobSpec, job_id: str, option: str) -> str | None:
     fs, path = filesystem(saved)
     if not fs.exists(path):
         return f"{option}: unknown job {job_id!r} under {root}"
-    before, after = resolved_dict(load_spec(saved, storage_options=storage_options(saved))[0]), resolved_dict(spec)
+    try:
+        before = resolved_dict(load_spec(saved, storage_options=storage_options(saved))[0])
+    except SpecError as e:  # edited since, or written by a grpoflow whose rules differ
+        return f"{option}: job {job_id}'s spec.yaml no longer loads ({'; '.join(e.problems)}); start a new job instead"
+    after = resolved_dict(spec)
     changed = sorted(k for k in before.keys() | after.keys() if k != "output_uri" and before.get(k) != after.get(k))
     if changed:
         return (

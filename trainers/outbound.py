@@ -172,6 +172,15 @@ async def _read_capped(response: httpx2.Response, cap: int) -> bytes:
     return bytes(body)
 
 
+def reply_json(response: httpx2.Response):
+    """The reply's JSON; a ValueError for one that is none, or nested too deeply to parse (a hostile endpoint's
+    `[[[[...]]]]` makes the json module raise RecursionError, which no caller expects)."""
+    try:
+        return response.json()
+    except RecursionError:
+        raise ValueError("the reply's JSON is nested too deeply to read") from None
+
+
 def reply_shown(response: httpx2.Response) -> str:
     """What of an endpoint's unexpected reply goes into an error message: the server's own error text (OpenAI's
     `{"error": {"message": ...}}`, or a string `error`, `detail` or `message`), at most 200 characters; otherwise, for
@@ -186,7 +195,7 @@ def reply_shown(response: httpx2.Response) -> str:
     'a reply of 41 bytes (application/json) without an error message, not shown (the spec came from a deployment)'
     """
     try:
-        body = response.json()
+        body = reply_json(response)
     except ValueError:
         body = None
     if isinstance(body, dict):

@@ -78,6 +78,11 @@ def test_a_deployments_job_id_resumes_only_the_job_of_its_own_spec(make_spec):
     assert job.spec.read_text() == saved and job.events.read_text() == events  # untouched, nothing announced
     assert sorted(p.name for p in job.root.parent.iterdir()) == [job.job_id]  # no new folder
     assert grpo_pipeline(spec, job_id=job.job_id, return_state=True).is_completed()  # its own spec: resumed
+    job.spec.write_text(saved.replace("max_steps: 3", "max_steps: many"))  # edited since: a message, no traceback
+    state = grpo_pipeline(spec, job_id=job.job_id, return_state=True)
+    assert state.name == "Rejected" and state.message.startswith(
+        f"job_id: job {job.job_id}'s spec.yaml no longer loads"
+    )
 
 
 def test_resume_after_sft_replaced_retrains_on_it(make_spec):

@@ -351,6 +351,10 @@ def test_what_a_user_reads_when_the_judge_answers_wrong(stub, status, content_ty
         (200, "application/json", '[{"name": "db_password", "value": "s3cret"}]',
          "sent no choices[0].message.content: a reply of 44 bytes (application/json) without an error message, "
          "not shown (the spec came from a deployment)"),
+        # JSON nested past the parser's recursion limit: an error of the judge, not a RecursionError of the reward
+        (200, "application/json", "[" * 50_000 + "]" * 50_000,
+         "sent no choices[0].message.content: a reply of 100000 bytes (application/json) without an error message, "
+         "not shown (the spec came from a deployment)"),
         (403, "text/html", "<p>admin console: token=abc</p>",
          "answered HTTP 403: a reply of 31 bytes (text/html) without an error message, not shown (the spec came "
          "from a deployment)"),

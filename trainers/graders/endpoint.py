@@ -12,7 +12,7 @@ import httpx2
 
 from grpoflow.trainers.graders.python import Graded
 from grpoflow.trainers.graders.templates import render
-from grpoflow.trainers.outbound import reply_shown
+from grpoflow.trainers.outbound import reply_json, reply_shown
 from grpoflow.trainers.rewards.judge import (
     JudgeError,
     api_key_from_env,
@@ -116,7 +116,7 @@ def model_scorer(grader: dict, kwargs: dict):
 
 def _embeddings(response: httpx2.Response, base_url: str) -> list[list[float]]:
     try:
-        data = sorted(response.json()["data"], key=lambda d: d.get("index", 0))
+        data = sorted(reply_json(response)["data"], key=lambda d: d.get("index", 0))
         return [[float(x) for x in d["embedding"]] for d in data]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise JudgeError(f"the endpoint at {base_url} sent no data[].embedding: {reply_shown(response)}") from None

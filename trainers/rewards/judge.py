@@ -366,7 +366,7 @@ def _failure(exc: Exception, base_url: str) -> str:
 def reply_text(response: httpx2.Response, base_url: str) -> str:
     """A chat-completions reply's `choices[0].message.content` ("" when it is not text)."""
     try:
-        content = response.json()["choices"][0]["message"]["content"]
+        content = outbound.reply_json(response)["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
         raise JudgeError(
             f"the judge at {base_url} sent no choices[0].message.content: {outbound.reply_shown(response)}"
