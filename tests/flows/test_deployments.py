@@ -178,6 +178,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_env):
     tmp = tmp_path_factory.mktemp("stack")
+    (tmp / "worker-tmp").mkdir()
     api_url = f"http://127.0.0.1:{free_port()}/api"
     env = {
         **os.environ,
@@ -188,6 +189,9 @@ def stack(tmp_path_factory, s3_env):
         "PREFECT_WORKER_QUERY_SECONDS": "1",  # default 10: each pickup would wait that long
         "GRPOFLOW_WATCH_STATE_DIR": str(tmp / "watch-state"),
         "GRPOFLOW_STAGING_DIR": str(tmp / "staging"),
+        # The worker's temp folder, as an operator may set it: test_worker_secrets_stay_out_of_files reads every file
+        # there, which it could not do in a shared /tmp in the time the suite has (the other tests' models)
+        "TMPDIR": str(tmp / "worker-tmp"),
         # Secrets in the worker's environment, as an operator sets them: recognizable, so any file holding them is
         # found (test_worker_secrets_stay_out_of_files)
         "HF_TOKEN": CANARY_HF_TOKEN,
@@ -705,6 +709,15 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def new_since(path: Path, since: float) -> bool:
+    """Whether `path` (a file, or a folder whose entries changed) changed since `since`; pytest's own folder
+    (every test's tmp_path, this one's among the roots already) is not."""
+    try:
+        return not path.name.startswith("pytest-of-") and path.lstat().st_mtime >= since
+    except OSError:  # gone meanwhile
+        return False
+
+
 def files_holding(roots: list[Path], needles: list[str], since: float) -> list[str]:
     """Every file under `roots` written since `since` that holds one of `needles` (unreadable ones skipped)."""
     found = []
@@ -726,8 +739,9 @@ def files_holding(roots: list[Path], needles: list[str], since: float) -> list[s
 @pytest.mark.slow
 def test_worker_secrets_stay_out_of_files(stack, tmp_path):
     """`grpoflow submit` through the worker, whose environment holds HF_TOKEN and the webhook secret: the flow run
-    resolves the secret there (its deliveries verify), and after the run no file under the temp folder (Prefect's
-    prefect-workspace-attempt-* folders included), the job folder, PREFECT_HOME or the worker's folder holds either.
+    resolves the secret there (its deliveries verify), and after the run no file under the worker's temp folder (its
+    TMPDIR; Prefect's prefect-workspace-attempt-* folders included), what appeared in /tmp meanwhile, the job folder,
+    PREFECT_HOME or the worker's folder holds either.
 
     While the run lasts, Prefect's own `workspace.json` (mode 0600, removed at the run's end) does hold the worker's
     environment, secrets included (README, Webhooks: keep them in Secret blocks to avoid even that); the test notes
@@ -745,7 +759,7 @@ def test_worker_secrets_stay_out_of_files(stack, tmp_path):
         assert submitted.returncode == 0, submitted.stderr
         run_id = json.loads(submitted.stdout)["flow_run_id"]
         canaries = [CANARY_HF_TOKEN, CANARY_WEBHOOK_SECRET]
-        workspaces = Path(tempfile.gettempdir())
+        workspaces = Path(stack.env["TMPDIR"])
         seen_in_workspace = set()
         with get_client(sync_client=True) as client:
             deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -764,7 +778,9 @@ def test_worker_secrets_stay_out_of_files(stack, tmp_path):
             Webhook(key).verify(body, {k.lower(): v for k, v in headers.items()})  # raises on a bad signature
 
         project = [p for p in PROJECT_DIR.iterdir() if p.name not in (".venv", ".git")]
-        roots = [workspaces, tmp_path, stack.tmp, Path(stack.env["PREFECT_HOME"]), *project]
+        # and whatever appeared in the system's temp folder since, where a path written as /tmp/... would land
+        shared_tmp = [p for p in Path(tempfile.gettempdir()).iterdir() if new_since(p, since)]
+        roots = [tmp_path, stack.tmp, Path(stack.env["PREFECT_HOME"]), *project, *shared_tmp]  # stack.tmp: TMPDIR
         # Prefect's workspaces (this run's and the other tests' runs, which may still be ending) are removed after
         # the runs' final states are set: wait for that, bounded.
         deadline = time.monotonic() + 120
