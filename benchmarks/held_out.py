@@ -20,7 +20,7 @@ The alerts are the health monitor's (`HealthMonitor.for_spec`) over each job's m
 raises them live, and the evaluation's `no_improvement` (`no_improvement_alert`, as the evaluate task raises it); the
 publish decision is the gate task's (`grpoflow.jobs.registry.gate_decision`, nothing deployed yet). Reported, never
 asserted. The whole run (3 seeds) takes about 8 minutes on a 2-core CPU; `--quick`
-runs one seed of each with 20 SFT and 6 GRPO steps on 8 held-out prompts: it checks the script.
+runs one seed of each with 10 SFT and 4 GRPO steps on 8 held-out prompts: it checks the script.
 """
 
 import json
@@ -36,7 +36,7 @@ from benchmarks.learning import merged, prepare_job
 SPECS = {"gamed": REPO_ROOT / "examples" / "held-out.yaml", "honest": REPO_ROOT / "examples" / "arithmetic.yaml"}
 CHANGES = {"gamed": {}, "honest": {"evaluation": {"every": 10, "select": "best"}, "checkpoint_every": None}}
 SEEDS = (1, 2, 3)
-QUICK = {"sft": {"max_steps": 20}, "hyperparameters": {"max_steps": 6}, "evaluation": {"holdout": 8, "every": 2}}
+QUICK = {"sft": {"max_steps": 10}, "hyperparameters": {"max_steps": 4}, "evaluation": {"holdout": 8, "every": 2}}
 
 
 def job_spec(kind: str, seed: int, root: Path, quick: bool) -> dict:

@@ -168,9 +168,9 @@ def test_pipeline_overhead_rejects_a_repeat_count_that_is_not_a_run(repeats, cap
 def check_held_out(data):
     assert [r["kind"] for r in data["runs"]] == ["gamed", "honest"]
     for run in data["runs"]:
-        assert [p["step"] for p in run["series"]] == [0, 2, 4, 6] and run["evaluations"] == 3
+        assert [p["step"] for p in run["series"]] == [0, 2, 4] and run["evaluations"] == 2
         # 0: no checkpoint beat the starting model, which is then kept (select: best weighs step 0)
-        assert run["kept_step"] in (0, 2, 4, 6) and run["eval_s_each"] > 0
+        assert run["kept_step"] in (0, 2, 4) and run["eval_s_each"] > 0
         # No regression: the kept model never scores below the start; where nothing beat it, the start is kept, the
         # no_improvement alert fires and the default gate withholds the publish.
         assert run["kept"] >= run["before"]

@@ -286,6 +286,19 @@ def landed_events(uri: str) -> list:
 
 def watcher_look(uri: str, spec: str, state_dir: Path, settle_seconds: float) -> str:
     """One run of watch-new-data/watch on `uri` that looks once; returns its state message (what the look found)."""
+    return look_found(start_look(uri, spec, state_dir, settle_seconds))
+
+
+def look_found(flow_run_id) -> str:
+    """What a look found (its run's state message), once its run has completed."""
+    flow_run = wait_final(flow_run_id, timeout=300)
+    assert flow_run.state.is_completed(), flow_run.state
+    return flow_run.state.message
+
+
+def start_look(uri: str, spec: str, state_dir: Path, settle_seconds: float, deployment: str = "watch-new-data/watch"):
+    """Starts one run of `deployment` (the hourly watcher, or `look`, which has no concurrency limit) on `uri` that
+    looks once; returns its flow run's id."""
     parameters = {
         "uri": uri,
         "spec": spec,
@@ -294,10 +307,7 @@ def watcher_look(uri: str, spec: str, state_dir: Path, settle_seconds: float) ->
         "watch_minutes": 0,  # one look (deployed, a run keeps looking for 55 minutes)
     }
     with get_client(sync_client=True) as client:
-        flow_run = client.create_flow_run_from_deployment(deployment_id("watch-new-data/watch"), parameters=parameters)
-    flow_run = wait_final(flow_run.id, timeout=300)
-    assert flow_run.state.is_completed(), flow_run.state
-    return flow_run.state.message
+        return client.create_flow_run_from_deployment(deployment_id(deployment), parameters=parameters).id
 
 
 # --- the scenarios, started up front -------------------------------------------------------------------------------
@@ -364,10 +374,13 @@ def scenarios(stack, tmp_path_factory) -> Scenarios:
 
     # A first look with a settle time longer than the files' age only notes them; then one look announces each file
     # that has settled (its size and version unchanged for settle_seconds), the look that sees it.
+    # The folder's looks and the bucket's run side by side, the bucket's as `look` runs (`watch` runs one at a time).
     folder_looks, bucket_looks = [], []
     for settle in (3600, 0):
-        folder_looks.append(watcher_look(str(folder), str(folder_spec), tmp / "watch-state", settle))
-        bucket_looks.append(watcher_look(prefix, bucket_spec, tmp / "watch-state", settle))
+        looks = [start_look(str(folder), str(folder_spec), tmp / "watch-state", settle),
+                 start_look(prefix, bucket_spec, tmp / "watch-state", settle, "watch-new-data/look")]  # fmt: skip
+        folder_looks.append(look_found(looks[0]))
+        bucket_looks.append(look_found(looks[1]))
     return Scenarios(
         retrain_run_id, retrain_run_name, tmp / "runs-retrain", event_dataset, tmp / "runs-event", folder, folder_file,
         str(folder_spec), folder_looks, bucket, prefix, bucket_file, bucket_spec, bucket_looks,
@@ -524,7 +537,7 @@ def test_every_run_is_named_after_its_job(stack, scenarios, tmp_path):
     fs.invalidate_cache()
     assert wait_final(bucket_run.id).name == fs.ls(f"{scenarios.bucket}/runs")[0].rsplit("/", 1)[-1]
     # a scheduled run keeps the server's random name until it starts: only finished runs count
-    watchers = [r for r in runs_of("watch-new-data/watch") if r.state.is_final()]
+    watchers = [r for name in ("watch", "look") for r in runs_of(f"watch-new-data/{name}") if r.state.is_final()]
     assert watchers and all(r.name.startswith("watch-incoming-") for r in watchers), watchers
 
 

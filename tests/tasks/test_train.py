@@ -219,8 +219,9 @@ def test_a_child_that_stopped_on_nan_is_not_retried(make_job, standin):
 # Kill points: before the first checkpoint (resumes from scratch), between checkpoints, and near the end; the real
 # child at one of them (its checkpoints are TRL's), the stand-in at the others (what is tested there is the task's
 # retry and its events, around the child's `resume_checkpoint`).
-@pytest.mark.parametrize("kill_at, child", [(3, "stand-in"), (12, "real"), (27, "stand-in")])
-def test_sigkill_resumes_each_step_once(tmp_path, make_spec, request, kill_at, child):
+# The real child trains 20 steps (each is real time in the suite), the stand-in 30.
+@pytest.mark.parametrize("kill_at, child, steps", [(3, "stand-in", 30), (12, "real", 20), (27, "stand-in", 30)])
+def test_sigkill_resumes_each_step_once(tmp_path, make_spec, request, kill_at, child, steps):
     from prefect.settings import PREFECT_API_URL
 
     if child == "stand-in":
@@ -228,7 +229,7 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, request, kill_at, c
 
     spec = make_spec(
         f"kill{kill_at}",
-        hyperparameters={"max_steps": 30, "rollouts_per_prompt": 2, "max_response_length": 4},
+        hyperparameters={"max_steps": steps, "rollouts_per_prompt": 2, "max_response_length": 4},
         checkpoint_every=5,
         evaluation={"holdout": 0},
     )
@@ -255,12 +256,11 @@ def test_sigkill_resumes_each_step_once(tmp_path, make_spec, request, kill_at, c
         run.kill()
     assert run.returncode == 0
     assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
-    steps = [r["step"] for r in read_metrics(job.metrics)]
-    assert steps == list(range(1, 31))  # every step exactly once, none lost, none repeated
-    # The retried task announces only the steps the first attempt had not: one progress event per step (30 steps:
-    # every step has one), in order, none twice.
+    assert [r["step"] for r in read_metrics(job.metrics)] == list(range(1, steps + 1))  # each step once, none lost
+    # The retried task announces only the steps the first attempt had not: one progress event per step (every step
+    # has one at this length), in order, none twice.
     progress = [r["payload"]["step"] for r in read_events(job.events) if r["event"] == "grpoflow.training.progress"]
-    assert progress == list(range(1, 31))
+    assert progress == list(range(1, steps + 1))
     resumed = json.loads(job.training_result.read_text())["resumed_from"]
     if kill_at >= 10:  # checkpoint-5 at least was complete when the child died: the retry started from it
         assert resumed is not None and int(resumed.rsplit("-", 1)[1]) >= 5
