@@ -235,12 +235,6 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
     assert bare == [], where.stdout  # only `grpoflow` is a top-level name
     print(f"fresh venv with a non-editable grpoflow: {time.monotonic() - started:.1f} s")
 
-    # The embedded default, its spec and data found as package data.
-    demo = run(bin_dir / "grpoflow", "demo", "--set", "sft.enabled=false", "--set", "hyperparameters.max_steps=2",
-               "--json", timeout=600)  # fmt: skip
-    result = json.loads(demo.stdout.strip().splitlines()[-1])
-    assert result["status"] == "completed" and Path(result["output_dir"]).is_relative_to(home / "runs")
-
     run(bin_dir / "grpoflow", "init", "proj")
     proj = home / "proj"
     add_users_own_modules(proj)
@@ -254,6 +248,12 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
                                       cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         procs.append(server)
         wait_healthy(api_url, server)
+        # The embedded default, its spec and data found as package data (against this server: a run without one
+        # starts a temporary server, tests/test_docs.py's tour and tests/integrations/test_prefect_server.py).
+        demo = run(bin_dir / "grpoflow", "demo", "--set", "sft.enabled=false", "--set", "hyperparameters.max_steps=2",
+                   "--json", timeout=600, PREFECT_API_URL=api_url)  # fmt: skip
+        result = json.loads(demo.stdout.strip().splitlines()[-1])
+        assert result["status"] == "completed" and Path(result["output_dir"]).is_relative_to(home / "runs")
         applied = run(bin_dir / "grpoflow", "deployments", "apply", cwd=proj, PREFECT_API_URL=api_url)
         assert "grpo-pipeline/retrain" in applied.stdout
 
