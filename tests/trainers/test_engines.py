@@ -49,6 +49,24 @@ def test_generation_reaches_grpo_config(make_spec, tmp_path, generation, expecte
     assert {k: getattr(config, k) for k in expected} == expected
 
 
+@no_cuda
+def test_the_paged_cache_is_sized_for_a_step_without_a_gpu(make_spec, tmp_path):
+    """Unsized, transformers takes half the machine's RAM for the paged engine's cache and allocates it at every
+    step's generation (builtin:tiny: ~11 s a step on 2 cores, ~1 s sized): one step's completions, each of
+    ceil((max_prompt_length + max_response_length) / 256) pages. A trl: block's own config replaces it whole."""
+    hp = {"rollouts_per_prompt": 4, "prompts_per_step": 2, "max_response_length": 300}
+    spec, _ = load_spec(make_spec("paged", generation={"engine": "paged"}, hyperparameters=hp))
+    config = grpo.grpo_config(spec, JobDir(tmp_path / "job"))
+    assert config.transformers_continuous_batching_config["num_blocks"] == 8 * 6  # (1024 + 300) / 256 -> 6 pages
+    mine = {"num_blocks": 4, "max_batch_tokens": 128}
+    spec, _ = load_spec(
+        make_spec("paged", generation={"engine": "paged"}, trl={"transformers_continuous_batching_config": mine})
+    )
+    assert grpo.grpo_config(spec, JobDir(tmp_path / "job")).transformers_continuous_batching_config == mine
+    spec, _ = load_spec(make_spec("padded"))  # the transformers engine: no paged cache
+    assert grpo.grpo_config(spec, JobDir(tmp_path / "job")).transformers_continuous_batching_config is None
+
+
 def test_a_server_of_the_jobs_own_is_passed_by_the_task(make_spec, tmp_path, monkeypatch):
     spec, _ = load_spec(make_spec("srv", generation={"engine": "vllm", "vllm_mode": "server"}))
     monkeypatch.setenv(VLLM_SERVER_URL_ENV, "http://127.0.0.1:41234")
