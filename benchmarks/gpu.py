@@ -170,13 +170,6 @@ def compare_training(w: Workload, root: Path, repeats: int, budget: Budget) -> d
 # --- generation: TRL's transformers engines --------------------------------------------------------------------------
 
 
-def cpu_paged_cache(length: int) -> dict:
-    """The paged engine's cache on a CPU for 8 completions of prompts up to 1024 tokens, as grpoflow sizes it."""
-    from grpoflow.trainers.grpo import PAGE_TOKENS
-
-    return {"num_blocks": 8 * -(-(1024 + length) // PAGE_TOKENS)}
-
-
 def generation_speed(model: Path, dataset: Path, out: Path, paged: bool, steps: int, length: int) -> dict:
     """A `steps`-step TRL run with `use_transformers_continuous_batching=paged`, timing each generation call."""
     import torch
@@ -185,10 +178,14 @@ def generation_speed(model: Path, dataset: Path, out: Path, paged: bool, steps: 
     from trl import GRPOConfig, GRPOTrainer
 
     from benchmarks.workloads import graded_variety_reward
+    from grpoflow.trainers.grpo import paged_cache_blocks
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.padding_side = "left"
     bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    # On a CPU (the smoke), the paged cache sized as grpoflow sizes it there (trainers/grpo.py's paged_cache_default,
+    # 8 completions of prompts up to 1024 tokens): unsized, each step allocates half the RAM
+    cpu_cache = None if torch.cuda.is_available() else {"num_blocks": paged_cache_blocks(8, 1024, length)}
     args = GRPOConfig(
         output_dir=str(out),
         max_steps=steps,
@@ -203,9 +200,7 @@ def generation_speed(model: Path, dataset: Path, out: Path, paged: bool, steps: 
         report_to="none",
         save_strategy="no",
         use_transformers_continuous_batching=paged,
-        # On a CPU (the smoke), the paged cache sized as grpoflow sizes it there (trainers/grpo.py's
-        # paged_cache_default): unsized, each step allocates half the machine's RAM
-        transformers_continuous_batching_config=None if torch.cuda.is_available() else cpu_paged_cache(length),
+        transformers_continuous_batching_config=cpu_cache,
     )
     dataset = load_dataset("json", data_files=str(dataset), split="train")
     trainer = GRPOTrainer(

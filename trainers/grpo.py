@@ -195,6 +195,9 @@ def grpo_config(spec: JobSpec, job: JobDir):
 
 # A page of the paged engine's KV cache: transformers' ContinuousBatchingConfig.page_size default.
 PAGE_TOKENS = 256
+# The most blocks grpoflow sizes the cache at (262,144 tokens; builtin:tiny ~0.1 GB, a 0.5B model in fp32 ~6 GB); a
+# step that needs more is left to transformers' own sizing, which fits what memory there is.
+MAX_PAGED_BLOCKS = 1024
 
 
 def paged_cache_default(spec: JobSpec) -> dict:
@@ -209,8 +212,15 @@ def paged_cache_default(spec: JobSpec) -> dict:
         return {}
     hp = spec.hyperparameters
     completions = hp.rollouts_per_prompt * hp.prompts_per_step // spec.processes
-    pages = -(-(hp.max_prompt_length + hp.max_response_length) // PAGE_TOKENS)  # ceil
-    return {"transformers_continuous_batching_config": {"num_blocks": completions * pages}}
+    blocks = paged_cache_blocks(completions, hp.max_prompt_length, hp.max_response_length)
+    return {"transformers_continuous_batching_config": {"num_blocks": blocks}} if blocks else {}
+
+
+def paged_cache_blocks(completions: int, prompt_tokens: int, response_tokens: int) -> int | None:
+    """Blocks of the paged cache for `completions` generated together, each of up to prompt_tokens + response_tokens
+    (fewer only make a request wait for room); None past MAX_PAGED_BLOCKS."""
+    blocks = completions * -(-(prompt_tokens + response_tokens) // PAGE_TOKENS)  # whole pages each
+    return blocks if blocks <= MAX_PAGED_BLOCKS else None
 
 
 def intact_checkpoint(path: Path) -> bool:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpoflow.trainers.graders import CODE_GRADERS
-from grpoflow.trainers.uris import file_path, url_scheme
+from grpoflow.trainers.uris import LOCAL_SCHEMES, file_path, url_scheme
 
 if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic models then
     from grpoflow.trainers.spec import JobSpec
@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic model
 REWARD_MODULES_ENV = "GRPOFLOW_REWARD_MODULES"
 SPEC_CODE_ENV = "GRPOFLOW_ALLOW_SPEC_CODE"
 PATHS_ENV = "GRPOFLOW_DEPLOYED_PATHS"  # the folders a deployment's spec may name local paths in
-LOCAL_SCHEMES = ("", "file", "local")  # a plain path, and the URLs of one (`uris.file_path`)
 SPEC_ORIGIN_ENV = "GRPOFLOW_SPEC_ORIGIN"  # set by the launcher for its children: command_line or deployment
 # What grpoflow ships as rewards, tools and environments (no factory of them takes code), and TRL's rewards.
 ALWAYS_ALLOWED = ("grpoflow.trainers.rewards.builtin", "grpoflow.examples", "trl.rewards")

@@ -31,6 +31,10 @@ def is_remote(uri: str | os.PathLike) -> bool:
     return url_scheme(uri) not in ("", "file", "local")
 
 
+# The URL schemes of a local path (fsspec's `local://` too), and a plain path's "".
+LOCAL_SCHEMES = ("", "file", "local")
+
+
 def file_path(uri: str) -> str:
     """The local path of a `file://` (or fsspec's `local://`) URL (`file:///data/runs` -> `/data/runs`); any other
     `uri` as it is. A host other than `localhost` is a ValueError (the file is on another machine).
@@ -38,7 +42,8 @@ def file_path(uri: str) -> str:
     >>> file_path("file:///data/my%20runs"), file_path("file://localhost/x"), file_path("runs")
     ('/data/my runs', '/x', 'runs')
     """
-    if url_scheme(uri) not in ("file", "local"):
+    scheme = url_scheme(uri)
+    if not scheme or scheme not in LOCAL_SCHEMES:  # a plain path stays as written (no %-decoding)
         return uri
     parts = urlsplit(uri)
     if parts.netloc not in ("", "localhost"):

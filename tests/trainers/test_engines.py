@@ -63,6 +63,9 @@ def test_the_paged_cache_is_sized_for_a_step_without_a_gpu(make_spec, tmp_path):
         make_spec("paged", generation={"engine": "paged"}, trl={"transformers_continuous_batching_config": mine})
     )
     assert grpo.grpo_config(spec, JobDir(tmp_path / "job")).transformers_continuous_batching_config == mine
+    hp["max_response_length"] = 40_000  # 8 x 161 pages: past MAX_PAGED_BLOCKS, transformers sizes it to memory
+    spec, _ = load_spec(make_spec("paged", generation={"engine": "paged"}, hyperparameters=hp))
+    assert grpo.grpo_config(spec, JobDir(tmp_path / "job")).transformers_continuous_batching_config is None
     spec, _ = load_spec(make_spec("padded"))  # the transformers engine: no paged cache
     assert grpo.grpo_config(spec, JobDir(tmp_path / "job")).transformers_continuous_batching_config is None
 
