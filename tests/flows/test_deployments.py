@@ -791,7 +791,8 @@ def test_worker_secrets_stay_out_of_files(stack, tmp_path):
             Webhook(key).verify(body, {k.lower(): v for k, v in headers.items()})  # raises on a bad signature
 
         project = [p for p in PROJECT_DIR.iterdir() if p.name not in (".venv", ".git")]
-        # and whatever appeared in the system's temp folder since, where a path written as /tmp/... would land
+        # and whatever appeared at the system temp folder's top level since, where a path written as /tmp/... would
+        # land (a file written into one of its older subfolders is not read)
         shared_tmp = [p for p in Path(tempfile.gettempdir()).iterdir() if new_since(p, since)]
         roots = [tmp_path, stack.tmp, Path(stack.env["PREFECT_HOME"]), *project, *shared_tmp]  # stack.tmp: TMPDIR
         # Prefect's workspaces (this run's and the other tests' runs, which may still be ending) are removed after
