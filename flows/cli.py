@@ -48,6 +48,7 @@ from grpoflow.flows.errors import (
     exit_code,
     exits_epilog,
 )
+from grpoflow.flows.policy_cli import add_policy_command
 from grpoflow.trainers.trust import command_line
 
 # The demo's spec, data and reward module ship as package data: found from any install, not only a checkout.
@@ -87,9 +88,23 @@ def load(args, extra_overrides: list[str] = ()):
     if root is not None:
         overrides.append(f"output_uri={root}")
     spec, warnings = load_spec(args.spec, overrides)
-    for warning in warnings:
+    for warning in warnings + limit_warnings(spec):
         print(f"warning: {warning}", file=sys.stderr)
     return spec
+
+
+def limit_warnings(spec) -> list[str]:
+    """Where `spec` asks for more than the policy's limits (which refuse it from a deployment; here it runs)."""
+    from grpoflow.trainers.policy import PolicyError, limit_excess, load_policy
+
+    try:
+        loaded = load_policy()
+    except PolicyError as e:
+        return [str(e)]
+    return [
+        f"{where}: {what} (the policy's `limits.{key}`, {loaded.source}: a deployment would refuse this spec)"
+        for where, what, key in limit_excess(spec, loaded.policy.limits)
+    ]
 
 
 def find_args_job(args, job_id: str):
@@ -1190,6 +1205,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graders_command(sub)
     _add_k8s_command(sub)
     _add_rollouts_command(sub)
+    add_policy_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         _hidden_output_uri(p)
     return parser

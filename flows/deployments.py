@@ -88,6 +88,28 @@ async def default_template(pool_type: str) -> dict:
     return template
 
 
+# The job variables no run may set: a command of its own, the worker's environment (which could hold the settings of
+# the policy or a PYTHONPATH), the folder the flow runs in (whose .grpoflow/policy.yaml and modules apply).
+LOCKED_VARIABLES = ("command", "env", "working_dir")
+
+
+def locked_template(template: dict) -> dict:
+    """`template` without the variables of `LOCKED_VARIABLES` and every place that fills one in: a pool created from
+    it offers a run no way to set them (Prefect lets a run override any variable its pool's template has)."""
+    placeholders = {f"{{{{ {name} }}}}" for name in LOCKED_VARIABLES}
+
+    def without(value):
+        if isinstance(value, dict):
+            return {k: without(v) for k, v in value.items() if not (isinstance(v, str) and v in placeholders)}
+        return [without(v) for v in value] if isinstance(value, list) else value
+
+    variables = dict(template.get("variables", {}))
+    variables["properties"] = {k: v for k, v in variables.get("properties", {}).items() if k not in LOCKED_VARIABLES}
+    if "required" in variables:
+        variables["required"] = [k for k in variables["required"] if k not in LOCKED_VARIABLES]
+    return {**template, "job_configuration": without(template["job_configuration"]), "variables": variables}
+
+
 async def ensure_pools(pools: list[dict]) -> list[str]:
     """Creates the pools (and queues) the server lacks; returns one line per pool saying what was done."""
     lines = []
@@ -98,7 +120,7 @@ async def ensure_pools(pools: list[dict]) -> list[str]:
                 await client.read_work_pool(name)
                 done = "exists, left as it is"
             except ObjectNotFound:
-                template = pool["base_job_template"] or await default_template(pool["type"])
+                template = locked_template(pool["base_job_template"] or await default_template(pool["type"]))
                 create = WorkPoolCreate(
                     name=name, type=pool["type"], description=pool.get("description"), base_job_template=template
                 )

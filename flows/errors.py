@@ -44,6 +44,7 @@ class Stopped(Exception):
 EXIT_CODES = {
     "grpoflow.trainers.spec.loading.SpecError": EXIT_REJECTED,
     "grpoflow.flows.errors.UsageError": EXIT_REJECTED,
+    "grpoflow.trainers.policy.PolicyError": EXIT_REJECTED,
     "grpoflow.flows.errors.Rejected": EXIT_REJECTED,
     "grpoflow.flows.project.ProjectError": EXIT_REJECTED,
     "grpoflow.flows.deployments.ServerNotSet": EXIT_REJECTED,

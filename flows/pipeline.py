@@ -22,6 +22,7 @@ from prefect.exceptions import ParameterTypeError, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
+from grpoflow.flows.admission import admission_problems, team_spec
 from grpoflow.integrations.jobs import BadJobReference, job_location, resume_problem
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
 from grpoflow.jobs.canary import wanted as canary_wanted
@@ -40,7 +41,6 @@ from grpoflow.trainers.errors import ChildEndedEarly, ChildFailed, RewardFailed,
 from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.spec import JobSpec, SpecError, load_spec
-from grpoflow.trainers.trust import deployment_problems
 
 
 class NamedFailures(logging.Filter):
@@ -205,20 +205,23 @@ def name_flow_run(job_id: str) -> None:
 
 # validate_parameters=False: the flow checks the spec itself and ends Rejected (`checked_spec`).
 @flow(name="grpo-pipeline", flow_run_name=job_run_name, validate_parameters=False)
-def grpo_pipeline(spec: JobSpec, job_id: str | None = None) -> dict:
+def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = None) -> dict:
     """Fine-tunes `spec.base_model` with GRPO on `spec.dataset`; returns the job id, folder and evaluation.
 
     Args:
         spec (`JobSpec`): the job spec; validated before anything runs.
         job_id (`str`, *optional*): resume this existing job (its spec.yaml must be `spec`) instead of starting one.
+        team (`str`, *optional*): the team the run belongs to, set by the operator on the deployment (prefect.yaml);
+            its jobs live under `<output_uri>/<team>/` (flows/admission.py).
     """
     started = time.monotonic()
     spec = checked_spec(spec)  # a deployment's run: the spec as its JSON
     if not isinstance(spec, JobSpec):
         return spec
-    if problems := deployment_problems(spec):  # before anything imports the spec's modules or reads its paths
+    if problems := admission_problems(spec, team):  # before anything imports the spec's modules or reads its paths
         get_run_logger().error("spec rejected:\n%s", "\n".join(problems))
         return rejected("; ".join(problems))
+    spec = team_spec(spec, team)
     if job_id is not None and (problem := resumable(spec, job_id)):  # the UI form's job_id: another spec's job
         return rejected(problem)
 

@@ -36,6 +36,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from grpoflow.flows.admission import admission_problems
 from grpoflow.flows.deployments import deployment_name, name_after_job, pool_job_variables, run_parameters, wait_for
 from grpoflow.flows.pipeline import checked_spec, grpo_pipeline, spec_name
 from grpoflow.integrations.artifacts import score_change
@@ -44,7 +45,6 @@ from grpoflow.integrations.storage import filesystem, is_remote, join
 from grpoflow.trainers.held_out import SCORE_TOLERANCE
 from grpoflow.trainers.metrics import read_jsonl
 from grpoflow.trainers.spec import JobSpec, SpecError, apply_overrides, load_spec
-from grpoflow.trainers.trust import deployment_problems
 
 _NOT_KEY = re.compile(r"[^a-z0-9]+")  # Prefect artifact keys: lowercase letters, digits and dashes
 BEST = "★ best"
@@ -418,7 +418,7 @@ def grpo_sweep(
         return rejected("; ".join(e.problems))
     sweep_id = sweep_id or flow_run.name
     specs = [combination_spec(spec, values) for values in combinations]
-    if problems := list(dict.fromkeys(p for s in specs for p in deployment_problems(s))):
+    if problems := list(dict.fromkeys(p for s in specs for p in admission_problems(s))):
         logger.error("sweep rejected:\n%s", "\n".join(problems))
         return rejected("; ".join(problems))
     logger.info("sweep %s: %d jobs, at most %d at once", sweep_id, len(specs), max_concurrent)

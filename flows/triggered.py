@@ -26,7 +26,7 @@ DEFAULT_SPEC = "deployments/default-spec.yaml"
 
 @flow(name="grpo-pipeline")
 def grpo_pipeline_from_file(
-    spec: OptionalUrl = None, dataset_uri: OptionalUrl = None, default_spec: Url = DEFAULT_SPEC
+    spec: OptionalUrl = None, dataset_uri: OptionalUrl = None, default_spec: Url = DEFAULT_SPEC, team: str | None = None
 ) -> dict:
     """Runs the GRPO pipeline on the spec file `spec` (else `default_spec`), with `dataset_uri` as its dataset.
 
@@ -34,6 +34,7 @@ def grpo_pipeline_from_file(
         spec (`str`, *optional*): path or URI of a spec file; replaces `default_spec` (the event payload's `spec`).
         dataset_uri (`str`, *optional*): becomes the spec's `dataset.uri` (the event payload's `uri`).
         default_spec (`str`, *optional*, defaults to `"deployments/default-spec.yaml"`): the deployment's own spec.
+        team (`str`, *optional*): the deployment's team (`grpo_pipeline`'s).
     """
     logger = get_run_logger()
     source = spec or default_spec
@@ -52,4 +53,4 @@ def grpo_pipeline_from_file(
         logger.warning(warning)
     logger.info("spec %s, dataset %s", source, job_spec.dataset.uri)
     # `.fn`: the pipeline's tasks run in this flow run; a nested run of the same flow would only add noise.
-    return grpo_pipeline.fn(job_spec)
+    return grpo_pipeline.fn(job_spec, team=team)

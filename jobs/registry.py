@@ -4,7 +4,7 @@ every version of a name kept with its score and job, so a worse model can be rol
 The registry is one JSON file per deployment name under `<output_root>/deployments/<name>.json`, written atomically
 under a lock on the folder, so two registrations never clobber each other's versions:
 
-    {"name", "current": 2, "versions": [{"version": 1, "job_id", "artifact_path", "artifact_type", "metric", "score",
+    {"name", "owner", "current": 2, "versions": [{"version": 1, "job_id", "artifact_path", "artifact_type", "metric", "score",
      "status", "registered", "smoke"}, ...],
      "job_id", "artifact_path", "artifact_type", "status", "created", "updated", ...}   # the current version's fields
 
@@ -212,12 +212,29 @@ def smoke_test(model_dir: Path, prompt, max_new_tokens: int = 16) -> dict:
     return {"prompt": prompt, "completion": text, "seconds": round(time.monotonic() - started, 3)}
 
 
-def register(job: JobDir, name: str) -> dict:
+def owner_problem(output_root: Path, name: str, owner: str) -> str | None:
+    """Why the job name `owner` may not register deployment `name` under `output_root`: the name belongs to the job
+    name that registered it first (its record's `owner`; a record from before owners were kept belongs to none)."""
+    path = registry_dir(output_root) / f"{name}.json"
+    if not path.exists():
+        return None
+    first = json.loads(path.read_text()).get("owner")
+    if first in (None, owner):
+        return None
+    return (
+        f"deploy.name: deployment {name!r} belongs to the jobs named {first!r}, which registered it first; name "
+        "another deployment"
+    )
+
+
+def register(job: JobDir, name: str, owner: str | None = None) -> dict:
     """Registers `job`'s merged weights as a version of deployment `name`, current once a smoke test passed.
 
     Args:
         job (`JobDir`): a finished job (it has `merged/`).
         name (`str`): the deployment's name (DeploySpec rules: lowercase slug).
+        owner (`str`, *optional*): the job name registering it (the spec's `name`); a name registered first by
+            another job name is refused (`owner_problem`). None (`grpoflow deploy` by hand) checks no owner.
 
     Returns:
         `dict`: the name's record, the new (or re-tested) version's fields at the top level, `version` its number.
@@ -225,6 +242,8 @@ def register(job: JobDir, name: str) -> dict:
     if not (job.merged / "config.json").exists():
         raise RegistrationError(f"job {job.job_id} has no merged weights yet (merged/ is missing); train it first")
     root, now = job.root.parent, datetime.now(UTC).isoformat()
+    if owner is not None and (problem := owner_problem(root, name, owner)):
+        raise RegistrationError(problem)
     info = json.loads(job.model_json.read_text()) if job.model_json.exists() else {}
     evaluation = json.loads(job.evaluation.read_text()) if job.evaluation.exists() else {}
     version = {
@@ -236,7 +255,7 @@ def register(job: JobDir, name: str) -> dict:
         "status": "registering",
         "registered": now,
     }
-    number = _add_version(root, name, version, now)
+    number = _add_version(root, name, version, now, owner=owner)
     try:
         version.update(smoke=smoke_test(job.merged, smoke_prompt(job)), status="ready")
     except Exception as e:
@@ -247,12 +266,17 @@ def register(job: JobDir, name: str) -> dict:
     return {**record, "version": number}
 
 
-def _add_version(root: Path, name: str, version: dict, now: str, number: int | None = None, make_current=False):
+def _add_version(
+    root: Path, name: str, version: dict, now: str, number: int | None = None, make_current=False, owner=None
+):
     """Writes `version` into `name`'s record, as version `number`, or as a new one (the current version when its job
     is the same: a re-registration); returns its number, or the record once `make_current` made it current."""
     path = registry_dir(root) / f"{name}.json"
     with _locked(root):
         record = read_deployment(root, name) if path.exists() else {"name": name, "created": now, "versions": []}
+        if owner is not None and (problem := owner_problem(root, name, owner)):  # another job took it meanwhile
+            raise RegistrationError(problem)
+        record.setdefault("owner", owner)
         record.setdefault("current", None)
         versions = record["versions"]
         if number is None:

@@ -19,7 +19,7 @@ def registered_payload(record: dict) -> dict:
 @task(name="register", retries=1, retry_delay_seconds=RETRY_DELAY_S)
 def register_task(job: JobDir, spec: JobSpec) -> dict:
     """Registers this job as the current version of the spec's deployment; emits `grpoflow.deployment.registered`."""
-    record = register(job, spec.deploy.name)
+    record = register(job, spec.deploy.name, owner=spec.name)
     text = f"deployment {record['name']} ({record['status']}): grpoflow serve {record['name']}"
     link_artifact(spec, "deployment", deployment_link(job, record), text, f"The serving deployment of {job.job_id}")
     emit(job, "grpoflow.deployment.registered", registered_payload(record))

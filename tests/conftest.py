@@ -21,6 +21,14 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 # The tests' jobs are indexed apart from the user's (`grpoflow.trainers.jobdir`).
 os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-index-")
+# The flows the tests call, and the test stacks' workers, run specs as a deployment's, under this policy: any path,
+# model and trl: key, the tests' loopback receivers as webhooks (tests/trainers/test_policy.py tests the defaults).
+os.environ["GRPOFLOW_POLICY"] = os.path.join(tempfile.mkdtemp(prefix="grpoflow-tests-policy-"), "policy.yaml")
+with open(os.environ["GRPOFLOW_POLICY"], "w") as _policy:
+    _trl = json.loads((Path(__file__).parents[1] / "trainers" / "spec" / "trl_fields.json").read_text())["fields"]
+    _from = {"paths": ["/"], "models": ["*"], "trl_keys": sorted(_trl), "webhooks": ["127.0.0.1", "localhost"]}
+    _from["secret_env"] = ["GRPOFLOW_WEBHOOK_SECRET", "GRPOFLOW_TEST_WEBHOOK_SECRET", "GRPOFLOW_TEST_SECRET"]
+    yaml.safe_dump({"from_deployments": _from}, _policy)
 # A retried stage retries at once: what a test checks is that it retries, never how long it waited (grpoflow.tasks).
 os.environ["GRPOFLOW_RETRY_DELAY_S"] = "0"
 

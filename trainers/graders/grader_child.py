@@ -4,7 +4,8 @@
 (`grpoflow.trainers.graders.sandbox`), where grpoflow itself is not importable: it uses the standard library alone. It
 reads one JSON request on stdin, `{"source", "rows", "timeout_s", "limits"}`, sets the limits on itself before the
 source runs (a process cannot raise them again), and writes `[[score, error], ...]`, one pair per row, on a copy of fd
-1.
+1, each error cut to 1,000 characters so that the answer stays within what the caller reads. The grader's code runs
+in this process and could write on that copy itself: the caller checks the answer before using it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import sys
 
 MIB = 1024 * 1024
+MAX_ERROR_CHARS = 1000
 
 
 def limit(limits: dict) -> None:
@@ -43,11 +45,12 @@ def grade_all(request: dict) -> list[tuple[float | None, str | None]]:
     try:
         exec(compile(request["source"], "<grader source>", "exec"), namespace)  # noqa: S102 (the point: in the sandbox)
     except BaseException as exc:
-        return [(None, f"the source does not run: {type(exc).__name__}: {exc}")] * len(request["rows"])
+        return [(None, f"the source does not run: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])] * len(request["rows"])
     grade = namespace.get("grade")
     if not callable(grade):
         return [(None, "the source defines no grade(sample, item) function")] * len(request["rows"])
-    return [grade_one(grade, sample, item, request["timeout_s"]) for sample, item in request["rows"]]
+    graded = [grade_one(grade, sample, item, request["timeout_s"]) for sample, item in request["rows"]]
+    return [(score, error if error is None else error[:MAX_ERROR_CHARS]) for score, error in graded]
 
 
 def grade_one(grade, sample: dict, item: dict, timeout_s: float) -> tuple[float | None, str | None]:

@@ -5,9 +5,14 @@ starts one sandbox (`grpoflow.trainers.graders.sandbox`: bubblewrap, no network,
 bounded processes, disk, CPU and memory) that grades every completion of the call with `grader_child.py`. `memory_mb`
 (default: the operator's `GRPOFLOW_SANDBOX_MEMORY_MB`, 2048, as OpenAI's sandbox) may only lower the operator's cap;
 `timeout_s` bounds each completion, and the whole call is killed after `timeout_s` per completion plus a start-up
-allowance. What the grader prints goes to the sandbox's stderr, which the error message quotes. A grader that raises,
-times out, returns something other than a finite number, or takes its process down scores None for those completions
-(TRL: "does not apply") with the error kept; the trainer goes on.
+allowance. What the grader prints goes to the sandbox's stderr, whose last 64 KiB are kept and quoted by the error
+message. A grader that raises, times out, returns something other than a finite number, or takes its process down
+scores None for those completions (TRL: "does not apply") with the error kept; the trainer goes on.
+
+The answer the child hands back (`[[score, error], ...]` on its stdout) is bounded (`answer_bytes`: 64 KiB and 8 KiB
+a completion) and checked before use, since the grader's code runs in the same process and may write there itself:
+one pair a completion, each score a finite number or null, each error a string or null; else the whole call scores
+None, naming the first bad answer. So does a sandbox stopped whole (over its memory cap, where a cgroup holds one).
 
 Where no sandbox can start (no bwrap, user namespaces refused), the grader runs in a bare child process only where
 the trust rules allow it (`grpoflow.trainers.trust.unsandboxed_allowed`: the user's own command line, with one
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -31,6 +37,8 @@ from grpoflow.trainers.trust import unsandboxed_allowed, unsandboxed_refusal
 
 STARTUP_S = 10.0  # the sandbox's start and the grader's imports (numpy, say), on top of the per-row time
 MAX_STDERR_CHARS = 2000
+# The child cuts each error to 1,000 characters: a row's pair is at most ~6 KiB of JSON (\uXXXX escapes included).
+ANSWER_BYTES = (64 * 1024, 8 * 1024)  # bytes of the child's answer accepted: for the call, and for each row
 CHILD = Path(__file__).with_name("grader_child.py")
 logger = logging.getLogger(__name__)
 
@@ -66,28 +74,36 @@ def run_python_grader(
     request = {"source": source, "rows": rows, "timeout_s": timeout_s, "limits": vars(limits)}
     argv, timeout = [sys.executable, "-I", "-c", CHILD.read_text()], STARTUP_S + timeout_s * len(rows)
     try:
-        done = _run(argv, json.dumps(request, default=str), timeout, limits)
+        done = _run(argv, json.dumps(request, default=str), timeout, limits, answer_bytes(len(rows)))
     except subprocess.TimeoutExpired:
         return [Graded(None, f"the grader's process did not finish within {timeout_s:g} s per completion")] * len(rows)
-    except PermissionError as exc:
+    except (PermissionError, sandbox.SandboxStopped) as exc:
         return [Graded(None, str(exc))] * len(rows)
     return _answers(done, len(rows))
 
 
-def _run(argv: list[str], stdin: str, timeout: float, limits) -> subprocess.CompletedProcess:
-    """`argv` in a sandbox; where none can start, in a bare child process if the trust rules allow it.
+def answer_bytes(rows: int) -> int:
+    """The most bytes of answer the grader's process may write for a call of `rows` completions."""
+    return ANSWER_BYTES[0] + ANSWER_BYTES[1] * rows
+
+
+def _run(argv: list[str], stdin: str, timeout: float, limits, max_stdout: int) -> subprocess.CompletedProcess:
+    """`argv` in a sandbox; where none can start, in a bare child process if the trust rules allow it. Either way
+    its output is read as it comes: `max_stdout` bytes of answer at most, the tail of its stderr.
 
     Raises:
         PermissionError: no sandbox here, and this run may not go without one (the message says what to do).
+        sandbox.SandboxStopped: it went over its memory cap or wrote more than `max_stdout` bytes of answer.
+        subprocess.TimeoutExpired: it ran past `timeout` (and was killed).
     """
     if (problem := sandbox.sandbox_problem()) is None:
-        return sandbox.run(argv, stdin, timeout, limits)
+        return sandbox.run(argv, stdin, timeout, limits, max_stdout)
     if not unsandboxed_allowed():
         raise PermissionError(unsandboxed_refusal(problem))
     _warn_once(problem)
     with tempfile.TemporaryDirectory(prefix="grpoflow-grader-") as home:
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": home, "PYTHONDONTWRITEBYTECODE": "1"}
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, cwd=home, timeout=timeout)
+        return sandbox.run_bounded(argv, stdin, timeout, max_stdout, env=env, cwd=home)
 
 
 _warned: set[str] = set()
@@ -118,12 +134,46 @@ def _ended(code: int) -> str:
 
 
 def _answers(done: subprocess.CompletedProcess, count: int) -> list[Graded]:
-    """The grades the child wrote, or every row's failure when it wrote none (or for other rows)."""
+    """The grades the child wrote, or every row's failure when it wrote none, or an answer that does not hold."""
     try:
-        graded = [Graded(score, error) for score, error in json.loads(done.stdout)]
-    except (ValueError, TypeError):
+        answer = json.loads(done.stdout)  # NaN and Infinity parse, as floats: refused below, naming the row
+    except (ValueError, RecursionError):  # RecursionError: arrays nested past the parser's depth
         said = done.stderr.strip()[-MAX_STDERR_CHARS:] or "no output"
         return [Graded(None, f"the grader's process {_ended(done.returncode)}: {said}")] * count
-    if len(graded) != count:
-        return [Graded(None, "the grader's process answered for other rows")] * count
-    return graded
+    if problem := _answer_problem(answer, count):
+        return [Graded(None, f"the grader's process handed back a malformed answer: {problem}")] * count
+    return [Graded(None if s is None else float(s), None if e is None else e[:MAX_STDERR_CHARS]) for s, e in answer]
+
+
+def _answer_problem(answer, count: int) -> str | None:
+    """What is wrong with the child's answer, first thing first, or None: it must be `count` [score, error] pairs,
+    each score a finite number or null, each error a string or null (JSON's true and false are not numbers)."""
+    if not isinstance(answer, list):
+        return f"{_shown(answer)}, expected a list of [score, error] pairs"
+    if len(answer) != count:
+        return f"{len(answer)} answers for {count} completions"
+    for index, pair in enumerate(answer):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            return f"answer {index} is {_shown(pair)}, expected a [score, error] pair"
+        score, error = pair
+        if not _finite_or_none(score):
+            return f"answer {index}'s score is {_shown(score)}, expected a finite number or null"
+        if not (error is None or isinstance(error, str)):
+            return f"answer {index}'s error is {_shown(error)}, expected a string or null"
+    return None
+
+
+def _finite_or_none(value) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past a float's range
+        return False
+
+
+def _shown(value) -> str:
+    """A value of the answer as the message names it: its type, and its start."""
+    return f"{type(value).__name__} {value!r:.60}"
