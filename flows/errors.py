@@ -111,6 +111,11 @@ COMMAND_EXITS = {
         EXIT_REJECTED: "no server to deploy to (PREFECT_API_URL), or a project file to fix",
     },
     "deployments list": {EXIT_OK: "listed", EXIT_REJECTED: "a bad argument"},
+    "policy show": {EXIT_OK: "printed", EXIT_REJECTED: "a policy file with a mistake"},
+    "policy check": {
+        EXIT_OK: "a deployment run of the spec is allowed",
+        EXIT_REJECTED: f"it would be refused (one line a field), {BAD_SPEC}, or a policy file with a mistake",
+    },
     "submit": {
         EXIT_OK: "submitted (--wait: completed)",
         EXIT_FAILED: "the server failed, or (--wait) the run failed or was cancelled",

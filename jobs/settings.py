@@ -59,22 +59,23 @@ SETTINGS = {
         "announced twice.",
     ),
     # --- what a spec may run (the work pool's environment)
+    "GRPOFLOW_POLICY": Setting(
+        "unset: the project's .grpoflow/policy.yaml, else the built-in defaults",
+        "The operator's policy file: what a spec from a deployment may name (code, paths, stores, hosts, key "
+        "variables, models, trl: keys), its limits, teams and the job variables a run may set "
+        "(docs/guides/security.md). Set it in the worker's environment or the pool's template, where no run can "
+        "change it; `grpoflow policy show` prints what is in force.",
+    ),
     "GRPOFLOW_REWARD_MODULES": Setting(
-        "unset: the project's modules, `trl.rewards` and grpoflow's rewards only",
-        "Comma-separated modules (a package allows its submodules) whose callables a spec from a deployment may "
-        "name as rewards, tools or environments.",
+        "no longer read", "Replaced by the policy's `from_deployments.modules`; a refusal it would have allowed says so."
     ),
     "GRPOFLOW_ALLOW_SPEC_CODE": Setting(
-        "unset: sandboxed code only",
-        "Code carried in a spec (a `python` grader): `unsandboxed` lets it run without the sandbox where none can "
-        "start; `0` refuses it from a deployment even with the sandbox.",
+        "no longer read",
+        "Replaced by the policy's `from_deployments.python_graders` (`sandboxed` or `off`): spec code from a "
+        "deployment never runs outside the sandbox.",
     ),
     "GRPOFLOW_DEPLOYED_PATHS": Setting(
-        "unset: any path the worker's user can read and write",
-        "Folders (separated by `:`; relative ones are the project folder's) where, besides the project folder, a "
-        "spec from a deployment may name local paths: dataset.uri, a local base_model or reward model, output_uri, "
-        "an event's spec file, a watcher's folders. Each must resolve inside one, symbolic links followed; "
-        "otherwise the run ends Rejected before anything is read.",
+        "no longer read", "Replaced by the policy's `from_deployments.paths`; a refusal it would have allowed says so."
     ),
     "GRPOFLOW_ALLOW_LINK_LOCAL_URLS": Setting(
         "unset: refused",

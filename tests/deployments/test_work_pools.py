@@ -17,7 +17,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.server.schemas.actions import WorkPoolCreate
 from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
-from grpoflow.flows.deployments import default_template, load_pools
+from grpoflow.flows.deployments import LOCKED_VARIABLES, default_template, load_pools, locked_template
 
 GPU = "nvidia.com/gpu"
 ADDED_VARIABLES = {"gpu_count", "node_selector", "tolerations", "shm_size", "s3_secret"}
@@ -70,12 +70,17 @@ def test_pools_file(pools):
     assert {"name": "training", "concurrency_limit": 1} in pools["grpo-gpu"]["queues"]  # one GPU job at a time
     assert pools["grpo-k8s"]["type"] == "kubernetes"
     for pool in pools.values():
-        template = pool["base_job_template"] or asyncio.run(default_template(pool["type"]))
+        template = locked_template(pool["base_job_template"] or asyncio.run(default_template(pool["type"])))
         # What the server checks when the pool is created: every {{ placeholder }} is a declared variable.
         WorkPoolCreate(name=pool["name"], type=pool["type"], base_job_template=template)
+        assert not set(LOCKED_VARIABLES) & set(template["variables"]["properties"])  # no run sets them
+        assert "{{ command }}" not in json.dumps(template) and "{{ env }}" not in json.dumps(template)
 
 
 def test_k8s_template_extends_the_default(k8s_default, k8s_template):
+    """Prefect's default template, less what no run may set (`locked_template`), plus ours."""
+    assert locked_template(k8s_template) == k8s_template  # the file locks them itself (Prefect's CLI creates from it)
+    k8s_default = locked_template(k8s_default)
     ours, default = k8s_template["variables"]["properties"], k8s_default["variables"]["properties"]
     assert {k: ours[k] for k in default} == default  # every default variable, unchanged
     assert set(ours) - set(default) == ADDED_VARIABLES
@@ -93,10 +98,9 @@ def test_k8s_template_extends_the_default(k8s_default, k8s_template):
     assert container.pop("volumeMounts") == [{"name": "dshm", "mountPath": "/dev/shm"}]
     assert container["resources"]["limits"].pop(GPU) == "{{ gpu_count }}"
     assert container["resources"]["requests"].pop(GPU) == "{{ gpu_count }}"
-    # The S3 credentials, from the Secret s3_secret names; the worker puts the `env` variable's entries before them.
+    # The S3 credentials, from the Secret s3_secret names (no `env` variable: a run may not add to them).
     secret_ref = lambda key: {"secretKeyRef": {"name": "{{ s3_secret }}", "key": key, "optional": True}}
     assert container.pop("env") == [{"name": key, "valueFrom": secret_ref(key)} for key in S3_KEYS]
-    container["env"] = "{{ env }}"
     # completions and parallelism belong to the Job (prefect-kubernetes' default has them in the pod spec, where
     # Kubernetes ignores them and a strict schema check refuses them).
     job = manifest["spec"]

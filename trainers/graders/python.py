@@ -135,11 +135,14 @@ def _ended(code: int) -> str:
 
 def _answers(done: subprocess.CompletedProcess, count: int) -> list[Graded]:
     """The grades the child wrote, or every row's failure when it wrote none, or an answer that does not hold."""
+    said = done.stderr.strip()[-MAX_STDERR_CHARS:] or "no output"
+    if not done.stdout.strip():
+        return [Graded(None, f"the grader's process {_ended(done.returncode)}: {said}")] * count
     try:
         answer = json.loads(done.stdout)  # NaN and Infinity parse, as floats: refused below, naming the row
-    except (ValueError, RecursionError):  # RecursionError: arrays nested past the parser's depth
-        said = done.stderr.strip()[-MAX_STDERR_CHARS:] or "no output"
-        return [Graded(None, f"the grader's process {_ended(done.returncode)}: {said}")] * count
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested past the parser's depth
+        problem = f"not JSON ({type(exc).__name__}: {str(exc)[:200]}); the process {_ended(done.returncode)}: {said}"
+        return [Graded(None, f"the grader's process handed back a malformed answer: {problem}")] * count
     if problem := _answer_problem(answer, count):
         return [Graded(None, f"the grader's process handed back a malformed answer: {problem}")] * count
     return [Graded(None if s is None else float(s), None if e is None else e[:MAX_STDERR_CHARS]) for s, e in answer]

@@ -114,7 +114,7 @@ def operator_limits() -> Limits:
     return Limits(**values)
 
 
-# --- seccomp: a classic BPF program, as the kernel reads it (struct sock_filter, seccomp_data) ------------------------
+# --- seccomp: a classic BPF program, as the kernel reads it (struct sock_filter, seccomp_data) -----------------------
 
 AUDIT_ARCHES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # platform.machine() -> AUDIT_ARCH_*
 DENIED_SYSCALLS = {  # name -> number on x86_64, on aarch64 (asm-generic); each fails with EPERM
@@ -365,7 +365,7 @@ def _cap(controller: _Controller, path: Path, size: int) -> None:
 
 def _remove(path: Path) -> None:
     """Kills what is left in the cgroup at `path` and removes it (its processes take a moment to be gone)."""
-    for _ in range(100):
+    for _ in range(400):  # 2 s at most
         try:
             pids = (path / "cgroup.procs").read_text().split()
         except OSError:
@@ -377,7 +377,7 @@ def _remove(path: Path) -> None:
             path.rmdir()
             return
         except OSError:
-            time.sleep(0.02)
+            time.sleep(0.005)
     logger.warning("the sandbox's cgroup %s could not be removed", path)
 
 
@@ -393,10 +393,19 @@ def _binds() -> list[str]:
             args += ["--symlink", os.readlink(top), str(top)]
         elif top.is_dir():
             args += ["--ro-bind", str(top), str(top)]
-    for folder in sorted({sys.base_prefix, sys.prefix, sys.exec_prefix}):
-        if not Path(folder).resolve().is_relative_to("/usr"):
-            args += ["--ro-bind", folder, folder]
+    folders = [f for f in sorted({sys.base_prefix, sys.prefix, sys.exec_prefix}) if not _under_usr(f)]
+    # The folders above them made readable first: bwrap makes a bind's missing parents 0700 root's, which the
+    # sandbox's user could not cross (a pyenv under /root would then run with no stdlib or venv of its own).
+    above = sorted({str(p) for f in folders for p in Path(f).parents} - {"/", "/tmp"})
+    for parent in above:
+        args += ["--perms", "0755", "--dir", parent]
+    for folder in folders:
+        args += ["--ro-bind", folder, folder]
     return args
+
+
+def _under_usr(folder: str) -> bool:
+    return Path(folder).resolve().is_relative_to("/usr")
 
 
 def _drop(uid: int) -> list[str]:
@@ -407,39 +416,46 @@ def _drop(uid: int) -> list[str]:
     ]
 
 
-@functools.cache
-def _userns_options(bwrap: str, as_root: bool) -> tuple[str, ...] | None:
-    """bwrap's options that give the sandbox a user namespace of its own, with no further one inside where this
-    bwrap can (`--disable-userns` needs bwrap >= 0.8 and `--unshare-user`), as tried here once; as root, tried as the
-    unprivileged user the sandbox runs as. None: that user may make no user namespace here."""
-    for options in (("--unshare-user", "--disable-userns"), ("--unshare-user",)):
-        probe = [*(_drop(SANDBOX_UIDS[0]) if as_root else []), bwrap, *options, *_binds(), "true"]
-        try:
-            done = subprocess.run(probe, capture_output=True, timeout=30, env=_BARE_ENV, cwd="/")
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            return options
-    return None if as_root else ("--unshare-user",)  # not root: bwrap's own error will say why (sandbox_problem)
-
-
 def command(argv: list[str], limits: Limits, seccomp_fd: int | None = None) -> list[str]:
     """The bwrap command that runs `argv` in a new sandbox, with the seccomp program read from `seccomp_fd`."""
     as_root = os.geteuid() == 0
-    uid = SANDBOX_UIDS[0] + secrets.randbelow(SANDBOX_UIDS[1])
-    userns = _userns_options(_bwrap(), as_root)
+    return _command(argv, limits, seccomp_fd, as_root, _userns_disabled(_bwrap(), as_root))
+
+
+def _command(argv: list[str], limits: Limits, seccomp_fd: int | None, as_root: bool, no_userns: bool) -> list[str]:
+    """`command`, where `no_userns` says whether bwrap's `--disable-userns` can hold here (`_userns_disabled`).
+
+    Not root: one bwrap, in a user namespace of its own. Root: root's bwrap lays out the sandbox (it reads folders
+    the sandbox's user may not, such as a pyenv under /root), the process drops to that user, and where
+    `--disable-userns` holds, a second bwrap as that user makes the user namespace, the same root folder bound.
+    """
     isolation = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    isolation += list(userns or ())
+    no_more = ["--disable-userns"] if no_userns else []
     seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     tmp = ["--perms", "1777", "--size", str(limits.disk_mb * 1024 * 1024), "--tmpfs", "/tmp"]
-    env = ["--clearenv", "--setenv", "HOME", "/tmp", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    env = ["--clearenv", "--setenv", "HOME", "/tmp", "--setenv", "PATH", "/usr/bin:/bin"]
+    env += ["--setenv", "LANG", "C.UTF-8"]
     # The tmpfs first: an interpreter or venv that lives under /tmp is bound on top of it, not hidden by it.
     layout = [*tmp, *_binds(), "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp"]
-    bwrap = [_bwrap(), *isolation, *seccomp, "--die-with-parent", "--new-session", *layout, *env]
+    common = ["--die-with-parent", "--new-session", *layout, *env]
     if not as_root:
-        return [*bwrap, *argv]
-    # As root: drop to the sandbox's user before bwrap where it may make the user namespace, else inside.
-    return [*_drop(uid), *bwrap, *argv] if userns else [*bwrap, *_drop(uid), *argv]
+        return [_bwrap(), *isolation, "--unshare-user", *no_more, *seccomp, *common, *argv]
+    drop = _drop(SANDBOX_UIDS[0] + secrets.randbelow(SANDBOX_UIDS[1]))
+    if not no_userns:  # the seccomp filter alone keeps user namespaces out
+        return [_bwrap(), *isolation, *seccomp, *common, *drop, *argv]
+    inner = [_bwrap(), "--unshare-user", *no_more, *seccomp, "--bind", "/", "/", "--die-with-parent", "--"]
+    return [_bwrap(), *isolation, *common, *drop, *inner, *argv]
+
+
+@functools.cache
+def _userns_disabled(bwrap: str, as_root: bool) -> bool:
+    """Whether bwrap's `--disable-userns` holds here (bwrap >= 0.8, and the sandbox's user may make the user
+    namespace it needs), tried once: a sandbox that only runs `true`."""
+    probe = _command(["true"], Limits(256, 16, 16, 10), None, as_root, no_userns=True)
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30, env=_BARE_ENV, cwd="/").returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _bwrap() -> str:
@@ -593,7 +609,7 @@ def _read(selector, key, bound: int | None) -> None:
     buffer = key.data
     buffer += chunk
     if bound is not None and len(buffer) > bound:
-        raise SandboxStopped(f"the sandbox wrote more than {bound} bytes on its answer channel (stdout), and was stopped")
+        raise SandboxStopped(f"the sandbox wrote more than {bound} bytes of answer (its stdout), and was stopped")
     if bound is None and len(buffer) > 2 * STDERR_TAIL:
         del buffer[:-STDERR_TAIL]
 
