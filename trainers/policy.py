@@ -136,9 +136,9 @@ class Limits(_Strict):
 class Team(_Strict):
     """A team's own folders, deployment-name prefixes and limits (those it sets replace the policy's)."""
 
-    paths: list[str] = []
-    deploy_names: list[str] = []
-    limits: dict[str, int] = {}
+    paths: list[str] = Field([], description="Folders (or store prefixes) the team's specs may read too.")
+    deploy_names: list[str] = Field([], description="Prefixes the team's deploy.name must start with (any: empty).")
+    limits: dict[str, int] = Field({}, description="Limits of the team's runs, in place of the policy's.")
 
     @field_validator("limits")
     @classmethod

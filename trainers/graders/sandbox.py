@@ -3,15 +3,16 @@
 Each call starts one sandbox and nothing of it outlives the call:
 
 - new PID, network (no interface but a loopback of its own), IPC and UTS namespaces, and a new user namespace in
-  which the sandboxed process is an unprivileged user with no capabilities. Where the worker runs as root, that user
-  is one of its own (a uid no system assigns, dropped to before bwrap starts), since the kernel does not hold root,
-  even a namespace's root, to a process limit; where that user may not make a user namespace, root's bwrap starts
-  the sandbox without one and the process drops to that user inside;
-- no user namespace of its own inside: bwrap's `--disable-userns` (bwrap >= 0.8), and the seccomp filter below;
-- a seccomp filter (`seccomp_filter`, classic BPF assembled here, x86_64 and aarch64): ptrace, the mount calls,
+  which the sandboxed process is an unprivileged user with no capabilities. Where the worker runs as root, root's
+  bwrap lays the sandbox out (it reads folders that user may not, a pyenv under /root say), the process drops to a
+  user of its own (a uid no system assigns, since the kernel does not hold root, even a namespace's root, to a
+  process limit), and a second bwrap, as that user, makes the user namespace;
+- no user namespace of its own inside: bwrap's `--disable-userns` (bwrap >= 0.8; where it cannot hold, the seccomp
+  filter alone keeps them out);
+- a seccomp filter (`seccomp_filter`, classic BPF assembled here, for x86_64 and aarch64): ptrace, the mount calls,
   unshare, setns, clone with a namespace flag, the key calls, bpf, perf_event_open, userfaultfd and
-  process_vm_readv/writev fail with EPERM (clone3 with ENOSYS: its flags are out of a filter's reach, and the C
-  library then falls back to clone); a syscall of another ABI (x32, i386) kills the process;
+  process_vm_readv/writev fail with EPERM; clone3 with ENOSYS (its flags are out of a filter's reach; the C library
+  then falls back to clone); a syscall of another ABI (x32, i386) kills the process;
 - a root folder of its own: the interpreter and its site-packages bound read-only, `/usr` (the system's libraries)
   read-only, a private `/proc` (its own processes only), a minimal `/dev`, and a private tmpfs of bounded size as
   working folder, `/tmp` and home. No home folder, no job folder, no Hugging Face or Prefect folders, no environment
@@ -20,25 +21,27 @@ Each call starts one sandbox and nothing of it outlives the call:
   inside (a double-forked survivor included);
 - limits set by the sandboxed process on itself before any spec code runs, from the operator's settings (a spec may
   only lower them): processes, file size, CPU seconds and memory (address space, of each process);
-- one memory cap for the sandbox as a whole where a cgroup memory controller is writable (`memory_cap`): a cgroup
-  of its own per call, under the worker's own (v2, or v1's memory hierarchy), holding `memory_mb`, removed after the
-  call; a sandbox that goes over it is stopped whole. Elsewhere only the cap of each process holds, so a sandbox of
-  many processes may take `memory_mb` x `max_processes`;
-- its output read as it comes (`run_bounded`): the last 64 KiB of stderr kept, stdout (the answer) up to a bound the
-  caller sets, past which the sandbox is stopped; the whole sandbox is killed at the call's timeout.
+- one memory cap for the sandbox as a whole where a cgroup memory controller is writable (`memory_cap`): a cgroup of
+  its own per call (under the worker's own cgroup v2, v2's root, or the worker's own cgroup v1 memory hierarchy)
+  holding `memory_mb`, removed after the call; a sandbox that goes over it is stopped whole. Elsewhere only the cap
+  of each process holds, so a sandbox of many processes may take `memory_mb` x `max_processes`;
+- its output read as it comes (`run_bounded`): the last 64 KiB of its stderr kept, and of its stdout (the answer) no
+  more than the caller's bound, past which it is stopped; at the call's timeout the whole sandbox is killed.
 
 The operator's settings (the work pool's environment):
 
 | setting | default | what |
 | --- | --- | --- |
-| `GRPOFLOW_SANDBOX_MEMORY_MB` | 2048 | memory of the sandbox as a whole where a cgroup holds it, else of each process (MiB); a grader's `memory_mb` may lower it |
+| `GRPOFLOW_SANDBOX_MEMORY_MB` | 2048 | MiB of each process, and of the sandbox in all where a cgroup holds it |
 | `GRPOFLOW_SANDBOX_MAX_PROCESSES` | 16 | processes and threads the sandbox may hold at once |
 | `GRPOFLOW_SANDBOX_DISK_MB` | 256 | size of the private tmpfs, and the largest file it may write (MiB) |
 | `GRPOFLOW_SANDBOX_CPU_SECONDS` | 600 | CPU seconds of each sandboxed process |
 
+A grader's `memory_mb` may lower the memory cap, never raise it.
+
 `sandbox_problem()` says why a sandbox cannot start here (bwrap missing, user namespaces refused), tried once per
 process; where it cannot, who may still run spec code is the trust rules' business (`grpoflow.trainers.trust`).
-"""  # noqa: E501 (the table's rows)
+"""
 
 from __future__ import annotations
 
@@ -218,7 +221,7 @@ def _own_cgroups() -> dict[str, str]:
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
-            for controller in controllers.split(",") or [""]:
+            for controller in controllers.split(","):
                 own[controller] = path
     return own
 
@@ -272,12 +275,13 @@ def _memory_controller() -> tuple[_Controller | None, str]:
 
 
 def _sweep(controller: _Controller) -> None:
-    """Removes the empty cgroups that calls of a worker since gone left behind (it was killed during a call)."""
+    """Removes the empty cgroups that calls of a worker since gone left behind (it was killed during a call): of a
+    process id no longer here, made over a minute ago (not one a worker of another PID namespace has just made)."""
     for left in controller.parent.glob("grpoflow-sandbox-*"):
         owner = left.name.split("-")[-2]
-        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-            with contextlib.suppress(OSError):
-                left.rmdir()
+        with contextlib.suppress(OSError):
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists() and time.time() - left.stat().st_mtime > 60:
+                left.rmdir()  # refused where a process is still in it
 
 
 def memory_cap(limits: Limits | None = None) -> dict:
@@ -583,7 +587,7 @@ def _collect(process, stdin: bytes, deadline: float, max_stdout: int, overran) -
                 else:
                     _read(selector, key, max_stdout if key.data is stdout else None)
     process.wait(max(deadline - time.monotonic(), 0.001))
-    return stdout, stderr
+    return stdout, stderr[-STDERR_TAIL:]
 
 
 def _feed(selector, pipe, pending: memoryview) -> memoryview:
@@ -609,7 +613,7 @@ def _read(selector, key, bound: int | None) -> None:
     buffer = key.data
     buffer += chunk
     if bound is not None and len(buffer) > bound:
-        raise SandboxStopped(f"the sandbox wrote more than {bound} bytes of answer (its stdout), and was stopped")
+        raise SandboxStopped(f"the process wrote more than {bound} bytes of answer (its stdout), and was stopped")
     if bound is None and len(buffer) > 2 * STDERR_TAIL:
         del buffer[:-STDERR_TAIL]
 
