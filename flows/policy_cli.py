@@ -33,7 +33,7 @@ def cmd_policy_show(args) -> int:
 
 def _cap_text(cap: dict) -> str:
     if cap.get("mode") == "cgroup":
-        return f"{cap['total_mb']} MiB for each sandbox as a whole (cgroup v2)"
+        return f"{cap['total_mb']} MiB for each sandbox as a whole ({cap['why']})"
     return (
         f"{cap['per_process_mb']} MiB a process, up to {cap['total_mb']} MiB for a sandbox of many processes "
         f"({cap.get('why') or 'no writable cgroup v2 here'})"

@@ -84,7 +84,8 @@ SETTINGS = {
     ),
     "GRPOFLOW_SANDBOX_MEMORY_MB": Setting(
         "2048",
-        "Address space of each sandboxed grader process, in MiB; a grader's `memory_mb` may only lower it.",
+        "Memory of a sandbox as a whole where a cgroup memory controller is writable, and of each of its processes "
+        "(address space), in MiB; a grader's `memory_mb` may only lower it.",
     ),
     "GRPOFLOW_SANDBOX_MAX_PROCESSES": Setting("16", "Processes and threads a sandbox may hold at once."),
     "GRPOFLOW_SANDBOX_DISK_MB": Setting(

@@ -221,6 +221,7 @@ def test_installed_grpoflow_runs_a_project_of_its_own(tmp_path):
         "VIRTUAL_ENV": str(venv),
     }
     env.pop("PYTHONPATH", None)
+    env.pop("GRPOFLOW_POLICY")  # the project's own .grpoflow/policy.yaml, as `grpoflow init` wrote it, applies
 
     def run(*argv, cwd=home, timeout=300, **extra):
         proc = subprocess.run([str(a) for a in argv], cwd=cwd, env={**env, **extra}, capture_output=True, text=True,
