@@ -58,7 +58,9 @@ def add_policy_command(sub) -> None:
     show = actions.add_parser("show", help="the policy in force and where it came from")
     show.add_argument("--json", action="store_true", help="print JSON, with the vetted trl: keys")
     show.set_defaults(func=cmd_policy_show)
-    check = actions.add_parser("check", help="what a deployment run of SPEC would be refused (exit 2), one line a field")
+    check = actions.add_parser(
+        "check", help="what a deployment run of SPEC would be refused (exit 2), one line a field"
+    )
     check.add_argument("spec", help="a job spec file")
     check.add_argument("--team", help="check it as this team's run")
     check.set_defaults(func=cmd_policy_check)

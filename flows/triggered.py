@@ -26,7 +26,10 @@ DEFAULT_SPEC = "deployments/default-spec.yaml"
 
 @flow(name="grpo-pipeline")
 def grpo_pipeline_from_file(
-    spec: OptionalUrl = None, dataset_uri: OptionalUrl = None, default_spec: Url = DEFAULT_SPEC, team: str | None = None
+    spec: OptionalUrl = None,
+    dataset_uri: OptionalUrl = None,
+    default_spec: Url = DEFAULT_SPEC,
+    team: str | None = None,
 ) -> dict:
     """Runs the GRPO pipeline on the spec file `spec` (else `default_spec`), with `dataset_uri` as its dataset.
 

@@ -4,8 +4,8 @@ every version of a name kept with its score and job, so a worse model can be rol
 The registry is one JSON file per deployment name under `<output_root>/deployments/<name>.json`, written atomically
 under a lock on the folder, so two registrations never clobber each other's versions:
 
-    {"name", "owner", "current": 2, "versions": [{"version": 1, "job_id", "artifact_path", "artifact_type", "metric", "score",
-     "status", "registered", "smoke"}, ...],
+    {"name", "owner", "current": 2, "versions": [{"version": 1, "job_id", "artifact_path", "artifact_type", "metric",
+     "score", "status", "registered", "smoke"}, ...],
      "job_id", "artifact_path", "artifact_type", "status", "created", "updated", ...}   # the current version's fields
 
 The top-level fields repeat the current version's, so a reader of the old one-record files (`grpoflow serve`) reads

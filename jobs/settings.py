@@ -67,7 +67,8 @@ SETTINGS = {
         "change it; `grpoflow policy show` prints what is in force.",
     ),
     "GRPOFLOW_REWARD_MODULES": Setting(
-        "no longer read", "Replaced by the policy's `from_deployments.modules`; a refusal it would have allowed says so."
+        "no longer read",
+        "Replaced by the policy's `from_deployments.modules`; a refusal it would have allowed says so.",
     ),
     "GRPOFLOW_ALLOW_SPEC_CODE": Setting(
         "no longer read",

@@ -298,8 +298,9 @@ class Check:
         found = [(f"trl.{k}", v) for k, v in self.spec.trl.items() if self.trl_allowed(k)]  # others: refused already
         found += [(f"rewards[{i}].kwargs", r.kwargs) for i, r in enumerate(self.spec.rewards)]
         return [
-            self.refuse(where, "runs a model's own code with the worker's secrets", "from_deployments."
-                        "trust_remote_code: true")  # fmt: skip
+            self.refuse(
+                where, "runs a model's own code with the worker's secrets", "from_deployments.trust_remote_code: true"
+            )  # fmt: skip
             for top, value in found
             for where, item in _walk(value, top)
             if where.endswith("trust_remote_code") and item not in (False, None)
@@ -498,7 +499,9 @@ def endpoint_urls(spec: JobSpec) -> list[tuple[str, str, str | None]]:
                     env = value.get("api_key_env") if isinstance(value.get("api_key_env"), str) else None
                     found += [(f"{place}.{k}", v, env) for k, v in value.items() if isinstance(v, str) and "://" in v]
                 elif isinstance(value, list):
-                    found += [(f"{place}[{i}]", v, None) for i, v in enumerate(value) if isinstance(v, str) and "://" in v]
+                    found += [
+                        (f"{place}[{i}]", v, None) for i, v in enumerate(value) if isinstance(v, str) and "://" in v
+                    ]
     if spec.generation.vllm_server_url:
         found.append(("generation.vllm_server_url", spec.generation.vllm_server_url, None))
     return found

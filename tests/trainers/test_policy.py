@@ -79,15 +79,25 @@ ATTACKS = [
         "api_key_env: {AWS_SECRET_ACCESS_KEY: [judge.example.com]}",
     ),
     # the worker's own services on loopback, in any spelling: nothing allows it
-    ({"rewards": [{"name": "llm_judge", "kwargs": {**JUDGE, "base_url": "http://2130706433:8080/v1"}}]},
-     ["rewards[0].kwargs.base_url"], None),  # fmt: skip
-    ({"generation": {"engine": "vllm", "vllm_mode": "server", "vllm_server_url": "http://localhost:8000"}},
-     ["generation.vllm_server_url"], None),  # fmt: skip
+    (
+        {"rewards": [{"name": "llm_judge", "kwargs": {**JUDGE, "base_url": "http://2130706433:8080/v1"}}]},
+        ["rewards[0].kwargs.base_url"],
+        None,
+    ),  # fmt: skip
+    (
+        {"generation": {"engine": "vllm", "vllm_mode": "server", "vllm_server_url": "http://localhost:8000"}},
+        ["generation.vllm_server_url"],
+        None,
+    ),  # fmt: skip
     # a huge job: every limit it passes
     (
         {"hyperparameters": {"rollouts_per_prompt": 4096, "prompts_per_step": 64, "max_response_length": 100000000}},
-        ["hyperparameters.rollouts_per_prompt", "hyperparameters.prompts_per_step",
-         "hyperparameters.max_response_length", "hyperparameters.max_response_length"],
+        [
+            "hyperparameters.rollouts_per_prompt",
+            "hyperparameters.prompts_per_step",
+            "hyperparameters.max_response_length",
+            "hyperparameters.max_response_length",
+        ],
         "limits.",
     ),  # fmt: skip
     # another team's job folder, a credentials file, a folder outside the project
@@ -98,13 +108,27 @@ ATTACKS = [
     # a model source, and code by name
     ({"base_model": "attacker/evil-model"}, ["base_model"], "models: [attacker/evil-model]"),
     ({"rewards": [{"name": "r", "function": "os:system"}]}, ["rewards[0].function"], "modules: [os]"),
-    ({"rewards": [{"name": "r", "function": "grpoflow.trainers.graders.reward:get_grader_reward",
-                   "kwargs": {"grader": PYTHON_GRADER}}]}, ["rewards[0].function"], None),  # fmt: skip
+    (
+        {
+            "rewards": [
+                {
+                    "name": "r",
+                    "function": "grpoflow.trainers.graders.reward:get_grader_reward",
+                    "kwargs": {"grader": PYTHON_GRADER},
+                }
+            ]
+        },
+        ["rewards[0].function"],
+        None,
+    ),  # fmt: skip
     # a trl: key off the vetted table (a free-form dict handed to transformers' generate)
     ({"trl": {"generation_kwargs": {"custom_generate": "attacker/gen"}}}, ["trl.generation_kwargs"], "trl_keys"),
     # webhooks: a host and a signing variable
-    ({"webhooks": [{"url": "https://hooks.example.com/x", "secret_env": "AWS_SECRET_ACCESS_KEY"}]},
-     ["webhooks[0].url", "webhooks[0].secret_env"], "secret_env: [AWS_SECRET_ACCESS_KEY]"),  # fmt: skip
+    (
+        {"webhooks": [{"url": "https://hooks.example.com/x", "secret_env": "AWS_SECRET_ACCESS_KEY"}]},
+        ["webhooks[0].url", "webhooks[0].secret_env"],
+        "secret_env: [AWS_SECRET_ACCESS_KEY]",
+    ),  # fmt: skip
 ]
 
 

@@ -8,10 +8,10 @@ from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.flows.sweep import grpo_sweep
 from grpoflow.flows.triggered import grpo_pipeline_from_file
 from grpoflow.flows.watch import watch_new_data
+from grpoflow.trainers.policy import POLICY_ENV
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.policy import POLICY_ENV
 from grpoflow.trainers.trust import (
     SPEC_CODE_ENV,
     SPEC_ORIGIN_ENV,
