@@ -1225,8 +1225,9 @@ def main(argv=None) -> int:
         code = exit_code(e)
         if code is None:  # a bug: its traceback
             raise
-        if str(e):
-            print(f"grpoflow: {e}", file=sys.stderr)
+        if str(e):  # a parser's mistake names its command already (`grpoflow validate: ...`)
+            named = isinstance(e, UsageError) and str(e).startswith("grpoflow")
+            print(str(e) if named else f"grpoflow: {e}", file=sys.stderr)
         if code == EXIT_REJECTED and getattr(args, "json", False):  # a script reading stdout gets an answer too
             print(json.dumps({"status": "rejected", "problems": getattr(e, "problems", None) or [str(e)]}))
         return code

@@ -1,5 +1,5 @@
 """What a `grpoflow` command raises, the one table from it to the command's exit code, and the one table of what each
-command's codes mean, which its `--help` shows (DESIGN.md, "CLI" and "CLI additions, wave 4").
+command's codes mean, which its `--help` shows (docs/design.md, "The CLI").
 
 Commands raise; `grpoflow.flows.cli.main` prints `grpoflow: <message>` (nothing for an empty message: the command's
 own output said it) and exits with the code `EXIT_CODES` gives. A module of its own, so that the classes are the same
@@ -37,7 +37,7 @@ class Stopped(Exception):
         self.signum = signum
 
 
-# The one table from what a command raised to its exit code (DESIGN.md, "CLI"): 2 for what the user must change, 1
+# The one table from what a command raised to its exit code (docs/design.md): 2 for what the user must change, 1
 # for what failed, 4 for a run its health monitor stopped. Keyed by the class's qualified name, matched along the
 # raised class's MRO, so that a command's error costs no import of the modules that define the others. The message is
 # printed as `grpoflow: <message>`.

@@ -211,8 +211,9 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = N
     Args:
         spec (`JobSpec`): the job spec; validated before anything runs.
         job_id (`str`, *optional*): resume this existing job (its spec.yaml must be `spec`) instead of starting one.
-        team (`str`, *optional*): the team the run belongs to, set by the operator on the deployment (prefect.yaml);
-            its jobs live under `<output_uri>/<team>/` (flows/admission.py).
+        team (`str`, *optional*): the team the run belongs to, which the operator sets on the deployment; its jobs
+            live in a folder of its own under the output URI, and a run may not name another team than its
+            deployment's.
     """
     started = time.monotonic()
     spec = checked_spec(spec)  # a deployment's run: the spec as its JSON

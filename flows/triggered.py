@@ -4,7 +4,7 @@
 It loads the spec file (a path relative to the project root the worker runs in, or a URL such as
 `s3://bucket/spec.yaml`), sets `dataset.uri` from the event, validates, and runs
 `grpoflow.flows.pipeline.grpo_pipeline` in this same flow run. It carries the pipeline's flow name, so its deployments
-are listed under `grpo-pipeline` as shared/DESIGN.md names them; `grpo-pipeline/retrain` deploys `grpo_pipeline`
+are listed under `grpo-pipeline` as docs/design.md names them; `grpo-pipeline/retrain` deploys `grpo_pipeline`
 itself, whose `spec` parameter is the job spec object (the UI's form). By hand:
 
     python -c 'from grpoflow.flows.triggered import grpo_pipeline_from_file as f; f("deployments/default-spec.yaml")'

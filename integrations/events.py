@@ -1,7 +1,7 @@
 """Event emission for every stage: a Prefect event (`emit_event`), a line in the job's `events.jsonl`, and a queued
 delivery to each of the spec's webhooks (`grpoflow.integrations.webhooks`).
 
-Names follow shared/DESIGN.md: `grpoflow.<subject>.<verb>`, resource `grpoflow.job.<job_id>`. The Prefect event is
+Names follow docs/design.md: `grpoflow.<subject>.<verb>`, resource `grpoflow.job.<job_id>`. The Prefect event is
 sent only when a Prefect API is configured (`PREFECT_API_URL`, or a profile that sets it; `grpoflow run` sets it for
 its temporary server) or inside a flow run: with neither, Prefect's `emit_event` would boot an ephemeral server
 (~15 s) for a command such as `grpoflow deploy` that needs no Prefect, so the event then goes to `events.jsonl` and
@@ -65,7 +65,7 @@ _GATE = {
     "beat_deployed": "evaluation.gate.beat_deployed",
     "message": "the decision in words",
 }
-# Every event grpoflow emits (DESIGN.md, "Events"), named `grpoflow.<subject>.<verb>`: `emit` refuses any other name,
+# Every event grpoflow emits (docs/design.md), named `grpoflow.<subject>.<verb>`: `emit` refuses any other name,
 # and the docs' events page is generated from this table. Resource: `grpoflow.job.<job_id>` (the watcher's:
 # `grpoflow.dataset.<uri>`); a webhook's body carries the name without `grpoflow.` as its `type`.
 EVENTS = {
@@ -106,7 +106,7 @@ EVENTS = {
         },
         more="`eval/METRIC`, the held-out score, at a step with a held-out evaluation (evaluation.every)",
     ),
-    "grpoflow.training.alert": EventKind("a health alert fired (DESIGN.md, Health alerts)", _ALERT),
+    "grpoflow.training.alert": EventKind("a health alert fired (docs/design.md, Health alerts)", _ALERT),
     "grpoflow.training.completed": EventKind(
         "GRPO training ended",
         {"global_step": "steps trained", "selected_step": "the step whose model goes on (evaluation.select)"},

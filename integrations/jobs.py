@@ -26,7 +26,7 @@ from grpoflow.trainers.spec import JobSpec, SpecError, load_spec, resolved_dict
 
 
 class UnknownJob(LookupError):
-    """No such job under the output roots looked in: the user's to fix, exit code 2 (DESIGN.md)."""
+    """No such job under the output roots looked in: the user's to fix, exit code 2 (docs/design.md, "The CLI")."""
 
 
 class BadJobReference(ValueError):

@@ -1,7 +1,7 @@
 """The job report: `report.md` and one PNG plot per metric, written into the job folder.
 
 `write_report(job, spec, evaluation, alerts)` reads the job's `metrics.jsonl` and writes the human summary that
-shared/DESIGN.md lists under "The job folder": what was trained from what, the resolved hyperparameters, the held-out
+docs/design.md lists under "The job folder": what was trained from what, the resolved hyperparameters, the held-out
 before/after scores, the metric series (a table and plots) and the health verdict with what to do about each alert.
 `note_undelivered` keeps its last section, the webhook deliveries not delivered, up to date at the job's end and after
 `grpoflow webhooks retry`.

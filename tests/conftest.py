@@ -26,7 +26,12 @@ os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-i
 os.environ["GRPOFLOW_POLICY"] = os.path.join(tempfile.mkdtemp(prefix="grpoflow-tests-policy-"), "policy.yaml")
 with open(os.environ["GRPOFLOW_POLICY"], "w") as _policy:
     _trl = json.loads((Path(__file__).parents[1] / "trainers" / "spec" / "trl_fields.json").read_text())["fields"]
-    _from = {"paths": ["/"], "models": ["*"], "trl_keys": sorted(_trl), "webhooks": ["127.0.0.1", "localhost"]}
+    _from = {
+        "paths": ["/", "s3://", "gs://", "gcs://", "az://", "abfs://", "hf://"],
+        "models": ["*"],
+        "trl_keys": sorted(_trl),
+        "webhooks": ["127.0.0.1", "localhost"],
+    }
     _from["secret_env"] = ["GRPOFLOW_WEBHOOK_SECRET", "GRPOFLOW_TEST_WEBHOOK_SECRET", "GRPOFLOW_TEST_SECRET"]
     yaml.safe_dump({"from_deployments": _from}, _policy)
 # A retried stage retries at once: what a test checks is that it retries, never how long it waited (grpoflow.tasks).

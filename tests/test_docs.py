@@ -347,3 +347,13 @@ def check_job_folder(root: Path) -> None:
 def test_a_finished_job_holds_only_documented_files_and_events(trained_jobs):
     for root in trained_jobs.values():
         check_job_folder(root)
+
+
+def test_no_file_points_outside_the_repository():
+    """The design the code follows is docs/design.md: no file of the project sends a reader to a document it does
+    not hold (a design file of the team's own notes, beside the checkout)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    texts = [ROOT / f for f in tracked if Path(f).suffix in (".py", ".md", ".yaml", ".yml", ".toml", ".sh", "")]
+    pointing = [str(p.relative_to(ROOT)) for p in texts if p.is_file() and re.search(r"\bDESIGN\.md\b|\.\./shared/|"
+                r"\bshared/(DESIGN|STYLE|reference)", p.read_text(errors="replace"))]  # fmt: skip
+    assert pointing == [], pointing

@@ -1,4 +1,4 @@
-"""The layers import one way (shared/DESIGN.md, "Layout"): each folder imports only the layers below it, checked
+"""The layers import one way (docs/design.md, "Layers"): each folder imports only the layers below it, checked
 statically over every import in its modules (those inside functions included), and the ML never imports Prefect."""
 
 import ast

@@ -1,6 +1,6 @@
 """Training health: detectors for GRPO's common failure modes over the metric series of `metrics.jsonl`.
 
-Four alerts (the three of shared/DESIGN.md's "Health alerts", and one for a run that cannot learn), each with its
+Four alerts (the three of docs/design.md's "Health alerts", and one for a run that cannot learn), each with its
 evidence and what to do about it:
 
 - `policy_collapse`: `reward_std` falls to ~0 after the run had signal (every completion of a group now scores the

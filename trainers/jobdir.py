@@ -1,4 +1,4 @@
-"""The job folder layout (`<output_uri>/<job_id>/`, shared/DESIGN.md): one place that names every file in it."""
+"""The job folder layout (`<output_uri>/<job_id>/`, docs/design.md): one place that names every file in it."""
 
 import json
 import os

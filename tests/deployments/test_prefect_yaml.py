@@ -136,7 +136,7 @@ def test_the_form(deployments):
     descriptions = re.findall(r'"description": "((?:[^"\\]|\\.)*)"', json.dumps(schema))
     assert descriptions and not [d for d in descriptions if re.search(r"<|DESIGN|shared/|\.py\b", d)]
     text = PREFECT_FILE.read_text()
-    assert "DESIGN.md" not in text and "shared/" not in text
+    assert "DESIGN" not in text and "shared/" not in text
 
 
 @pytest.mark.parametrize("prefect_file", [PREFECT_FILE, TEMPLATE / "prefect.yaml"], ids=["checkout", "init"])

@@ -1,4 +1,4 @@
-"""The `grpoflow` CLI: exit codes, messages and outputs of DESIGN.md's commands."""
+"""The `grpoflow` CLI: exit codes, messages and outputs of its commands (docs/reference/cli.md)."""
 
 import json
 
@@ -42,14 +42,16 @@ def test_validate_rejects_with_every_problem(make_spec):
         # an override without '='
         (["validate", "{spec}", "--set", "hyperparameters.max_steps"], "hyperparameters.max_steps"),
         # an unknown command
-        (["trian"], "invalid choice"),
+        (["trian"], "grpoflow: argument command: invalid choice: 'trian'"),
+        # a command group without its action: named once, as argparse names it
+        (["policy"], "grpoflow policy: the following arguments are required"),
     ],
 )
 def test_usage_mistakes_exit_2(make_spec, argv, message):
     spec = make_spec()
     code, _, err = cli(*[a.format(spec=spec) for a in argv])
     assert code == 2
-    assert message in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err and "grpoflow: grpoflow" not in err
 
 
 # --- run: rejected inputs leave nothing behind

@@ -1,4 +1,4 @@
-"""Credentials never reach Prefect (shared/DESIGN.md, wave 4), on a real Prefect server on loopback:
+"""Credentials never reach Prefect (docs/guides/security.md), on a real Prefect server on loopback:
 
 (a) a run of the `grpo-pipeline` deployment whose spec holds a URL with `user:password@` in a typed field is refused
     by the server itself (its parameter schema, enforced before the run is stored): 409, a message without the

@@ -360,7 +360,7 @@ def test_other_ranks_only_look(tmp_path):
 
 # --- a real run on builtin:tiny ------------------------------------------------------------------------------------
 
-STEP_KEYS = {"reward", "reward_std", "loss", "completions/mean_length", "entropy"}  # DESIGN.md's metrics.jsonl
+STEP_KEYS = {"reward", "reward_std", "loss", "completions/mean_length", "entropy"}  # docs/design.md's metrics.jsonl
 
 
 def weights(folder: Path) -> dict:

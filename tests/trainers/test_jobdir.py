@@ -1,4 +1,4 @@
-"""The job folder: what can name one, where each file of DESIGN.md's table lives, and writes no reader sees torn."""
+"""The job folder: what can name one, where each file of `FILES` lives, and writes no reader sees torn."""
 
 import doctest
 import json

@@ -81,7 +81,7 @@ GB = (
 
 # (patch onto BASE, expected): a dict of resolved values means accepted; a string is the one problem it must cause.
 CASES = [
-    # --- every hyperparameter's default (DESIGN.md's table) ---
+    # --- every hyperparameter's default (docs/reference/spec.md) ---
     pytest.param({}, {f"{HP}.learning_rate": 1e-6}, id="default-learning_rate"),
     pytest.param({}, {f"{HP}.num_epochs": 1}, id="default-num_epochs"),
     pytest.param({}, {f"{HP}.max_steps": 100}, id="default-max_steps"),

@@ -74,7 +74,7 @@ def save_start_model(start: str, out_dir: Path) -> None:
 
 
 def write_model_json(job: JobDir) -> dict:
-    """Describes the trained artifact as DESIGN.md's model.json: adapter or full, and the files of each."""
+    """Describes the trained artifact as the job folder's model.json: adapter or full, and the files of each."""
     is_adapter = (job.adapter / "adapter_config.json").exists()
     info = {
         "artifact_type": "adapter" if is_adapter else "full",
