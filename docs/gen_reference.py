@@ -85,7 +85,7 @@ def cli_reference() -> str:
     parser = build_parser()
     parts = [
         "# CLI reference",
-        GENERATED.format(source="flows/cli.py (the argparse parser) and flows/errors.py (the exit codes)"),
+        GENERATED.format(source="flows/cli/ (the argparse parsers) and flows/errors.py (the exit codes)"),
         f"`grpoflow` — {parser.description} Each command's `--help` prints what this page says about it.",
         "## Every command",
         "Exit codes that mean the same for every command:",

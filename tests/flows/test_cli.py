@@ -142,10 +142,10 @@ def child_starts(tmp_path, module: str = "grpoflow.trainers.grpo", log: str = "t
 
 @pytest.mark.usefixtures("prefect_server")
 def test_run_a_setup_problem_starts_the_child_once_and_exits_2(tmp_path, make_spec, monkeypatch):
-    import grpoflow.flows.cli
+    import grpoflow.flows.cli.run
 
     # What the preflight cannot see from where it ran (a worker's machine): the child's own check meets it.
-    monkeypatch.setattr(grpoflow.flows.cli, "preflight", lambda args, spec: None)
+    monkeypatch.setattr(grpoflow.flows.cli.run, "preflight", lambda args, spec: None)
     code, _, err = cli("run", make_spec(base_model=str(tmp_path / "no-such-model")))
     assert code == 2, err
     assert f"grpoflow: cannot train: base_model: {tmp_path / 'no-such-model'} does not exist" in err
@@ -411,7 +411,7 @@ def test_a_servers_run_ends_the_command_as_grpoflow_run_would():
     # What `submit --wait` reads back of a run: its state's name and message (the exception only as Prefect words it).
     from prefect.states import Cancelled, Crashed, Failed
 
-    from grpoflow.flows.cli import run_ending
+    from grpoflow.flows.cli.server import run_ending
     from grpoflow.flows.errors import exit_code
     from grpoflow.integrations.stages import rejected
 
@@ -516,7 +516,7 @@ def test_only_a_pipe_whose_reader_left_counts_as_a_closed_stdout(monkeypatch, tm
     import os
     import sys
 
-    from grpoflow.flows.cli import _stdout_gone
+    from grpoflow.flows.cli.main import _stdout_gone
 
     with open(tmp_path / "out.txt", "w") as file:
         monkeypatch.setattr(sys, "stdout", file)

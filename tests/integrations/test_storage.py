@@ -179,7 +179,7 @@ def test_cli_reads_jobs_on_s3(bucket, tmp_path, monkeypatch):
 
 
 def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
-    from grpoflow.flows.cli import UsageError, check_resume
+    from grpoflow.flows.cli.run import UsageError, check_resume
     from grpoflow.integrations.jobs import BadJobReference
     from grpoflow.trainers.spec import to_yaml
 
