@@ -158,6 +158,14 @@ def _spec_subcommand(sub, group: tuple[str, str], action: tuple[str, str]):
     return parser
 
 
+def _no_preflight_argument(parser) -> None:
+    parser.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
+    )
+
+
 def _job_id_argument(parser, **kwargs) -> None:
     """The JOB_ID positional of the commands that read a job back."""
     parser.add_argument("job_id", help="a job's id, as grpoflow jobs lists it", **kwargs)

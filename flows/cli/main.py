@@ -8,7 +8,13 @@ import signal
 import sys
 import time
 
-from grpoflow.flows.cli.common import _hidden_output_uri, _job_id_argument, _Parser, _spec_arguments
+from grpoflow.flows.cli.common import (
+    _hidden_output_uri,
+    _job_id_argument,
+    _no_preflight_argument,
+    _Parser,
+    _spec_arguments,
+)
 from grpoflow.flows.cli.jobs import _add_rollouts_command, _add_webhooks_command, cmd_jobs, cmd_metrics, cmd_model
 from grpoflow.flows.cli.models import _add_model_commands
 from grpoflow.flows.cli.policy import add_policy_command
@@ -35,11 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     validate = spec_command("validate", "check a spec and print it with every default filled")
-    validate.add_argument(
-        "--no-preflight",
-        action="store_true",
-        help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
-    )
+    _no_preflight_argument(validate)
     validate.set_defaults(func=cmd_validate)
     canary = spec_command("canary", "one training step at full length here: does the job fit, how long will it take")
     canary.set_defaults(func=cmd_canary)

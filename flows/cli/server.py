@@ -12,6 +12,7 @@ from pathlib import Path
 
 from grpoflow.flows.cli.common import (
     _hidden_output_uri,
+    _no_preflight_argument,
     _Parser,
     _positive,
     _spec_arguments,
@@ -200,11 +201,7 @@ def _add_server_commands(sub) -> None:
     submit.add_argument("--deployment", default="retrain", help="a deployment of grpo-pipeline (default: retrain)")
     submit.add_argument("--wait", action="store_true", help="wait for the run to end; exit 1 unless it completed")
     submit.add_argument("--json", action="store_true", help="print JSON")
-    submit.add_argument(
-        "--no-preflight",
-        action="store_true",
-        help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
-    )
+    _no_preflight_argument(submit)
     _hidden_output_uri(submit)
     submit.set_defaults(func=cmd_submit)
 
@@ -226,10 +223,6 @@ def _add_sweep_command(sub) -> None:
         "server, instead of here",
     )
     sweep.add_argument("--json", action="store_true", help="print the report as JSON")
-    sweep.add_argument(
-        "--no-preflight",
-        action="store_true",
-        help="skip the preflight checks of the model, dataset and rewards (for paths that are the worker's)",
-    )
+    _no_preflight_argument(sweep)
     _hidden_output_uri(sweep)
     sweep.set_defaults(func=cmd_sweep)
