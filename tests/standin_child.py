@@ -116,7 +116,7 @@ class Rewards:
         self.funcs = [
             (r.name, guarded_reward(build_reward(r.name, r.function, r.kwargs), r.name, timeout))
             for r in spec.rewards
-            if r.model is None
+            if r.model is None and r.grader is None  # a reward model or a grader: what the real child scores with
         ]
         rows = first_rows(job, spec.hyperparameters.rollouts_per_prompt) if self.funcs else []
         column = spec.dataset.prompt_column

@@ -782,7 +782,7 @@ def test_worker_secrets_stay_out_of_files(stack, tmp_path):
                         seen_in_workspace |= {c for c in canaries if c in manifest.read_text()}
                 assert time.monotonic() < deadline, "the submitted run did not end"
                 time.sleep(0.5)
-        assert state.is_completed(), state
+        assert state.is_completed(), state.message
         print(f"while the run lasted, Prefect's workspace.json held: {sorted(seen_in_workspace) or 'nothing'}")
 
         key = "whsec_" + base64.b64encode(CANARY_WEBHOOK_SECRET.encode()).decode()  # a plain secret's UTF-8 bytes
@@ -1023,3 +1023,40 @@ def test_a_deployment_run_cannot_reach_the_worker(stack, tmp_path):
         assert sorted(p.name for p in out.iterdir()) == ["deployments"]  # no job folder of any of them
     finally:
         server.shutdown()
+
+
+def flow_run_processes(flow_run_id) -> list[psutil.Process]:
+    """The processes of a flow run (the one the worker started for it, and all it started), by the variable the
+    process worker sets for it."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("PREFECT__FLOW_RUN_ID") == str(flow_run_id):
+                found.append(process)
+    return found
+
+
+@pytest.mark.slow
+def test_a_grader_flooding_its_output_costs_the_flow_nothing(stack, tmp_path):
+    """A python grader that writes 256 MiB to stderr for each completion it grades, run from a deployment (the
+    reward dry run at ingest calls it in the flow process, on several completions at once): the run goes on with the
+    grader's own score, and no process of it holds the flood (the flow process held 2.4 GB when a sandbox's whole
+    stderr was read)."""
+    flood = "import sys\ndef grade(sample, item):\n    chunk = 'x' * (1 << 20)\n"
+    flood += "    for _ in range(256):\n        sys.stderr.write(chunk)\n    return 1.0\n"
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    spec = small_spec("flood", str(data), str(tmp_path / "runs"))
+    spec["rewards"] = [{"grader": {"type": "python", "name": "flood", "source": flood}}]
+    with get_client(sync_client=True) as client:
+        retrain = client.read_deployment_by_name("grpo-pipeline/retrain")
+        run_id = client.create_flow_run_from_deployment(retrain.id, parameters={"spec": spec}).id
+    peak, deadline = 0, time.monotonic() + 300
+    with get_client(sync_client=True) as client:
+        while not (state := client.read_flow_run(run_id).state).is_final():
+            assert time.monotonic() < deadline, state
+            for process in flow_run_processes(run_id):
+                with contextlib.suppress(psutil.Error):
+                    peak = max(peak, process.memory_info().rss)
+            time.sleep(0.2)
+    assert state.is_completed(), state.message
+    assert 0 < peak < 1_000_000_000, peak  # the flow process and the grader's, never the gigabyte
