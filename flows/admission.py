@@ -20,6 +20,7 @@ from grpoflow.jobs.registry import owner_problem
 from grpoflow.trainers.policy import PolicyError, load_policy
 from grpoflow.trainers.spec import JobSpec
 from grpoflow.trainers.trust import deployment_problems, from_command_line
+from grpoflow.trainers.uris import file_path
 
 
 def admission_problems(spec: JobSpec, team: str | None = None) -> list[str]:
@@ -31,7 +32,7 @@ def admission_problems(spec: JobSpec, team: str | None = None) -> list[str]:
     if run is not None:
         problems += job_variable_problems(run.job_variables or {}, spec) + _team_problems(run, team)
     if spec.deploy and not is_remote(spec.output_uri):
-        problem = owner_problem(Path(team_output_uri(spec.output_uri, team)), spec.deploy.name, spec.name)
+        problem = owner_problem(Path(file_path(team_output_uri(spec.output_uri, team))), spec.deploy.name, spec.name)
         problems += [problem] if problem else []
     return problems
 

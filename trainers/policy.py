@@ -206,7 +206,10 @@ def is_loopback(host: str) -> bool:
         address = ipaddress.ip_address(int(host) if host.isdigit() else host)
     except ValueError:
         return False
-    return address.is_loopback or address.is_unspecified
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return (
+        address.is_loopback or address.is_unspecified or bool(mapped and (mapped.is_loopback or mapped.is_unspecified))
+    )
 
 
 def host_of(url: str) -> str:
@@ -318,7 +321,7 @@ class Check:
             elif host not in self.allow.endpoints:
                 problems.append(self.refuse(where, f"host {host!r} is not an allowed endpoint",
                                             f"from_deployments.endpoints: [{host}]"))  # fmt: skip
-            if key_env and host not in self.allow.api_key_env.get(key_env, []):
+            if key_env and host not in [h.lower() for h in self.allow.api_key_env.get(key_env, [])]:
                 problems.append(self.refuse(
                     f"{where.rpartition('.')[0]}.api_key_env", f"the value of {key_env} may not be sent to {host!r}",
                     f"from_deployments.api_key_env: {{{key_env}: [{host}]}}",

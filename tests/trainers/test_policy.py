@@ -237,7 +237,7 @@ def test_teams_have_their_own_folders_names_and_limits(project):
     [
         ("localhost", True), ("LOCALHOST.", True), ("api.localhost", True), ("127.0.0.1", True), ("127.1.2.3", True),
         ("[::1]", True), ("0.0.0.0", True), ("2130706433", True),  # 127.0.0.1 as one number
-        ("::ffff:127.0.0.1", False),  # an IPv4-mapped address: outbound.py's own checks handle mapped spellings
+        ("::ffff:127.0.0.1", True),  # IPv4-mapped
         ("10.0.0.1", False), ("api.openai.com", False), ("localhost.example.com", False),
     ],
 )  # fmt: skip
