@@ -326,7 +326,27 @@ class Check:
                     f"{where.rpartition('.')[0]}.api_key_env", f"the value of {key_env} may not be sent to {host!r}",
                     f"from_deployments.api_key_env: {{{key_env}: [{host}]}}",
                 ))  # fmt: skip
-        return problems
+        return problems + self.keys_without_url()
+
+    def keys_without_url(self) -> list[str]:
+        """An `api_key_env` with no URL beside it (an endpoint's default host) still names a credential: only a
+        variable the policy lists."""
+        found = []
+        for where, entry in _entries(self.spec):
+            for key in ("grader", "kwargs"):
+                for place, value in _walk(getattr(entry, key, None), f"{where}.{key}"):
+                    if isinstance(value, dict) and isinstance(env := value.get("api_key_env"), str):
+                        if not any(isinstance(v, str) and "://" in v for v in value.values()):
+                            found.append((f"{place}.api_key_env", env))
+        return [
+            self.refuse(
+                where,
+                f"{env} is not a key variable the policy lists",
+                f"from_deployments.api_key_env: {{{env}: [HOST]}}",
+            )  # fmt: skip
+            for where, env in found
+            if env not in self.allow.api_key_env
+        ]
 
     def webhooks(self) -> list[str]:
         problems = []

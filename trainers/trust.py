@@ -29,7 +29,6 @@ from grpoflow.trainers.uris import LOCAL_SCHEMES, file_path, url_scheme
 if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic models then
     from grpoflow.trainers.spec import JobSpec
 
-SPEC_CODE_ENV = "GRPOFLOW_ALLOW_SPEC_CODE"  # read by no deployment run any more: the policy's python_graders is
 SPEC_ORIGIN_ENV = "GRPOFLOW_SPEC_ORIGIN"  # set by the launcher for its children: command_line or deployment
 
 _command_line = 0  # commands of the user's own command line running in this process

@@ -78,6 +78,20 @@ ATTACKS = [
         ["rewards[0].kwargs.base_url", "rewards[0].kwargs.api_key_env"],
         "api_key_env: {AWS_SECRET_ACCESS_KEY: [judge.example.com]}",
     ),
+    # a key variable with no URL beside it (a factory's kwargs): still a credential's name the policy must list
+    (
+        {
+            "rewards": [
+                {
+                    "name": "r",
+                    "function": "trl.rewards:get_soft_overlong_punishment",
+                    "kwargs": {"api_key_env": "AWS_SECRET_ACCESS_KEY"},
+                }
+            ]
+        },
+        ["rewards[0].kwargs.api_key_env"],
+        "api_key_env: {AWS_SECRET_ACCESS_KEY: [HOST]}",
+    ),  # fmt: skip
     # the worker's own services on loopback, in any spelling: nothing allows it
     (
         {"rewards": [{"name": "llm_judge", "kwargs": {**JUDGE, "base_url": "http://2130706433:8080/v1"}}]},

@@ -14,7 +14,7 @@ import pytest
 from grpoflow.trainers.graders import sandbox
 from grpoflow.trainers.graders.checks import grader_problems
 from grpoflow.trainers.graders.python import run_python_grader
-from grpoflow.trainers.trust import SPEC_CODE_ENV, SPEC_ORIGIN_ENV, command_line
+from grpoflow.trainers.trust import SPEC_ORIGIN_ENV, command_line
 
 
 def run(source: str, answers: list[str], **limits) -> list:
@@ -175,6 +175,8 @@ def test_without_bwrap_only_the_command_line_runs_spec_code(monkeypatch, caplog)
         assert [g.score for g in run(SCORES_ONE, ["x", "y"]) + run(SCORES_ONE, ["z"])] == [1.0] * 3
     warnings = [r.getMessage() for r in caplog.records if "WITHOUT a sandbox" in r.getMessage()]
     assert len(warnings) == 1 and "bwrap is not installed" in warnings[0]  # once, not per call
-    monkeypatch.setenv(SPEC_CODE_ENV, "unsandboxed")  # the old switch, which a run's job variables could set
+    monkeypatch.setenv(
+        "GRPOFLOW_ALLOW_SPEC_CODE", "unsandboxed"
+    )  # the old switch, which a run's job variables could set
     [refused] = run(SCORES_ONE, ["x"])
     assert refused.score is None and "runs only in the sandbox" in refused.error

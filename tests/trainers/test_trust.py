@@ -13,7 +13,6 @@ from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.spec import load_spec
 from grpoflow.trainers.trust import (
-    SPEC_CODE_ENV,
     SPEC_ORIGIN_ENV,
     command_line,
     deployment_problems,
@@ -69,7 +68,7 @@ def test_a_deployments_environment_says_nothing_of_the_origin(make_spec, project
     """A run's environment claiming the command line (or the old unsandboxed switch) changes nothing: the flow drops
     the origin variable, and spec code from a deployment never runs outside the sandbox."""
     monkeypatch.setenv(SPEC_ORIGIN_ENV, "command_line")
-    monkeypatch.setenv(SPEC_CODE_ENV, "unsandboxed")
+    monkeypatch.setenv("GRPOFLOW_ALLOW_SPEC_CODE", "unsandboxed")
     spec, _ = load_spec(make_spec("walk"))
     deployment_problems(spec)
     assert not spec_from_command_line() and not unsandboxed_allowed()
