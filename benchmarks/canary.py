@@ -63,9 +63,9 @@ def spec_dict(name: str, shape: dict, steps: int, output: Path) -> dict:
 
 def prepared(name: str, shape: dict, steps: int, root: Path):
     """The spec (validated) and a job folder as create-job and ingest leave it."""
+    from grpoflow.core.jobdir import JobDir
+    from grpoflow.core.spec import load_spec, to_yaml
     from grpoflow.trainers.dataset import ingest_dataset
-    from grpoflow.trainers.jobdir import JobDir
-    from grpoflow.trainers.spec import load_spec, to_yaml
 
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec_dict(name, shape, steps, root / "runs")))

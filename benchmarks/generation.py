@@ -7,7 +7,7 @@ Each side is grpoflow's training child (`python -m grpoflow.trainers.grpo`) on a
 demo's arithmetic prompts, no SFT warm-up, 8 rollouts of up to 24 tokens per step), the sides alternating. The figure
 is the median seconds per step after the first (TRL's own `step_time`; the first step pays one-off costs) and the
 completion tokens per second. The faster engine is the one a CPU job should default to: the spec's default
-(`generation.engine` in trainers/spec/models.py) is checked against it.
+(`generation.engine` in core/spec/models.py) is checked against it.
 """
 
 import json
@@ -24,9 +24,9 @@ def prepare_job(root: Path, steps: int):
     """A job folder as the pipeline leaves it before training, its engine set per run."""
     import yaml
 
+    from grpoflow.core.jobdir import JobDir, write_text_atomic
+    from grpoflow.core.spec import load_spec, to_yaml
     from grpoflow.trainers.dataset import ingest_dataset
-    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
-    from grpoflow.trainers.spec import load_spec, to_yaml
 
     data = yaml.safe_load(SPEC.read_text())
     data["dataset"]["uri"] = str(SPEC.parent / "data" / "arithmetic.jsonl")
@@ -46,9 +46,9 @@ def prepare_job(root: Path, steps: int):
 def run_engine(template, data: dict, engine: str, tag: str) -> dict:
     import sys
 
-    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
+    from grpoflow.core.jobdir import JobDir, write_text_atomic
+    from grpoflow.core.spec import load_spec, to_yaml
     from grpoflow.trainers.metrics import read_metrics
-    from grpoflow.trainers.spec import load_spec, to_yaml
 
     job = JobDir(template.root.parent / tag)
     shutil.rmtree(job.root, ignore_errors=True)
@@ -71,7 +71,7 @@ def run_engine(template, data: dict, engine: str, tag: str) -> dict:
 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
-    from grpoflow.trainers.spec import JobSpec
+    from grpoflow.core.spec import JobSpec
 
     steps, repeats = (2, 1) if args.quick else (6, 3)  # quick: one step timed after the first, a check it runs
     root = Path(__import__("tempfile").mkdtemp(prefix="bench-generation-"))

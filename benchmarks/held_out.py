@@ -64,10 +64,10 @@ def run_one(kind: str, seed: int, root: Path, quick: bool) -> dict:
 def job_row(spec, job) -> dict:
     """A trained job folder's figures: its held-out series, start and kept scores, the step kept, the alerts, the
     gate's decision and the evaluations' cost."""
+    from grpoflow.core.scores import EVAL_SECONDS
     from grpoflow.jobs.registry import gate_decision
     from grpoflow.trainers.evaluate import no_improvement_alert
     from grpoflow.trainers.health import HealthMonitor
-    from grpoflow.trainers.held_out import EVAL_SECONDS
     from grpoflow.trainers.metrics import read_metrics
 
     training = json.loads(job.training_result.read_text())

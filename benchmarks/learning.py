@@ -71,9 +71,9 @@ def variant_spec(variant: str, seed: int, output_root: Path, quick: bool) -> dic
 def prepare_job(data: dict, root: Path):
     """A job folder as the pipeline's ingest stage leaves it: the resolved spec.yaml and the ingested dataset (the
     demo's, whose columns the rewards and SFT need are known to be there: no reward dry run)."""
+    from grpoflow.core.jobdir import JobDir, write_text_atomic
+    from grpoflow.core.spec import load_spec, to_yaml
     from grpoflow.trainers.dataset import ingest_dataset
-    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
-    from grpoflow.trainers.spec import load_spec, to_yaml
 
     spec, _ = load_spec(data)
     job = JobDir(root / spec.name)

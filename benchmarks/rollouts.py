@@ -37,8 +37,8 @@ TARGET_SHARE = 0.02
 
 def template(w: Workload, root: Path, every: int):
     """A job folder ready to train, its spec's `rollouts.every` set to `every`."""
-    from grpoflow.trainers.jobdir import write_text_atomic
-    from grpoflow.trainers.spec import load_spec, to_yaml
+    from grpoflow.core.jobdir import write_text_atomic
+    from grpoflow.core.spec import load_spec, to_yaml
 
     job = prepare_job(replace(w, name=f"{w.name}-every-{every}"), root)
     spec, _ = load_spec(job.spec, [f"rollouts.every={every}"])

@@ -17,9 +17,9 @@ import tempfile
 import time
 
 from benchmarks.common import alternate, finish, fmt, markdown_table, parser
+from grpoflow.core.trust import command_line
 from grpoflow.trainers.graders import sandbox
 from grpoflow.trainers.graders.python import run_python_grader
-from grpoflow.trainers.trust import command_line
 
 SOURCE = """
 def grade(sample, item):

@@ -150,9 +150,9 @@ def project_spec(w: Workload, output_root: Path) -> dict:
 
 def prepare_job(w: Workload, root: Path):
     """A job folder as the pipeline leaves it before training: the resolved spec.yaml and the ingested dataset."""
+    from grpoflow.core.jobdir import JobDir, write_text_atomic
+    from grpoflow.core.spec import load_spec, to_yaml
     from grpoflow.trainers.dataset import ingest_dataset
-    from grpoflow.trainers.jobdir import JobDir, write_text_atomic
-    from grpoflow.trainers.spec import load_spec, to_yaml
 
     spec, _ = load_spec(project_spec(w, root))
     job = JobDir(root / f"template-{w.name}")
@@ -165,8 +165,8 @@ def prepare_job(w: Workload, root: Path):
 def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> dict:
     """One run of grpoflow's training stage on a fresh copy of `template`: a child process through `launcher`, or
     in this process (`grpoflow.trainers.grpo.main`) when `launcher` is None."""
+    from grpoflow.core.jobdir import JobDir
     from grpoflow.trainers.grpo import main as train_in_process
-    from grpoflow.trainers.jobdir import JobDir
     from grpoflow.trainers.metrics import read_metrics
 
     job = JobDir(root / tag)

@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable
 from datetime import timedelta
 
+from grpoflow.core.errors import TrainingSetupError
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec
 from grpoflow.jobs.launch import Machines
-from grpoflow.trainers.errors import TrainingSetupError
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import JobSpec
 
 JOIN_TIMEOUT_ENV = "GRPOFLOW_CANARY_JOIN_TIMEOUT_S"
 JOIN_TIMEOUT_S = 300.0

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpoflow.trainers.errors import TrainingSetupError
+from grpoflow.core.errors import TrainingSetupError
 
 IMAGE_ENV = "GRPOFLOW_IMAGE"
 NAMESPACE_ENV = "GRPOFLOW_K8S_NAMESPACE"

@@ -39,7 +39,7 @@ from prefect import get_run_logger
 
 from grpoflow.cluster.kube import Kube, pod_settings, run_name
 from grpoflow.cluster.trainjob import GROUP, PLURAL, VERSION, trainjob
-from grpoflow.trainers.errors import (
+from grpoflow.core.errors import (
     DIVERGED_EXIT,
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
@@ -47,8 +47,8 @@ from grpoflow.trainers.errors import (
     TrainingSetupError,
     TrainingStopped,
 )
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import JobSpec
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec
 
 POLL_S = 2.0
 START_TIMEOUT_ENV = "GRPOFLOW_K8S_START_TIMEOUT_S"

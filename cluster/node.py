@@ -27,9 +27,7 @@ import sys
 from pathlib import Path
 
 from grpoflow.cluster.canary import join_all
-from grpoflow.jobs.launch import Machines, run_child
-from grpoflow.trainers.child import CANARY_ENV, visible_gpus
-from grpoflow.trainers.errors import (
+from grpoflow.core.errors import (
     DIVERGED_EXIT,
     REWARD_FAILED_EXIT,
     SETUP_ERROR_EXIT,
@@ -37,8 +35,10 @@ from grpoflow.trainers.errors import (
     TrainingSetupError,
     TrainingStopped,
 )
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.spec import load_spec
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import load_spec
+from grpoflow.jobs.launch import Machines, run_child
+from grpoflow.trainers.child import CANARY_ENV, visible_gpus
 
 TORCH_ENV = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 

@@ -25,8 +25,8 @@ from grpoflow.cluster.kube import (
     PodSettings,
     run_name,
 )
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.storage import STAGING_ENV
-from grpoflow.trainers.spec import JobSpec
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 API_VERSION = f"{GROUP}/{VERSION}"

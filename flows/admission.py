@@ -1,5 +1,5 @@
 """What a flow checks of a deployment run before anything of its spec runs: the operator's policy
-(`grpoflow.trainers.policy`), the run's own job variables, and its team.
+(`grpoflow.core.policy`), the run's own job variables, and its team.
 
 A run's job variables could switch a worker's settings (`env`) or its command; grpoflow's work-pool templates expose
 neither, and a run that sets any job variable the policy's `run_job_variables` does not list ends `Rejected` here
@@ -15,19 +15,20 @@ from pathlib import Path
 from prefect import get_client
 from prefect.runtime import flow_run
 
+from grpoflow.core.policy import PolicyError, load_policy
+from grpoflow.core.spec import JobSpec
+from grpoflow.core.trust import deployment_problems, from_command_line
+from grpoflow.core.uris import file_path
 from grpoflow.integrations.storage import is_remote, join
 from grpoflow.jobs.registry import owner_problem
-from grpoflow.trainers.policy import PolicyError, load_policy
-from grpoflow.trainers.spec import JobSpec
-from grpoflow.trainers.trust import deployment_problems, from_command_line
-from grpoflow.trainers.uris import file_path
+from grpoflow.trainers.graders.python import sandbox_refusals
 
 
 def admission_problems(spec: JobSpec, team: str | None = None) -> list[str]:
     """Everything that refuses this flow run's `spec` (empty for the user's own command line), in one pass."""
     if from_command_line():
         return []
-    problems = deployment_problems(spec, team=team)
+    problems = deployment_problems(spec, team=team) + sandbox_refusals(spec)
     run = _this_run()
     if run is not None:
         problems += job_variable_problems(run.job_variables or {}, spec) + _team_problems(run, team)

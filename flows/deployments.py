@@ -33,8 +33,8 @@ from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
 from prefect.utilities.urls import url_for
 
+from grpoflow.core.spec import JobSpec
 from grpoflow.tasks.job import new_job_id
-from grpoflow.trainers.spec import JobSpec
 
 # grpoflow's own checkout, a project too (its prefect.yaml is under deployments/); `apply` deploys the current folder.
 PROJECT_DIR = Path(__file__).resolve().parent.parent

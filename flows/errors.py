@@ -42,9 +42,9 @@ class Stopped(Exception):
 # raised class's MRO, so that a command's error costs no import of the modules that define the others. The message is
 # printed as `grpoflow: <message>`.
 EXIT_CODES = {
-    "grpoflow.trainers.spec.loading.SpecError": EXIT_REJECTED,
+    "grpoflow.core.spec.loading.SpecError": EXIT_REJECTED,
     "grpoflow.flows.errors.UsageError": EXIT_REJECTED,
-    "grpoflow.trainers.policy.PolicyError": EXIT_REJECTED,
+    "grpoflow.core.policy.PolicyError": EXIT_REJECTED,
     "grpoflow.flows.errors.Rejected": EXIT_REJECTED,
     "grpoflow.flows.project.ProjectError": EXIT_REJECTED,
     "grpoflow.flows.deployments.ServerNotSet": EXIT_REJECTED,

@@ -22,6 +22,9 @@ from prefect.exceptions import ParameterTypeError, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
+from grpoflow.core.errors import ChildEndedEarly, ChildFailed, RewardFailed, TrainingSetupError, TrainingStopped
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec, SpecError, load_spec
 from grpoflow.flows.admission import admission_problems, team_spec
 from grpoflow.integrations.jobs import BadJobReference, job_location, resume_problem
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
@@ -37,10 +40,7 @@ from grpoflow.tasks.publish import publish_task
 from grpoflow.tasks.register import register_task
 from grpoflow.tasks.sft import sft_task
 from grpoflow.tasks.train import train_task
-from grpoflow.trainers.errors import ChildEndedEarly, ChildFailed, RewardFailed, TrainingSetupError, TrainingStopped
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.spec import JobSpec, SpecError, load_spec
 
 
 class NamedFailures(logging.Filter):

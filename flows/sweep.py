@@ -36,15 +36,15 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from grpoflow.core.scores import SCORE_TOLERANCE
+from grpoflow.core.spec import JobSpec, SpecError, apply_overrides, load_spec
 from grpoflow.flows.admission import admission_problems
 from grpoflow.flows.deployments import deployment_name, name_after_job, pool_job_variables, run_parameters, wait_for
 from grpoflow.flows.pipeline import checked_spec, grpo_pipeline, spec_name
 from grpoflow.integrations.artifacts import score_change
 from grpoflow.integrations.stages import REJECTED, rejected
 from grpoflow.integrations.storage import filesystem, is_remote, join
-from grpoflow.trainers.held_out import SCORE_TOLERANCE
 from grpoflow.trainers.metrics import read_jsonl
-from grpoflow.trainers.spec import JobSpec, SpecError, apply_overrides, load_spec
 
 _NOT_KEY = re.compile(r"[^a-z0-9]+")  # Prefect artifact keys: lowercase letters, digits and dashes
 BEST = "★ best"

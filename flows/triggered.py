@@ -14,12 +14,12 @@ import json
 
 from prefect import flow, get_run_logger
 
+from grpoflow.core.spec import SpecError, load_spec
+from grpoflow.core.spec.models import OptionalUrl, Url
+from grpoflow.core.trust import path_outside
 from grpoflow.flows.pipeline import grpo_pipeline
 from grpoflow.integrations.stages import rejected
 from grpoflow.integrations.storage import storage_options
-from grpoflow.trainers.spec import SpecError, load_spec
-from grpoflow.trainers.spec.models import OptionalUrl, Url
-from grpoflow.trainers.trust import path_outside
 
 DEFAULT_SPEC = "deployments/default-spec.yaml"
 

@@ -56,13 +56,13 @@ from prefect.events import emit_event
 from prefect.runtime import flow_run
 from prefect.states import Completed
 
+from grpoflow.core.jobdir import write_json_atomic
+from grpoflow.core.spec.models import OptionalUrl, Url
+from grpoflow.core.trust import path_outside
+from grpoflow.core.uris import OBJECT_STORES, STORES, outside_stores
 from grpoflow.integrations.leases import LeaseHeld, S3Lease, conditional_put
 from grpoflow.integrations.storage import filesystem, is_remote, join
-from grpoflow.trainers.dataset import COMPRESSIONS, FORMATS
-from grpoflow.trainers.jobdir import write_json_atomic
-from grpoflow.trainers.spec.models import OptionalUrl, Url
-from grpoflow.trainers.trust import path_outside
-from grpoflow.trainers.uris import OBJECT_STORES, STORES, outside_stores
+from grpoflow.trainers.sources import COMPRESSIONS, FORMATS
 
 EVENT = "grpoflow.dataset.landed"
 STATE_DIR_ENV = "GRPOFLOW_WATCH_STATE_DIR"

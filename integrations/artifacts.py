@@ -34,15 +34,15 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.runtime import deployment
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.scores import EVAL_PREFIX, EVAL_SECONDS, change
+from grpoflow.core.spec import JobSpec
 from grpoflow.jobs.canary import projection_line
 from grpoflow.jobs.registry import registry_dir
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import HealthMonitor, verdict
-from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS, change
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.rollouts import highlight_rows
-from grpoflow.trainers.spec import JobSpec
 
 logger = logging.getLogger("grpoflow.artifacts")
 
@@ -111,7 +111,7 @@ def report_artifact(job: JobDir, spec: JobSpec, location: str):
 
 def score_change(before, after) -> str:
     """`+42 pts` for scores in [0, 1] (accuracies, pass rates), else the plain difference; `no change` for equal
-    scores (`grpoflow.trainers.held_out.change`)."""
+    scores (`grpoflow.core.scores.change`)."""
     return change(before, after, digits=0, unit=" pts")
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import fsspec
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.integrations.storage import filesystem
 from grpoflow.trainers.grpo import checkpoint_step, intact_checkpoint
-from grpoflow.trainers.jobdir import JobDir
 
 logger = logging.getLogger(__name__)
 MANIFEST = "grpoflow-checkpoint.json"

@@ -21,8 +21,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.integrations import webhooks
-from grpoflow.trainers.jobdir import JobDir
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()

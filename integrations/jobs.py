@@ -11,6 +11,8 @@ import os
 from datetime import datetime
 from pathlib import Path
 
+from grpoflow.core.jobdir import JobDir, check_job_id, index_dir, known_roots, locate
+from grpoflow.core.spec import JobSpec, SpecError, load_spec, resolved_dict
 from grpoflow.integrations.checkpoint_sync import FileMirror, sync_checkpoints
 from grpoflow.integrations.storage import (
     filesystem,
@@ -20,9 +22,7 @@ from grpoflow.integrations.storage import (
     staging_root,
     storage_options,
 )
-from grpoflow.trainers.jobdir import JobDir, check_job_id, index_dir, known_roots, locate
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.spec import JobSpec, SpecError, load_spec, resolved_dict
 
 
 class UnknownJob(LookupError):
@@ -57,7 +57,7 @@ def checked_job_id(job_id: str, option: str = "") -> str:
 def local_root(root: str) -> Path:
     """The local folder holding the job folders of output root `root` (for `s3://...`, a copy of their files)."""
     if is_remote(root):
-        from grpoflow.trainers.uris import unopenable
+        from grpoflow.core.uris import unopenable
 
         if reason := unopenable(root):
             raise BadJobReference(f"cannot read output root {root}: {reason}")
@@ -67,7 +67,7 @@ def local_root(root: str) -> Path:
 
 def search_roots(explicit: str | None) -> list[str]:
     """Where to look for jobs: `explicit` alone when given; else `./runs` and every output root in the job index
-    (`grpoflow.trainers.jobdir`: each `grpoflow run` records where its job went)."""
+    (`grpoflow.core.jobdir`: each `grpoflow run` records where its job went)."""
     if explicit:
         return [explicit]
     return list(dict.fromkeys([str(Path("runs").resolve()), *known_roots()]))

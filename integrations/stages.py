@@ -22,10 +22,10 @@ from prefect import get_client
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled, Failed, State
 
-from grpoflow.trainers.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
+from grpoflow.core.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import JobSpec, resolved_dict
 from grpoflow.trainers.model.load import WRITE_ERRNOS
-from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 
 def _record_path(job: JobDir, stage: str) -> Path:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import fsspec
 
-from grpoflow.trainers.uris import is_remote
+from grpoflow.core.uris import is_remote
 
 STORAGE_BLOCK_ENV = "GRPOFLOW_STORAGE_BLOCK"
 STAGING_ENV = "GRPOFLOW_STAGING_DIR"

@@ -5,7 +5,7 @@
 queues them and returns. One daemon thread per endpoint URL posts that endpoint's events in order, retrying
 connection errors, timeouts, 429 and 5xx with backoff (`POLICY`); other 4xx, and a reply over the size cap, are
 final. Each attempt ends within `POLICY.timeout_s` in all, from connecting to the reply's last byte, and reads at most
-the reply cap (`grpoflow.trainers.outbound`: GRPOFLOW_HTTP_DEADLINE_S, GRPOFLOW_HTTP_MAX_RESPONSE_MB). A dead, hanging
+the reply cap (`grpoflow.core.outbound`: GRPOFLOW_HTTP_DEADLINE_S, GRPOFLOW_HTTP_MAX_RESPONSE_MB). A dead, hanging
 or trickling endpoint therefore delays only its own queue, never the run. `flush(timeout)` waits, at most `timeout`
 seconds, for the queues to drain.
 
@@ -64,11 +64,11 @@ import yaml
 from pydantic import TypeAdapter
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from grpoflow.trainers import outbound
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core import outbound
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import WebhookSpec
+from grpoflow.core.uris import ALLOW_LINK_LOCAL_ENV, link_local_address
 from grpoflow.trainers.metrics import read_jsonl
-from grpoflow.trainers.spec import WebhookSpec
-from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, link_local_address
 
 logger = logging.getLogger(__name__)
 

@@ -46,11 +46,11 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import JobSpec, resolved_dict
 from grpoflow.jobs.launch import run_child
 from grpoflow.jobs.vllm_server import vllm_server
 from grpoflow.trainers.child import CANARY_ENV, VLLM_SERVER_URL_ENV, visible_gpus
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.spec import JobSpec, resolved_dict
 
 COMPAT_TABLE = Path(__file__).with_name("compat.yaml")
 CANARY_FILE = "canary.json"

@@ -26,13 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpoflow.trainers.child import (
-    free_port,
-    start_child,
-    stop_child,
-    visible_gpus,
-)
-from grpoflow.trainers.errors import (
+from grpoflow.core.errors import (
     DIVERGED_EXIT,
     EXIT_RECORD,
     ON_PURPOSE_EXITS,
@@ -44,7 +38,13 @@ from grpoflow.trainers.errors import (
     TrainingSetupError,
     TrainingStopped,
 )
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
+from grpoflow.trainers.child import (
+    free_port,
+    start_child,
+    stop_child,
+    visible_gpus,
+)
 
 POLL_SECONDS = 0.5
 STAGE_NAMES = {"grpoflow.trainers.sft": "SFT warm-up", "grpoflow.trainers.grpo": "training"}  # for messages

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpoflow.core.spec import LIGER_UNSUPPORTED, JobSpec, SpecError, load_spec, model_family
+from grpoflow.core.uris import is_gguf, is_remote
 from grpoflow.trainers.agents import (
     AgentError,
     environment_problems,
@@ -43,13 +45,11 @@ from grpoflow.trainers.model.gguf import (
     gguf_folder,
     gguf_note,
     gguf_problem,
-    is_gguf,
     local_gguf,
     read_header,
 )
+from grpoflow.trainers.model.hub import WEIGHT_FILES, cached_hub_file
 from grpoflow.trainers.model.load import (
-    WEIGHT_FILES,
-    cached_hub_file,
     causal_lm_problem,
     chat_template_problem,
     free_space,
@@ -65,8 +65,6 @@ from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, required_columns
 from grpoflow.trainers.rewards.models import reward_model_problem
-from grpoflow.trainers.spec import LIGER_UNSUPPORTED, JobSpec, SpecError, load_spec, model_family
-from grpoflow.trainers.uris import is_remote
 
 
 @dataclass
@@ -247,7 +245,7 @@ def _built_spec(p: Preflight) -> JobSpec:
 
 def check_dataset(p: Preflight) -> list[str]:
     """The dataset opens and has the prompt column and every column the rewards and the SFT warm-up read."""
-    from grpoflow.trainers.dataset import DatasetError
+    from grpoflow.core.errors import DatasetError
     from grpoflow.trainers.dataset import check_dataset as load_and_check
 
     spec = p.spec

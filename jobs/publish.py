@@ -35,14 +35,14 @@ import httpx2
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.scores import change
+from grpoflow.core.spec import REPO_ID_PATTERN, JobSpec, PublishSpec, load_spec, resolved_dict
+from grpoflow.core.spec.markdown import cell, number, table
+from grpoflow.core.uris import is_gguf
 from grpoflow.jobs.report import selection_line
-from grpoflow.trainers.held_out import change
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.model.gguf import is_gguf
 from grpoflow.trainers.model.tiny import is_builtin
-from grpoflow.trainers.spec import REPO_ID_PATTERN, JobSpec, PublishSpec, load_spec, resolved_dict
-from grpoflow.trainers.spec.markdown import cell, number, table
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ USAGE = {
 }
 CARD_METRICS = ("reward", "reward_std", "loss", "entropy", "completions/mean_length", "kl")
 # The card's body, rendered by `ModelCard.from_template` (Jinja2); `card_data` is the YAML front matter it renders
-# from the `ModelCardData`. The tables come from `grpoflow.trainers.spec.markdown`, like the report's.
+# from the `ModelCardData`. The tables come from `grpoflow.core.spec.markdown`, like the report's.
 CARD_TEMPLATE = """---
 {{ card_data }}
 ---

@@ -31,11 +31,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.scores import SCORE_TOLERANCE, beats, change
+from grpoflow.core.spec import load_spec
 from grpoflow.trainers.evaluate import generate
-from grpoflow.trainers.held_out import SCORE_TOLERANCE, beats, change
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.model.load import to_prompt
-from grpoflow.trainers.spec import load_spec
 
 # The version fields repeated at the top level of `<name>.json`, where the one-record files had them.
 CURRENT_FIELDS = ("job_id", "artifact_path", "artifact_type", "metric", "score", "status", "smoke", "error")

@@ -19,15 +19,15 @@ import tempfile
 import threading
 from pathlib import Path
 
+from grpoflow.core.jobdir import JobDir, write_text_atomic
+from grpoflow.core.scores import change
+from grpoflow.core.spec import JobSpec, resolved_dict
+from grpoflow.core.spec.markdown import cell, literal, number, table
 from grpoflow.jobs.canary import projection_line
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
-from grpoflow.trainers.held_out import change
-from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.rollouts import one_line, side_by_side
-from grpoflow.trainers.spec import JobSpec, resolved_dict
-from grpoflow.trainers.spec.markdown import cell, literal, number, table
 
 # `grpoflow run` sets this to its start (Unix seconds), so the report's wall time is the one the user waited.
 RUN_STARTED_ENV = "GRPOFLOW_RUN_STARTED"

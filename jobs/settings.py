@@ -182,7 +182,7 @@ def settings_table() -> str:
     Returns:
         `str`: the table the docs' settings page holds.
     """
-    from grpoflow.trainers.spec.markdown import cell, table
+    from grpoflow.core.spec.markdown import cell, table
 
     ordered = sorted(SETTINGS.items(), key=lambda item: item[1].internal)
     rows = [

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from grpoflow.core.errors import TrainingSetupError
+from grpoflow.core.jobdir import JobDir
 from grpoflow.trainers.child import VLLM_SERVER_URL_ENV, free_port, start_child, stop_child, visible_gpus
-from grpoflow.trainers.errors import TrainingSetupError
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.model.load import start_model
 
 

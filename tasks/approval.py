@@ -21,10 +21,10 @@ from prefect.runtime import flow_run
 from prefect.states import Paused, Running
 from pydantic import Field
 
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.artifacts import samples_artifact, score_summary
 from grpoflow.integrations.events import emit
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.spec import JobSpec
 
 POLL_S = 10.0  # how often the paused run looks for the decision (Prefect's pause_flow_run's own default)
 # Prefect's server fails a run still paused this long after the decision's deadline: only one whose process died.

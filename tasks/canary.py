@@ -11,12 +11,12 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from grpoflow.cluster.canary import on_machines
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.artifacts import artifact_key
 from grpoflow.integrations.stages import cancellable, rejected, retry_unless_final
 from grpoflow.jobs.canary import CANARY_FILE, run_canary, summary_line
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import JobSpec
 
 
 def canary_markdown(result: dict, line: str) -> str:

@@ -9,6 +9,10 @@ from functools import partial
 
 from prefect import get_run_logger, task
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.scores import EVAL_SECONDS
+from grpoflow.core.spec import JobSpec
+from grpoflow.core.spec.markdown import number
 from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact, rollouts_artifact
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.jobs import job_location
@@ -19,13 +23,9 @@ from grpoflow.tasks.merge import merge_task
 from grpoflow.tasks.train import train_task
 from grpoflow.trainers.evaluate import evaluate, no_improvement_alert
 from grpoflow.trainers.health import HealthMonitor
-from grpoflow.trainers.held_out import EVAL_SECONDS
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import start_model
 from grpoflow.trainers.rollouts import degenerate_example
-from grpoflow.trainers.spec import JobSpec
-from grpoflow.trainers.spec.markdown import number
 
 
 def held_out_seconds(job: JobDir) -> float | None:

@@ -5,10 +5,10 @@ pipeline then skips publish and deploy and still completes."""
 
 from prefect import get_run_logger, task
 
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.events import emit
 from grpoflow.jobs.registry import deployed_score, gate_decision
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.spec import JobSpec
 
 
 @task(name="promotion-gate", retries=0)

@@ -5,16 +5,17 @@ it (`grpoflow.trainers.rewards`), and emits `grpoflow.dataset.ingested`. A bad d
 import datasets
 from prefect import task
 
+from grpoflow.core.errors import DatasetError
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import cancellable, rejected, resumable, retry_unless_final
 from grpoflow.integrations.storage import storage_options
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.dataset import DatasetError, ingest_dataset, load_ingested
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.trainers.dataset import ingest_dataset, load_ingested
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, required_columns
-from grpoflow.trainers.spec import JobSpec
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)

@@ -15,6 +15,8 @@ from prefect.exceptions import ObjectNotFound, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, State
 
+from grpoflow.core.jobdir import JobDir, remember, write_text_atomic
+from grpoflow.core.spec import JobSpec, to_yaml
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.artifacts import completed_message
 from grpoflow.integrations.events import emit
@@ -25,8 +27,6 @@ from grpoflow.integrations.storage import is_remote, join
 from grpoflow.jobs.lock import JobLock, JobLocked, _alive, _me
 from grpoflow.jobs.report import note_undelivered
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.jobdir import JobDir, remember, write_text_atomic
-from grpoflow.trainers.spec import JobSpec, to_yaml
 
 logger = logging.getLogger(__name__)
 # The most a job's end waits for its webhook deliveries (a bounded wait: the last events, e.g. job.completed, would

@@ -4,13 +4,13 @@ import time
 
 from prefect import get_run_logger, task
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.heartbeat import Heartbeat
 from grpoflow.integrations.stages import cancellable, resumable
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.model.merge import merge_adapter, write_model_json
-from grpoflow.trainers.spec import JobSpec
 
 
 @task(name="merge", retries=1, retry_delay_seconds=RETRY_DELAY_S)

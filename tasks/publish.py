@@ -10,12 +10,12 @@ from huggingface_hub import get_token
 from prefect import get_run_logger, task
 from prefect.settings import get_current_settings
 
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import JobSpec, PublishSpec
 from grpoflow.integrations.artifacts import link_artifact
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import cancellable
 from grpoflow.jobs.publish import TOKEN_SECRET_BLOCK, PublishError, publish
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.spec import JobSpec, PublishSpec
 
 
 def _secret_block_token() -> str | None:

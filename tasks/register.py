@@ -3,12 +3,12 @@ with `grpoflow.deployment.registered`. The registry keeps every version of a nam
 
 from prefect import task
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.artifacts import deployment_link, link_artifact
 from grpoflow.integrations.events import emit
 from grpoflow.jobs.registry import register
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import JobSpec
 
 
 def registered_payload(record: dict) -> dict:

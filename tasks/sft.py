@@ -4,15 +4,15 @@
 
 from prefect import get_run_logger, task
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.artifacts import StageProgress, StepRate, sft_line
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.heartbeat import ChildPhases
 from grpoflow.integrations.stages import cancellable, resumable, retry_unless_final
 from grpoflow.jobs.launch import run_child
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.spec import JobSpec
 
 
 class SFTWatcher:

@@ -26,6 +26,9 @@ from functools import partial
 from prefect import get_run_logger, task
 
 from grpoflow.cluster.multinode import run_on_machines
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.scores import EVAL_PREFIX, EVAL_SECONDS
+from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.artifacts import StageProgress, StepRate, grpo_line, rollouts_artifact
 from grpoflow.integrations.checkpoint_sync import CheckpointSync, restore_checkpoint
 from grpoflow.integrations.events import emit
@@ -36,11 +39,8 @@ from grpoflow.jobs.launch import recorded_divergence, run_child
 from grpoflow.jobs.vllm_server import vllm_server
 from grpoflow.tasks import RETRY_DELAY_S
 from grpoflow.trainers.health import FATAL, NON_FINITE_ADVICE, Alert, HealthMonitor
-from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
 from grpoflow.trainers.rollouts import degenerate_example
-from grpoflow.trainers.spec import JobSpec
 
 
 class ProgressWatcher:

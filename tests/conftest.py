@@ -19,13 +19,13 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 # `grpoflow run` going on beside the tests never locks it. Set before anything imports prefect.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-# The tests' jobs are indexed apart from the user's (`grpoflow.trainers.jobdir`).
+# The tests' jobs are indexed apart from the user's (`grpoflow.core.jobdir`).
 os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-index-")
 # The flows the tests call, and the test stacks' workers, run specs as a deployment's, under this policy: any path,
-# model and trl: key, the tests' loopback receivers as webhooks (tests/trainers/test_policy.py tests the defaults).
+# model and trl: key, the tests' loopback receivers as webhooks (tests/core/test_policy.py tests the defaults).
 os.environ["GRPOFLOW_POLICY"] = os.path.join(tempfile.mkdtemp(prefix="grpoflow-tests-policy-"), "policy.yaml")
 with open(os.environ["GRPOFLOW_POLICY"], "w") as _policy:
-    _trl = json.loads((Path(__file__).parents[1] / "trainers" / "spec" / "trl_fields.json").read_text())["fields"]
+    _trl = json.loads((Path(__file__).parents[1] / "core" / "spec" / "trl_fields.json").read_text())["fields"]
     _from = {
         "paths": ["/", "s3://", "gs://", "gcs://", "az://", "abfs://", "hf://"],
         "models": ["*"],
@@ -220,7 +220,7 @@ def trained_jobs(tmp_path_factory, prefect_server) -> dict[str, Path]:
 def trained_job(trained_jobs, tmp_path):
     """`trained_job(kind="lora")`: a copy of a finished job of `trained_jobs` in this test's `tmp_path/runs/`, as
     `JobDir`; its spec.yaml is the job's own (its output_uri the original's: pass `--output-uri` to commands)."""
-    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.core.jobdir import JobDir
 
     def copy(kind: str = "lora") -> "JobDir":
         source = trained_jobs[kind]
@@ -235,9 +235,9 @@ def trained_job(trained_jobs, tmp_path):
 def make_job(tmp_path, make_spec):
     """A job folder as create-job and ingest leave it (the resolved spec.yaml and dataset/) for `make_spec`'s spec
     with `changes`; returns (JobDir, JobSpec)."""
+    from grpoflow.core.jobdir import JobDir
+    from grpoflow.core.spec import load_spec, to_yaml
     from grpoflow.trainers.dataset import ingest_dataset
-    from grpoflow.trainers.jobdir import JobDir
-    from grpoflow.trainers.spec import load_spec, to_yaml
 
     def make(name: str = "j", **changes):
         spec, _ = load_spec(make_spec(name, **changes))

@@ -1,5 +1,5 @@
 """An HTTP endpoint on 127.0.0.1 that answers as a hostile one would, for the tests of bounded outbound requests
-(`grpoflow.trainers.outbound`): it reads any request (GET or POST) and then
+(`grpoflow.core.outbound`): it reads any request (GET or POST) and then
 
 - `trickle`: sends a well-formed answer (status line and headers included) one byte every `every_s` seconds, so no
   single read ever waits long: only a total deadline ends it;

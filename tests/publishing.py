@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.trainers.model.tiny import build_tiny
-from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.hub_server import HubServer
 
 TOKEN = "hf_TestTokenThatMustNeverLeak0123456789"

@@ -47,16 +47,16 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from grpoflow.core.errors import REWARD_FAILED_EXIT
+from grpoflow.core.jobdir import JobDir, replace_dir, write_json_atomic
+from grpoflow.core.spec import load_spec
 from grpoflow.trainers.budget import budget_summary
 from grpoflow.trainers.child import record_exit, say_phase
-from grpoflow.trainers.errors import REWARD_FAILED_EXIT
 from grpoflow.trainers.grpo import GRPO_DEFAULTS, checkpoint_step, first_step_line, resume_checkpoint
-from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
 from grpoflow.trainers.model.load import LORA_TARGETS, start_model
 from grpoflow.trainers.model.tiny import resolve_model_path
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, guarded_reward
-from grpoflow.trainers.spec import load_spec
 
 REQUEST_ENV = "GRPOFLOW_STANDIN"
 STAGES = {"grpoflow.trainers.grpo": "grpo", "grpoflow.trainers.sft": "sft"}

@@ -27,17 +27,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpoflow.core.jobdir import FILES, JobDir
 from grpoflow.flows.cli import main
 from grpoflow.integrations.events import EVENTS
 from grpoflow.jobs.settings import SETTINGS
-from grpoflow.trainers.jobdir import FILES, JobDir
 from tests.conftest import cli, standin_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 TOUR = DOCS / "guides" / "own-project.md"
 # The product code, whose settings and events the pages must hold (tests and benchmarks set their own variables).
-PRODUCT = ("trainers", "jobs", "integrations", "cluster", "tasks", "flows", "grpoflow", "examples", "scripts")
+PRODUCT = ("core", "trainers", "jobs", "integrations", "cluster", "tasks", "flows", "grpoflow", "examples", "scripts")
 # Material for MkDocs and ProperDocs (a dependency of mkdocs-gen-files) print notices about MkDocs' future; these
 # silence them (the Makefile's `docs` target sets the same).
 QUIET = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
@@ -101,8 +101,9 @@ def _refs(prop: dict, in_list: bool = False) -> list[tuple[str, bool]]:
 
 
 def test_spec_page_has_every_field_with_its_trl_name():
-    from grpoflow.trainers.spec import JobSpec
-    from grpoflow.trainers.spec.rules import trl_spec_keys
+    from grpoflow.core.spec import JobSpec
+    from grpoflow.core.spec.hyperparameters import Hyperparameters
+    from grpoflow.core.spec.rules import trl_spec_keys
 
     page = gen.spec_page()
     schema = JobSpec.model_json_schema()
@@ -112,7 +113,7 @@ def test_spec_page_has_every_field_with_its_trl_name():
     missing = [p for p in paths if p not in rows and not p.startswith("evaluation.metric.")]
     assert not missing, f"fields missing from the spec page: {missing}"
     assert len(paths) > 100  # the walk found the sections, not only the top level
-    for trl_name, key in trl_spec_keys().items():
+    for trl_name, key in trl_spec_keys(Hyperparameters).items():
         key = key.split(" ", 1)[0]
         assert f"`{trl_name}`" in rows[key], f"{key} does not name the TRL field {trl_name}"
 
@@ -186,7 +187,7 @@ def test_job_folder_page_names_every_file_of_jobdir():
 
 
 SETTING = re.compile(r"\bGRPOFLOW_[A-Z0-9_]*[A-Z0-9]\b")
-NOT_SETTINGS = {"GRPOFLOW_ONLY"}  # a Python constant (trainers/spec/rules.py): no TRL field, not a variable
+NOT_SETTINGS = {"GRPOFLOW_ONLY"}  # a Python constant (core/spec/rules.py): no TRL field, not a variable
 
 
 def test_settings_page_has_every_setting_the_code_reads():
@@ -238,7 +239,7 @@ def _yaml_specs() -> list:
     """Each YAML block that is a job spec (it has base_model, or `<!-- spec -->` before it), or a fragment of one
     (every top-level key a spec field: validated within `MINIMAL_SPEC`), unless `<!-- fragment -->` stands before it.
     Other YAML (prefect.yaml, Kubernetes objects) is not a spec and is left out."""
-    from grpoflow.trainers.spec import JobSpec
+    from grpoflow.core.spec import JobSpec
 
     cases = []
     for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:

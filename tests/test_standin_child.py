@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from grpoflow.core.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.jobs.launch import run_child
-from grpoflow.trainers.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.metrics import read_metrics
 
 
@@ -18,7 +18,7 @@ def train(job, **kwargs) -> float:
 def test_it_writes_what_the_real_child_writes(make_job, standin, trained_jobs, kind):
     from safetensors.numpy import load_file
 
-    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.core.jobdir import JobDir
     from grpoflow.trainers.model.merge import merge_adapter
     from grpoflow.trainers.model.tiny import build_tiny
 

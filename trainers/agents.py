@@ -226,7 +226,7 @@ def tool_tokenizer(tokenizer, model_id: str):
     """The tokenizer ready for TRL's tool rollouts: builtin:tiny's template becomes its tool-calling one, with the
     response template TRL parses its calls by (both saved with the trained model, so it keeps calling tools the same
     way); any other template TRL cannot use is a `SetupError`."""
-    from grpoflow.trainers.model.load import SetupError
+    from grpoflow.core.errors import SetupError
     from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE
 
     if tokenizer.chat_template == CHAT_TEMPLATE:
@@ -243,7 +243,7 @@ def tool_tokenizer(tokenizer, model_id: str):
 def agent_args(spec) -> dict:
     """`GRPOTrainer` keyword arguments for the spec's `tools:` and `environment:` (empty when neither is set), or a
     `SetupError` naming the entry that cannot be imported."""
-    from grpoflow.trainers.model.load import SetupError
+    from grpoflow.core.errors import SetupError
 
     if not spec.tools and spec.environment is None:
         return {}

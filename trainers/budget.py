@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
-from grpoflow.trainers.model.load import SetupError
-from grpoflow.trainers.spec import JobSpec, resolved_dict
+from grpoflow.core.errors import SetupError
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import JobSpec, resolved_dict
 
 BUDGET_FILE = "budget.json"
 # How often budget.json is rewritten while training runs (and at each checkpoint and the end): a crash loses at most

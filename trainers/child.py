@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpoflow.trainers.errors import EXIT_RECORD
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.trust import origin_env
+from grpoflow.core.errors import EXIT_RECORD
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.trust import origin_env
 
 
 def visible_gpus() -> list[str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import csv
-import difflib
 import gzip
 import hashlib
 import json
@@ -34,29 +33,21 @@ import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import datasets
 import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from grpoflow.trainers.jobdir import replace_dir
-from grpoflow.trainers.model.load import hub_not_answering, hub_offline
-from grpoflow.trainers.rewards import TRL_ARGUMENTS
-from grpoflow.trainers.spec import REPO_ID_PATTERN
-from grpoflow.trainers.uris import CHAINED, url_scheme
+from grpoflow.core.errors import DatasetError
+from grpoflow.core.jobdir import replace_dir
+from grpoflow.trainers.columns import check_columns
+from grpoflow.trainers.model.hub import hub_not_answering, hub_offline
+from grpoflow.trainers.sources import Source, has_data_extension, resolve_source
 
-SUPPORTED_SCHEMES = ("local path", "file://", "s3://", "hf://datasets/")
-# The files `save_to_disk` writes at the top of its folder: a Dataset's (state.json) or a DatasetDict's.
-SAVED_MARKERS = ("state.json", "dataset_dict.json")
-FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-# Compressed text files are extracted by `datasets`; a compressed Parquet file makes no sense, so not for it.
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 # The JSON loader parses its first chunk a second time in Python (ujson) to find fields whose type varies; with its
 # 10 MB default that costs ~0.7 s per ingest. With 1 MB chunks it costs a tenth; later chunks are cast to the first
 # chunk's types, so a number among strings further down becomes a string rather than making the column JSON.
@@ -72,7 +63,6 @@ JSON_DOCUMENT_ROWS = 16
 # Arrow's JSON reader gives up at 64 levels; deeper lines make `datasets` recurse in Python (RecursionError from ~1,000
 # levels) and overflow the C stack of Arrow's parser (a segfault, from ~30,000). The same scan stops them first.
 MAX_JSON_NESTING = 64
-MAX_BAD_ROWS = 5
 # What a loader raises because of a file's content (explained to the user as a DatasetError). Anything else, a
 # network error or a bug, propagates as is, so that the task's retries and tracebacks see it.
 _DATA_ERRORS = (
@@ -85,15 +75,6 @@ _DATA_ERRORS = (
     pa.ArrowTypeError,
     pa.ArrowNotImplementedError,
 )
-
-
-class DatasetError(ValueError):
-    """A user's dataset problem; the message names the file, row or column and what to do. `problems` holds each
-    problem on its own ("dataset URI: ..."), for a report that lists them beside others (the preflight's)."""
-
-    def __init__(self, message: str, problems: list[str] | None = None):
-        super().__init__(message)
-        self.problems = problems or [message]
 
 
 @dataclass
@@ -119,101 +100,10 @@ class IngestResult:
     fingerprint: str
 
 
-@dataclass
-class _Source:
-    uri: str  # as the user gave it, for messages
-    location: str  # local absolute path, remote URL, or Hub repo id
-    builder: str  # "json", "csv", "parquet", "hub", or "disk" (a save_to_disk folder)
-    split: str | None = "train"  # of a Hub dataset, or of a saved DatasetDict (None: train)
-
-    @property
-    def is_local(self) -> bool:
-        return self.builder != "hub" and "://" not in self.location
-
-
-# --- resolving the URI -------------------------------------------------------------------------------------------
-
-
-def _resolve(uri: str, split: str | None) -> _Source:
-    if CHAINED.search(uri):  # fsspec would open `/x/cache::http://host/...`'s second half as a URL
-        raise DatasetError(f"{uri}: a chained URL (fsspec's `cache::s3://...`) is refused: give the store's own URL")
-    src = _resolve_hf(uri, split) if uri.lower().startswith("hf://") else _resolve_file(uri)
-    if src.builder == "disk":
-        src.split = split
-    elif split is not None and src.builder != "hub":
-        raise DatasetError(
-            f"split={split!r} applies only to hf://datasets/<owner>/<name> sources and save_to_disk folders, not to "
-            f"{uri}"
-        )
-    return src
-
-
-def _resolve_file(uri: str) -> _Source:
-    scheme = url_scheme(uri)
-    if scheme == "":
-        location = str(Path(uri).expanduser().absolute())
-    elif scheme == "file":
-        parsed = urlparse(uri)
-        if parsed.netloc not in ("", "localhost"):
-            raise DatasetError(f"file:// URI {uri} names host {parsed.netloc!r}; use file:///absolute/path")
-        location = unquote(parsed.path)
-    elif scheme == "s3":
-        location = uri
-    else:
-        raise DatasetError(f"unsupported scheme {scheme}:// in {uri}; supported: {', '.join(SUPPORTED_SCHEMES)}")
-    if scheme != "s3" and os.path.isdir(location) and not _has_data_extension(location):
-        if not any(os.path.isfile(os.path.join(location, name)) for name in SAVED_MARKERS):
-            raise DatasetError(
-                f"dataset {uri} is a folder, but not one written by datasets' save_to_disk (it has none of "
-                f"{', '.join(SAVED_MARKERS)}); give the path of one data file, or such a folder"
-            )
-        return _Source(uri, location, "disk")
-    return _Source(uri, location, _builder_for(uri, location))
-
-
-def _resolve_hf(uri: str, split: str | None) -> _Source:
-    rest = uri.split("://", 1)[1]
-    if not rest.startswith("datasets/"):
-        raise DatasetError(f"{uri}: only Hub datasets are supported, as hf://datasets/<owner>/<name>[/<split>]")
-    parts = [p for p in rest[len("datasets/") :].split("/") if p]
-    if len(parts) >= 2 and not re.fullmatch(REPO_ID_PATTERN, repo := "/".join(parts[:2])):
-        # `datasets.load_dataset("../..")` would read a local folder instead.
-        raise DatasetError(
-            f"{uri}: {repo!r} is not a Hub dataset id (owner/name of letters, digits, '-', '_' and '.', without '..')"
-        )
-    if len(parts) > 3 or (parts and _has_data_extension(parts[-1])):
-        # A file inside a Hub repo (hf://datasets/owner/name/data/train.jsonl): fsspec reads it like any URL.
-        return _Source(uri, uri, _builder_for(uri, uri))
-    if len(parts) not in (2, 3):
-        raise DatasetError(f"{uri}: expected hf://datasets/<owner>/<name>[/<split>]")
-    uri_split = parts[2] if len(parts) == 3 else None
-    if uri_split and split and uri_split != split:
-        raise DatasetError(f"{uri} names split {uri_split!r} but split={split!r} was also given; keep one")
-    return _Source(uri, "/".join(parts[:2]), "hub", uri_split or split or "train")
-
-
-def _has_data_extension(name: str) -> bool:
-    return any(name.lower().endswith(ext + comp) for ext in FORMATS for comp in ("", *COMPRESSIONS))
-
-
-def _builder_for(uri: str, location: str) -> str:
-    name = location.rstrip("/").rsplit("/", 1)[-1].lower()
-    stem, compression = name, ""
-    for comp in COMPRESSIONS:
-        if stem.endswith(comp):
-            stem, compression = stem[: -len(comp)], comp
-    ext = os.path.splitext(stem)[1]
-    if ext in FORMATS and not (compression and FORMATS[ext] == "parquet"):
-        return FORMATS[ext]
-    shown = (ext + compression) or "(none)"
-    supported = ", ".join(FORMATS) + f" (JSON and CSV also compressed: {', '.join(COMPRESSIONS)})"
-    raise DatasetError(f"unsupported file extension {shown} for dataset {uri}; supported: {supported}")
-
-
 # --- checking the file is there ----------------------------------------------------------------------------------
 
 
-def _check_file(src: _Source, storage_options: dict | None) -> None:
+def _check_file(src: Source, storage_options: dict | None) -> None:
     if src.location.lower().startswith("hf://") and hub_offline():
         raise _hub_unreachable(src)  # fsspec's HfFileSystem would only say "not found"
     fs, path = fsspec.core.url_to_fs(src.location, **(storage_options or {}))
@@ -225,7 +115,7 @@ def _check_file(src: _Source, storage_options: dict | None) -> None:
         if src.is_local and not os.path.isfile(path):
             # Opening a named pipe waits for a writer forever.
             raise DatasetError(f"dataset {src.uri} is not a regular file (a pipe, socket or device)")
-        if src.is_local and not _has_data_extension(os.path.realpath(path)):
+        if src.is_local and not has_data_extension(os.path.realpath(path)):
             # A link named data.csv to /etc/shadow: its lines would come back in the errors about its "columns".
             raise DatasetError(
                 f"dataset {src.uri} is a link to {os.path.realpath(path)}, which is not a data file (.jsonl, .json, "
@@ -239,7 +129,7 @@ def _check_file(src: _Source, storage_options: dict | None) -> None:
         raise DatasetError(f"dataset {src.uri} has no rows (the file is empty)")
 
 
-def _check_lines(src: _Source, max_row_bytes: int, storage_options: dict | None) -> None:
+def _check_lines(src: Source, max_row_bytes: int, storage_options: dict | None) -> None:
     """Streams a JSON Lines or CSV file and rejects its first line longer than `max_row_bytes` or nested too deeply.
 
     Holds one chunk and the line in progress (at most `max_row_bytes`); numpy finds the newlines, so a million short
@@ -276,7 +166,7 @@ def _check_lines(src: _Source, max_row_bytes: int, storage_options: dict | None)
     _check_line(src, b"".join(pending), lineno, max_row_bytes, json_lines)
 
 
-def _check_document_size(src: _Source, f, read: int, max_row_bytes: int) -> None:
+def _check_document_size(src: Source, f, read: int, max_row_bytes: int) -> None:
     """Rejects a JSON document over `JSON_DOCUMENT_ROWS * max_row_bytes` bytes (uncompressed), counted by reading at
     most that far."""
     limit = JSON_DOCUMENT_ROWS * max_row_bytes
@@ -306,7 +196,7 @@ _BRACKETS = np.zeros(256, np.int8)
 _BRACKETS[[ord("["), ord("{")]], _BRACKETS[[ord("]"), ord("}")]] = 1, -1
 
 
-def _check_line(src: _Source, line: bytes, lineno: int, max_row_bytes: int, json_lines: bool) -> None:
+def _check_line(src: Source, line: bytes, lineno: int, max_row_bytes: int, json_lines: bool) -> None:
     if len(line) > max_row_bytes:
         raise _long_line(src, lineno, max_row_bytes)
     if not json_lines or line.count(b"[") + line.count(b"{") <= MAX_JSON_NESTING:
@@ -320,7 +210,7 @@ def _check_line(src: _Source, line: bytes, lineno: int, max_row_bytes: int, json
         )
 
 
-def _long_line(src: _Source, lineno: int, max_row_bytes: int) -> DatasetError:
+def _long_line(src: Source, lineno: int, max_row_bytes: int) -> DatasetError:
     return DatasetError(
         f"dataset {src.uri}: line {lineno} is longer than max_row_bytes={max_row_bytes:,} bytes; shorten or drop "
         "that row, or raise dataset.max_row_bytes in the job spec"
@@ -332,7 +222,7 @@ def _file_digest(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _fingerprint(src: _Source, ds: datasets.Dataset, storage_options: dict | None) -> str:
+def _fingerprint(src: Source, ds: datasets.Dataset, storage_options: dict | None) -> str:
     if src.builder in ("hub", "disk"):
         # The content of the Arrow files the rows were loaded into (or saved as): the same bytes for the same rows.
         files = [_file_digest(cache_file["filename"]) for cache_file in ds.cache_files]
@@ -367,7 +257,7 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
-def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> datasets.Dataset:
+def _load(src: Source, cache_dir: str, storage_options: dict | None) -> datasets.Dataset:
     if src.builder == "disk":
         return _load_saved(src)
     if src.builder == "hub":
@@ -407,7 +297,7 @@ def _load(src: _Source, cache_dir: str, storage_options: dict | None) -> dataset
         raise _diagnose(src, e, storage_options) from e
 
 
-def _load_saved(src: _Source) -> datasets.Dataset:
+def _load_saved(src: Source) -> datasets.Dataset:
     """The Dataset of a folder `save_to_disk` wrote, or the split `src.split` (default `train`) of a DatasetDict's."""
     try:
         saved = datasets.load_from_disk(src.location)
@@ -430,7 +320,7 @@ def _load_saved(src: _Source) -> datasets.Dataset:
     return saved[split]
 
 
-def _hub_unreachable(src: _Source, error: BaseException | None = None) -> DatasetError:
+def _hub_unreachable(src: Source, error: BaseException | None = None) -> DatasetError:
     """The one-line reason an hf:// dataset cannot be read here: the Hub is offline (HF_HUB_OFFLINE), or was not
     reached (`error`, after `datasets`' own retries)."""
     repo = "/".join(src.uri.split("://", 1)[1].split("/")[1:3])
@@ -455,7 +345,7 @@ def _root_cause(e: BaseException) -> BaseException:
     return e
 
 
-def _diagnose(src: _Source, error: Exception, storage_options: dict | None) -> DatasetError:
+def _diagnose(src: Source, error: Exception, storage_options: dict | None) -> DatasetError:
     """Turns a failed load into a message that names the lines at fault, re-reading the file only now."""
     if src.builder == "parquet":
         if _parquet_rows(src, storage_options) == 0:
@@ -473,7 +363,7 @@ def _diagnose(src: _Source, error: Exception, storage_options: dict | None) -> D
     return DatasetError(f"could not read dataset {src.uri} as {src.builder}: {type(root).__name__}: {root}")
 
 
-def _parquet_rows(src: _Source, storage_options: dict | None) -> int | None:
+def _parquet_rows(src: Source, storage_options: dict | None) -> int | None:
     try:
         with fsspec.open(src.location, "rb", **(storage_options or {})) as f:
             return pq.ParquetFile(f).metadata.num_rows
@@ -481,7 +371,7 @@ def _parquet_rows(src: _Source, storage_options: dict | None) -> int | None:
         return None  # not Parquet at all: the loader's own message says so
 
 
-def _scan_lines(src: _Source, storage_options: dict | None) -> tuple[list[str], int]:
+def _scan_lines(src: Source, storage_options: dict | None) -> tuple[list[str], int]:
     """Streams the file line by line; returns up to MAX_BAD_LINES problems and the count of non-blank lines."""
     problems, data_lines, check_json = [], 0, src.builder == "json"
     with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
@@ -538,14 +428,14 @@ def _json_line_problem(text: str) -> str | None:
     return None
 
 
-def _lines_error(src: _Source, problems: list[str]) -> DatasetError:
+def _lines_error(src: Source, problems: list[str]) -> DatasetError:
     kind = "JSON Lines (one {...} object per line)" if src.builder == "json" else "UTF-8 CSV"
     more = f"\n  (stopped at the first {MAX_BAD_LINES} bad lines)" if len(problems) == MAX_BAD_LINES else ""
     listing = "\n".join(f"  {p}" for p in problems)
     return DatasetError(f"dataset {src.uri} is not valid {kind}; fix these lines:\n{listing}{more}")
 
 
-def _check_loaded(src: _Source, ds: datasets.Dataset, storage_options: dict | None) -> None:
+def _check_loaded(src: Source, ds: datasets.Dataset, storage_options: dict | None) -> None:
     if ds.num_rows == 0:
         raise DatasetError(f"dataset {src.uri} has no rows")
     try:
@@ -556,173 +446,6 @@ def _check_loaded(src: _Source, ds: datasets.Dataset, storage_options: dict | No
         if src.builder in ("json", "csv") and (problems := _scan_lines(src, storage_options)[0]):
             raise _lines_error(src, problems) from e
         raise DatasetError(f"dataset {src.uri} holds text that is not valid UTF-8, or corrupt data: {e}") from e
-
-
-# --- checking columns and rows -----------------------------------------------------------------------------------
-
-
-def _check_columns(uri: str, table: pa.Table, prompt_column: str, required_columns: dict[str, str] | None) -> str:
-    """Returns the prompt format; raises one DatasetError listing every problem found."""
-    problems, prompt_format = [], "text"
-    if prompt_column not in table.column_names:
-        problems.append(_missing_column(prompt_column, f"prompt column '{prompt_column}'", table.column_names))
-    elif (prompt_format := _prompt_format(table[prompt_column].type)) is None:
-        problems.append(_wrong_type(prompt_column, table[prompt_column].type))
-    elif prompt_format == "text":
-        problems += _text_prompt_problems(prompt_column, table[prompt_column])
-    elif prompt_format == "chat" and (rows := _rows_note(_empty_chat(table[prompt_column]))):
-        problems.append(
-            f"prompt column '{prompt_column}' holds a null or empty message list, or a message without role or "
-            f"content, in {rows}; fill them in or drop them"
-        )
-    elif prompt_format == "chat" and (rows := _rows_note(_blank_user_message(table[prompt_column]))):
-        problems.append(
-            f"prompt column '{prompt_column}' has a user message that is empty or only whitespace (no question "
-            f"for the model) in {rows}; fill them in or drop them"
-        )
-    if prompt_format == "chat" and not problems and (rows := _rows_note(_ends_with_assistant(table[prompt_column]))):
-        problems.append(
-            f"prompt column '{prompt_column}' ends with an assistant message in {rows}: a prompt ends with the turn "
-            "the model answers (the user's), as OpenAI's RFT format requires; a trailing assistant message is an "
-            "answer: put it in a column of its own (e.g. reference_answer) for the rewards to read"
-        )
-    reserved = [name for name in table.column_names if name in TRL_ARGUMENTS | TRL_IMAGES and name != prompt_column]
-    problems += [_reserved_column(name) for name in reserved]
-    for name, reason in (required_columns or {}).items():
-        if name == prompt_column:
-            continue
-        if name not in table.column_names:
-            problems.append(_missing_column(name, f"column '{name}' (needed by {reason})", table.column_names))
-        elif rows := _rows_note(pc.is_null(table[name])):
-            problems.append(f"column '{name}' (needed by {reason}) is null in {rows}; fill them in or drop them")
-    each = [f"dataset {uri}: {p}" for p in problems]
-    if len(problems) == 1:
-        raise DatasetError(each[0])
-    if problems:
-        listing = "\n".join(f"  - {p}" for p in problems)
-        raise DatasetError(f"dataset {uri} has {len(problems)} problems:\n{listing}", each)
-    return prompt_format
-
-
-# The columns GRPOTrainer reads as images (`_generate_and_score_completions`), of a vision-language model.
-TRL_IMAGES = frozenset({"image", "images"})
-
-
-def _reserved_column(name: str) -> str:
-    # TRL gives every reward its own `prompts`, `completions`, `completion_ids` (a column of one of these names makes
-    # each reward call fail with "got multiple values"), `trainer_state`, `log_extra`, `log_metric` and `environments`
-    # (TRL's replace the column's, silently); it reads `image` and `images` as the prompts' images.
-    if name in TRL_IMAGES:
-        return (
-            f"column '{name}' is what TRL reads as the prompts' images (vision-language training, which grpoflow does "
-            "not run: the first step would fail after the model loads); rename the column (e.g. image_url) if a "
-            "reward reads it"
-        )
-    what = (
-        "TRL would fail at the first step (each reward given two values for it)"
-        if name in ("prompts", "completions", "completion_ids")
-        else "a reward asking for it gets TRL's, never this column"
-    )
-    return (
-        f"column '{name}' has the name of an argument TRL gives every reward ({', '.join(sorted(TRL_ARGUMENTS))}): "
-        f"{what}; rename the column"
-    )
-
-
-def _wrong_type(name: str, t: pa.DataType) -> str:
-    # `datasets` stores a field whose JSON type changes between rows as JSON text in an `arrow.json` column.
-    mixed = " (its rows mix types, e.g. strings and lists)" if getattr(t, "extension_name", "") == "arrow.json" else ""
-    return (
-        f"prompt column '{name}' has Arrow type {t}{mixed}; it must hold strings (text prompts) or lists of "
-        "{role, content} messages with string fields (chat prompts) in every row"
-    )
-
-
-def _missing_column(name: str, label: str, columns: list[str]) -> str:
-    lowered = {c.lower(): c for c in columns}
-    close = difflib.get_close_matches(name.lower(), lowered, n=1)
-    hint = f"; did you mean '{lowered[close[0]]}'?" if close else ""
-    return f"{label} not found; the columns are {', '.join(repr(c) for c in columns)}{hint}"
-
-
-def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def _prompt_format(t: pa.DataType) -> str | None:
-    if _is_string(t):
-        return "text"
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type):
-        fields = {f.name: f.type for f in t.value_type}
-        if all(_is_string(fields.get(name, pa.null())) for name in ("role", "content")):
-            return "chat"
-    return None
-
-
-def _text_prompt_problems(name: str, column: pa.ChunkedArray) -> list[str]:
-    """Text prompts that are null or empty, and those of whitespace alone (no question for the model either)."""
-    problems = []
-    if rows := _rows_note(_empty_text(column)):
-        problems.append(f"prompt column '{name}' is null or empty in {rows}; fill them in or drop them")
-    if rows := _rows_note(pc.fill_null(pc.utf8_is_space(column), False)):  # false for "", true for " \t\n"
-        problems.append(f"prompt column '{name}' is only whitespace in {rows}; fill them in or drop them")
-    return problems
-
-
-def _empty_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.fill_null(pc.equal(pc.binary_length(column), 0), True)
-
-
-def _empty_chat(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    masks = []
-    for chunk in column.chunks:
-        bad = pc.fill_null(pc.equal(pc.list_value_length(chunk), 0), True)
-        messages = chunk.flatten()
-        role, content = pc.struct_field(messages, "role"), pc.struct_field(messages, "content")
-        bad_message = pc.or_(pc.is_null(messages), pc.or_(pc.is_null(role), pc.is_null(content)))
-        bad_rows = pc.filter(pc.list_parent_indices(chunk), bad_message)
-        if len(bad_rows):  # rare, so building a row-number array here costs nothing on good data
-            bad = pc.or_(bad, pc.is_in(pa.array(range(len(chunk)), pa.int64()), value_set=bad_rows.cast(pa.int64())))
-        masks.append(bad)
-    return pa.chunked_array(masks, type=pa.bool_())
-
-
-def _blank_user_message(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Per row: whether one of its user messages is empty or whitespace alone (checked after `_empty_chat`)."""
-    masks = []
-    for chunk in column.chunks:
-        messages = chunk.flatten()
-        content = pc.utf8_trim_whitespace(pc.struct_field(messages, "content"))
-        blank = pc.and_(pc.equal(pc.struct_field(messages, "role"), "user"), pc.equal(pc.binary_length(content), 0))
-        mask = np.zeros(len(chunk), dtype=bool)
-        mask[pc.filter(pc.list_parent_indices(chunk), pc.fill_null(blank, False)).to_numpy()] = True
-        masks.append(pa.array(mask))
-    return pa.chunked_array(masks, type=pa.bool_())
-
-
-def _ends_with_assistant(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Per row: whether the chat's last message has the role `assistant`."""
-    masks = []
-    for chunk in column.chunks:
-        lengths = pc.fill_null(pc.list_value_length(chunk), 0)
-        roles = pc.struct_field(chunk.flatten(), "role")
-        offsets = chunk.offsets  # of a sliced chunk, they count from its first value: flatten() starts there
-        last = pc.subtract(pc.subtract(offsets[1:], offsets[0]), 1)  # each row's last message's index in `roles`
-        kept = pc.greater(lengths, 0)
-        is_assistant = pc.equal(pc.take(roles, pc.if_else(kept, last, 0)), "assistant") if len(roles) else kept
-        masks.append(pc.fill_null(pc.and_(kept, is_assistant), False))
-    return pa.chunked_array(masks, type=pa.bool_())
-
-
-def _rows_note(mask: pa.ChunkedArray) -> str | None:
-    """`"3 rows (rows 2, 5, 9; data rows counted from 1)"`, or None when the mask is all false."""
-    indices = pc.indices_nonzero(mask)
-    if len(indices) == 0:
-        return None
-    first = [str(i + 1) for i in indices[:MAX_BAD_ROWS].to_pylist()]
-    more = f" and {len(indices) - len(first)} more" if len(indices) > len(first) else ""
-    plural = "s" if len(indices) > 1 else ""
-    return f"{len(indices)} row{plural} (row{plural} {', '.join(first)}{more}; data rows counted from 1)"
 
 
 # --- holdout and saving ------------------------------------------------------------------------------------------
@@ -762,9 +485,9 @@ def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
 
 def _checked_source(
     uri: str, split: str | None, holdout: float, storage_options: dict | None, max_row_bytes: int
-) -> _Source:
+) -> Source:
     """The source of `uri`, checked before any loader reads it: the holdout, the file, and its lines' size."""
-    src = _resolve(uri, split)
+    src = resolve_source(uri, split)
     _check_holdout(holdout, uri)
     if src.builder == "hub" and hub_offline():
         # `datasets` would look in this ingest's private cache, always empty, after a traceback's worth of tries.
@@ -781,7 +504,7 @@ def _checked_source(
     return src
 
 
-def _check_csv_header(src: _Source, storage_options: dict | None) -> None:
+def _check_csv_header(src: Source, storage_options: dict | None) -> None:
     """Refuses a CSV header that names a column twice: pandas, under `datasets`' CSV loader, would rename the second
     `prompt.1` and load both without a word, so a reward could read the wrong one."""
     with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
@@ -851,7 +574,7 @@ def ingest_dataset(
     ) as cache:
         ds = _load(src, cache, storage_options)
         _check_loaded(src, ds, storage_options)
-        prompt_format = _check_columns(uri, ds.with_format("arrow")[:], prompt_column, required_columns)
+        prompt_format = check_columns(uri, ds.with_format("arrow")[:], prompt_column, required_columns)
         splits = _split(ds, holdout, seed, uri)
         _save_atomic(splits, dest)
         fingerprint = _fingerprint(src, ds, storage_options)
@@ -893,7 +616,7 @@ def check_dataset(
     with tempfile.TemporaryDirectory(prefix="grpoflow-check-", ignore_cleanup_errors=True) as cache:
         ds = _load(src, cache, storage_options)
         _check_loaded(src, ds, storage_options)
-        prompt_format = _check_columns(uri, ds.with_format("arrow")[:], prompt_column, required_columns)
+        prompt_format = check_columns(uri, ds.with_format("arrow")[:], prompt_column, required_columns)
         train = _split(ds, holdout, seed, uri)["train"]
         # Copied out of the loader's memory-mapped files, which go away with the temporary folder.
         rows = train.select(range(min(sample_rows, len(train)))).to_list()
@@ -920,7 +643,7 @@ def read_dataset(
     with tempfile.TemporaryDirectory(prefix="grpoflow-read-", ignore_cleanup_errors=True) as cache:
         ds = _load(src, cache, storage_options)
         _check_loaded(src, ds, storage_options)
-        _check_columns(uri, ds.with_format("arrow")[:], prompt_column, None)
+        check_columns(uri, ds.with_format("arrow")[:], prompt_column, None)
         kept = ds.select(range(min(rows, len(ds)))) if rows is not None else ds
         return datasets.Dataset.from_list(kept.to_list(), kept.features)
 

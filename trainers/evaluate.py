@@ -20,17 +20,17 @@ import threading
 import time
 from pathlib import Path
 
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.scores import beats, eval_key
+from grpoflow.core.spec import JobSpec, load_spec
+from grpoflow.core.spec.markdown import number
 from grpoflow.trainers.health import Alert
-from grpoflow.trainers.held_out import beats, eval_key
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts, start_model
 from grpoflow.trainers.model.merge import save_start_model, write_model_json
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
 from grpoflow.trainers.rollouts import write_held_out
-from grpoflow.trainers.spec import JobSpec, load_spec
-from grpoflow.trainers.spec.markdown import number
 
 # One model load at a time in a process: a sweep's jobs evaluate in threads of one process, and neither transformers'
 # lazy imports nor `from_pretrained`'s meta-device initialisation is safe to run in two threads at once.

@@ -20,16 +20,17 @@ import time
 import traceback
 from pathlib import Path
 
+from grpoflow.core.errors import DIVERGED_EXIT, REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, SetupError, TrainingDiverged
+from grpoflow.core.jobdir import JobDir, write_json_atomic
+from grpoflow.core.spec import JobSpec, load_spec
+from grpoflow.core.spec.rules import trl_markers
 from grpoflow.trainers.agents import agent_args, tool_tokenizer
 from grpoflow.trainers.budget import budget_callback, budget_summary, spent
 from grpoflow.trainers.child import CANARY_ENV, VLLM_SERVER_URL_ENV, peak_memory_gb, record_exit, say_phase
-from grpoflow.trainers.errors import DIVERGED_EXIT, REWARD_FAILED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged
 from grpoflow.trainers.held_out import held_out_args, held_out_trainer, selected_step
-from grpoflow.trainers.jobdir import JobDir, write_json_atomic
 from grpoflow.trainers.metrics import finite_callback, metrics_file_callback, truncate_metrics
 from grpoflow.trainers.model.architecture import adapter_line, adapter_summary
 from grpoflow.trainers.model.load import (
-    SetupError,
     check_accelerators,
     check_chat_template,
     check_model,
@@ -48,8 +49,6 @@ from grpoflow.trainers.model.load import (
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, guarded_reward
 from grpoflow.trainers.rollouts import CompletionProbe, rollouts_callback, truncate_rollouts
-from grpoflow.trainers.spec import JobSpec, load_spec
-from grpoflow.trainers.spec.rules import trl_markers
 
 # The trackers TRL's GRPOTrainer sends its completion table to (`log_completions`): the rows rollouts/ keeps (prompt,
 # completion, each reward's score, advantage, completion tokens, truncated), from the same generation record.
@@ -126,13 +125,13 @@ GRPO_DEFAULTS = {
 
 def copied_hyperparameters(hp) -> dict:
     """The GRPOConfig fields that take a hyperparameter's value as it is, named by its `TRL` marker
-    (trainers/spec/models.py): learning_rate, max_steps, num_generations, beta, ..."""
+    (core/spec/hyperparameters.py): learning_rate, max_steps, num_generations, beta, ..."""
     markers = trl_markers(type(hp))
     return {name: getattr(hp, field) for field, m in markers.items() if m and m.copied for name in m.names}
 
 
 def owned_args(spec: JobSpec, job: JobDir) -> dict:
-    """The `GRPOConfig` fields the spec (or the machine) sets; trainers/spec/rules.py's `trl_spec_keys()` and
+    """The `GRPOConfig` fields the spec (or the machine) sets; core/spec/rules.py's `trl_spec_keys` and
     TRL_SET_BY_GRPOFLOW reject each of them in a `trl:` block."""
     hp = spec.hyperparameters
     return {

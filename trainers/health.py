@@ -228,7 +228,7 @@ class HealthMonitor:
     def for_spec(cls, spec, examples=None) -> "HealthMonitor":
         """The monitor of job spec `spec`: its hyperparameters and its `health` thresholds; `examples` finds a
         degenerate completion to name (`grpoflow.trainers.rollouts.degenerate_example` on the job)."""
-        from grpoflow.trainers.held_out import eval_key
+        from grpoflow.core.scores import eval_key
 
         hp, health = spec.hyperparameters, spec.health
         return cls(

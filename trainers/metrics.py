@@ -14,7 +14,7 @@ import logging
 import math
 from pathlib import Path
 
-from grpoflow.trainers.errors import TrainingDiverged
+from grpoflow.core.errors import TrainingDiverged
 
 logger = logging.getLogger("grpoflow")
 
@@ -131,7 +131,7 @@ def metrics_file_callback(path: Path):
 
 def finite_callback(field: str, learning_rate: float):
     """A `TrainerCallback` that stops training at the first logged step whose loss or gradient norm is NaN or inf, or
-    after which the trained weights are, raising `grpoflow.trainers.errors.TrainingDiverged` that names `field` (the
+    after which the trained weights are, raising `grpoflow.core.errors.TrainingDiverged` that names `field` (the
     spec's learning rate) and its value: no later step recovers, and without it the next step's generation fails
     on the NaN probabilities with a torch error that says nothing of the rate (and every retry resumes into it).
 

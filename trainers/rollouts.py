@@ -1,5 +1,5 @@
 """Rollouts you can read: what the model wrote at each kept GRPO step, with every reward's score, and what it wrote on
-the held-out prompts at each evaluation, as Parquet files in the job folder (`FILES` in trainers/jobdir.py).
+the held-out prompts at each evaluation, as Parquet files in the job folder (`FILES` in core/jobdir.py).
 
 - `rollouts/step-<NNNNNN>.parquet`, one row per completion of a kept step (`rollouts.every`,
   `rollouts.groups_per_step`): `step`, `group` (the prompt's index in the step), `prompt` (text, or the chat as
@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 
 DEGENERATE_KEY = "completions/degenerate_ratio"
 _STEP_FILE = "step-{:06d}.parquet"

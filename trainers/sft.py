@@ -18,6 +18,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from grpoflow.core.errors import DIVERGED_EXIT, SETUP_ERROR_EXIT, SetupError, TrainingDiverged
+from grpoflow.core.jobdir import JobDir, replace_dir
+from grpoflow.core.spec import JobSpec, load_spec
 from grpoflow.trainers.agents import (
     AgentError,
     agent_args,
@@ -28,11 +31,8 @@ from grpoflow.trainers.agents import (
     tool_tokenizer,
 )
 from grpoflow.trainers.child import record_exit, say_phase
-from grpoflow.trainers.errors import DIVERGED_EXIT, SETUP_ERROR_EXIT, TrainingDiverged
-from grpoflow.trainers.jobdir import JobDir, replace_dir
 from grpoflow.trainers.metrics import finite_callback, metrics_file_callback
 from grpoflow.trainers.model.load import (
-    SetupError,
     check_accelerators,
     check_chat_template,
     check_model,
@@ -46,7 +46,6 @@ from grpoflow.trainers.model.load import (
     weights_size,
 )
 from grpoflow.trainers.model.tiny import resolve_model_path
-from grpoflow.trainers.spec import JobSpec, load_spec
 
 
 def sft_dataset(dataset, spec: JobSpec):

@@ -45,7 +45,7 @@ def roots_to_search(args) -> list[str]:
 
 
 def load(args, extra_overrides: list[str] = ()):
-    from grpoflow.trainers.spec import load_spec
+    from grpoflow.core.spec import load_spec
 
     overrides = [*extra_overrides, *(args.set or [])]
     root = output_uri(args)
@@ -59,7 +59,7 @@ def load(args, extra_overrides: list[str] = ()):
 
 def limit_warnings(spec) -> list[str]:
     """Where `spec` asks for more than the policy's limits (which refuse it from a deployment; here it runs)."""
-    from grpoflow.trainers.policy import PolicyError, limit_excess, load_policy
+    from grpoflow.core.policy import PolicyError, limit_excess, load_policy
 
     try:
         loaded = load_policy()
@@ -84,9 +84,9 @@ def preflight(args, spec) -> None:
     for a spec whose paths and Hub cache are a worker's, not this machine's."""
     if getattr(args, "no_preflight", False):
         return
+    from grpoflow.core.spec import SpecError
     from grpoflow.integrations.storage import storage_options
     from grpoflow.jobs.preflight import preflight as check
-    from grpoflow.trainers.spec import SpecError
 
     warnings = []
     problems = check(spec, warnings, storage_options(spec.dataset.uri))
@@ -100,8 +100,9 @@ def check_this_machine(spec) -> None:
     """`run` trains on this machine: what the spec needs of it (a CUDA GPU and vllm for generation.engine vllm,
     DeepSpeed for zero2/zero3, Liger, Unsloth) is checked before anything starts (exit 2), as the training child
     would check it after the ingest. Specs that need none of these do not import torch here."""
-    from grpoflow.trainers.model.load import SetupError, check_accelerators, needs_cuda
-    from grpoflow.trainers.spec import SpecError
+    from grpoflow.core.errors import SetupError
+    from grpoflow.core.spec import SpecError
+    from grpoflow.trainers.model.load import check_accelerators, needs_cuda
 
     if needs_cuda(spec):
         try:

@@ -30,9 +30,9 @@ from grpoflow.flows.errors import (
 
 
 def cmd_jobs(args) -> int:
+    from grpoflow.core.jobdir import JobDir
     from grpoflow.integrations.jobs import job_status, local_root
     from grpoflow.integrations.storage import is_remote
-    from grpoflow.trainers.jobdir import JobDir
     from grpoflow.trainers.metrics import read_metrics
 
     explicit = output_uri(args) is not None
@@ -79,7 +79,7 @@ MAIN_METRICS = {
 def main_metrics(known: list[str]) -> dict[str, str]:
     """The main series of a job's metric keys `known`, as {key: column name}: reward, reward_std, each reward's mean
     (named by the reward), kl, loss, completion length, the share of completions cut, the held-out score(s)."""
-    from grpoflow.trainers.held_out import EVAL_PREFIX, EVAL_SECONDS
+    from grpoflow.core.scores import EVAL_PREFIX, EVAL_SECONDS
 
     rewards = {k: k.split("/")[1] for k in known if re.fullmatch(r"rewards/[^/]+/mean", k)}
     held_out = {k: k for k in known if k.startswith(EVAL_PREFIX) and k != EVAL_SECONDS}
@@ -90,7 +90,7 @@ def main_metrics(known: list[str]) -> dict[str, str]:
 
 def metrics_table(records: list[dict], columns: dict[str, str]) -> str:
     """The records as an aligned table: a step per row, a column per key of `columns` ({key: header})."""
-    from grpoflow.trainers.spec.markdown import number
+    from grpoflow.core.spec.markdown import number
 
     rows = [["step", *columns.values()]]
     rows += [[str(r["step"]), *(number(r["values"].get(k)) for k in columns)] for r in records]

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from grpoflow.core.trust import command_line
 from grpoflow.flows.cli.common import (
     _hidden_output_uri,
     _job_id_argument,
@@ -26,7 +27,6 @@ from grpoflow.flows.errors import (
     UsageError,
     exit_code,
 )
-from grpoflow.trainers.trust import command_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.started = started
-        with command_line():  # the user's own command: its specs may name any module (trainers/trust.py)
+        with command_line():  # the user's own command: its specs may name any module (core/trust.py)
             return args.func(args)
     except KeyboardInterrupt:  # Ctrl-C before `run` handles it (loading the spec, the preflight), or another command
         print("grpoflow: interrupted", file=sys.stderr)

@@ -25,8 +25,8 @@ from grpoflow.flows.errors import (
 
 
 def cmd_publish(args) -> int:
+    from grpoflow.core.spec import PublishSpec
     from grpoflow.tasks.publish import publish_and_record
-    from grpoflow.trainers.spec import PublishSpec
 
     job, _ = find_args_job(args, args.job_id)
     try:
@@ -40,11 +40,11 @@ def cmd_publish(args) -> int:
 
 
 def cmd_deploy(args) -> int:
+    from grpoflow.core.spec import load_spec
     from grpoflow.integrations import webhooks
     from grpoflow.integrations.events import emit
     from grpoflow.jobs.registry import register
     from grpoflow.tasks.register import registered_payload
-    from grpoflow.trainers.spec import load_spec
 
     if args.rollback:
         if args.job_id:

@@ -1,5 +1,5 @@
 """`grpoflow policy show` and `grpoflow policy check SPEC`: the operator's policy in force, and what it refuses a spec
-that a deployment run would be given (`grpoflow.trainers.policy`).
+that a deployment run would be given (`grpoflow.core.policy`).
 
     grpoflow policy show [--json]
     grpoflow policy check examples/arithmetic.yaml [--team NAME]   # exit 0: allowed; 2: refused, one line a field
@@ -16,8 +16,8 @@ from grpoflow.flows.errors import Rejected
 
 
 def cmd_policy_show(args) -> int:
+    from grpoflow.core.policy import VETTED_TRL_KEYS, load_policy
     from grpoflow.trainers.graders.sandbox import memory_cap
-    from grpoflow.trainers.policy import VETTED_TRL_KEYS, load_policy
 
     loaded = load_policy(Path(args.project))
     shown = {"source": loaded.source, **loaded.policy.model_dump(), "sandbox_memory": memory_cap()}
@@ -41,11 +41,12 @@ def _cap_text(cap: dict) -> str:
 
 
 def cmd_policy_check(args) -> int:
-    from grpoflow.trainers.policy import deployment_check
-    from grpoflow.trainers.spec import load_spec
+    from grpoflow.core.policy import deployment_check
+    from grpoflow.core.spec import load_spec
+    from grpoflow.trainers.graders.python import sandbox_refusals
 
     spec, _ = load_spec(args.spec)
-    problems = deployment_check(spec, Path(args.project), args.team)
+    problems = deployment_check(spec, Path(args.project), args.team) + sandbox_refusals(spec)
     if problems:
         raise Rejected("a deployment run of this spec would be refused:\n" + "\n".join(problems))
     print(f"{args.spec}: a deployment run of it is allowed by the policy")

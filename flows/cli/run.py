@@ -26,7 +26,7 @@ from grpoflow.flows.errors import (
 
 
 def cmd_validate(args) -> int:
-    from grpoflow.trainers.spec import resolved_dict, to_yaml
+    from grpoflow.core.spec import resolved_dict, to_yaml
 
     spec = load(args)
     preflight(args, spec)
@@ -96,8 +96,8 @@ def resumed_job_done(spec, job_id: str) -> dict | None:
 
     if is_remote(spec.output_uri):  # its folder is not here to check: the flow run finds every stage done
         return None
+    from grpoflow.core.jobdir import JobDir
     from grpoflow.flows.pipeline import completed_before
-    from grpoflow.trainers.jobdir import JobDir
 
     job = JobDir(Path(spec.output_uri).expanduser().resolve() / job_id)
     if not completed_before(job, spec):
@@ -110,7 +110,7 @@ def resumed_job_done(spec, job_id: str) -> dict | None:
 def refuse_approval(spec) -> None:
     """A run (or sweep) on a temporary Prefect server of its own cannot wait for a person: that server has no UI to
     approve in and ends with the command. Refused before anything starts (exit 2)."""
-    from grpoflow.trainers.spec import SpecError
+    from grpoflow.core.spec import SpecError
 
     if spec.evaluation.gate.approval:
         raise SpecError(
@@ -167,7 +167,7 @@ def cmd_run(args, extra_overrides: list[str] = ()) -> int:
     if state.name == REJECTED:
         raise Rejected(f"rejected: {state.message}")
     if not state.is_completed():
-        from grpoflow.trainers.errors import TrainingSetupError, TrainingStopped
+        from grpoflow.core.errors import TrainingSetupError, TrainingStopped
 
         error = state.result(raise_on_failure=False)
         if isinstance(error, TrainingSetupError):  # the child's SetupError: a fix of the spec or machine, not a retry

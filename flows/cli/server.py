@@ -103,8 +103,8 @@ def run_ending(state) -> Exception:
 def cmd_sweep(args) -> int:
     """`grpoflow sweep SPEC --grid k=v1,v2 ...`: every combination validated (and preflighted) first, then one job
     per combination (flows/sweep.py), then the comparison report. Exit 0 all completed, 1 some failed, 2 rejected."""
+    from grpoflow.core.spec import SpecError
     from grpoflow.flows.sweep import combination_name, combination_spec, grid_overrides, new_sweep_id, parse_grid
-    from grpoflow.trainers.spec import SpecError
 
     grid = parse_grid(args.grid or [])
     spec = load(args)

@@ -53,7 +53,7 @@ def cmd_k8s_render(args) -> int:
 
     from grpoflow.cluster.kube import IMAGE_ENV
     from grpoflow.cluster.trainjob import rendered
-    from grpoflow.trainers.spec import SpecError
+    from grpoflow.core.spec import SpecError
 
     spec = load(args)
     if spec.distributed.num_machines < 2:

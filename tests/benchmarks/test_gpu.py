@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from benchmarks.trainer_vs_trl import NO_CHECKPOINTS, Workload, prepare_job
 from benchmarks.workloads import write_dataset
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.tiny import resolve_model_path
 

@@ -11,7 +11,7 @@ import yaml
 
 from benchmarks.common import REPO_ROOT, bench_env
 from benchmarks.learning import SEEDS, VARIANTS, summarize, table, variant_spec
-from grpoflow.trainers.spec import load_spec
+from grpoflow.core.spec import load_spec
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from grpoflow.cluster.canary import JOIN_TIMEOUT_ENV, join_all
+from grpoflow.core.errors import TrainingSetupError
 from grpoflow.jobs.launch import Machines
 from grpoflow.tasks.canary import canary_task
 from grpoflow.trainers.child import free_port
-from grpoflow.trainers.errors import TrainingSetupError
 from tests.cluster.test_multinode import SPEC, assert_cleaned_up, cluster  # noqa: F401  (cluster: a fixture)
 from tests.conftest import cli
 

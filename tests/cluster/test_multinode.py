@@ -12,10 +12,10 @@ import pytest
 from grpoflow.cluster import kube as k8s
 from grpoflow.cluster import multinode
 from grpoflow.cluster.node import machines_from_env
+from grpoflow.core.errors import RewardFailed, TrainingSetupError
+from grpoflow.core.jobdir import JobDir
 from grpoflow.jobs.launch import Machines, accelerate_command, child_command
 from grpoflow.tasks.train import train_task
-from grpoflow.trainers.errors import RewardFailed, TrainingSetupError
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
 from tests.integrations.test_artifacts import flow_run_logs
 from tests.k8s_api_server import KubeApiServer, wait_for

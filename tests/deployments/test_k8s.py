@@ -28,6 +28,7 @@ from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 from prefect.utilities.templating import apply_values
 from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
+from grpoflow.core.spec import load_spec
 from grpoflow.flows.deployments import (
     PREFECT_FILE,
     PROJECT_DIR,
@@ -40,7 +41,6 @@ from grpoflow.flows.deployments import (
 )
 from grpoflow.flows.sweep import start_job_run
 from grpoflow.tasks.job import new_job_id
-from grpoflow.trainers.spec import load_spec
 
 GPU = "nvidia.com/gpu"
 POOL = "grpo-k8s"

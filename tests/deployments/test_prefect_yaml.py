@@ -19,10 +19,10 @@ from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
+from grpoflow.core.spec import load_spec
 from grpoflow.flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, run_parameters
 from grpoflow.flows.project import TEMPLATE
 from grpoflow.trainers.rewards.builtin import REWARDS
-from grpoflow.trainers.spec import load_spec
 from tests.prefect_form import form_parameters
 
 

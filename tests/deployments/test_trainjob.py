@@ -14,7 +14,7 @@ import yaml
 
 from grpoflow.cluster.kube import LABEL, PodSettings
 from grpoflow.cluster.trainjob import API_VERSION, IMAGE_STAGING_DIR, JOB_ANNOTATION, trainjob
-from grpoflow.trainers.spec import SpecError, load_spec
+from grpoflow.core.spec import SpecError, load_spec
 from tests.conftest import cli
 
 CRD = Path(__file__).parent / "data" / "trainer.kubeflow.org_trainjobs.yaml"

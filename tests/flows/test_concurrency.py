@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("standin")]

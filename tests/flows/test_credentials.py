@@ -21,8 +21,8 @@ from prefect.logging.handlers import APILogWorker
 from prefect.logging.loggers import flow_run_logger
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL
 
+from grpoflow.core.spec.fields import CREDENTIALS_REFUSED
 from grpoflow.flows.pipeline import grpo_pipeline
-from grpoflow.trainers.spec.models import CREDENTIALS_REFUSED
 
 SECRET = "sEcReT123"  # in the refused specs of (a)
 JUDGE_SECRET = "jUdGeSeCrEt456"  # in the spec of (b), which the server stores

@@ -8,7 +8,7 @@ from prefect import flow
 from prefect.exceptions import ParameterTypeError
 
 import grpoflow.flows.pipeline  # noqa: F401  (installs the filter on Prefect's flow run logger)
-from grpoflow.trainers.errors import ChildFailed, RewardFailed
+from grpoflow.core.errors import ChildFailed, RewardFailed
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -52,7 +52,7 @@ def test_refused_parameters_are_named_without_a_traceback():
     run logs it, is the refusal (each problem on its line), without Prefect's frames; the secret is not in it."""
     from prefect.flow_engine import run_flow
 
-    from grpoflow.trainers.spec import JobSpec
+    from grpoflow.core.spec import JobSpec
 
     @flow
     def takes_a_spec(spec: JobSpec):

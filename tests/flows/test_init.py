@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpoflow.core.spec import load_spec
 from grpoflow.flows.deployments import PROJECT_DIR
 from grpoflow.flows.project import init_project
-from grpoflow.trainers.spec import load_spec
 from tests.conftest import cli
 from tests.flows.test_deployments import free_port, stop, wait_healthy
 
@@ -167,7 +167,7 @@ SOURCES = ("pyproject.toml", "README.md", *sorted(set(PACKAGE_DIRS.values())))
 WHERE = """
 import importlib.util, json
 import grpoflow.examples, grpoflow.flows
-bare = ["flows", "tasks", "trainers", "examples", "integrations", "cluster"]
+bare = ["core", "flows", "tasks", "trainers", "examples", "integrations", "cluster"]
 found = [grpoflow.flows.__file__, grpoflow.examples.__file__]
 print(json.dumps([found, [n for n in bare if importlib.util.find_spec(n)]]))
 """

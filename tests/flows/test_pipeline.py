@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec.markdown import number
 from grpoflow.flows.cli import main
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
 from grpoflow.trainers.model.tiny import build_tiny
-from grpoflow.trainers.spec.markdown import number
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 

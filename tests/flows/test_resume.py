@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpoflow.trainers.jobdir import JobDir, locate
+from grpoflow.core.jobdir import JobDir, locate
 from grpoflow.trainers.metrics import read_events
 from tests.conftest import cli
 
@@ -56,8 +56,8 @@ def test_resume_rejects_a_changed_spec(trained_job, tmp_path):
 def test_a_deployments_job_id_resumes_only_the_job_of_its_own_spec(make_spec):
     """The UI form's `job_id` (a deployment's parameter: anyone who may launch a run): another spec's job (other data,
     rewards or publish target) is not taken over and its spec.yaml not replaced; an unknown id is no new job."""
+    from grpoflow.core.spec import load_spec
     from grpoflow.flows.pipeline import grpo_pipeline
-    from grpoflow.trainers.spec import load_spec
 
     spec = load_spec(make_spec("taken"))[0]
     code, out, _ = cli("run", make_spec("taken"), "--json")

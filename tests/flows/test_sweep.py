@@ -9,6 +9,7 @@ import yaml
 from prefect.artifacts import Artifact
 from prefect.utilities.callables import parameter_schema
 
+from grpoflow.core.spec import SpecError
 from grpoflow.flows.sweep import (
     best_row,
     grid_overrides,
@@ -18,7 +19,6 @@ from grpoflow.flows.sweep import (
     report_markdown,
     sweep_key,
 )
-from grpoflow.trainers.spec import SpecError
 from tests.conftest import cli
 
 BASE = {
@@ -205,7 +205,7 @@ def test_sweep_rejected_before_anything_runs(make_spec, tmp_path, monkeypatch, a
 
 @pytest.mark.usefixtures("prefect_server")
 def test_sweep_on_a_deployment_the_server_lacks_fails_every_row(make_spec, tmp_path):
-    from grpoflow.trainers.spec import load_spec
+    from grpoflow.core.spec import load_spec
 
     spec, _ = load_spec(make_spec("dep"))
     grid = {"hyperparameters.seed": [1, 2]}
@@ -342,7 +342,7 @@ def test_sweep_as_flow_runs_of_a_deployment(make_spec, tmp_path):
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL
 
-    from grpoflow.trainers.spec import load_spec
+    from grpoflow.core.spec import load_spec
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     serve = "from grpoflow.flows.pipeline import grpo_pipeline; grpo_pipeline.serve(name='sweep-test', limit=2)"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.integrations import webhooks
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
 from tests.conftest import cli
 

@@ -11,6 +11,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogWorker
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec
 from grpoflow.integrations.artifacts import (
     StageProgress,
     artifact_key,
@@ -21,8 +23,6 @@ from grpoflow.integrations.artifacts import (
     score_summary,
     sft_line,
 )
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import load_spec
 
 PNG = base64.b64decode(  # a 1x1 PNG
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="

@@ -20,6 +20,7 @@ import pytest
 import s3fs
 from moto.server import ThreadedMotoServer
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.integrations import storage
 from grpoflow.integrations.checkpoint_sync import (
     MANIFEST,
@@ -31,7 +32,6 @@ from grpoflow.integrations.checkpoint_sync import (
     restore_checkpoint,
     upload_checkpoint,
 )
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from tests.conftest import cli
 from tests.tasks.test_train import training_child

@@ -13,8 +13,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventIDFilter, EventResourceFilter
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.integrations.events import emit
-from grpoflow.trainers.jobdir import JobDir
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -106,7 +106,7 @@ EMIT_AND_EXIT = """
 import sys
 from pathlib import Path
 from grpoflow.integrations.events import emit
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 
 print(emit(JobDir(Path(sys.argv[1])), "grpoflow.deployment.registered", {"name": "tiny"})["id"])
 """

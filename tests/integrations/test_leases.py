@@ -8,9 +8,9 @@ import time
 import pytest
 import s3fs
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.integrations.leases import LeaseHeld, S3Lease
 from grpoflow.tasks import job as job_module
-from grpoflow.trainers.jobdir import JobDir
 
 
 def test_one_holder_at_a_time(bucket):
@@ -81,7 +81,7 @@ def test_the_heartbeat_keeps_a_live_holders_lease(bucket):
 
 def test_a_second_machine_cannot_take_a_running_s3_job(bucket, make_spec, tmp_path, monkeypatch):
     # Two machines, each with its own staging folder: the local .lock cannot see the other; the lease on S3 does.
-    from grpoflow.trainers.spec import load_spec
+    from grpoflow.core.spec import load_spec
 
     spec, _ = load_spec(make_spec("s3job", output_uri=f"s3://{bucket}/runs"))
     job = JobDir(tmp_path / "machine-a" / "s3job-20261201-000000-abcdef")

@@ -206,7 +206,7 @@ def test_run_starts_the_server_before_it_imports_prefect_or_the_spec_modules(tmp
         "import json, sys\nfrom grpoflow.integrations import prefect_server as server\n"
         "from grpoflow.flows.cli import main\nseen = []\n"
         "def launch(self):\n"
-        "    seen.append([name for name in ('prefect', 'grpoflow.trainers.spec') if name in sys.modules])\n"
+        "    seen.append([name for name in ('prefect', 'grpoflow.core.spec') if name in sys.modules])\n"
         "    raise KeyboardInterrupt\n"
         "server.TemporaryServer._launch = launch\n"
         f"code = main(['run', {str(make_spec('s'))!r}])\n"

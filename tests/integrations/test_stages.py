@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
+from grpoflow.core.errors import TrainingSetupError, TrainingStopped
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec
 from grpoflow.integrations.stages import output_digest, read_record, resumable, retry_unless_final, stage_key
-from grpoflow.trainers.errors import TrainingSetupError, TrainingStopped
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import load_spec
 
 SPEC = {
     "name": "stages",

@@ -25,10 +25,10 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 import grpoflow.integrations.events
+from grpoflow.core.jobdir import JobDir, write_text_atomic
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.events import emit
-from grpoflow.trainers.jobdir import JobDir, write_text_atomic
-from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import cli
 from tests.hostile_server import HostileServer
 
@@ -486,7 +486,7 @@ def test_secret_and_signatures_never_written_or_logged(monkeypatch, receiver, ma
 
 
 def test_log_url_drops_userinfo_and_query(make_job):
-    # A spec refuses credentials in the URL (tests/trainers/test_spec.py); the log still drops any query...
+    # A spec refuses credentials in the URL (tests/core/test_spec.py); the log still drops any query...
     job = make_job(dead_url() + "?team=do-not-leak")
 
     emit(job, "grpoflow.job.started")
@@ -579,7 +579,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.events import emit
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 
 with temporary_settings(updates={PREFECT_API_URL: sys.argv[2]}):
     emit(JobDir(Path(sys.argv[1])), "grpoflow.training.completed", {"steps": 3})
@@ -616,7 +616,7 @@ from pathlib import Path
 
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.events import emit
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 
 webhooks.POLICY = webhooks.Policy(timeout_s=0.3, backoff_s=(0.05,))
 job = JobDir(Path(sys.argv[1]))

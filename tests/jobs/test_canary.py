@@ -12,9 +12,9 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 
+from grpoflow.core.spec import load_spec
 from grpoflow.jobs import canary
 from grpoflow.trainers.child import free_port
-from grpoflow.trainers.spec import load_spec
 from tests.conftest import cli
 
 
@@ -88,8 +88,8 @@ def test_a_share_that_cannot_be_sharded_here_fails_before_any_child(make_spec, t
 
 
 def test_a_failed_steps_log_outlives_the_canarys_folder(make_spec, dataset_file, tmp_path):
+    from grpoflow.core.errors import ChildFailed
     from grpoflow.trainers.dataset import ingest_dataset
-    from grpoflow.trainers.errors import ChildFailed
 
     def crashing(spec, job):
         job.logs.mkdir(parents=True, exist_ok=True)

@@ -10,13 +10,13 @@ import psutil
 import pytest
 import yaml
 
+from grpoflow.core.errors import ChildFailed, TrainingSetupError, TrainingStopped
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.jobs.launch import accelerate_command, check_exit, child_command
 from grpoflow.trainers.child import start_child, stop_child
 from grpoflow.trainers.dataset import ingest_dataset
-from grpoflow.trainers.errors import ChildFailed, TrainingSetupError, TrainingStopped
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.spec import load_spec, to_yaml
 
 
 def test_child_command():

@@ -13,18 +13,12 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
+from grpoflow.core.errors import DatasetError, SetupError
+from grpoflow.core.spec import SpecError, load_spec
 from grpoflow.jobs.preflight import CHECKS, preflight
-from grpoflow.trainers.dataset import DatasetError, check_dataset
-from grpoflow.trainers.model.load import (
-    SetupError,
-    check_chat_template,
-    check_model,
-    load_tokenizer,
-    model_problem,
-    setup_problem,
-)
+from grpoflow.trainers.dataset import check_dataset
+from grpoflow.trainers.model.load import check_chat_template, check_model, load_tokenizer, model_problem, setup_problem
 from grpoflow.trainers.model.tiny import build_tiny
-from grpoflow.trainers.spec import SpecError, load_spec
 from tests.hostile_server import HostileServer, timed
 from tests.hub_server import HubServer
 
@@ -131,7 +125,7 @@ def test_every_problem_at_once_each_naming_its_field(tmp_path, data):
 def test_it_loads_no_weights_and_no_torch():
     # No torch, no weights: what it reads is config.json, the tokenizer's config, the dataset and the rewards.
     code = (
-        "import sys; from grpoflow.trainers.spec import load_spec; from grpoflow.jobs.preflight import preflight; "
+        "import sys; from grpoflow.core.spec import load_spec; from grpoflow.jobs.preflight import preflight; "
         "assert preflight(load_spec('examples/arithmetic.yaml')[0]) == []; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -561,8 +555,8 @@ def test_a_failed_write_is_a_setup_problem(tmp_path, monkeypatch, make, low, exp
 
 def test_the_child_reports_a_full_disk_once_and_removes_the_torn_checkpoint(tmp_path, monkeypatch):
     import grpoflow.trainers.grpo as grpo
-    from grpoflow.trainers.errors import EXIT_RECORD
-    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.core.errors import EXIT_RECORD
+    from grpoflow.core.jobdir import JobDir
 
     job = JobDir(tmp_path / "runs" / "j-20261130-000000-abcdef")
     (job.checkpoints / "checkpoint-1").mkdir(parents=True)

@@ -18,9 +18,9 @@ import yaml
 from huggingface_hub import HfApi, constants
 
 import grpoflow.jobs.publish as publish_module
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import PublishSpec, load_spec
 from grpoflow.jobs.publish import NO_TOKEN, PublishError, is_user_error, model_card, publish
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import PublishSpec, load_spec
 from tests.hub_server import HubServer
 from tests.publishing import READ_ONLY, REPO, TOKEN, WRONG, assert_no_token_in, make_job
 

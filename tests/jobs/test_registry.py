@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from grpoflow.core.spec.models import GateSpec
 from grpoflow.jobs.registry import (
     RegistrationError,
     deployed_score,
@@ -14,7 +15,6 @@ from grpoflow.jobs.registry import (
     read_deployment,
     rollback,
 )
-from grpoflow.trainers.spec.models import GateSpec
 from tests.conftest import cli
 
 
@@ -109,7 +109,7 @@ def test_without_output_uri_the_registry_is_found_where_the_job_index_points(roo
     # `grpoflow deploy JOB` registers beside the job (found through the job index); `deployments list`, `serve` and
     # `deploy --rollback` from the same folder read ./runs alone and found nothing.
     import grpoflow.trainers.model.serve
-    from grpoflow.trainers.jobdir import remember
+    from grpoflow.core.jobdir import remember
 
     monkeypatch.setenv("GRPOFLOW_JOB_INDEX", str(tmp_path / "index"))
     remember("arith-20261133-000000-abcdef", str(root / "arith-20261133-000000-abcdef"))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.jobs.report import held_out_figure, held_out_limits, plot_held_out, plot_metrics, write_report
 from grpoflow.trainers.health import HealthMonitor
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import load_spec, to_yaml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BASE_SPEC = {

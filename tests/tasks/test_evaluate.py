@@ -8,11 +8,11 @@ import pytest
 import torch
 from prefect import flow
 
+from grpoflow.core.jobdir import write_json_atomic
+from grpoflow.core.spec.markdown import number
 from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task
-from grpoflow.trainers.jobdir import write_json_atomic
 from grpoflow.trainers.metrics import read_events
 from grpoflow.trainers.model.tiny import build_tiny
-from grpoflow.trainers.spec.markdown import number
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

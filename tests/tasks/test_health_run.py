@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.flows.cli import EXAMPLES, main
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]

@@ -5,12 +5,12 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.integrations.stages import REJECTED
 from grpoflow.tasks.ingest import ingest_task
 from grpoflow.trainers.dataset import load_ingested
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

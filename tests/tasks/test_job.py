@@ -12,11 +12,11 @@ from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventResourceFilter
 from prefect.exceptions import TerminationSignal
 
+from grpoflow.core.spec import load_spec
 from grpoflow.integrations.jobs import job_dir
 from grpoflow.integrations.stages import REJECTED
 from grpoflow.tasks.job import JobEnding, create_job_task, new_job_id
 from grpoflow.trainers.metrics import read_events
-from grpoflow.trainers.spec import load_spec
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

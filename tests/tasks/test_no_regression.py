@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 from tests.conftest import cli
 
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec
 from grpoflow.jobs.publish import PublishError
 from grpoflow.tasks.publish import publish_task
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import load_spec
 from tests.publishing import REPO, TOKEN, WRONG, assert_no_token_in
 
 pytestmark = pytest.mark.usefixtures("hf_home")

@@ -10,8 +10,8 @@ import torch
 from prefect import flow
 from transformers import AutoModelForCausalLM
 
+from grpoflow.core.errors import TrainingSetupError
 from grpoflow.tasks.sft import sft_task
-from grpoflow.trainers.errors import TrainingSetupError
 from grpoflow.trainers.metrics import read_events
 from tests.integrations.test_artifacts import flow_run_artifacts, flow_run_logs
 

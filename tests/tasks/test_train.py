@@ -13,10 +13,10 @@ import psutil
 import pytest
 import torch
 
+from grpoflow.core.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
+from grpoflow.core.jobdir import JobDir
 from grpoflow.tasks.train import train_task
-from grpoflow.trainers.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.trainers.grpo import intact_checkpoint
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
 from tests.integrations.test_artifacts import flow_run_artifacts, flow_run_logs
 

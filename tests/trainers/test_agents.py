@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpoflow.core.errors import SetupError
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import SpecError, load_spec, to_yaml
 from grpoflow.examples.agents import Locker, calculator, tool_use_reward
 from grpoflow.jobs.preflight import preflight
 from grpoflow.trainers import grpo, sft
@@ -29,11 +32,9 @@ from grpoflow.trainers.agents import (
     trl_template,
 )
 from grpoflow.trainers.dataset import ingest_dataset
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.model.load import SetupError, load_tokenizer
+from grpoflow.trainers.model.load import load_tokenizer
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
-from grpoflow.trainers.spec import SpecError, load_spec, to_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agents.yaml"
@@ -217,7 +218,7 @@ def test_preflight_of_a_tool_spec_in_a_fresh_process(tmp_path):
     # The tools' schemas come from transformers' get_json_schema as it is (it imports torch where torch is installed,
     # to map a Tensor hint): the preflight of a tool spec pays that import, a spec without tools does not.
     code = (
-        "import sys; from grpoflow.jobs.preflight import preflight; from grpoflow.trainers.spec import load_spec; "
+        "import sys; from grpoflow.jobs.preflight import preflight; from grpoflow.core.spec import load_spec; "
         f"assert preflight(load_spec({example(tmp_path)!r})[0]) == []"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

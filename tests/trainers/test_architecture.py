@@ -23,9 +23,10 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.pytorch_utils import Conv1D
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.trainers import grpo
 from grpoflow.trainers.dataset import ingest_dataset
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.architecture import (
     adapter_line,
@@ -36,7 +37,6 @@ from grpoflow.trainers.model.architecture import (
 )
 from grpoflow.trainers.model.load import lora_config, weights_size
 from grpoflow.trainers.model.merge import merge_adapter
-from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.architectures import ARCHITECTURES, tiny_model
 from tests.conftest import arithmetic_rows, write_jsonl
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import yaml
 
+from grpoflow.core.spec import load_spec
 from grpoflow.trainers import budget
 from grpoflow.trainers.budget import estimate
-from grpoflow.trainers.spec import load_spec
 from tests.conftest import cli
 
 
@@ -78,8 +78,8 @@ def test_at_the_cap_training_stops_at_a_checkpoint_and_the_job_says_so(make_spec
     assert json.loads((job / "evaluation.json").read_text())["after"] is not None  # evaluated on that model
 
     # A resume of a job whose budget is spent trains nothing more: it restores the checkpoint.
+    from grpoflow.core.jobdir import JobDir
     from grpoflow.jobs.launch import run_child
-    from grpoflow.trainers.jobdir import JobDir
 
     run_child("grpoflow.trainers.grpo", JobDir(job), 1, "train.log", result=JobDir(job).training_result)
     again = json.loads((job / "training.json").read_text())
@@ -90,7 +90,7 @@ def test_at_the_cap_training_stops_at_a_checkpoint_and_the_job_says_so(make_spec
 
 
 def budget_job(make_spec, tmp_path, hours):
-    from grpoflow.trainers.jobdir import JobDir
+    from grpoflow.core.jobdir import JobDir
 
     spec, _ = load_spec(make_spec("b", budget={"max_training_hours": hours}, hyperparameters={"max_steps": 20}))
     job = JobDir(tmp_path / "job")

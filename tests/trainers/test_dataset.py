@@ -17,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpoflow.trainers.dataset
-from grpoflow.trainers.dataset import DatasetError, check_dataset, ingest_dataset, load_ingested
+import grpoflow.trainers.sources
+from grpoflow.core.errors import DatasetError
+from grpoflow.trainers.dataset import check_dataset, ingest_dataset, load_ingested
 
 ROWS = [{"prompt": f"What is {i}+7?", "answer": str(i + 7)} for i in range(10)]
 CHAT = [
@@ -449,7 +451,9 @@ def test_the_scan_names_the_first_long_line_whatever_the_chunking(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(grpoflow.trainers.dataset, "SCAN_CHUNK", chunk)
         try:
-            grpoflow.trainers.dataset._check_lines(grpoflow.trainers.dataset._resolve(str(source), None), limit, None)
+            grpoflow.trainers.dataset._check_lines(
+                grpoflow.trainers.sources.resolve_source(str(source), None), limit, None
+            )
             found = None
         except DatasetError as e:
             found = int(str(e).split("line ")[1].split(" ")[0])

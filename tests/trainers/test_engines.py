@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from grpoflow.core.errors import RewardFailed, SetupError, TrainingSetupError
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec
 from grpoflow.jobs.launch import accelerate_command, child_command
 from grpoflow.jobs.vllm_server import server_command, split_gpus, starts_server, vllm_server
 from grpoflow.trainers import grpo
 from grpoflow.trainers.child import VLLM_SERVER_URL_ENV, record_exit
-from grpoflow.trainers.errors import RewardFailed, TrainingSetupError
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.model.load import SetupError, check_accelerators
-from grpoflow.trainers.spec import load_spec
+from grpoflow.trainers.model.load import check_accelerators
 
 real_child_command = child_command  # before a test replaces grpoflow.jobs.launch.child_command
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
@@ -214,7 +214,7 @@ def test_grpoflow_run_refuses_vllm_here_before_anything_starts(make_spec, tmp_pa
 STOPPING_CHILD = """
 import sys
 from pathlib import Path
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 from grpoflow.trainers.child import record_exit
 code, message = int(sys.argv[2]), sys.argv[3]
 print(f"grpoflow: {message}", file=sys.stderr)

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.trainers import grpo
 from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.evaluate import evaluate
-from grpoflow.trainers.jobdir import JobDir
-from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import arithmetic_rows, write_jsonl
 
 

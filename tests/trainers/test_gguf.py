@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpoflow.core.errors import SetupError
 from grpoflow.trainers import grpo
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model import merge
 from grpoflow.trainers.model.gguf import INSTALL, convert_gguf, gguf_config, gguf_folder, gguf_problem
-from grpoflow.trainers.model.load import SetupError
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, resolve_model_path
 from tests.gguf_files import write_gguf
 from tests.s3_server import bucket, s3_env  # noqa: F401  (fixtures)

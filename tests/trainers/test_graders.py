@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpoflow.trainers.graders import checks, endpoint, formula, reward, similarity, templates
+from grpoflow.core import formula
+from grpoflow.core import graders as checks
+from grpoflow.core.spec import SpecError, load_spec
+from grpoflow.core.trust import command_line
+from grpoflow.trainers.graders import endpoint, reward, similarity, templates
 from grpoflow.trainers.graders.reward import get_grader_reward
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward
-from grpoflow.trainers.spec import SpecError, load_spec
-from grpoflow.trainers.trust import command_line
 from tests.conftest import cli, write_jsonl
 from tests.hostile_server import HostileServer, timed
 
@@ -305,7 +307,7 @@ def test_text_similarity_known_values(metric, output, reference, expect):
 
 
 def test_meteor_needs_wordnet_and_says_so_or_agrees_with_nltk():
-    problem = similarity.metric_problem("meteor")
+    problem = checks.metric_problem("meteor")
     if problem is not None:
         assert "python -m nltk.downloader wordnet" in problem
         with pytest.raises(SpecError, match="meteor matches synonyms through NLTK's WordNet"):

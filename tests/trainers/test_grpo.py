@@ -18,14 +18,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.trainers import grpo
 from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.grpo import grpo_config, intact_checkpoint, resume_checkpoint
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.tiny import build_tiny
 from grpoflow.trainers.rollouts import kept_steps, read_rows, step_file
-from grpoflow.trainers.spec import load_spec, to_yaml
 from tests.conftest import arithmetic_rows, write_jsonl
 from tests.trainers.test_held_out import VARIETY
 from tests.trainers.test_rollouts import check_rollouts, same_rollouts
@@ -136,11 +136,12 @@ def test_grpo_config_says_no_deprecation(make_spec, tmp_path):
 
 def test_every_field_grpo_config_sets_is_owned_by_the_spec(make_spec, tmp_path):
     # The rejection table of trl: (rules.py) and what grpo_config sets cannot drift apart.
-    from grpoflow.trainers.spec.rules import TRL_SET_BY_GRPOFLOW, trl_spec_keys
-    from grpoflow.trainers.spec.trl_fields import trl_fields
+    from grpoflow.core.spec.hyperparameters import Hyperparameters
+    from grpoflow.core.spec.rules import TRL_SET_BY_GRPOFLOW, trl_spec_keys
+    from grpoflow.core.spec.trl_fields import trl_fields
 
     spec, _ = load_spec(make_spec("own"))
-    owned = set(trl_spec_keys()) | set(TRL_SET_BY_GRPOFLOW)
+    owned = set(trl_spec_keys(Hyperparameters)) | set(TRL_SET_BY_GRPOFLOW)
     unset = {"num_train_epochs"}  # owned, yet left to TRL: max_steps wins over it
     # Set only with generation.engine vllm (server mode: its URL); the old name of continuous batching; the
     # strategy's fields, which accelerate launch's config sets.
@@ -159,9 +160,9 @@ UNLIKE_DEFAULTS = {"learning_rate": 3e-5, "max_steps": 7, "rollouts_per_prompt":
 
 
 def test_every_hyperparameter_reaches_grpo_config_or_is_grpoflow_only(make_spec, tmp_path):
-    from grpoflow.trainers.spec.models import Hyperparameters
-    from grpoflow.trainers.spec.rules import trl_markers
-    from grpoflow.trainers.spec.trl_fields import trl_fields
+    from grpoflow.core.spec.hyperparameters import Hyperparameters
+    from grpoflow.core.spec.rules import trl_markers
+    from grpoflow.core.spec.trl_fields import trl_fields
 
     markers = trl_markers(Hyperparameters)
     assert [name for name, marker in markers.items() if marker is None] == []  # each says where it goes
@@ -233,7 +234,7 @@ def test_prompts_per_step_trains_on_several_groups(make_job):
     ],
 )
 def test_tracking_rejected(make_spec, tracking, message):
-    from grpoflow.trainers.spec import SpecError
+    from grpoflow.core.spec import SpecError
 
     with pytest.raises(SpecError, match=re.escape(message)):
         load_spec(make_spec("trk", tracking=tracking))

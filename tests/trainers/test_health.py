@@ -306,7 +306,7 @@ def test_no_learning_signal(records, expected):
 
 
 def test_no_learning_signal_thresholds_from_the_spec():
-    from grpoflow.trainers.spec import load_spec
+    from grpoflow.core.spec import load_spec
 
     spec, _ = load_spec(
         {
@@ -405,7 +405,7 @@ def test_held_out_divergence_needs_its_key_and_says_what_it_saw():
 
 
 def test_held_out_divergence_from_the_spec(make_spec):
-    from grpoflow.trainers.spec import load_spec
+    from grpoflow.core.spec import load_spec
 
     spec, _ = load_spec(make_spec("div", hyperparameters={"max_steps": 40}, evaluation={"holdout": 4, "every": 10}))
     alerts = HealthMonitor.for_spec(spec).check(DIVERGENCE_CASES[0][0])

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from grpoflow.core.scores import beats, change
 from grpoflow.jobs.report import write_report
 from grpoflow.trainers import grpo, held_out
-from grpoflow.trainers.held_out import beats, change
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.tiny import build_tiny
 

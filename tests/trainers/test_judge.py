@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
+from grpoflow.core.spec import SpecError, load_spec
+from grpoflow.core.trust import command_line
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, reward_columns
 from grpoflow.trainers.rewards.dry_run import call_reward, dry_run_rewards
@@ -21,8 +23,6 @@ from grpoflow.trainers.rewards.judge import (
     judge_kwargs_problems,
     parse_score,
 )
-from grpoflow.trainers.spec import SpecError, load_spec
-from grpoflow.trainers.trust import command_line
 from tests.hostile_server import HostileServer, timed
 
 KEY = "sk-grpoflow-test-0123456789"

@@ -12,7 +12,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpoflow.trainers.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir
 from grpoflow.trainers.model import merge
 from grpoflow.trainers.model.load import LORA_TARGETS
 from grpoflow.trainers.model.tiny import build_tiny

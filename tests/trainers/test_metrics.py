@@ -146,7 +146,7 @@ def test_an_evaluated_step_is_one_line_with_its_held_out_score(tmp_path):
 def test_a_non_finite_step_stops_the_child_naming_the_rate(logs, weight, stopped):
     import torch
 
-    from grpoflow.trainers.errors import TrainingDiverged
+    from grpoflow.core.errors import TrainingDiverged
     from grpoflow.trainers.metrics import finite_callback
 
     model = torch.nn.Linear(2, 2)

@@ -8,9 +8,10 @@ from datasets import Dataset
 from peft import get_peft_model
 from transformers import AutoModelForCausalLM
 
+from grpoflow.core.errors import SetupError
+from grpoflow.core.spec import load_spec
 from grpoflow.trainers.model.load import (
     LORA_TARGETS,
-    SetupError,
     check_accelerators,
     load_tokenizer,
     lora_config,
@@ -22,7 +23,6 @@ from grpoflow.trainers.model.load import (
     use_cpu,
 )
 from grpoflow.trainers.model.tiny import build_tiny, build_tokenizer
-from grpoflow.trainers.spec import load_spec
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
 

@@ -7,8 +7,8 @@ stops with exit code 3 still ends the ordinary way, and every line it wrote is i
 
 import pytest
 
+from grpoflow.core.errors import ChildEndedEarly, RewardFailed
 from grpoflow.jobs.launch import run_child
-from grpoflow.trainers.errors import ChildEndedEarly, RewardFailed
 
 FAULTY = "tests.bad_inputs.rewards.from_step3"
 LOGGED = {"name": "logged", "function": "tests.trainers.buffered_reward:logged_reward"}

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpoflow.core.spec import SpecError, load_spec
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, dry_run_job_rewards
 from grpoflow.trainers.rewards.models import get_reward_model_reward, reward_model_problem
-from grpoflow.trainers.spec import SpecError, load_spec
 
 
 def build_tiny_classifier(folder: Path, seed: int = 0) -> Path:

@@ -586,3 +586,10 @@ def test_each_reward_sees_its_own_copy_of_the_completions():
     columns = {"answer": ["2", "4"]}
     call_reward(_overwrites, ["1+1?", "2+2?"], kwargs["completions"], [[1], [2]], columns)  # the dry run's call
     assert kwargs["completions"] == ["3", "5"]
+
+
+def test_the_spec_knows_the_built_in_rewards_by_their_names():
+    from grpoflow.core.catalog import BUILTIN_REWARDS
+    from grpoflow.trainers.rewards.builtin import REWARDS
+
+    assert sorted(REWARDS) == sorted(BUILTIN_REWARDS)

@@ -11,8 +11,8 @@ import math
 
 import pytest
 
+from grpoflow.core.jobdir import JobDir
 from grpoflow.trainers import rollouts
-from grpoflow.trainers.jobdir import JobDir
 from grpoflow.trainers.rollouts import (
     DEGENERATE_KEY,
     CompletionProbe,

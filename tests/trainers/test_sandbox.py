@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from grpoflow.core.graders import grader_problems
+from grpoflow.core.trust import SPEC_ORIGIN_ENV, command_line
 from grpoflow.trainers.graders import sandbox
-from grpoflow.trainers.graders.checks import grader_problems
 from grpoflow.trainers.graders.python import run_python_grader
-from grpoflow.trainers.trust import SPEC_ORIGIN_ENV, command_line
 
 
 def run(source: str, answers: list[str], **limits) -> list:

@@ -261,7 +261,7 @@ def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job, m
     """The commands a user runs: `grpoflow deploy JOB` on a job the pipeline finished, then `grpoflow serve NAME`,
     answered over loopback; from a folder that is not the job's output root, as the job index allows (serve, like
     deployments list, looked in ./runs alone and found nothing)."""
-    from grpoflow.trainers.jobdir import remember
+    from grpoflow.core.jobdir import remember
     from tests.conftest import cli
 
     job = trained_job("full")

@@ -7,11 +7,11 @@ from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from grpoflow.core.spec import load_spec
 from grpoflow.trainers import sft
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.tiny import build_tiny
 from grpoflow.trainers.sft import sft_config, sft_dataset
-from grpoflow.trainers.spec import load_spec
 
 
 def spec_with(**changes):

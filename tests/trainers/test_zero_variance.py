@@ -9,11 +9,11 @@ from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 from trl import GRPOConfig, GRPOTrainer
 
+from grpoflow.core.jobdir import JobDir, write_text_atomic
+from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.trainers.grpo import main as train_stage
-from grpoflow.trainers.jobdir import JobDir, write_text_atomic
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.tiny import resolve_model_path
-from grpoflow.trainers.spec import load_spec, to_yaml
 from grpoflow.trainers.zero_variance import SKIPPED_METRIC, ZeroVarianceSkippingGRPOTrainer, grpo_trainer_class
 
 STEPS = 3

@@ -10,9 +10,9 @@ import re
 
 import httpx2
 
+from grpoflow.core.outbound import reply_json, reply_shown
 from grpoflow.trainers.graders.python import Graded
 from grpoflow.trainers.graders.templates import render
-from grpoflow.trainers.outbound import reply_json, reply_shown
 from grpoflow.trainers.rewards.judge import (
     JudgeError,
     api_key_from_env,

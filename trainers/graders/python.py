@@ -15,7 +15,7 @@ one pair a completion, each score a finite number or null, each error a string o
 None, naming the first bad answer. So does a sandbox stopped whole (over its memory cap, where a cgroup holds one).
 
 Where no sandbox can start (no bwrap, user namespaces refused), the grader runs in a bare child process only where
-the trust rules allow it (`grpoflow.trainers.trust.unsandboxed_allowed`: the user's own command line, with one
+the trust rules allow it (`grpoflow.core.trust.unsandboxed_allowed`: the user's own command line, with one
 warning, or the operator's `GRPOFLOW_ALLOW_SPEC_CODE=unsandboxed`); elsewhere each completion scores None, saying why.
 """
 
@@ -32,8 +32,11 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from grpoflow.core.graders import operator_limits
+from grpoflow.core.policy import PolicyError, load_policy, spec_code
+from grpoflow.core.spec import JobSpec
+from grpoflow.core.trust import unsandboxed_allowed, unsandboxed_refusal
 from grpoflow.trainers.graders import sandbox
-from grpoflow.trainers.trust import unsandboxed_allowed, unsandboxed_refusal
 
 STARTUP_S = 10.0  # the sandbox's start and the grader's imports (numpy, say), on top of the per-row time
 MAX_STDERR_CHARS = 2000
@@ -49,6 +52,24 @@ class Graded:
 
     score: float | None
     error: str | None = None
+
+
+def sandbox_refusals(spec: JobSpec) -> list[str]:
+    """Where a deployment's spec carries a python grader the policy allows, and no sandbox can start on this worker
+    to run it (`grpoflow.core.policy` refuses one the policy turns off)."""
+    places = spec_code(spec)
+    try:
+        if not places or load_policy().policy.from_deployments.python_graders == "off":
+            return []
+    except PolicyError:
+        return []  # the policy's own refusal says what is wrong with it
+    if problem := sandbox.sandbox_problem():
+        return [
+            f"{where}: a python grader runs only in the sandbox from a deployment, and it cannot start on this worker "
+            f"({problem}); install bubblewrap where the job runs (docs/guides/security.md)"
+            for where in places
+        ]
+    return []
 
 
 def run_python_grader(
@@ -69,7 +90,7 @@ def run_python_grader(
     if not rows:
         return []
 
-    limits = sandbox.operator_limits()
+    limits = operator_limits()
     limits = replace(limits, memory_mb=min(memory_mb or limits.memory_mb, limits.memory_mb))
     request = {"source": source, "rows": rows, "timeout_s": timeout_s, "limits": vars(limits)}
     argv, timeout = [sys.executable, "-I", "-c", CHILD.read_text()], STARTUP_S + timeout_s * len(rows)

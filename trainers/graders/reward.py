@@ -10,7 +10,7 @@
 - `multi`: `calculate_output` over the sub-graders' scores, by name.
 
 Model graders ask an OpenAI-compatible chat endpoint (`kwargs.base_url`) as `llm_judge` does: up to `concurrency`
-requests at a time, each within `timeout` seconds in all and its reply capped (`grpoflow.trainers.outbound`), retries
+requests at a time, each within `timeout` seconds in all and its reply capped (`grpoflow.core.outbound`), retries
 with backoff, the key only from the variable `api_key_env` names; the endpoint's host name is looked up when the reward
 is built, and refused when it resolves to a link-local or metadata address. The grader's messages
 (templates filled in) are sent as they are, followed by one user message asking for a bare answer (a number in the
@@ -34,11 +34,12 @@ from contextvars import ContextVar
 from inspect import Parameter, Signature
 from typing import Any
 
-from grpoflow.trainers.graders.checks import grader_problems, graders_of, sub_graders, template_fields
-from grpoflow.trainers.graders.formula import evaluate, parse_formula
+from grpoflow.core.formula import evaluate, parse_formula
+from grpoflow.core.graders import EMBEDDING_METRICS, grader_problems, graders_of, sub_graders, template_fields
+from grpoflow.core.templates import item_columns
 from grpoflow.trainers.graders.python import Graded, run_python_grader
-from grpoflow.trainers.graders.similarity import EMBEDDING_METRICS, similarity
-from grpoflow.trainers.graders.templates import item_columns, render, sample_of
+from grpoflow.trainers.graders.similarity import similarity
+from grpoflow.trainers.graders.templates import render, sample_of
 
 logger = logging.getLogger(__name__)
 Scorer = Callable[[list[dict], list[dict]], Awaitable[list[Graded]]]

@@ -18,12 +18,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpoflow.core.spec import JobSpec, SpecError
 from grpoflow.trainers.graders.reward import held_warnings
 from grpoflow.trainers.model.load import prepare_prompts
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward, check_output
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
-from grpoflow.trainers.spec import JobSpec, SpecError
 
 BATCH = 256  # completions per reward call: a python grader starts one process per call
 
@@ -113,7 +113,8 @@ def score_completions(
     """
     import datasets
 
-    from grpoflow.trainers.dataset import DatasetError, read_dataset
+    from grpoflow.core.errors import DatasetError
+    from grpoflow.trainers.dataset import read_dataset
 
     datasets.disable_progress_bars()  # a bar per loading step would bury the table
     column = spec.dataset.prompt_column

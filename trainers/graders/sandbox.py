@@ -40,7 +40,7 @@ The operator's settings (the work pool's environment):
 A grader's `memory_mb` may lower the memory cap, never raise it.
 
 `sandbox_problem()` says why a sandbox cannot start here (bwrap missing, user namespaces refused), tried once per
-process; where it cannot, who may still run spec code is the trust rules' business (`grpoflow.trainers.trust`).
+process; where it cannot, who may still run spec code is the trust rules' business (`grpoflow.core.trust`).
 """
 
 from __future__ import annotations
@@ -63,16 +63,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpoflow.core.graders import Limits, operator_limits
+
 # Where the worker runs as root, each sandbox's process runs as a user of its own, drawn from a range no system
 # assigns: the kernel counts the process limit per user, so sandboxes running at once (a multi grader's python
 # sub-graders, several ranks) do not share one budget, as they would all as `nobody`.
 SANDBOX_UIDS = (1 << 30, 1 << 20)  # first uid, how many
-LIMIT_SETTINGS = {  # field -> (variable, default)
-    "memory_mb": ("GRPOFLOW_SANDBOX_MEMORY_MB", 2048),
-    "max_processes": ("GRPOFLOW_SANDBOX_MAX_PROCESSES", 16),
-    "disk_mb": ("GRPOFLOW_SANDBOX_DISK_MB", 256),
-    "cpu_seconds": ("GRPOFLOW_SANDBOX_CPU_SECONDS", 600),
-}
 # What a merged-/usr system links from the root (Debian 12, Ubuntu, Fedora): linked likewise, else bound read-only.
 ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64")
 MIB = 1024 * 1024
@@ -84,37 +80,8 @@ POLL_S = 0.1  # how often a running sandbox's cgroup is asked whether it went ov
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one sandboxed process may take: MiB of memory, processes, MiB of disk, CPU seconds."""
-
-    memory_mb: int
-    max_processes: int
-    disk_mb: int
-    cpu_seconds: int
-
-
-class SandboxSettingError(ValueError):
-    """A `GRPOFLOW_SANDBOX_*` setting is not a positive integer."""
-
-
 class SandboxStopped(RuntimeError):
     """The sandbox was stopped before its end: it went over its memory cap, or its answer over its bound."""
-
-
-def operator_limits() -> Limits:
-    """The limits the operator set (`GRPOFLOW_SANDBOX_*`), or their defaults.
-
-    Raises:
-        SandboxSettingError: a setting that is not a positive integer, named.
-    """
-    values = {}
-    for field, (variable, default) in LIMIT_SETTINGS.items():
-        text = os.environ.get(variable, "").strip() or str(default)
-        if not text.isdigit() or int(text) < 1:
-            raise SandboxSettingError(f"{variable}={text!r}: must be a positive integer (default {default})")
-        values[field] = int(text)
-    return Limits(**values)
 
 
 # --- seccomp: a classic BPF program, as the kernel reads it (struct sock_filter, seccomp_data) -----------------------

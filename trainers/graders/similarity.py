@@ -22,49 +22,7 @@ from __future__ import annotations
 
 # The metrics' libraries (the optional `grpoflow[graders]` extra) are imported when a metric scores.
 import functools
-import importlib.util
 from collections.abc import Callable
-
-# metric -> (the module it needs, the package that brings it)
-LIBRARIES = {
-    "fuzzy_match": ("rapidfuzz", "rapidfuzz"),
-    "bleu": ("sacrebleu", "sacrebleu"),
-    "gleu": ("nltk", "nltk"),
-    "meteor": ("nltk", "nltk"),
-    **{f"rouge_{n}": ("rouge_score", "rouge-score") for n in ("1", "2", "3", "4", "5", "l")},
-}
-EMBEDDING_METRICS = ("cosine",)
-
-
-def metric_problem(metric: str) -> str | None:
-    """Why `metric` cannot be computed here (its library, or METEOR's WordNet data, is missing); None when it can.
-
-    >>> metric_problem("rouge_l") is None
-    True
-    """
-    if metric in EMBEDDING_METRICS or metric not in LIBRARIES:
-        return None
-    module, package = LIBRARIES[metric]
-    if importlib.util.find_spec(module) is None:
-        return f"{metric} is computed by {package}, which is not installed: pip install 'grpoflow[graders]'"
-    if metric == "meteor" and not _has_wordnet():
-        return (
-            "meteor matches synonyms through NLTK's WordNet data, which is not installed: python -m nltk.downloader "
-            "wordnet (or set NLTK_DATA to a folder holding corpora/wordnet)"
-        )
-    return None
-
-
-def _has_wordnet() -> bool:
-    import nltk
-
-    for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
-        try:
-            nltk.data.find(resource)
-            return True
-        except LookupError:
-            continue
-    return False
 
 
 def similarity(metric: str, output: str, reference: str) -> float:

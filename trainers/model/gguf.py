@@ -30,23 +30,14 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpoflow.core.uris import STORES, is_remote, unopenable, url_credentials, url_scheme
 from grpoflow.trainers.child import say_phase
-from grpoflow.trainers.model.tiny import cache_root
-from grpoflow.trainers.uris import STORES, is_remote, unopenable, url_credentials, url_scheme
+from grpoflow.trainers.model.hub import cache_root
 
 INSTALL = "pip install 'grpoflow[gguf]'"
 MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file
 HF_SPELLING = "hf://<owner>/<name>[@<revision>]/<file>.gguf"
 METADATA_TTL_S = 60.0  # how long one process reuses a remote file's metadata (validate asks for it several times)
-
-
-def is_gguf(model_id: str) -> bool:
-    """Whether `base_model` names a GGUF file (`*.gguf`) rather than a model folder or a Hub id.
-
-    >>> is_gguf("models/SmolLM2-135M-Instruct.Q4_1.gguf"), is_gguf("Qwen/Qwen2.5-0.5B-Instruct")
-    (True, False)
-    """
-    return model_id.lower().endswith(".gguf")
 
 
 @dataclass(frozen=True)
@@ -204,8 +195,8 @@ def _hub_metadata(uri: str) -> RemoteGguf:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.errors import HfHubHTTPError
 
-    from grpoflow.trainers.model.load import HUB_CHECK_TIMEOUT_S, hub_offline
-    from grpoflow.trainers.outbound import call_within, deadline_s
+    from grpoflow.core.outbound import call_within, deadline_s
+    from grpoflow.trainers.model.hub import HUB_CHECK_TIMEOUT_S, hub_offline
 
     hub = _hub_file(uri)
     if hub_offline():
@@ -399,7 +390,7 @@ def convert_gguf(model_id: str, folder: Path | None = None) -> Path:
             be one.
         folder (`Path`, *optional*): where to; defaults to `gguf_folder(model_id)`, the cache.
     """
-    from grpoflow.trainers.model.load import SetupError
+    from grpoflow.core.errors import SetupError
 
     try:
         target = folder

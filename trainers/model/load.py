@@ -7,18 +7,24 @@ import errno
 import importlib.util
 import json
 import logging
-import os
 import re
 import shutil
-import socket
 import sys
-import urllib.parse
 import warnings
 from pathlib import Path
 
+from grpoflow.core.errors import SetupError
+from grpoflow.core.outbound import call_within, deadline_s
+from grpoflow.core.uris import is_local_model
 from grpoflow.trainers.model.architecture import lora_target_problem, resolve_lora_targets
+from grpoflow.trainers.model.hub import (
+    HUB_CHECK_TIMEOUT_S,
+    WEIGHT_FILES,
+    cached_hub_file,
+    hub_not_answering,
+    hub_offline,
+)
 from grpoflow.trainers.model.tiny import resolve_model_path
-from grpoflow.trainers.outbound import call_within, deadline_s
 
 # The attention and MLP projections of Llama/Qwen-style models (builtin:tiny's), which is what
 # `grpoflow.trainers.model.architecture.default_lora_targets` finds for them; a job's targets come from its own
@@ -53,60 +59,7 @@ def quiet_progress_bars() -> None:
     datasets.disable_progress_bars()
 
 
-class SetupError(RuntimeError):
-    """The job cannot run on this machine as specified (missing library, no CUDA); retrying will not help."""
-
-
 # --- where the model is, found without loading it (the preflight and the training children share these)
-
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-
-
-def hub_offline() -> bool:
-    """Whether the Hugging Face Hub must not be contacted (`HF_HUB_OFFLINE`, as huggingface_hub reads it)."""
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-
-
-def is_local_model(model_id: str) -> bool:
-    """True for a local path: one that exists, or that no Hub repo id could be (`/x`, `./x`, `~/x`, `a/b/c`)."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    if os.path.exists(os.path.expanduser(model_id)) or model_id.startswith(("/", ".", "~")):
-        return True
-    try:
-        validate_repo_id(model_id)
-    except HFValidationError:
-        return True
-    return False
-
-
-def hub_not_answering(timeout_s: float = 5.0) -> OSError | None:
-    """Why the Hub's host cannot be reached at all (its name does not resolve, or no TCP connection within
-    `timeout_s`), found in one try where huggingface_hub would retry 5 times over ~24 s. None when it answers, when
-    offline mode is on (said otherwise), or behind a proxy (the HTTP client's own settings decide then)."""
-    from huggingface_hub import constants
-
-    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-    if hub_offline() or any(os.environ.get(name) for name in proxies):
-        return None
-    url = urllib.parse.urlsplit(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
-    except OSError as e:
-        return e
-    return None
-
-
-HUB_CHECK_TIMEOUT_S = 15.0  # each Hub question of validate, in all
 
 
 def hub_model_problem(model_id: str, field: str = "base_model") -> str | None:
@@ -160,14 +113,6 @@ def _folder_hint(model_id: str) -> str:
         return ""
     names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))[:8]
     return f"no folder here ({parent}/ holds: {', '.join(names) or 'no folders'}), and "
-
-
-def cached_hub_file(repo_id: str, filename: str) -> Path | None:
-    """The file of a Hub repo in the local Hugging Face cache, or None when it is not there."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, filename)
-    return Path(found) if isinstance(found, str) else None
 
 
 def weights_size(model_path: str) -> str:
@@ -289,7 +234,7 @@ def setup_problem(error: BaseException, folder: Path | None = None) -> str | Non
     this machine rejects (a package it lacks), a model load from the Hub that will fail again (see
     `final_hub_error`), or a write into the job folder `folder` that failed for want of space or permission (see
     `write_problem`); None for a crash or a transient error."""
-    from grpoflow.trainers.spec import SpecError
+    from grpoflow.core.spec import SpecError
 
     if isinstance(error, SetupError):
         return str(error)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from grpoflow.trainers.jobdir import JobDir, replace_dir, write_json_atomic
+from grpoflow.core.jobdir import JobDir, replace_dir, write_json_atomic
 
 
 def list_files(folder: Path) -> list[str]:

@@ -6,9 +6,10 @@ never touch the Hugging Face Hub. Everything downstream loads it with plain `fro
     python -m grpoflow.trainers.model.tiny            # builds (if needed) and prints the folder
 """
 
-import os
 import tempfile
 from pathlib import Path
+
+from grpoflow.trainers.model.hub import cache_root
 
 BUILTIN_PREFIX = "builtin:"
 # Bump when the architecture or tokenizer changes, so an old cache is never reused.
@@ -67,11 +68,6 @@ TINY_CONFIG = dict(
 )
 
 
-def cache_root() -> Path:
-    """Folder under which built-in models are cached (`GRPOFLOW_CACHE`, default `~/.cache/grpoflow`)."""
-    return Path(os.environ.get("GRPOFLOW_CACHE", Path.home() / ".cache" / "grpoflow"))
-
-
 def is_builtin(model_id: str) -> bool:
     return model_id.startswith(BUILTIN_PREFIX)
 
@@ -79,7 +75,8 @@ def is_builtin(model_id: str) -> bool:
 def resolve_model_path(model_id: str) -> str:
     """Turns `builtin:tiny` into its cached local folder (building it if needed), and a GGUF file into the model folder
     it is converted to (converting it if needed: `grpoflow.trainers.model.gguf`); other ids pass through unchanged."""
-    from grpoflow.trainers.model.gguf import convert_gguf, is_gguf
+    from grpoflow.core.uris import is_gguf
+    from grpoflow.trainers.model.gguf import convert_gguf
 
     if is_gguf(model_id):
         return str(convert_gguf(model_id))

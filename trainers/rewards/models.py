@@ -14,7 +14,8 @@ from typing import Any
 def reward_model_folder(model: str) -> Path | None:
     """The folder holding a reward model's config.json: the local folder, or its snapshot in the local Hugging Face
     cache; None when neither holds it. Nothing is downloaded."""
-    from grpoflow.trainers.model.load import cached_hub_file, is_local_model
+    from grpoflow.core.uris import is_local_model
+    from grpoflow.trainers.model.hub import cached_hub_file
 
     if is_local_model(model):
         folder = Path(model).expanduser()
@@ -27,7 +28,8 @@ def reward_model_problem(model: str) -> str | None:
     """Why `model` cannot be a reward model here, found offline from its files (no weights loaded, no download): a
     missing folder or uncached Hub id, no weights or tokenizer, or a config.json whose `architectures` is not a
     `...ForSequenceClassification` (TRL would bolt an untrained score head onto it). None when it is fine."""
-    from grpoflow.trainers.model.load import WEIGHT_FILES, is_local_model
+    from grpoflow.core.uris import is_local_model
+    from grpoflow.trainers.model.hub import WEIGHT_FILES
 
     folder = reward_model_folder(model)
     if folder is None:

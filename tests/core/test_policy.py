@@ -1,4 +1,4 @@
-"""The operator's policy (`grpoflow.trainers.policy`): a spec from a deployment names no code, file, URL, host,
+"""The operator's policy (`grpoflow.core.policy`): a spec from a deployment names no code, file, URL, host,
 credential or model source the policy does not allow. Each attack below is one a person who may only start deployment
 runs tried; with no setting changed, the default refuses it, naming the field and the line that would allow it."""
 
@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpoflow.flows.cli import main
-from grpoflow.flows.project import init_project
-from grpoflow.trainers.policy import (
+from grpoflow.core.policy import (
     POLICY_ENV,
     VETTED_TRL_KEYS,
     PolicyError,
@@ -18,9 +16,12 @@ from grpoflow.trainers.policy import (
     is_loopback,
     load_policy,
 )
-from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.spec.rules import TRL_UPLOADS, trl_spec_keys
-from grpoflow.trainers.spec.trl_fields import trl_fields
+from grpoflow.core.spec import load_spec
+from grpoflow.core.spec.hyperparameters import Hyperparameters
+from grpoflow.core.spec.rules import TRL_UPLOADS, trl_spec_keys
+from grpoflow.core.spec.trl_fields import trl_fields
+from grpoflow.flows.cli import main
+from grpoflow.flows.project import init_project
 
 REPO = Path(__file__).parents[2]
 PYTHON_GRADER = {"type": "python", "name": "py", "source": "def grade(sample, item):\n    return 1.0\n"}
@@ -269,7 +270,7 @@ def test_the_vetted_trl_keys_name_nothing():
         assert key in fields, key
         types = set(fields[key]["types"]) - {"None"}
         assert types <= {"bool", "int", "float"} or fields[key]["choices"] or key in choices_by_name, (key, types)
-        assert key not in TRL_UPLOADS and key not in trl_spec_keys() and "remote" not in key, key
+        assert key not in TRL_UPLOADS and key not in trl_spec_keys(Hyperparameters) and "remote" not in key, key
     assert len(set(VETTED_TRL_KEYS)) == len(VETTED_TRL_KEYS)
 
 

@@ -8,15 +8,17 @@ what grpoflow needs on top (templates it can fill in, a formula it can evaluate,
 from __future__ import annotations
 
 import ast
+import importlib.util
+import os
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from grpoflow.trainers.graders import CODE_GRADERS, GRADER_TYPES, GRADERS, MODEL_GRADERS
-from grpoflow.trainers.graders.formula import FormulaError, parse_formula
-from grpoflow.trainers.graders.sandbox import SandboxSettingError, operator_limits
-from grpoflow.trainers.graders.similarity import EMBEDDING_METRICS, metric_problem
-from grpoflow.trainers.graders.templates import path_problem, template_paths
+from grpoflow.core.catalog import CODE_GRADERS, GRADER_TYPES, GRADERS, MODEL_GRADERS
+from grpoflow.core.formula import FormulaError, parse_formula
+from grpoflow.core.judge import KWARG_CHECKS, endpoint_problems
+from grpoflow.core.templates import path_problem, template_paths
 
 # Graders of OpenAI's Evals API carry a pass_threshold (a score at or above it passes); a reward has no use for it,
 # so a grader copied from an eval keeps it, unread.
@@ -269,7 +271,6 @@ def graders_of(grader: dict) -> list[dict]:
 
 
 def _kwargs_problems(grader: dict, kwargs: dict) -> list[tuple[str, str]]:
-    from grpoflow.trainers.rewards.judge import KWARG_CHECKS, endpoint_problems
 
     needs = {_kwargs_kind(g) for g in graders_of(grader) if isinstance(g, dict)} - {None}
     allowed = list(dict.fromkeys(key for kind in needs for key in KWARGS[kind]))
@@ -300,3 +301,86 @@ def _kwargs_kind(grader: dict) -> str | None:
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- text_similarity's metrics: which library computes each (`grpoflow.trainers.graders.similarity` scores them) ---
+
+# metric -> (the module it needs, the package that brings it)
+LIBRARIES = {
+    "fuzzy_match": ("rapidfuzz", "rapidfuzz"),
+    "bleu": ("sacrebleu", "sacrebleu"),
+    "gleu": ("nltk", "nltk"),
+    "meteor": ("nltk", "nltk"),
+    **{f"rouge_{n}": ("rouge_score", "rouge-score") for n in ("1", "2", "3", "4", "5", "l")},
+}
+EMBEDDING_METRICS = ("cosine",)
+
+
+def metric_problem(metric: str) -> str | None:
+    """Why `metric` cannot be computed here (its library, or METEOR's WordNet data, is missing); None when it can.
+
+    >>> metric_problem("rouge_l") is None
+    True
+    """
+    if metric in EMBEDDING_METRICS or metric not in LIBRARIES:
+        return None
+    module, package = LIBRARIES[metric]
+    if importlib.util.find_spec(module) is None:
+        return f"{metric} is computed by {package}, which is not installed: pip install 'grpoflow[graders]'"
+    if metric == "meteor" and not _has_wordnet():
+        return (
+            "meteor matches synonyms through NLTK's WordNet data, which is not installed: python -m nltk.downloader "
+            "wordnet (or set NLTK_DATA to a folder holding corpora/wordnet)"
+        )
+    return None
+
+
+def _has_wordnet() -> bool:
+    import nltk
+
+    for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
+        try:
+            nltk.data.find(resource)
+            return True
+        except LookupError:
+            continue
+    return False
+
+
+# --- the sandbox's limits, as the operator set them (`grpoflow.trainers.graders.sandbox` enforces them) ---------
+
+LIMIT_SETTINGS = {  # field -> (variable, default)
+    "memory_mb": ("GRPOFLOW_SANDBOX_MEMORY_MB", 2048),
+    "max_processes": ("GRPOFLOW_SANDBOX_MAX_PROCESSES", 16),
+    "disk_mb": ("GRPOFLOW_SANDBOX_DISK_MB", 256),
+    "cpu_seconds": ("GRPOFLOW_SANDBOX_CPU_SECONDS", 600),
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed process may take: MiB of memory, processes, MiB of disk, CPU seconds."""
+
+    memory_mb: int
+    max_processes: int
+    disk_mb: int
+    cpu_seconds: int
+
+
+class SandboxSettingError(ValueError):
+    """A `GRPOFLOW_SANDBOX_*` setting is not a positive integer."""
+
+
+def operator_limits() -> Limits:
+    """The limits the operator set (`GRPOFLOW_SANDBOX_*`), or their defaults.
+
+    Raises:
+        SandboxSettingError: a setting that is not a positive integer, named.
+    """
+    values = {}
+    for field, (variable, default) in LIMIT_SETTINGS.items():
+        text = os.environ.get(variable, "").strip() or str(default)
+        if not text.isdigit() or int(text) < 1:
+            raise SandboxSettingError(f"{variable}={text!r}: must be a positive integer (default {default})")
+        values[field] = int(text)
+    return Limits(**values)

@@ -1,5 +1,5 @@
 """The spec's reference tables, rendered from the pydantic models: the GRPO hyperparameter table
-(`python -m grpoflow.trainers.spec`) and the docs' spec page, every field of every section (`spec_reference`, written
+(`python -m grpoflow.core.spec`) and the docs' spec page, every field of every section (`spec_reference`, written
 into the site by docs/gen_reference.py).
 
 Each row is one field: its name, its type, its default in YAML spelling, its rule (the bounds pydantic enforces, then
@@ -14,9 +14,11 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from grpoflow.trainers.spec.markdown import cell, table
-from grpoflow.trainers.spec.models import MAX_INT, Hyperparameters, JobSpec
-from grpoflow.trainers.spec.rules import SECTION_TRL_KEYS, trl_markers
+from grpoflow.core.spec.fields import MAX_INT
+from grpoflow.core.spec.hyperparameters import Hyperparameters
+from grpoflow.core.spec.markdown import cell, table
+from grpoflow.core.spec.models import JobSpec
+from grpoflow.core.spec.rules import SECTION_TRL_KEYS, trl_markers
 
 _BOUNDS = (
     (annotated_types.Gt, "gt", ">"),
@@ -147,7 +149,7 @@ def spec_reference() -> str:
     parts = [
         "# Job spec reference",
         "Every field of a job spec, section by section, generated from the pydantic models "
-        "(`trainers/spec/models.py`: each field's description is its one written copy, the text the Prefect form "
+        "(`core/spec/models.py`: each field's description is its one written copy, the text the Prefect form "
         "shows). *Rule* is what `grpoflow validate` enforces on the field (bounds, then the description, which "
         "names the rules across fields). *TRL name* is the `trl.GRPOConfig` field the value becomes; any other "
         "GRPOConfig field goes in the `trl:` mapping, as TRL names it.",

@@ -1,18 +1,16 @@
 """The job spec's pydantic models: a grpoflow job, its sections and its GRPO hyperparameters, with their field types.
 
 Each field's `description` is the one written copy of what it means and its rule: the Prefect form shows it, and the
-docs' spec reference page is generated from it (`python -m grpoflow.trainers.spec`). `JobSpec` runs the cross-field
-rules (`trainers/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
+docs' spec reference page is generated from it (`python -m grpoflow.core.spec`). `JobSpec` runs the cross-field
+rules (`core/spec/rules.py`) once its fields are valid, then fills the defaults that depend on other fields.
 """
 
 import importlib.util
-import re
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -24,297 +22,38 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from grpoflow.trainers.graders import GRADER_TYPES
-from grpoflow.trainers.rewards.builtin import REWARDS
-from grpoflow.trainers.spec.rules import (
-    GRPOFLOW_ONLY,
-    TRL,
+from grpoflow.core.catalog import BUILTIN_REWARDS, GRADER_TYPES
+from grpoflow.core.spec.fields import (
+    REFUSED_IN_FORM,
+    EnvName,
+    FunctionRef,
+    Int,
+    K8sName,
+    OptionalUrl,
+    RepoId,
+    Section,
+    Slug,
+    Url,
+    not_link_local,
+)
+from grpoflow.core.spec.hyperparameters import Hyperparameters
+from grpoflow.core.spec.rules import (
     function_name,
     metric_by_name,
     model_name,
     rule_problems,
 )
-from grpoflow.trainers.spec.trl_fields import trl_fields
-from grpoflow.trainers.uris import (
-    ALLOW_LINK_LOCAL_ENV,
+from grpoflow.core.spec.trl_fields import trl_fields
+from grpoflow.core.uris import (
     OBJECT_STORES,
-    credentials_instead,
     file_path,
-    link_local_address,
     outside_stores,
     unopenable,
     url_credentials,
 )
 
-SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
-# Spelled without \w so that the UI's JavaScript check and Python's agree (ASCII only).
-FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# The Hub's rules for each half of owner/name: 1-96 of [A-Za-z0-9_.-], no "--" or "..", no "-" or "." at either end.
-_HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
-REPO_ID_PATTERN = rf"^(?!.*(?:--|\.\.)){_HUB_PART}/{_HUB_PART}$"
-# A Kubernetes object name (RFC 1123 subdomain), as a PersistentVolumeClaim's or a ClusterTrainingRuntime's must be.
-K8S_NAME_PATTERN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-MAX_INT = 2**31 - 1  # every integer field (steps, lengths, counts) fits an int32 wherever it ends up
-MAX_SEED = 2**32 - 1  # numpy's range, which transformers.set_seed enforces only once training starts
-# Sampling is greedy in effect well above this already; from ~1e-38 down, a float32 logit divided by it is inf.
-MIN_TEMPERATURE = 1e-3
-# A URL with `user:password@` in its authority, as `url_credentials` finds it (a scheme, "://", then "@" before the
-# first "/", "?" or "#"), spelled so that JSON schema's (ECMA) and Python's regular expressions read it alike.
-CREDENTIALS_IN_URL = r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@"
-# What Prefect's server answers a run whose URL holds credentials: jsonschema says "'<this>' was expected".
-CREDENTIALS_REFUSED = (
-    "a URL without user:password@ (credentials go in the worker's environment or a Prefect Secret block, never in "
-    "a spec)"
-)
 
-
-class _Section(BaseModel):
-    # inf and NaN are YAML floats (.inf, .nan) that no field means; rejecting them here covers every float field.
-    # A refused value may be a secret: pydantic's own error text (a traceback's, a log's) leaves it out.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic's lax mode reads true as 1: `--set hyperparameters.max_steps=true` would train one step.
-        if isinstance(value, bool) and not _accepts_bool(cls.model_fields[info.field_name].annotation):
-            raise PydanticCustomError("bool_not_number", "must be a number, not true or false")
-        return value
-
-
-def _no_credentials(value: str | None) -> str | None:
-    """Refuses a URL holding a credential (`s3://KEY:SECRET@bucket`, `?token=`): the spec is stored in spec.yaml,
-    Prefect's database, events and logs. The message never repeats the URL."""
-    if value is not None and (where := url_credentials(value)):
-        raise PydanticCustomError(
-            "url_credentials",
-            "holds credentials ({where}): a spec is stored in spec.yaml, Prefect's database, events and logs; "
-            "give them as {instead}",
-            {"where": where, "instead": credentials_instead(value)},
-        )
-    return value
-
-
-# `_no_credentials`' `user:password@` check in the JSON schema, which Prefect's server applies to a deployment's
-# parameters before it stores a run (`enforce_parameter_schema`). An `if`/`then` with a `const`, not a `pattern`:
-# jsonschema's pattern and `not` messages repeat the value, and the server sends that message back. A mapping, not a
-# function: Prefect's flow parameter schemas compose a field's `json_schema_extra` only when it is one.
-REFUSED_IN_FORM = {"if": {"type": "string", "pattern": CREDENTIALS_IN_URL}, "then": {"const": CREDENTIALS_REFUSED}}
-
-
-def _not_link_local(value: str, what: str) -> None:
-    """Refuses an endpoint on a link-local or cloud-metadata address unless the operator allows it."""
-    if why := link_local_address(value):
-        raise ValueError(
-            f"{why}: refused as {what}, since a spec could send the machine's own credentials there; the operator "
-            f"allows it with {ALLOW_LINK_LOCAL_ENV}=1 in the work pool's environment"
-        )
-
-
-def _no_form_default(schema: dict) -> None:
-    """Leaves a field's default out of its JSON schema (the Prefect form), not out of the model."""
-    schema.pop("default", None)
-
-
-def _accepts_bool(annotation: Any) -> bool:
-    """Whether a field of type `annotation` means true/false (a bool in it), or takes no numbers at all."""
-    kinds = set(_leaf_types(annotation))
-    return bool in kinds or not kinds & {int, float}
-
-
-def _leaf_types(annotation: Any) -> list:
-    args = get_args(annotation)
-    if not args:
-        return [annotation]
-    return [leaf for arg in args for leaf in _leaf_types(arg)]
-
-
-def _matching(pattern: str, hint: str) -> Any:
-    """A string type checked against `pattern`, failing with `hint`; the pattern also goes into the JSON schema."""
-
-    def check(value: str) -> str:
-        # fullmatch: with re.match, "$" would also accept a trailing newline.
-        if not re.fullmatch(pattern, value):
-            raise ValueError(hint)
-        return value
-
-    return Annotated[str, AfterValidator(check), Field(json_schema_extra={"pattern": pattern})]
-
-
-# Integer fields: the bound turns a typo like 1e30 into an error at submit time rather than an overflow later.
-Int = Annotated[int, Field(le=MAX_INT)]
-# A path or URL that must hold no credentials: the model refuses them, and so does the deployments' parameter schema.
-Url = Annotated[str, AfterValidator(_no_credentials), Field(json_schema_extra=REFUSED_IN_FORM)]
-OptionalUrl = Annotated[str | None, AfterValidator(_no_credentials), Field(json_schema_extra=REFUSED_IN_FORM)]
-Slug = _matching(
-    SLUG_PATTERN, "must be 1-63 lowercase letters, digits, '-', '_' or '.', starting with one of the first two"
-)
-FunctionRef = _matching(FUNCTION_PATTERN, "must be 'package.module:callable' (a dotted module path, a colon, a name)")
-EnvName = _matching(ENV_NAME_PATTERN, "must be an environment variable name (letters, digits, '_'; no leading digit)")
-RepoId = _matching(
-    REPO_ID_PATTERN,
-    "must be 'owner/name', each 1-96 letters, digits, '-', '_' or '.', without '--' or '..', "
-    "not starting or ending with '-' or '.'",
-)
-K8sName = _matching(
-    K8S_NAME_PATTERN,
-    "must be a Kubernetes object's name: up to 253 lowercase letters, digits, '-' or '.', starting and ending with a "
-    "letter or digit (the name, not a path)",
-)
-
-
-class Hyperparameters(_Section):
-    """The GRPO hyperparameters: names, defaults and rules are the contract. Each one's type carries the
-    trl.GRPOConfig fields it sets (`TRL`), or says that only grpoflow reads it (`GRPOFLOW_ONLY`)."""
-
-    learning_rate: Annotated[float, TRL("learning_rate")] = Field(
-        1e-6, gt=0, description="Optimizer learning rate, sized for full fine-tuning; LoRA wants ~2e-5."
-    )
-    num_epochs: Annotated[Int, GRPOFLOW_ONLY] = Field(
-        1, ge=1, description="Accepted with a warning but unused by GRPO: the run length is max_steps."
-    )
-    max_steps: Annotated[Int, TRL("max_steps", also=("num_train_epochs",))] = Field(
-        100,
-        ge=1,
-        description="Training steps; one step is one prompt and its rollouts_per_prompt completions (prompts_per_step "
-        "prompts when set), so one pass over N prompts is N steps (N / prompts_per_step).",
-    )
-    rollouts_per_prompt: Annotated[Int, TRL("num_generations")] = Field(
-        8,
-        ge=2,
-        description="Completions sampled per prompt: the GRPO group (TRL's num_generations); a group of one has no "
-        "baseline. rollouts_per_prompt * prompts_per_step must be a multiple of gpu_count.",
-    )
-    prompts_per_step: Annotated[
-        Int, TRL("per_device_train_batch_size", "gradient_accumulation_steps", copied=False)
-    ] = Field(
-        1,
-        ge=1,
-        description="Prompts (groups) per optimizer step: each step trains on K = rollouts_per_prompt * "
-        "prompts_per_step completions, K / gpu_count per GPU (TRL's per_device_train_batch_size), generated together. "
-        "1 keeps one step = one prompt and its rollouts_per_prompt completions.",
-    )
-    kl_coef: Annotated[float, TRL("beta")] = Field(
-        0.0,
-        ge=0,
-        description="KL penalty weight (TRL's beta); 0 means no KL term, no reference model loaded and no kl metric.",
-    )
-    max_prompt_length: Annotated[Int, TRL(also=("max_prompt_length",))] = Field(
-        1024,
-        ge=1,
-        description="Prompt truncation length, only with use_unsloth (TRL's GRPO does not truncate prompts); "
-        "setting it without use_unsloth is rejected.",
-        # The Prefect form fills in every default it is shown, and this field's mere presence is rejected without
-        # use_unsloth: the form shows no default (the spec's stays 1024).
-        json_schema_extra=_no_form_default,
-    )
-    max_response_length: Annotated[Int, TRL("max_completion_length")] = Field(
-        2048, ge=1, description="Completions are truncated to this many tokens (TRL's max_completion_length)."
-    )
-    global_batch_size: Annotated[Int | None, GRPOFLOW_ONLY] = Field(
-        None,
-        description="Not supported by GRPO, setting it is rejected: a step's batch is prompts_per_step prompts' "
-        "groups of rollouts_per_prompt completions; set prompts_per_step.",
-    )
-    seed: Annotated[int, TRL("seed", "data_seed")] = Field(
-        42, ge=0, le=MAX_SEED, description="Random seed: the same seed, data and machine give the same metrics."
-    )
-    system_prompt: Annotated[str | None, GRPOFLOW_ONLY] = Field(
-        None,
-        description="When set, each string prompt becomes a system + user chat through the model's chat template.",
-    )
-    lora_rank: Annotated[Int | None, GRPOFLOW_ONLY] = Field(
-        None,
-        ge=1,
-        description="LoRA rank, for LoRA on every attention and MLP projection of the model's architecture (or "
-        "lora_target_modules); null means a full fine-tune.",
-    )
-    lora_alpha: Annotated[Int | None, GRPOFLOW_ONLY] = Field(
-        None, ge=1, description="LoRA alpha; null means lora_rank. Requires lora_rank."
-    )
-    lora_target_modules: Annotated[list[str] | Literal["all-linear"] | None, GRPOFLOW_ONLY] = Field(
-        None,
-        description="The modules that get LoRA adapters: null means every attention and MLP projection, whatever the "
-        "architecture names them (q_proj... for Llama, c_attn/c_fc/c_proj for GPT-2: every linear layer but the "
-        "output head; in a mixture of experts also the stacked expert parameters, e.g. experts.gate_up_proj and "
-        "experts.down_proj, through PEFT target_parameters); or a list of module or parameter names (a name matches "
-        "each whose name ends with it; a router such as gate is adapted only when named); or "
-        '"all-linear" (as PEFT expands it: the linear modules; in a transformers 5 mixture of experts PEFT adds the '
-        "experts and the router). A name the model lacks is rejected, naming those it "
-        "has. Requires lora_rank.",
-    )
-    load_in_4bit: Annotated[bool, GRPOFLOW_ONLY] = Field(
-        False, description="QLoRA: an NF4 base (bitsandbytes) plus LoRA adapters; requires lora_rank, single GPU only."
-    )
-    use_unsloth: Annotated[bool, GRPOFLOW_ONLY] = Field(
-        False, description="Train with Unsloth (opt-in); single GPU only."
-    )
-    use_liger: Annotated[bool, TRL("use_liger_kernel")] = Field(
-        False,
-        description="Liger kernels (opt-in); rejected with gpu_count > 1, with use_unsloth, and for GPT-NeoX/Pythia, "
-        "Gemma 2, Cohere and Granite models (wrong log-probs).",
-    )
-    temperature: Annotated[float, TRL("temperature")] = Field(
-        1.0,
-        ge=MIN_TEMPERATURE,
-        description="Sampling temperature of the rollouts. Near 0 sampling is greedy: a group's completions are all "
-        "alike and GRPO has nothing to compare (from ~1e-38 down, the logits divided by it overflow to inf/NaN).",
-    )
-    skip_zero_variance_groups: Annotated[bool, GRPOFLOW_ONLY] = Field(
-        False,
-        description=(
-            "Skip the forward/backward pass and optimizer step of steps whose completions all got the same reward "
-            "(all advantages 0: no gradient when kl_coef = 0; no effect otherwise). Parameters and Adam state stay "
-            "unchanged on a skipped step, where plain TRL still moves them by momentum; the LR schedule advances."
-        ),
-    )
-
-    @field_validator("lora_target_modules", mode="before")
-    @classmethod
-    def _module_names(cls, value: Any) -> Any:
-        # One message per shape, instead of one per member of the union.
-        if value is None or value == "all-linear":
-            return value
-        if not isinstance(value, list):
-            raise ValueError('must be a list of module names, "all-linear", or null for every projection')
-        if not value:
-            raise ValueError("must name at least one module (or be null for every attention and MLP projection)")
-        if not all(isinstance(name, str) and name.strip() for name in value):
-            raise ValueError("each module name must be a non-empty string")
-        return value
-
-    @field_validator("temperature", mode="before")
-    @classmethod
-    def _temperature_floor(cls, value: Any) -> Any:
-        # Before the field's own bound, so that the message says why (1e-300 was accepted and broke sampling).
-        if isinstance(value, int | float) and not isinstance(value, bool) and value < MIN_TEMPERATURE:
-            raise ValueError(
-                f"must be >= {MIN_TEMPERATURE:g}: near 0 sampling is greedy, so every completion of a group is the "
-                "same and GRPO has nothing to compare, and from ~1e-38 down the logits divided by it overflow to "
-                "inf/NaN (TRL's default is 1.0)"
-            )
-        return value
-
-    @field_validator("load_in_4bit")
-    @classmethod
-    def _bitsandbytes_installed(cls, value: bool) -> bool:
-        # As tracking.report_to's trackers: without the package, QLoRA would only fail once the model loads.
-        if value and not importlib.util.find_spec("bitsandbytes"):
-            raise ValueError("needs the bitsandbytes package, which is not installed: pip install 'grpoflow[qlora]'")
-        return value
-
-    @field_validator("global_batch_size", mode="before")
-    @classmethod
-    def _no_global_batch_size(cls, value: Any) -> None:
-        if value is not None:
-            raise ValueError(
-                "not supported by GRPO: a step's batch is groups of rollouts_per_prompt completions; set "
-                "hyperparameters.prompts_per_step (prompts per optimizer step) instead"
-            )
-
-
-class DatasetSpec(_Section):
+class DatasetSpec(Section):
     """Where the prompts come from."""
 
     uri: Url = Field(
@@ -341,11 +80,11 @@ class DatasetSpec(_Section):
 # "required" in it: the server drops every "required" of the schema before it validates.
 BUILT_IN_ENTRY = {
     "if": {"properties": {key: {"type": "null"} for key in ("function", "model", "grader")}},
-    "then": {"properties": {"name": {"enum": sorted(REWARDS)}}},
+    "then": {"properties": {"name": {"enum": sorted(BUILTIN_REWARDS)}}},
 }
 
 
-class RewardSpec(_Section):
+class RewardSpec(Section):
     """One reward; the spec's rewards are summed with their weights."""
 
     # The Prefect form's label (the metric's choice shows it), and the built-in names refused at run creation.
@@ -359,7 +98,7 @@ class RewardSpec(_Section):
         # The form offers the built-ins, and still takes any label for a custom function.
         json_schema_extra={
             "anyOf": [
-                {"title": "Built-in reward", "type": "string", "enum": sorted(REWARDS)},
+                {"title": "Built-in reward", "type": "string", "enum": sorted(BUILTIN_REWARDS)},
                 {"title": "Label of a custom function", "type": "string", "minLength": 1},
                 {"type": "null"},
             ]
@@ -401,7 +140,7 @@ class RewardSpec(_Section):
         return self
 
 
-class SFTSpec(_Section):
+class SFTSpec(Section):
     """The optional supervised format warm-up before GRPO."""
 
     enabled: bool = Field(False, description="Run the SFT warm-up.")
@@ -417,7 +156,7 @@ class SFTSpec(_Section):
     batch_size: Int = Field(8, ge=1, description="SFT per-device batch size.")
 
 
-class BudgetSpec(_Section):
+class BudgetSpec(Section):
     """What a job may spend."""
 
     max_training_hours: float | None = Field(
@@ -429,7 +168,7 @@ class BudgetSpec(_Section):
     )
 
 
-class CanarySpec(_Section):
+class CanarySpec(Section):
     """One GRPO step at full length on the job's own devices before training: does it fit, how long will it take."""
 
     enabled: Literal["auto"] | bool = Field(
@@ -445,7 +184,7 @@ class CanarySpec(_Section):
     )
 
 
-class RolloutsSpec(_Section):
+class RolloutsSpec(Section):
     """The rollouts kept in the job folder (rollouts/step-NNNNNN.parquet): each completion of a kept GRPO step with
     its prompt, every reward's score, the advantage, its length and whether it was cut."""
 
@@ -457,7 +196,7 @@ class RolloutsSpec(_Section):
     )
 
 
-class HealthSpec(_Section):
+class HealthSpec(Section):
     """The health monitor's thresholds that a job may tune (the others are fixed: grpoflow.trainers.health)."""
 
     no_signal_window: Int = Field(
@@ -501,7 +240,7 @@ class HealthSpec(_Section):
     )
 
 
-class GateSpec(_Section):
+class GateSpec(Section):
     """The promotion gate: the GRPO result is published and deployed only when it passes; otherwise the run still
     completes, emitting grpoflow.model.rejected with both scores and the reason."""
 
@@ -550,14 +289,14 @@ def _metric_kind(value: Any) -> str:
 
 
 # `evaluation.metric` is a job reward's name or a reward entry of its own: which, the value's type decides (so an entry
-# with a bad key is reported once, as an entry). The tags are left out of error locations (trainers/spec/loading.py).
+# with a bad key is reported once, as an entry). The tags are left out of error locations (core/spec/loading.py).
 METRIC_NAME, METRIC_ENTRY = "reward-name", "reward-entry"
 HeldOutMetric = Annotated[
     Annotated[str, Tag(METRIC_NAME)] | Annotated[RewardSpec, Tag(METRIC_ENTRY)], Discriminator(_metric_kind)
 ]
 
 
-class EvaluationSpec(_Section):
+class EvaluationSpec(Section):
     """The held-out before/after evaluation."""
 
     holdout: float = Field(
@@ -619,7 +358,7 @@ class EvaluationSpec(_Section):
         return self
 
 
-class PublishSpec(_Section):
+class PublishSpec(Section):
     """Publishing the trained model to the Hugging Face Hub."""
 
     repo_id: RepoId = Field(description="Hub repository, 'owner/name'.")
@@ -627,13 +366,13 @@ class PublishSpec(_Section):
     private: bool = Field(True, description="Create the repository as private.")
 
 
-class DeploySpec(_Section):
+class DeploySpec(Section):
     """Registering a serving deployment from the merged weights."""
 
     name: Slug = Field(description="Deployment name (a slug).")
 
 
-class WebhookSpec(_Section):
+class WebhookSpec(Section):
     """A webhook receiving the job's events (Standard Webhooks)."""
 
     # A str, not a `Url`: its own check below refuses credentials pointing to secret_env; the schema's part is Url's.
@@ -655,7 +394,7 @@ class WebhookSpec(_Section):
                 "database; put the secret in secret_env (the receiver verifies the signature)",
                 {"where": where},
             )
-        _not_link_local(value, "a webhook receiver")
+        not_link_local(value, "a webhook receiver")
         return value
 
 
@@ -677,7 +416,7 @@ def _tracker(name: str) -> str:
 Tracker = Annotated[str, AfterValidator(_tracker), Field(json_schema_extra={"enum": trl_fields()["report_to"]})]
 
 
-class TrackingSpec(_Section):
+class TrackingSpec(Section):
     """Experiment tracking of the GRPO run, through TRL's own integrations (transformers' `report_to`)."""
 
     report_to: list[Tracker] = Field(
@@ -713,7 +452,7 @@ class TrackingSpec(_Section):
         return list(dict.fromkeys(value))
 
 
-class GenerationSpec(_Section):
+class GenerationSpec(Section):
     """The rollout engine: how the completions of each step are generated."""
 
     engine: Literal["transformers", "paged", "vllm"] = Field(
@@ -754,11 +493,11 @@ class GenerationSpec(_Section):
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("must be an http(s) URL such as http://host:8000")
-            _not_link_local(value, "a vLLM server")
+            not_link_local(value, "a vLLM server")
         return value
 
 
-class DistributedSpec(_Section):
+class DistributedSpec(Section):
     """How training spreads over several GPUs (gpu_count > 1)."""
 
     strategy: Literal["ddp", "fsdp2", "zero2", "zero3"] = Field(
@@ -789,7 +528,7 @@ class DistributedSpec(_Section):
     )
 
 
-class JobSpec(_Section):
+class JobSpec(Section):
     """A grpoflow job: dataset, base model and rewards in, a GRPO-fine-tuned model out."""
 
     name: Slug = Field(description="Job name (a slug); becomes part of the job id.")

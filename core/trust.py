@@ -3,7 +3,7 @@
 A spec given on the user's own command line (`grpoflow validate`, `run`, `sweep`) may name any importable module and
 any path: the user is the operator of their machine. A spec that arrives any other way (a deployment's parameter from
 the Prefect UI form, `grpoflow submit`, an event, a watcher, the jobs API) comes from whoever may launch a run: the
-operator's policy (`grpoflow.trainers.policy`) says what it may name, and everything else is refused.
+operator's policy (`grpoflow.core.policy`) says what it may name, and everything else is refused.
 
 Code carried inside a spec (a `python` grader's source, in a `grader:` or anywhere in a `kwargs`) runs in the sandbox
 (`grpoflow.trainers.graders.sandbox`), wherever the spec came from. Where no sandbox can start, it runs in a bare
@@ -23,11 +23,11 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpoflow.trainers.policy import PolicyError, deployment_check, load_policy
-from grpoflow.trainers.uris import LOCAL_SCHEMES, file_path, url_scheme
+from grpoflow.core.policy import PolicyError, deployment_check, load_policy
+from grpoflow.core.uris import LOCAL_SCHEMES, file_path, url_scheme
 
 if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic models then
-    from grpoflow.trainers.spec import JobSpec
+    from grpoflow.core.spec import JobSpec
 
 SPEC_ORIGIN_ENV = "GRPOFLOW_SPEC_ORIGIN"  # set by the launcher for its children: command_line or deployment
 
@@ -54,7 +54,7 @@ def from_command_line() -> bool:
 
 
 def deployment_problems(spec: JobSpec, project: Path | None = None, team: str | None = None) -> list[str]:
-    """What the operator's policy refuses `spec` from a deployment (`grpoflow.trainers.policy.deployment_check`);
+    """What the operator's policy refuses `spec` from a deployment (`grpoflow.core.policy.deployment_check`);
     empty when allowed, or when the spec came from the user's own command line."""
     if from_command_line():
         return []

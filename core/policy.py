@@ -45,10 +45,11 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from grpoflow.trainers.uris import LOCAL_SCHEMES, file_path, url_scheme
+from grpoflow.core.catalog import CODE_GRADERS
+from grpoflow.core.uris import LOCAL_SCHEMES, file_path, is_gguf, is_local_model, url_scheme
 
 if TYPE_CHECKING:
-    from grpoflow.trainers.spec import JobSpec
+    from grpoflow.core.spec import JobSpec
 
 POLICY_ENV = "GRPOFLOW_POLICY"
 PROJECT_POLICY = Path(".grpoflow") / "policy.yaml"
@@ -114,7 +115,7 @@ class FromDeployments(_Strict):
     @field_validator("trl_keys")
     @classmethod
     def _real_fields(cls, keys):
-        from grpoflow.trainers.spec.trl_fields import trl_fields
+        from grpoflow.core.spec.trl_fields import trl_fields
 
         if isinstance(keys, list) and (unknown := sorted(set(keys) - set(trl_fields()["fields"]))):
             raise ValueError(f"not fields of trl.GRPOConfig: {', '.join(unknown)}")
@@ -267,21 +268,13 @@ class Check:
         return problems
 
     def graders(self) -> list[str]:
-        from grpoflow.trainers.graders.sandbox import sandbox_problem
-
         places = spec_code(self.spec)
         if not places:
             return []
         if self.allow.python_graders == "off":
             what = "a python grader is code carried inside the spec, which the policy turns off"
             return [self.refuse(where, what, "from_deployments.python_graders: sandboxed") for where in places]
-        if problem := sandbox_problem():
-            return [
-                f"{where}: a python grader runs only in the sandbox from a deployment, and it cannot start on this "
-                f"worker ({problem}); install bubblewrap where the job runs (docs/guides/security.md)"
-                for where in places
-            ]
-        return []
+        return []  # allowed, in the sandbox: whether one starts on this worker is `sandbox_refusals`'
 
     def trl_allowed(self, key: str) -> bool:
         """Whether the `trl:` key may be set (trust_remote_code is its own policy line, `remote_code`)."""
@@ -500,8 +493,6 @@ def _entries(spec: JobSpec) -> list[tuple[str, Any]]:
 def spec_code(spec: JobSpec) -> list[str]:
     """Where the spec carries code of its own: each `python` grader, in a `grader:` (a multi grader's sub-graders
     included) or anywhere in a `kwargs` (a factory named by `function:` that takes a grader)."""
-    from grpoflow.trainers.graders import CODE_GRADERS
-
     places = []
     for where, entry in _entries(spec):
         for key in ("grader", "kwargs"):
@@ -539,9 +530,6 @@ def model_sources(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def _is_local_model(model: str) -> bool:
-    from grpoflow.trainers.model.gguf import is_gguf
-    from grpoflow.trainers.model.load import is_local_model
-
     if model.startswith("builtin:") or url_scheme(model) not in LOCAL_SCHEMES:
         return False
     return is_local_model(model) or is_gguf(model) or model.startswith(("/", ".", "~"))

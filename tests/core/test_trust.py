@@ -1,24 +1,24 @@
-"""Who may run what (`grpoflow.trainers.trust`, `trainers/rewards/build.py`): a reward function must have TRL's
+"""Who may run what (`grpoflow.core.trust`, `trainers/rewards/build.py`): a reward function must have TRL's
 reward signature, and every flow that takes a spec from a deployment checks it against the operator's policy
-(tests/trainers/test_policy.py) before anything of it runs. The bad-input corpus holds the command-line side."""
+(tests/core/test_policy.py) before anything of it runs. The bad-input corpus holds the command-line side."""
 
 import pytest
 
-from grpoflow.flows.pipeline import grpo_pipeline
-from grpoflow.flows.sweep import grpo_sweep
-from grpoflow.flows.triggered import grpo_pipeline_from_file
-from grpoflow.flows.watch import watch_new_data
-from grpoflow.trainers.policy import POLICY_ENV
-from grpoflow.trainers.rewards import RewardError
-from grpoflow.trainers.rewards.build import build_reward
-from grpoflow.trainers.spec import load_spec
-from grpoflow.trainers.trust import (
+from grpoflow.core.policy import POLICY_ENV
+from grpoflow.core.spec import load_spec
+from grpoflow.core.trust import (
     SPEC_ORIGIN_ENV,
     command_line,
     deployment_problems,
     spec_from_command_line,
     unsandboxed_allowed,
 )
+from grpoflow.flows.pipeline import grpo_pipeline
+from grpoflow.flows.sweep import grpo_sweep
+from grpoflow.flows.triggered import grpo_pipeline_from_file
+from grpoflow.flows.watch import watch_new_data
+from grpoflow.trainers.rewards import RewardError
+from grpoflow.trainers.rewards.build import build_reward
 
 CALLED = []
 

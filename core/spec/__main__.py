@@ -1,7 +1,7 @@
 """Prints the GRPO hyperparameter table that the docs' spec reference page holds:
-python -m grpoflow.trainers.spec
+python -m grpoflow.core.spec
 """
 
-from grpoflow.trainers.spec.docs import hyperparameter_table
+from grpoflow.core.spec.docs import hyperparameter_table
 
 print(hyperparameter_table())

@@ -210,3 +210,29 @@ def forbidden_among(host: str, addresses: list[str]) -> str | None:
             carried = "" if bad == address else f", which carries {bad}"
             return f"{host} resolves to {text}{carried}, a link-local address"
     return None
+
+
+# --- model sources -------------------------------------------------------------------------------------------
+
+
+def is_gguf(model_id: str) -> bool:
+    """Whether `base_model` names a GGUF file (`*.gguf`) rather than a model folder or a Hub id.
+
+    >>> is_gguf("models/SmolLM2-135M-Instruct.Q4_1.gguf"), is_gguf("Qwen/Qwen2.5-0.5B-Instruct")
+    (True, False)
+    """
+    return model_id.lower().endswith(".gguf")
+
+
+def is_local_model(model_id: str) -> bool:
+    """True for a local path: one that exists, or that no Hub repo id could be (`/x`, `./x`, `~/x`, `a/b/c`)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if os.path.exists(os.path.expanduser(model_id)) or model_id.startswith(("/", ".", "~")):
+        return True
+    try:
+        validate_repo_id(model_id)
+    except HFValidationError:
+        return True
+    return False

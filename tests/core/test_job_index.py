@@ -1,10 +1,10 @@
-"""The job index (`trainers/jobdir.py`) and the CLI finding a job by id alone, from another folder."""
+"""The job index (`core/jobdir.py`) and the CLI finding a job by id alone, from another folder."""
 
 import json
 
 import pytest
 
-from grpoflow.trainers import jobdir as job_index
+from grpoflow.core import jobdir as job_index
 from tests.conftest import cli
 
 

@@ -27,8 +27,8 @@ from typing import TypeVar
 
 import httpx2
 
-from grpoflow.trainers.trust import spec_from_command_line
-from grpoflow.trainers.uris import ALLOW_LINK_LOCAL_ENV, address_of, forbidden_among, link_local_address
+from grpoflow.core.trust import spec_from_command_line
+from grpoflow.core.uris import ALLOW_LINK_LOCAL_ENV, address_of, forbidden_among, link_local_address
 
 DEADLINE_ENV = "GRPOFLOW_HTTP_DEADLINE_S"
 MAX_RESPONSE_ENV = "GRPOFLOW_HTTP_MAX_RESPONSE_MB"

@@ -4,8 +4,8 @@ import doctest
 
 import pytest
 
-from grpoflow.trainers.spec import markdown
-from grpoflow.trainers.spec.markdown import cell, literal, number, table
+from grpoflow.core.spec import markdown
+from grpoflow.core.spec.markdown import cell, literal, number, table
 
 
 def test_doctest():

@@ -1,9 +1,9 @@
-"""The fields of `trl.GRPOConfig` that a spec's `trl:` block may set, and the tracker names its `report_to` takes
-(transformers' integrations), frozen in `trl_fields.json` so that validating a spec imports neither torch nor TRL.
+"""The record of `trl.GRPOConfig`'s fields and transformers' tracker names, written from the installed TRL into
+`core/spec/trl_fields.json`, which the spec reads (`grpoflow.core.spec.trl_fields`) without importing TRL.
 
-Regenerate the file from the installed TRL after upgrading it (tests/trainers/test_trl_fields.py fails until then):
+Regenerate the file from the installed TRL after upgrading it (tests/core/test_trl_fields.py fails until then):
 
-    python -m grpoflow.trainers.spec.trl_fields
+    python -m grpoflow.trainers.trl_record
 
 Each field is recorded as its simple types (bool, int, float, str, list, dict, None; "object" for a type no YAML value
 can be), the choices where its type (an enum, a Literal) or its metadata gives them, and its help text.
@@ -11,15 +11,14 @@ can be), the choices where its type (an enum, a Literal) or its metadata gives t
 
 import dataclasses
 import enum
-import functools
 import json
 import sys
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
-PATH = Path(__file__).with_name("trl_fields.json")
+from grpoflow.core.spec.trl_fields import PATH
+
 _SIMPLE = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict", type(None): "None"}
 
 
@@ -78,12 +77,6 @@ def generate() -> dict:
             "help": " ".join(str(field.metadata.get("help", "")).split()),
         }
     return {"trl_version": trl.__version__, "fields": fields, "report_to": list(INTEGRATION_TO_CALLBACK)}
-
-
-@functools.cache
-def trl_fields() -> dict:
-    """The frozen record (`trl_fields.json`), read once: `{"trl_version": ..., "fields": {name: {...}}}`."""
-    return json.loads(PATH.read_text())
 
 
 def main() -> int:

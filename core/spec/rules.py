@@ -15,9 +15,11 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from grpoflow.trainers.graders.checks import grader_problems
-from grpoflow.trainers.spec.trl_fields import trl_fields
-from grpoflow.trainers.uris import is_remote, url_credentials
+from grpoflow.core.catalog import BUILTIN_REWARDS
+from grpoflow.core.graders import grader_problems
+from grpoflow.core.judge import judge_kwargs_problems
+from grpoflow.core.spec.trl_fields import trl_fields
+from grpoflow.core.uris import is_remote, url_credentials
 
 # Families whose Liger kernels give wrong log-probs; model_type values from transformers' configs.
 LIGER_UNSUPPORTED = ("gpt_neox", "gemma2", "cohere", "granite")
@@ -69,13 +71,12 @@ def trl_markers(model: type[BaseModel]) -> dict[str, TRL | None]:
 
 
 @functools.cache
-def trl_spec_keys() -> dict[str, str]:
-    """The trl.GRPOConfig fields the spec sets, each with the spec key that sets it: the hyperparameters' from their
-    `TRL` markers, the other sections' from `SECTION_TRL_KEYS`. A `trl:` block may set none of them."""
-    from grpoflow.trainers.spec.models import Hyperparameters  # models imports this module: a cycle
-
+def trl_spec_keys(hyperparameters: type[BaseModel]) -> dict[str, str]:
+    """The trl.GRPOConfig fields the spec sets, each with the spec key that sets it: the hyperparameters' (the
+    `Hyperparameters` model) from their `TRL` markers, the other sections' from `SECTION_TRL_KEYS`. A `trl:` block may
+    set none of them."""
     keys = {}
-    for field, marker in trl_markers(Hyperparameters).items():
+    for field, marker in trl_markers(hyperparameters).items():
         for name in (*marker.names, *marker.also) if marker else ():
             keys[name] = f"hyperparameters.{field}"
     return {**keys, **SECTION_TRL_KEYS}
@@ -189,14 +190,6 @@ def _lax(section: dict, model: type[BaseModel], key: str) -> Any:
         return field.default
 
 
-def _builtin_rewards() -> list[str] | None:
-    try:
-        from grpoflow.trainers.rewards.builtin import REWARDS
-    except ImportError:
-        return None
-    return list(REWARDS)
-
-
 def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
     """The cross-field violations in a spec dict, even one whose fields are invalid.
 
@@ -241,7 +234,7 @@ def rule_problems(data: dict, spec_model: type[BaseModel]) -> list[str]:
     problems += _engine_problems(data, spec_model, gpus, unsloth, hp)
     problems += _agent_problems(data, unsloth, trl)
     problems += _evaluation_problems(data, spec_model, _lax(hp, Hyperparameters, "max_steps"))
-    return problems + _reward_problems(data) + _trl_problems(trl, list(Hyperparameters.model_fields))
+    return problems + _reward_problems(data) + _trl_problems(trl, Hyperparameters)
 
 
 def _section(data: dict, key: str) -> dict:
@@ -378,14 +371,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _trl_problems(trl: dict, hyperparameters: list[str]) -> list[str]:
+def _trl_problems(trl: dict, hyperparameters: type[BaseModel]) -> list[str]:
     """Each `trl:` entry checked against the frozen record of trl.GRPOConfig's fields (trl_fields.json)."""
-    record, problems = trl_fields(), []
+    record, problems, spec_keys = trl_fields(), [], trl_spec_keys(hyperparameters)
     fields = record["fields"]
     for name, value in trl.items():
         where = f"trl.{name}"
-        if name in trl_spec_keys():
-            problems.append(f"{where}: set by the spec; use {trl_spec_keys()[name]}")
+        if name in spec_keys:
+            problems.append(f"{where}: set by the spec; use {spec_keys[name]}")
         elif name in TRL_SET_BY_GRPOFLOW:
             problems.append(f"{where}: set by grpoflow ({TRL_SET_BY_GRPOFLOW[name]})")
         elif name == "accelerator_config" and not isinstance(value, dict):
@@ -395,7 +388,7 @@ def _trl_problems(trl: dict, hyperparameters: list[str]) -> list[str]:
                 f"{where}: an upload to the Hugging Face Hub from inside training, with the worker's token, before "
                 f"the promotion gate and approval: refused; {TRL_UPLOADS[name]}"
             )
-        elif name in hyperparameters:
+        elif name in hyperparameters.model_fields:
             problems.append(f"{where}: a grpoflow hyperparameter, not a TRL option; use hyperparameters.{name}")
         elif name not in fields:
             close = difflib.get_close_matches(str(name), list(fields), n=1)
@@ -483,10 +476,6 @@ def _reward_name(reward: Any) -> Any:
 
 def _judge_problems(where: str, kwargs: Any) -> list[str]:
     """An llm_judge entry's kwargs problems that need no network and no environment (trainers/rewards/judge.py)."""
-    try:
-        from grpoflow.trainers.rewards.judge import judge_kwargs_problems
-    except ImportError:
-        return []
     if not isinstance(kwargs, dict):
         return []  # the field error says so
     return [f"{where}.kwargs.{key}: {message}" for key, message in judge_kwargs_problems(kwargs)]
@@ -519,7 +508,7 @@ def _entry_problems(where: str, reward: dict, builtins: list[str] | None) -> lis
 
 
 def _grader_entry_problems(where: str, reward: dict) -> list[str]:
-    """A `grader:` entry: the object checked with the openai package's types (trainers/graders/checks.py), its name
+    """A `grader:` entry: the object checked with the openai package's types (core/graders.py), its name
     the reward's, nothing else beside it but weight and kwargs."""
     problems = [
         f"{where}.{key}: a grader entry is the grader object alone (with weight and kwargs); remove {key}"
@@ -536,7 +525,7 @@ def _grader_entry_problems(where: str, reward: dict) -> list[str]:
 
 def _reward_problems(data: dict) -> list[str]:
     rewards = data.get("rewards") if isinstance(data.get("rewards"), list) else []
-    builtins, names, problems = _builtin_rewards(), [], []
+    builtins, names, problems = list(BUILTIN_REWARDS), [], []
     for i, reward in enumerate(rewards):
         if not isinstance(reward, dict):
             continue

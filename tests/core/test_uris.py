@@ -1,5 +1,5 @@
 """URIs grpoflow accepts: their scheme, whether they are remote, why fsspec cannot open one, and the credentials and
-link-local addresses refused in them (`grpoflow.trainers.uris`)."""
+link-local addresses refused in them (`grpoflow.core.uris`)."""
 
 import doctest
 import socket
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grpoflow.trainers import uris
-from grpoflow.trainers.uris import (
+from grpoflow.core import uris
+from grpoflow.core.uris import (
     OBJECT_STORES,
     is_remote,
     link_local_address,

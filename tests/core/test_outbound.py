@@ -1,4 +1,4 @@
-"""Bounded outbound requests (trainers/outbound.py): one total deadline and a reply cap per request, driven by a
+"""Bounded outbound requests (core/outbound.py): one total deadline and a reply cap per request, driven by a
 hostile endpoint on 127.0.0.1 (tests/hostile_server.py) that trickles, floods or inflates."""
 
 import asyncio
@@ -8,7 +8,7 @@ import time
 import httpx2
 import pytest
 
-from grpoflow.trainers import outbound
+from grpoflow.core import outbound
 from tests.hostile_server import ANSWER, HostileServer, timed
 
 

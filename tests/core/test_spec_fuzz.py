@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from grpoflow.trainers.spec import JobSpec, SpecError, load_spec, to_yaml
+from grpoflow.core.spec import JobSpec, SpecError, load_spec, to_yaml
 
 BASE = {
     "name": "fuzz",

@@ -4,14 +4,23 @@
 - `rules.py`: the cross-field rules, which read their defaults from the models;
 - `loading.py`: YAML in (hardened), `--set` overrides, shape caps, errors as "dotted.location: message" lines,
   `load_spec`, and the resolved spec out (`resolved_dict`, `to_yaml`);
-- `docs.py`: the hyperparameter table (`python -m grpoflow.trainers.spec` prints it) and the docs' spec page,
+- `docs.py`: the hyperparameter table (`python -m grpoflow.core.spec` prints it) and the docs' spec page,
   every field of every section (`spec_reference`).
 
 A rejected spec raises `SpecError`, which lists every violation at once.
 """
 
-from grpoflow.trainers.spec.docs import hyperparameter_table
-from grpoflow.trainers.spec.loading import (
+from grpoflow.core.spec.docs import hyperparameter_table
+from grpoflow.core.spec.fields import (
+    ENV_NAME_PATTERN,
+    FUNCTION_PATTERN,
+    MAX_INT,
+    MAX_SEED,
+    REPO_ID_PATTERN,
+    SLUG_PATTERN,
+)
+from grpoflow.core.spec.hyperparameters import Hyperparameters
+from grpoflow.core.spec.loading import (
     MAX_SPEC_BYTES,
     MAX_SPEC_DEPTH,
     MAX_SPEC_VALUES,
@@ -21,26 +30,19 @@ from grpoflow.trainers.spec.loading import (
     resolved_dict,
     to_yaml,
 )
-from grpoflow.trainers.spec.models import (
-    ENV_NAME_PATTERN,
-    FUNCTION_PATTERN,
-    MAX_INT,
-    MAX_SEED,
-    REPO_ID_PATTERN,
-    SLUG_PATTERN,
+from grpoflow.core.spec.models import (
     BudgetSpec,
     DatasetSpec,
     DeploySpec,
     EvaluationSpec,
     HealthSpec,
-    Hyperparameters,
     JobSpec,
     PublishSpec,
     RewardSpec,
     SFTSpec,
     WebhookSpec,
 )
-from grpoflow.trainers.spec.rules import LIGER_UNSUPPORTED, model_family, rule_problems
+from grpoflow.core.spec.rules import LIGER_UNSUPPORTED, model_family, rule_problems
 
 __all__ = [
     "ENV_NAME_PATTERN",

@@ -1,4 +1,4 @@
-"""Tests for trainers/spec/: the job spec's defaults and rules, its error messages, overrides and resolution, and the
+"""Tests for core/spec/: the job spec's defaults and rules, its error messages, overrides and resolution, and the
 README's hyperparameter table generated from the model."""
 
 import copy
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import grpoflow.trainers.spec.models as spec_models
-from grpoflow.trainers.spec import (
+import grpoflow.core.spec.models as spec_models
+from grpoflow.core.spec import (
     JobSpec,
     SpecError,
     apply_overrides,
@@ -507,11 +507,13 @@ def test_rules(patch, expected):
         assert {path: lookup(resolved, path) for path in expected} == expected
 
 
-def test_builtin_reward_check_waits_for_rewards_module(monkeypatch):
-    # Until the built-ins' module can be imported, any name passes here; building the reward catches it later.
+def test_builtin_reward_names_are_checked_without_the_rewards_module(monkeypatch):
+    # The spec checks names against the base layer's table (grpoflow.core.catalog), never the implementations.
     monkeypatch.setitem(sys.modules, "grpoflow.trainers.rewards.builtin", None)
-    spec, _ = load_spec(patched({"rewards": [{"name": "not_yet_known"}]}))
-    assert spec.rewards[0].name == "not_yet_known"
+    assert rejected({"rewards": [{"name": "not_yet_known"}]}) == [
+        "rewards[0].name: unknown built-in reward 'not_yet_known'; choose one of: answer_format, exact_answer, "
+        "length_penalty, llm_judge, numeric_match (or set function: package.module:callable)"
+    ]
 
 
 @needs_rewards
@@ -917,7 +919,7 @@ def test_every_model_forbids_extra_keys():
 def test_hyperparameter_table_is_generated_from_the_model(capsys):
     # The table is no longer pasted into README.md: the docs' spec reference page is generated from the models
     # (docs/gen_reference.py; tests/test_docs.py checks the page).
-    runpy.run_module("grpoflow.trainers.spec", run_name="__main__")
+    runpy.run_module("grpoflow.core.spec", run_name="__main__")
     printed = capsys.readouterr().out.strip()
     assert printed == hyperparameter_table()
     table = printed
@@ -1082,7 +1084,7 @@ def test_example_specs_validate(example):
 
 def test_default_vllm_settings_are_no_request():
     # The Prefect form sends every field of a section with its default: that asks for nothing vLLM-specific.
-    from grpoflow.trainers.spec.models import GenerationSpec
+    from grpoflow.core.spec.models import GenerationSpec
 
     spec, _ = load_spec(patched({"generation": GenerationSpec().model_dump()}))
     assert spec.generation.engine == "transformers"

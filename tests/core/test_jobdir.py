@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpoflow.trainers import jobdir
-from grpoflow.trainers.jobdir import JobDir, check_job_id, replace_dir, write_json_atomic, write_text_atomic
+from grpoflow.core import jobdir
+from grpoflow.core.jobdir import JobDir, check_job_id, replace_dir, write_json_atomic, write_text_atomic
 
 
 def test_doctest():

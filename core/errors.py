@@ -45,3 +45,16 @@ class ChildFailed(RuntimeError):
 class ChildEndedEarly(RuntimeError):
     """The child exited 0 without writing its result (something inside it ended the process, such as a reward
     calling `os._exit`): not a crash a retry cures."""
+
+
+class SetupError(RuntimeError):
+    """The job cannot run on this machine as specified (missing library, no CUDA); retrying will not help."""
+
+
+class DatasetError(ValueError):
+    """A user's dataset problem; the message names the file, row or column and what to do. `problems` holds each
+    problem on its own ("dataset URI: ..."), for a report that lists them beside others (the preflight's)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or [message]

@@ -18,10 +18,12 @@ import fsspec
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from grpoflow.trainers.spec.models import MAX_INT, METRIC_ENTRY, METRIC_NAME, JobSpec
-from grpoflow.trainers.spec.rules import rule_problems, shown, trl_spec_keys
-from grpoflow.trainers.spec.trl_fields import trl_fields
-from grpoflow.trainers.uris import outside_stores, unopenable, url_scheme
+from grpoflow.core.spec.fields import MAX_INT
+from grpoflow.core.spec.hyperparameters import Hyperparameters
+from grpoflow.core.spec.models import METRIC_ENTRY, METRIC_NAME, JobSpec
+from grpoflow.core.spec.rules import rule_problems, shown, trl_spec_keys
+from grpoflow.core.spec.trl_fields import trl_fields
+from grpoflow.core.uris import outside_stores, unopenable, url_scheme
 
 # Caps that turn a YAML alias bomb, a runaway nesting or a huge value into one clear error, instead of a hang, a
 # RecursionError or a job that fails after the model has loaded. No real spec comes near them.
@@ -101,7 +103,7 @@ def _aliases(section: str) -> dict[str, str]:
     """TRL's names for the spec's keys, as suggested at `section`: the key itself when it lives there, else its
     dotted path (at the top level and in hyperparameters only)."""
     aliases = {}
-    for name, key in trl_spec_keys().items():
+    for name, key in trl_spec_keys(Hyperparameters).items():
         parent, _, leaf = key.rpartition(".")
         if (parent or "spec") == section:
             aliases[name] = leaf
