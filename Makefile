@@ -27,7 +27,6 @@ constraints: $(STAMP)
 		'# as TORCH_VERSION). To upgrade: `.venv/bin/pip install -U <package>`, `make constraints`, `make test`.'; \
 	  $(PIP) freeze --exclude-editable | grep -viE '^(torch|grpoflow)[=@ ]'; } > constraints.txt.tmp
 	mv constraints.txt.tmp constraints.txt
-	cp constraints.txt flows/templates/project/constraints.txt  # what `grpoflow init` writes for a project's image
 	touch $(STAMP)
 
 demo: $(STAMP)

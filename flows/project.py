@@ -3,7 +3,8 @@
 `init` writes a working project from the templates shipped in the package (flows/templates/project/): prefect.yaml
 (the four deployments, run in the project folder), work-pools/, spec.yaml on builtin:tiny with the shipped
 arithmetic data copied into data/, rewards.py (the custom reward spec.yaml uses), data/incoming/ and a README.md
-with the project's own commands.
+with the project's own commands. The image's files (Dockerfile, .dockerignore, constraints.txt, scripts/install*.sh)
+are the repository's own: the template links them, and the wheel and `init` carry the files linked to.
 
     grpoflow init my-project
 """

@@ -331,6 +331,15 @@ def test_init_writes_the_image_files(tmp_path, monkeypatch):
     assert [r.name for r in spec.rewards] == ["exact_answer", "close_answer_reward"]
 
 
+def test_the_template_keeps_no_copy_of_the_repositorys_own_files():
+    """The image files a project gets are the checkout's own, linked: a change to the Dockerfile or the constraints
+    is made once, and `grpoflow init` (and the wheel) carry the file the link points to."""
+    template = PROJECT_DIR / "flows" / "templates" / "project"
+    for name in ("Dockerfile", ".dockerignore", "constraints.txt", "scripts/install.sh", "scripts/install_sandbox.sh"):
+        assert (template / name).is_symlink(), name
+        assert (template / name).resolve() == (PROJECT_DIR / name).resolve(), name
+
+
 def test_the_wheel_carries_the_image_files(tmp_path):
     """`grpoflow init` from a non-editable install finds them too (package data, dotfile included)."""
     src = tmp_path / "src"
