@@ -5,8 +5,8 @@ backend's package-dir mapping (pyproject.toml) installs each as a subpackage of 
 
 | folder | installed as | holds |
 | --- | --- | --- |
-| `core/` | `grpoflow.core` | the base: the job spec, the job folder, URIs, errors, policy and trust; no ML, no Prefect |
-| `trainers/` | `grpoflow.trainers` | the ML: TRL training, datasets, rewards, graders, the model, evaluation; no Prefect |
+| `core/` | `grpoflow.core` | the base: job spec, job folder, URIs, errors, policy, trust; no ML, no Prefect |
+| `trainers/` | `grpoflow.trainers` | the ML: TRL training, datasets, rewards, graders, the model; no Prefect |
 | `jobs/` | `grpoflow.jobs` | the job service: preflight, children, lock, report, registry, publish |
 | `tasks/` | `grpoflow.tasks` | one Prefect task per pipeline stage |
 | `integrations/` | `grpoflow.integrations` | what tasks call: storage, job folders, events, webhooks, Prefect server |
