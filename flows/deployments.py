@@ -20,6 +20,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -75,10 +76,15 @@ BUSY_CODES = (429, 502, 503)
 
 @contextlib.contextmanager
 def server_calls(url: str):
-    """Inside: calls to the Prefect server at `url`. A server still busy after Prefect's client retried ends the
-    command with one line saying what to do (`DeploymentError`, exit code 1)."""
+    """Inside: calls to the Prefect server at `url`. A server that does not answer, or that is still busy after
+    Prefect's client retried, ends the command with one line saying what to do (`DeploymentError`, exit code 1)."""
     try:
         yield
+    except httpx.ConnectError:
+        raise DeploymentError(
+            f"no Prefect server answers at {url}: start one with `prefect server start`, or set PREFECT_API_URL to "
+            "the API of a running one"
+        ) from None
     except PrefectHTTPStatusError as e:
         if e.response.status_code not in BUSY_CODES:
             raise

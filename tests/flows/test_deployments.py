@@ -173,6 +173,22 @@ def test_a_busy_server_is_retried_with_backoff(statuses, retries, answered):
         assert "PREFECT_CLIENT_MAX_RETRIES" in str(failed.value) and "re-apply" not in str(failed.value)
 
 
+@pytest.mark.parametrize("command", ["apply", "submit"])
+def test_no_server_at_the_url_is_one_line(tmp_path, command):
+    """`deployments apply` and `submit` before the server is up: one line naming the URL and what to do, exit 1."""
+    spec = tmp_path / "ok.yaml"
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    spec.write_text(yaml.safe_dump(small_spec("ok", str(data), str(tmp_path / "runs"))))
+    url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    with temporary_settings({PREFECT_API_URL: url}):
+        code, out, err = cli(*(["deployments", "apply"] if command == "apply" else ["submit", spec]))
+    assert code == 1 and out == ""
+    assert err == (
+        f"grpoflow: no Prefect server answers at {url}: start one with `prefect server start`, or set "
+        "PREFECT_API_URL to the API of a running one\n"
+    )
+
+
 # --- the stack: server, deployments, worker ------------------------------------------------------------------------
 
 
