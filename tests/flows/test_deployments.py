@@ -950,6 +950,23 @@ def test_the_form_refuses_a_misspelt_builtin_reward_at_creation(stack):
         client.delete_flow_run(flow_run.id)  # schema lets a labelled function through
 
 
+def run_logs(flow_run_id, until: str, timeout: float = 60) -> list[str]:
+    """The messages the server holds for a flow run, once one of them starts with `until` (and a few seconds more,
+    for what the run's process sent after it)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    deadline, seen_at = time.monotonic() + timeout, None
+    while True:
+        with get_client(sync_client=True) as client:
+            messages = [log.message for log in client.read_logs(log_filter=flt)]
+        if seen_at is None and any(m.startswith(until) for m in messages):
+            seen_at = time.monotonic()
+        if (seen_at is not None and time.monotonic() - seen_at > 5) or time.monotonic() > deadline:
+            return messages
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo-pipeline/retrain", "grpo-sweep/sweep"])
 def test_a_spec_the_schema_lets_through_ends_rejected(stack, name):
@@ -966,6 +983,11 @@ def test_a_spec_the_schema_lets_through_ends_rejected(stack, name):
     with get_client(sync_client=True) as client:
         ran = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
     assert ran == []
+    # The run's Logs tab: the reason, and no engine traceback after it (the flow's process sends its last logs as it
+    # exits, after the final state: waited for)
+    logs = run_logs(flow_run.id, until="Finished in state Rejected")
+    assert any("duplicate reward name 'exact_answer'" in m for m in logs), logs
+    assert [m for m in logs if "Traceback" in m] == []
     if name == "grpo-sweep/sweep":
         assert flow_run.name.startswith("sweep-example-"), flow_run.name  # named after its spec, as a sweep id
 
