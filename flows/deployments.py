@@ -12,6 +12,7 @@ deployment of the `grpo-pipeline` flow with the spec as its `spec` parameter.
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -30,7 +32,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES
 from prefect.utilities.urls import url_for
 
 from grpoflow.core.spec import JobSpec
@@ -63,6 +65,34 @@ def api_url() -> str:
             "`export PREFECT_API_URL=http://127.0.0.1:4200/api` (see `prefect server start`)"
         )
     return url
+
+
+# What Prefect's client retries by itself (`prefect.client.base`, for every call grpoflow makes through it: submit,
+# apply, events, artifacts): HTTP 429, 502 and 503, which is what a SQLite server answers for "database is locked",
+# PREFECT_CLIENT_MAX_RETRIES times (default 5) with exponential backoff (2, 4, 8 ... s) and jitter. grpoflow adds no
+# loop of its own; `server_calls` only words what is left once those retries are spent.
+BUSY_CODES = (429, 502, 503)
+
+
+@contextlib.contextmanager
+def server_calls(url: str):
+    """Inside: calls to the Prefect server at `url`. A server that does not answer, or that is still busy after
+    Prefect's client retried, ends the command with one line saying what to do (`DeploymentError`, exit code 1)."""
+    try:
+        yield
+    except httpx.ConnectError:
+        raise DeploymentError(
+            f"no Prefect server answers at {url}: start one with `prefect server start`, or set PREFECT_API_URL to "
+            "the API of a running one"
+        ) from None
+    except PrefectHTTPStatusError as e:
+        if e.response.status_code not in BUSY_CODES:
+            raise
+        raise DeploymentError(
+            f"the Prefect server at {url} is busy (HTTP {e.response.status_code} {e.response.reason_phrase}) after "
+            f"{PREFECT_CLIENT_MAX_RETRIES.value()} retries (PREFECT_CLIENT_MAX_RETRIES); try again, and for many "
+            "runs at once give the server PostgreSQL (PREFECT_API_DATABASE_CONNECTION_URL) rather than SQLite"
+        ) from None
 
 
 # --- apply -----------------------------------------------------------------------------------------------------------
@@ -279,7 +309,9 @@ async def submit(spec: JobSpec, deployment: str = "retrain"):
                 found.id, parameters=run_parameters(spec), job_variables=job_variables or None
             )
         except PrefectHTTPStatusError as e:
-            detail = e.response.json().get("detail", str(e)) if e.response.status_code < 500 else str(e)
+            if e.response.status_code in BUSY_CODES or e.response.status_code >= 500:
+                raise  # not the run's parameters: `server_calls` words it
+            detail = e.response.json().get("detail", str(e))
             raise DeploymentError(
                 f"the server refused the run of {name}: {detail}\n(if grpoflow's spec changed since the deployment "
                 "was made, run `grpoflow deployments apply` again)"

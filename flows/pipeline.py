@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from prefect import Task, flow, get_client, get_run_logger
 from prefect.context import FlowRunContext
-from prefect.exceptions import ParameterTypeError, TerminationSignal
+from prefect.exceptions import FailedRun, ParameterTypeError, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
@@ -51,12 +51,19 @@ class NamedFailures(logging.Filter):
     A form's refused parameters (`ParameterTypeError`: a spec the UI form let through that the spec's own rules
     refuse) are named the same way: the engine's line "Engine execution exited with unexpected exception" becomes
     the refusal itself, each problem on its line, without the ~20 lines of Prefect's frames.
+
+    A run that ended on a failed state its flow returned (`rejected`'s `Rejected`, a sweep's failed jobs) is logged
+    once, by the engine's "Finished in state Rejected('<the reason>')": a worker's engine then asks `run_flow` for
+    the flow's result, which raises that state as `FailedRun` and logs it again as "Engine execution exited with
+    unexpected exception" with ~40 lines of Prefect's frames, whatever the state's name. That line is left out.
     """
 
     NAMED = (TrainingSetupError, TrainingStopped, RewardFailed, ChildEndedEarly, ChildFailed, ParameterTypeError)
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, FailedRun):
+            return False
         if isinstance(error, self.NAMED):
             record.exc_info, record.exc_text = None, None
             if isinstance(error, ParameterTypeError):

@@ -108,13 +108,15 @@ class ProgressWatcher:
     def _watch_stall(self, new_steps: int) -> str | None:
         """The stall watchdog, armed by this child's first step (the first poll reads an earlier attempt's steps, and
         the model load before step 1 has no bound worth guessing): an alert after `stall_factor` times the median
-        step time without a new step (at least `stall_min_seconds`), the reason to stop at twice that."""
+        step time without a new step (at least `stall_min_seconds`), the reason to stop at twice that. The first
+        step's own time counts, from the child's last phase line before it ("model loaded ...; step 1: generating"):
+        a step 1 of 328 s makes the next step's limit `stall_factor` x 328 s, not the floor."""
         now, first_poll, self.polled = time.monotonic(), not self.polled, True
         if first_poll:
             return None
         if new_steps:
-            if self.last_step_at is not None:
-                self.step_seconds.append((now - self.last_step_at) / new_steps)
+            began = self.last_step_at if self.last_step_at is not None else self.phases.phase_started
+            self.step_seconds.append((now - began) / new_steps)
             self.last_step_at, self.stall_alerted = now, False
             return None
         if self.last_step_at is None or self.last_step >= self.spec.hyperparameters.max_steps:

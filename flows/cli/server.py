@@ -41,6 +41,7 @@ def cmd_deployments_apply(args) -> int:
         describe_deployments,
         ensure_pools,
         load_pools,
+        server_calls,
         start_watchers,
     )
     from grpoflow.flows.project import project_files
@@ -48,13 +49,14 @@ def cmd_deployments_apply(args) -> int:
     project = Path(args.project).resolve()
     prefect_file, pools_file = project_files(project)
     url = api_url()
-    for line in asyncio.run(ensure_pools(load_pools(pools_file))):
-        print(line)
-    deploy_all(prefect_file, project)
-    for line in asyncio.run(describe_deployments(prefect_file)):
-        print(line)
-    for line in asyncio.run(start_watchers(prefect_file)):
-        print(line)
+    with server_calls(url):
+        for line in asyncio.run(ensure_pools(load_pools(pools_file))):
+            print(line)
+        deploy_all(prefect_file, project)
+        for line in asyncio.run(describe_deployments(prefect_file)):
+            print(line)
+        for line in asyncio.run(start_watchers(prefect_file)):
+            print(line)
     print(f"deployed to {url}; start a worker with: prefect worker start --pool grpo-gpu")
     return EXIT_OK
 
@@ -62,18 +64,20 @@ def cmd_deployments_apply(args) -> int:
 def cmd_submit(args) -> int:
     import asyncio
 
-    from grpoflow.flows.deployments import api_url, deployment_name, flow_run_url, submit, wait_for
+    from grpoflow.flows.deployments import api_url, deployment_name, flow_run_url, server_calls, submit, wait_for
 
     spec = load(args)  # a rejected spec stops here: nothing is sent
-    api_url()  # no server to send to is said first, before the preflight reads the model and the dataset
+    server = api_url()  # no server to send to is said first, before the preflight reads the model and the dataset
     preflight(args, spec)
-    flow_run = asyncio.run(submit(spec, args.deployment))
+    with server_calls(server):
+        flow_run = asyncio.run(submit(spec, args.deployment))
     url = flow_run_url(flow_run)
     if not args.json:
         print(f"submitted {spec.name} to {deployment_name(args.deployment)}: flow run {flow_run.name}")
         print(url)
     if args.wait:
-        flow_run = asyncio.run(wait_for(flow_run.id))
+        with server_calls(server):
+            flow_run = asyncio.run(wait_for(flow_run.id))
     state = flow_run.state.name if flow_run.state else "Scheduled"
     if args.json:
         out = {"flow_run_id": str(flow_run.id), "flow_run_name": flow_run.name, "url": url, "state": state}

@@ -106,6 +106,89 @@ def test_server_commands_need_a_server(tmp_path):
             assert code == 2 and "PREFECT_API_URL is not set" in err
 
 
+class Answers(http.server.BaseHTTPRequestHandler):
+    """A loopback HTTP server's handler that answers each request with the next status of `statuses` (then 200),
+    noting when each came: a Prefect server busy for a while."""
+
+    statuses: list[int] = []
+    times: list[float] = []
+
+    def do_GET(self):
+        type(self).times.append(time.monotonic())
+        status = type(self).statuses.pop(0) if type(self).statuses else 200
+        body = json.dumps("Hello, Marvin!" if status == 200 else {"exception_message": "Service Unavailable"})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def answering(*statuses: int):
+    """A loopback server answering `statuses` in turn, then 200; yields its API URL and the times of the requests."""
+    handler = type("Busy", (Answers,), {"statuses": list(statuses), "times": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api", handler.times
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "statuses, retries, answered",
+    [
+        ([503, 503], 5, True),  # a SQLite server's "database is locked" is a 503: retried, then answered
+        ([429], 5, True),  # rate limited: retried
+        ([503, 503, 503], 1, False),  # still busy once the retries are spent: one line that says so
+    ],
+)
+def test_a_busy_server_is_retried_with_backoff(statuses, retries, answered):
+    """grpoflow's calls go through Prefect's client, which retries 429 and 503 with exponential backoff and jitter
+    (PREFECT_CLIENT_MAX_RETRIES times); what is left after that is one message, not a traceback."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
+    from grpoflow.flows.deployments import DeploymentError, server_calls
+
+    with answering(*statuses) as (url, times):
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_CLIENT_MAX_RETRIES: retries}):
+            with contextlib.ExitStack() as raised:
+                if not answered:
+                    failed = raised.enter_context(pytest.raises(DeploymentError))
+                with server_calls(url), get_client(sync_client=True) as client:
+                    assert client.hello().json() == "Hello, Marvin!"
+    tries = min(len(statuses), retries) + 1
+    assert len(times) == tries
+    waits = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert all(wait >= 1 for wait in waits), waits  # 2 s, then 4 s ..., each with jitter: never at once
+    assert sum(waits) < 20
+    if not answered:
+        assert str(failed.value).startswith(f"the Prefect server at {url} is busy (HTTP 503 Service Unavailable)")
+        assert "PREFECT_CLIENT_MAX_RETRIES" in str(failed.value) and "re-apply" not in str(failed.value)
+
+
+@pytest.mark.parametrize("command", ["apply", "submit"])
+def test_no_server_at_the_url_is_one_line(tmp_path, command):
+    """`deployments apply` and `submit` before the server is up: one line naming the URL and what to do, exit 1."""
+    spec = tmp_path / "ok.yaml"
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    spec.write_text(yaml.safe_dump(small_spec("ok", str(data), str(tmp_path / "runs"))))
+    url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    with temporary_settings({PREFECT_API_URL: url}):
+        code, out, err = cli(*(["deployments", "apply"] if command == "apply" else ["submit", spec]))
+    assert code == 1 and out == ""
+    assert err == (
+        f"grpoflow: no Prefect server answers at {url}: start one with `prefect server start`, or set "
+        "PREFECT_API_URL to the API of a running one\n"
+    )
+
+
 # --- the stack: server, deployments, worker ------------------------------------------------------------------------
 
 
@@ -867,6 +950,23 @@ def test_the_form_refuses_a_misspelt_builtin_reward_at_creation(stack):
         client.delete_flow_run(flow_run.id)  # schema lets a labelled function through
 
 
+def run_logs(flow_run_id, until: str, timeout: float = 60) -> list[str]:
+    """The messages the server holds for a flow run, once one of them starts with `until` (and a few seconds more,
+    for what the run's process sent after it)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    deadline, seen_at = time.monotonic() + timeout, None
+    while True:
+        with get_client(sync_client=True) as client:
+            messages = [log.message for log in client.read_logs(log_filter=flt)]
+        if seen_at is None and any(m.startswith(until) for m in messages):
+            seen_at = time.monotonic()
+        if (seen_at is not None and time.monotonic() - seen_at > 5) or time.monotonic() > deadline:
+            return messages
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo-pipeline/retrain", "grpo-sweep/sweep"])
 def test_a_spec_the_schema_lets_through_ends_rejected(stack, name):
@@ -883,6 +983,11 @@ def test_a_spec_the_schema_lets_through_ends_rejected(stack, name):
     with get_client(sync_client=True) as client:
         ran = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
     assert ran == []
+    # The run's Logs tab: the reason, and no engine traceback after it (the flow's process sends its last logs as it
+    # exits, after the final state: waited for)
+    logs = run_logs(flow_run.id, until="Finished in state Rejected")
+    assert any("duplicate reward name 'exact_answer'" in m for m in logs), logs
+    assert [m for m in logs if "Traceback" in m] == []
     if name == "grpo-sweep/sweep":
         assert flow_run.name.startswith("sweep-example-"), flow_run.name  # named after its spec, as a sweep id
 
@@ -1062,3 +1167,47 @@ def test_a_grader_flooding_its_output_costs_the_flow_nothing(stack, tmp_path):
             time.sleep(0.2)
     assert state.is_completed(), state.message
     assert 0 < peak < 1_000_000_000, peak  # the flow process and the grader's, never the gigabyte
+
+
+# --- many submissions at once --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory):
+    """A real Prefect server (SQLite, as `prefect server start` makes it) with grpoflow's deployments, no worker:
+    what is submitted stays scheduled."""
+    tmp = tmp_path_factory.mktemp("applied")
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": api_url,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+    server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", api_url.split(":")[2][:-4]], env,
+                   tmp / "server.log")  # fmt: skip
+    try:
+        wait_healthy(api_url, server)
+        stack = Stack(env, api_url, tmp)
+        done = stack.cli("grpoflow", "deployments", "apply")
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield stack
+    finally:
+        stop([server])
+
+
+SUBMISSIONS = 8
+
+
+@pytest.mark.slow
+def test_submissions_at_once_all_become_runs(applied, tmp_path):
+    """`grpoflow submit` SUBMISSIONS times at once on a SQLite server, whose writes then meet "database is locked"
+    (a 503, which Prefect's client retries): every one exits 0, and the server holds that many runs."""
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    spec = tmp_path / "many.yaml"
+    spec.write_text(yaml.safe_dump(small_spec("many", str(data), str(tmp_path / "runs"))))
+    command = [sys.executable, "-m", "grpoflow.flows.cli", "submit", str(spec), "--json"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(command, env=applied.env, cwd=PROJECT_DIR, **pipes) for _ in range(SUBMISSIONS)]
+    ended = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * SUBMISSIONS, [err for _, err in ended]
+    submitted = {json.loads(out)["flow_run_id"] for out, _ in ended}
+    with temporary_settings({PREFECT_API_URL: applied.api_url}):
+        runs = runs_of("grpo-pipeline/retrain")
+    assert len(submitted) == SUBMISSIONS and {str(r.id) for r in runs} == submitted

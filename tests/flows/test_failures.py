@@ -70,3 +70,27 @@ def test_refused_parameters_are_named_without_a_traceback():
     [line] = [r for r in handler.records if r.levelno == logging.ERROR and "invalid parameters" in r.getMessage()]
     assert "spec.output_uri: holds credentials" in line.getMessage() and line.exc_info is None
     assert not [r for r in handler.records if "hunter2secret" in r.getMessage() or r.exc_info]
+
+
+@pytest.mark.filterwarnings("ignore:Logger 'prefect.flow_runs' attempted to send logs")
+def test_a_rejected_run_is_logged_without_a_traceback():
+    """A run that ends on the Rejected state its flow returns, as a worker runs it: the reason on its log, in the
+    engine's "Finished in state Rejected(...)" line, and no traceback of Prefect's frames after it (`run_flow` raises
+    the returned state as `FailedRun`, logged "Engine execution exited with unexpected exception")."""
+    from prefect.exceptions import FailedRun
+    from prefect.flow_engine import run_flow
+
+    from grpoflow.flows.pipeline import grpo_pipeline
+
+    reward = {"name": "exact_answer"}
+    spec = {"name": "j", "base_model": "builtin:tiny", "dataset": {"uri": "d.jsonl"}, "rewards": [reward, reward]}
+    handler, logger = Records(), logging.getLogger("prefect.flow_runs")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(FailedRun):
+            run_flow(grpo_pipeline, parameters={"spec": spec}, error_logger=logger)
+    finally:
+        logger.removeHandler(handler)
+    [finished] = [r.getMessage() for r in handler.records if r.getMessage().startswith("Finished in state")]
+    assert finished.startswith("Finished in state Rejected(") and "duplicate reward name 'exact_answer'" in finished
+    assert [r.getMessage() for r in handler.records if r.exc_info or "Engine execution" in r.getMessage()] == []

@@ -181,6 +181,26 @@ def test_a_fault_in_a_reward_ends_training_once(make_job, standin, reward, healt
 
 
 @pytest.mark.usefixtures("prefect_server")
+def test_the_stall_watchdog_counts_the_first_step(make_job, standin):
+    """Steps of 3 s each on a busy machine, a 1 s floor and stall_factor 2: after step 1 the limit is 2 x step 1's
+    own 3 s (from the child's "step 1: generating" line), not the floor, whose twice (2 s) stopped the run as hung at
+    step 2. The model load before step 1 (2 s, over the floor too) is not a step: it trips nothing."""
+    standin(grpo={"step_seconds": 3, "load_seconds": 2})
+    health = {"stall_factor": 2, "stall_min_seconds": 1}
+    job, spec = make_job("slow-steps", hyperparameters={**FAST, "max_steps": 3}, evaluation={"holdout": 0},
+                         health=health)  # fmt: skip
+    from prefect import flow
+
+    @flow
+    def train():
+        return train_task(job, spec)
+
+    summary = train()
+    assert summary["global_step"] == 3 and summary["alerts"] == []
+    assert [e["event"] for e in events(job) if e["event"] == "grpoflow.training.alert"] == []
+
+
+@pytest.mark.usefixtures("prefect_server")
 def test_a_diverged_run_stops_on_the_non_finite_alert(make_job):
     """learning_rate 1e300: step 1's loss and gradient norm are finite, its update makes the weights inf, and step 2's
     generation failed on them in torch's sampler, a crash retried twice that never named the rate. The child now stops
