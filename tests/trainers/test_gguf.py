@@ -64,14 +64,18 @@ def test_the_converted_folder_computes_what_the_gguf_file_does(gguf_file, tmp_pa
     assert out.shape[1] > ids.shape[1]
 
 
-def test_the_header_gives_the_config_transformers_builds(gguf_file):
+def test_the_header_gives_the_config_transformers_builds_once_per_content(gguf_file, cache, tmp_path):
     from transformers import AutoConfig
 
     config = gguf_config(str(gguf_file))
-    built = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).to_dict()
+    built = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).to_json_string(use_diff=False)
     assert config["model_type"] == "llama" and config["max_position_embeddings"] == 256
-    assert config == built  # transformers' own reading, no table of grpoflow's
+    assert config == json.loads(built)  # transformers' own reading, as config.json holds it; no table of grpoflow's
     assert config["num_hidden_layers"] == 2
+    [memo] = (cache / "gguf" / "keys").glob("*.config.json")
+    memo.write_text(json.dumps(config | {"num_hidden_layers": 7}))  # what a later validate reads: not built again
+    (copy := tmp_path / "copy.gguf").write_bytes(gguf_file.read_bytes())
+    assert gguf_config(str(copy)) == config | {"num_hidden_layers": 7, "_name_or_path": str(tmp_path)}
 
 
 def _folders(cache: Path) -> list[Path]:
@@ -116,6 +120,7 @@ def test_an_unchanged_file_is_hashed_once_and_a_rewritten_one_again(gguf_file, c
     assert content_key(path) == key and len(list((cache / "gguf" / "keys").iterdir())) == 2
 
 
+@pytest.mark.slow  # two processes importing torch: ~35 s on 2 busy cores
 def test_two_processes_converting_the_same_file_at_once_convert_it_once(gguf_file, cache):
     command = [sys.executable, "-m", "grpoflow.trainers.model.gguf", str(gguf_file)]
     children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]

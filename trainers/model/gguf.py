@@ -11,7 +11,7 @@ anew, and every path to the same bytes (a copy in another project, a hard link, 
 a benchmark share one conversion. One process converts at a time (a file lock), into a folder renamed into place.
 
 Validate reads the header only (`scan_header`: the key-values and the tensors' types, the vocabulary stepped over)
-and, until the file is converted, the config transformers builds from it, once.
+and, until the file is converted, the config transformers builds from it, once per content (`gguf_config`).
 
 A remote file is fetched first, once: `hf://<owner>/<name>[@<revision>]/<path>.gguf` (a file of a Hub model repo,
 spelled as huggingface_hub's `parse_hf_uri` reads it) through `hf_hub_download`, into the Hub cache (HF_TOKEN,
@@ -23,11 +23,11 @@ instead of its modification time.
     python -m grpoflow.trainers.model.gguf model.gguf      # converts (if needed) and prints the folder
 """
 
-import copy
 import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import math
 import mmap
 import os
@@ -407,24 +407,25 @@ def _download(remote: RemoteGguf) -> Path:
 
 def gguf_config(model_id: str) -> dict:
     """The config transformers builds from the GGUF file's header (`AutoConfig.from_pretrained(..., gguf_file=)`, its
-    weights unread), as config.json would hold it; `{}` for a remote file not downloaded yet. Built once per file
-    version in a process: transformers reads the whole vocabulary for it (~5 CPU seconds on SmolLM2's file).
+    weights unread), as config.json holds it; `{}` for a remote file not downloaded yet. transformers reads the whole
+    vocabulary for it (~6 CPU seconds on SmolLM2's file), so it is built once per content and transformers version
+    and kept beside the content keys (`$GRPOFLOW_CACHE/gguf/keys/<folder key>.config.json`).
 
     Raises:
         ValueError: an architecture transformers cannot load from GGUF.
     """
     if (path := local_gguf(model_id)) is None:
         return {}
-    path = path.expanduser().resolve()
-    stat = path.stat()
-    return copy.deepcopy(_gguf_config(str(path), stat.st_size, stat.st_mtime_ns))
+    memo = cache_root() / "gguf" / "keys" / f"{gguf_folder(str(path)).name}.config.json"
+    try:
+        config = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        from transformers import AutoConfig
 
-
-@functools.lru_cache(maxsize=8)
-def _gguf_config(path: str, size: int, mtime_ns: int) -> dict:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name).to_dict()
+        built = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_json_string(use_diff=False)
+        _write_whole(memo, built)
+        config = json.loads(built)
+    return config | {"_name_or_path": str(path.parent)}  # where this path's file is, as transformers says it
 
 
 def local_gguf(model_id: str) -> Path | None:
@@ -465,11 +466,16 @@ def content_key(path: Path) -> str:
     with path.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     if _version(path) == before:  # not written to while hashed: worth remembering
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=memo.parent, prefix=f".{memo.name}-", delete=False) as staging:
-            staging.write(digest)
-        os.replace(staging.name, memo)  # whole or not at all, whichever of two processes writes it last
+        _write_whole(memo, digest)
     return digest
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Writes `text` to `path` whole or not at all (beside it, then renamed), whichever of two processes is last."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False) as staging:
+        staging.write(text)
+    os.replace(staging.name, path)
 
 
 def _version(path: Path) -> str:
