@@ -471,11 +471,15 @@ def content_key(path: Path) -> str:
 
 
 def _write_whole(path: Path, text: str) -> None:
-    """Writes `text` to `path` whole or not at all (beside it, then renamed), whichever of two processes is last."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False) as staging:
-        staging.write(text)
-    os.replace(staging.name, path)
+    """Writes `text` to `path` whole or not at all (beside it, then renamed), whichever of two processes is last; a
+    cache that cannot be written to (read-only, full) only means computing it again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False) as staging:
+            staging.write(text)
+        os.replace(staging.name, path)
+    except OSError:
+        pass
 
 
 def _version(path: Path) -> str:
