@@ -2,9 +2,12 @@
 model folder that every stage loads and merge writes safetensors from, and what cannot be read is refused before
 anything runs, naming why. The files are tiny ones the tests write (tests/gguf_files.py)."""
 
+import hashlib
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,16 @@ from grpoflow.core.errors import SetupError
 from grpoflow.trainers import grpo
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model import merge
-from grpoflow.trainers.model.gguf import INSTALL, convert_gguf, gguf_config, gguf_folder, gguf_problem
+from grpoflow.trainers.model.gguf import (
+    INSTALL,
+    content_key,
+    convert_gguf,
+    gguf_config,
+    gguf_folder,
+    gguf_problem,
+    read_header,
+    scan_header,
+)
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, resolve_model_path
 from tests.gguf_files import write_gguf
 from tests.s3_server import bucket, s3_env  # noqa: F401  (fixtures)
@@ -52,27 +64,85 @@ def test_the_converted_folder_computes_what_the_gguf_file_does(gguf_file, tmp_pa
     assert out.shape[1] > ids.shape[1]
 
 
-def test_the_header_gives_the_config_transformers_builds(gguf_file):
+def test_the_header_gives_the_config_transformers_builds_once_per_content(gguf_file, cache, tmp_path):
     from transformers import AutoConfig
 
     config = gguf_config(str(gguf_file))
-    built = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).to_dict()
+    built = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).to_json_string(use_diff=False)
     assert config["model_type"] == "llama" and config["max_position_embeddings"] == 256
-    assert config == built  # transformers' own reading, no table of grpoflow's
+    assert config == json.loads(built)  # transformers' own reading, as config.json holds it; no table of grpoflow's
     assert config["num_hidden_layers"] == 2
+    [memo] = (cache / "gguf" / "keys").glob("*.config.json")
+    memo.write_text(json.dumps(config | {"num_hidden_layers": 7}))  # what a later validate reads: not built again
+    (copy := tmp_path / "copy.gguf").write_bytes(gguf_file.read_bytes())
+    assert gguf_config(str(copy)) == config | {"num_hidden_layers": 7, "_name_or_path": str(tmp_path)}
 
 
-def test_a_job_converts_the_file_once_into_the_cache(gguf_file, cache, tmp_path):
-    copy = tmp_path / "model.gguf"
-    copy.write_bytes(gguf_file.read_bytes())
-    folder = Path(resolve_model_path(str(copy)))
-    assert folder.parent == cache / "gguf" and folder.name.startswith("model-") and folder == gguf_folder(str(copy))
-    written = (folder / "model.safetensors").stat().st_mtime_ns
-    assert resolve_model_path(str(copy)) == str(folder)
-    assert (folder / "model.safetensors").stat().st_mtime_ns == written  # not converted again
-    os.utime(copy, ns=(copy.stat().st_atime_ns, copy.stat().st_mtime_ns + 10**9))  # the file changed
-    assert Path(resolve_model_path(str(copy))) not in (folder, None)
-    assert len(list((cache / "gguf").iterdir())) == 2
+def _folders(cache: Path) -> list[Path]:
+    """The converted folders in the cache (not its memo of content keys, locks or staging folders)."""
+    return sorted(p for p in (cache / "gguf").iterdir() if p.is_dir() and p.name != "keys" and p.name[0] != ".")
+
+
+def test_a_job_converts_the_file_once_into_the_cache_and_every_path_to_its_bytes_shares_it(gguf_file, cache, tmp_path):
+    original = tmp_path / "model.gguf"
+    original.write_bytes(gguf_file.read_bytes())
+    folder = Path(resolve_model_path(str(original)))
+    assert folder.parent == cache / "gguf" and folder == gguf_folder(str(original))
+    weights = (folder / "model.safetensors").stat()
+    (tmp_path / "project").mkdir()
+    (copy := tmp_path / "project" / "SmolLM2.gguf").write_bytes(original.read_bytes())  # copied into a project
+    os.link(original, hard := tmp_path / "hard.gguf")
+    (symlink := tmp_path / "link.gguf").symlink_to(original)
+    for path in (original, copy, hard, symlink):
+        assert resolve_model_path(str(path)) == str(folder)
+    assert _folders(cache) == [folder]
+    after = (folder / "model.safetensors").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (weights.st_ino, weights.st_mtime_ns)  # nothing converted again
+    assert gguf_problem(str(copy)) is None
+
+    copy.write_bytes(original.read_bytes() + b"\0" * 32)  # other bytes: converted anew
+    changed = Path(resolve_model_path(str(copy)))
+    assert changed != folder and _folders(cache) == sorted([folder, changed])
+    os.utime(original, ns=(original.stat().st_atime_ns, original.stat().st_mtime_ns + 10**9))  # touched, same bytes
+    assert gguf_folder(str(original)) == folder
+
+
+def test_an_unchanged_file_is_hashed_once_and_a_rewritten_one_again(gguf_file, cache, tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(gguf_file.read_bytes())
+    key = content_key(path)
+    assert key == hashlib.sha256(path.read_bytes()).hexdigest()
+    [memo] = (cache / "gguf" / "keys").iterdir()
+    assert memo.read_text() == key
+    memo.write_text("f" * 64)  # what the memo holds is what an unchanged file's key is: it was not hashed again
+    assert content_key(path) == "f" * 64 and content_key(tmp_path / "." / "model.gguf") == "f" * 64
+    path.write_bytes(gguf_file.read_bytes())  # written anew, the same bytes: hashed again, the same key
+    assert content_key(path) == key and len(list((cache / "gguf" / "keys").iterdir())) == 2
+
+
+@pytest.mark.slow  # two processes importing torch: ~35 s on 2 busy cores
+def test_two_processes_converting_the_same_file_at_once_convert_it_once(gguf_file, cache):
+    command = [sys.executable, "-m", "grpoflow.trainers.model.gguf", str(gguf_file)]
+    children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [child.communicate(timeout=120)[0] for child in children]
+    assert [child.returncode for child in children] == [0, 0]
+    folder = gguf_folder(str(gguf_file))
+    assert [out.splitlines()[-1] for out in outputs] == [str(folder)] * 2 and _folders(cache) == [folder]
+    assert sum("converting tiny.Q8_0.gguf" in out for out in outputs) == 1  # the other waited, then found it done
+    assert AutoModelForCausalLM.from_pretrained(folder).num_parameters() > 0
+
+
+def test_the_header_is_read_as_the_gguf_package_reads_it(gguf_file):
+    from gguf import GGUFReader
+
+    reader, header = GGUFReader(str(gguf_file)), read_header(gguf_file)
+    fields = reader.fields
+    assert header.architecture == "llama" and header.name == "grpoflow test model" and header.chat_template
+    assert header.metadata == {key: fields[key].contents() for key in fields if key.startswith("llama.")}
+    assert header.parameters == sum(int(t.n_elements) for t in reader.tensors) and header.quantization == "Q8_0"
+    scanned, tensors = scan_header(gguf_file)
+    assert scanned["tokenizer.ggml.tokens"] is None  # the vocabulary stepped over, unread
+    assert tensors == [(t.tensor_type.name, int(t.n_elements)) for t in reader.tensors]
 
 
 def test_a_lora_job_trains_from_the_converted_folder_and_merges_to_safetensors(gguf_file, cache, make_job):

@@ -3,11 +3,15 @@ kin run, read by transformers' own GGUF loading (`from_pretrained(..., gguf_file
 `pip install 'grpoflow[gguf]'`), which dequantizes the weights.
 
 The first stage that loads the model (the SFT warm-up or GRPO, in its training child) converts the file once into an
-ordinary model folder in the cache, `$GRPOFLOW_CACHE/gguf/<file name>-<key>/` (float32 safetensors, the tokenizer
-and its chat template), and every stage after it (GRPO, evaluation, merge, serve, publish) loads that folder as it
-loads any model: `resolve_model_path` gives it, as it gives builtin:tiny's. The key changes with the file (its path,
-size and modification time) and with the transformers version, so a changed file or loader converts anew; the
-jobs of a sweep or a benchmark share one conversion.
+ordinary model folder in the cache, `$GRPOFLOW_CACHE/gguf/<key>/` (float32 safetensors, the tokenizer and its chat
+template), and every stage after it (GRPO, evaluation, merge, serve, publish) loads that folder as it loads any
+model: `resolve_model_path` gives it, as it gives builtin:tiny's. The key is the file's content (its sha256, hashed
+once per version of the file: `content_key`) and the transformers version, so a changed file or loader converts
+anew, and every path to the same bytes (a copy in another project, a hard link, a symlink), the jobs of a sweep or
+a benchmark share one conversion. One process converts at a time (a file lock), into a folder renamed into place.
+
+Validate reads the header only (`scan_header`: the key-values and the tensors' types, the vocabulary stepped over)
+and, until the file is converted, the config transformers builds from it, once per content (`gguf_config`).
 
 A remote file is fetched first, once: `hf://<owner>/<name>[@<revision>]/<path>.gguf` (a file of a Hub model repo,
 spelled as huggingface_hub's `parse_hf_uri` reads it) through `hf_hub_download`, into the Hub cache (HF_TOKEN,
@@ -23,7 +27,12 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
+import math
+import mmap
+import os
 import shutil
+import struct
 import sys
 import tempfile
 from collections import Counter
@@ -53,7 +62,7 @@ class GgufHeader:
 
 
 def read_header(path: str | Path) -> GgufHeader:
-    """The header of the GGUF file at `path` (the `gguf` package's reader; cached per file version)."""
+    """The header of the GGUF file at `path`, its weights and vocabulary unread (cached per file version)."""
     path = Path(path).expanduser().resolve()
     stat = path.stat()
     return _read_header(str(path), stat.st_size, stat.st_mtime_ns)
@@ -61,23 +70,103 @@ def read_header(path: str | Path) -> GgufHeader:
 
 @functools.lru_cache(maxsize=8)
 def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    fields = reader.fields
-    architecture = str(fields["general.architecture"].contents())
+    fields, tensors = scan_header(path)
+    architecture = str(fields["general.architecture"])
     elements = Counter()
-    for tensor in reader.tensors:
-        elements[tensor.tensor_type.name] += int(tensor.n_elements)
+    for tensor_type, count in tensors:
+        elements[tensor_type] += count
     prefix = f"{architecture}."
     return GgufHeader(
         architecture=architecture,
-        name=str(fields["general.name"].contents()) if "general.name" in fields else None,
+        name=str(fields["general.name"]) if "general.name" in fields else None,
         quantization=elements.most_common(1)[0][0] if elements else "none",
         parameters=sum(elements.values()),
         chat_template="tokenizer.chat_template" in fields,
-        metadata={key: fields[key].contents() for key in fields if key.startswith(prefix)},
+        metadata={key: value for key, value in fields.items() if key.startswith(prefix)},
     )
+
+
+def scan_header(path: str | Path) -> tuple[dict, list[tuple[str, int]]]:
+    """The key-values of a GGUF file and its tensors' (type name, element count), from the header alone.
+
+    Why not `gguf.GGUFReader`: it makes a numpy view of every element of every array, and a real model's vocabulary
+    (SmolLM2's 49,152 tokens, their types and 48,900 merges) is ~440k of them: 3.7 CPU seconds a reading. Here the
+    arrays validate does not need (all but the architecture's own) are stepped over by their lengths, and the file is
+    mapped, so only the header's pages are read. The layout is the GGUF spec's (ggml's docs/gguf.md), the value and
+    tensor types are the `gguf` package's enums.
+
+    Raises:
+        ValueError: not a GGUF file of a version this reads, or one that ends inside its header.
+    """
+    from gguf import GGMLQuantizationType, GGUFValueType
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        header = _Header(data)
+        fields = {}
+        for _ in range(header.kv_count):
+            key = header.string()
+            kind = GGUFValueType(header.unpack("I"))
+            fields[key] = header.value(kind, keep=key.startswith(f"{fields.get('general.architecture')}."))
+        tensors = []
+        for _ in range(header.tensor_count):
+            header.string()
+            dims = header.unpack(f"{header.unpack('I')}Q", many=True)
+            tensor_type = GGMLQuantizationType(header.unpack("I")).name
+            header.unpack("Q")  # where its data starts
+            tensors.append((tensor_type, math.prod(dims)))
+        return fields, tensors
+
+
+class _Header:
+    """A reading position in a mapped GGUF file's header."""
+
+    # GGUFValueType's numbers -> struct codes: UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, (8: STRING,
+    # 9: ARRAY), UINT64, INT64, FLOAT64.
+    SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def __init__(self, data: mmap.mmap):
+        self.data, self.offset, self.order = data, 0, "<"
+        if data[:4] != MAGIC:
+            raise ValueError("it does not start with the bytes GGUF")
+        self.offset = 4
+        version = self.unpack("I")
+        if version & 0xFFFF == 0:  # written on a big-endian machine, as gguf's reader tells
+            self.order, self.offset = ">", 4
+            version = self.unpack("I")
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version}, which this cannot read (2 and 3 are)")
+        self.tensor_count, self.kv_count = self.unpack("Q"), self.unpack("Q")
+
+    def unpack(self, code: str, many: bool = False):
+        layout = struct.Struct(self.order + code)
+        if self.offset + layout.size > len(self.data):
+            raise ValueError(f"the file ends inside its header (at byte {len(self.data)})")
+        values = layout.unpack_from(self.data, self.offset)
+        self.offset += layout.size
+        return values if many else values[0]
+
+    def string(self) -> str:
+        size = self.unpack("Q")
+        if self.offset + size > len(self.data):
+            raise ValueError(f"the file ends inside its header (at byte {len(self.data)})")
+        self.offset += size
+        return self.data[self.offset - size : self.offset].decode("utf-8", errors="replace")
+
+    def value(self, kind, keep: bool = True):
+        """The next value, of GGUFValueType `kind`; an array not kept is stepped over and read as None."""
+        if kind == 8:
+            return self.string()
+        if kind != 9:
+            return self.unpack(self.SCALARS[kind])
+        item, count = self.unpack("I"), self.unpack("Q")
+        if keep:
+            return [self.value(item) for _ in range(count)]
+        if item in (8, 9):
+            for _ in range(count):
+                self.value(item, keep=False)
+        else:
+            self.offset += count * struct.calcsize(self.SCALARS[item])
+        return None
 
 
 def gguf_problem(model_id: str, field: str = "base_model") -> str | None:
@@ -109,6 +198,8 @@ def _file_problem(path: Path, model_id: str, field: str) -> str | None:
         architecture = read_header(path).architecture
     except (ValueError, KeyError, IndexError, OSError) as e:
         return f"{field}: cannot read {model_id} as a GGUF file ({type(e).__name__}: {e})"
+    if (gguf_folder(model_id) / "config.json").is_file():
+        return None  # converted: transformers has read it, this version of it (the folder's key holds the version)
     try:
         gguf_config(str(path))
     except ValueError as e:  # transformers' own word: "GGUF model with architecture X is not supported yet."
@@ -316,16 +407,25 @@ def _download(remote: RemoteGguf) -> Path:
 
 def gguf_config(model_id: str) -> dict:
     """The config transformers builds from the GGUF file's header (`AutoConfig.from_pretrained(..., gguf_file=)`, its
-    weights unread), as config.json would hold it; `{}` for a remote file not downloaded yet.
+    weights unread), as config.json holds it; `{}` for a remote file not downloaded yet. transformers reads the whole
+    vocabulary for it (~6 CPU seconds on SmolLM2's file), so it is built once per content and transformers version
+    and kept beside the content keys (`$GRPOFLOW_CACHE/gguf/keys/<folder key>.config.json`).
 
     Raises:
         ValueError: an architecture transformers cannot load from GGUF.
     """
-    from transformers import AutoConfig
-
     if (path := local_gguf(model_id)) is None:
         return {}
-    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    memo = cache_root() / "gguf" / "keys" / f"{gguf_folder(str(path)).name}.config.json"
+    try:
+        config = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        from transformers import AutoConfig
+
+        built = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_json_string(use_diff=False)
+        _write_whole(memo, built)
+        config = json.loads(built)
+    return config | {"_name_or_path": str(path.parent)}  # where this path's file is, as transformers says it
 
 
 def local_gguf(model_id: str) -> Path | None:
@@ -336,18 +436,57 @@ def local_gguf(model_id: str) -> Path | None:
 
 
 def gguf_folder(model_id: str) -> Path:
-    """Where the GGUF file `model_id` is (or will be) converted to: `$GRPOFLOW_CACHE/gguf/<file name>-<key>/`, the key
-    made of its path, size and modification time (a remote file: its URI, size and etag) and transformers' version."""
+    """Where the GGUF file `model_id` is (or will be) converted to, keyed by its content and transformers' version: a
+    local file's `$GRPOFLOW_CACHE/gguf/<key>/` (`content_key`: every path to the same bytes shares it), a remote one's
+    `$GRPOFLOW_CACHE/gguf/<file name>-<key>/` (its URI, size and etag)."""
     version = importlib.metadata.version("transformers")
     if is_remote(model_id):
         remote = remote_gguf(model_id)
-        what, name = f"{model_id}\0{remote.size}\0{remote.etag}", Path(model_id.rsplit("/", 1)[-1])
-    else:
-        name = Path(model_id.removeprefix("file://")).expanduser().resolve()
-        stat = name.stat()
-        what = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    key = hashlib.sha256(f"{what}\0{version}".encode()).hexdigest()[:12]
-    return cache_root() / "gguf" / f"{name.stem}-{key}"
+        what = f"{model_id}\0{remote.size}\0{remote.etag}\0{version}"
+        key = hashlib.sha256(what.encode()).hexdigest()[:12]
+        return cache_root() / "gguf" / f"{Path(model_id.rsplit('/', 1)[-1]).stem}-{key}"
+    digest = content_key(Path(model_id.removeprefix("file://")))
+    return cache_root() / "gguf" / hashlib.sha256(f"{digest}\0{version}".encode()).hexdigest()[:16]
+
+
+def content_key(path: Path) -> str:
+    """The sha256 of the file at `path`, hashed once per version of the file (~1 s a 0.5 GB file): remembered in
+    `$GRPOFLOW_CACHE/gguf/keys/`, under its real path, device, inode, size, modification and change times. A file
+    written anew (other bytes, or the same ones) is hashed anew; a copy or a hard link is hashed once more, under its
+    own path, and gets the same key; a symlink is its target."""
+    path = path.expanduser().resolve()
+    before = _version(path)
+    memo = cache_root() / "gguf" / "keys" / hashlib.sha256(before.encode()).hexdigest()[:32]
+    try:
+        held = memo.read_text()
+    except OSError:
+        held = ""
+    if len(held) == 64:
+        return held
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if _version(path) == before:  # not written to while hashed: worth remembering
+        _write_whole(memo, digest)
+    return digest
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Writes `text` to `path` whole or not at all (beside it, then renamed), whichever of two processes is last; a
+    cache that cannot be written to (read-only, full) only means computing it again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}-", delete=False) as staging:
+            staging.write(text)
+        os.replace(staging.name, path)
+    except OSError:
+        pass
+
+
+def _version(path: Path) -> str:
+    """What changes when the file at `path` does. Its change time too: `cp -p` onto it keeps its inode, size and
+    modification time, and the kernel alone sets ctime."""
+    stat = path.stat()
+    return f"{path}\0{stat.st_dev}\0{stat.st_ino}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}"
 
 
 def gguf_note(model_id: str, load_in_4bit: bool = False) -> str:
@@ -409,7 +548,18 @@ def convert_gguf(model_id: str, folder: Path | None = None) -> Path:
 
 
 def _convert(path: Path, folder: Path) -> Path:
-    """`convert_gguf`'s work: the local GGUF file `path` into `folder`."""
+    """`convert_gguf`'s work: the local GGUF file `path` into `folder`. One process at a time converts into a folder
+    (a file lock beside it, `.<folder>.lock`): the next finds it done."""
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(folder.parent / f".{folder.name}.lock"):
+        if not (folder / "config.json").is_file():
+            _write_folder(path, folder)
+    return folder
+
+
+def _write_folder(path: Path, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -426,16 +576,18 @@ def _convert(path: Path, folder: Path) -> Path:
         model = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config), dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
     model.generation_config = loaded.generation_config
-    # Written beside the target and renamed, so a concurrent or interrupted conversion never leaves a half folder.
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed, so an interrupted conversion never leaves a half folder (nor, where the
+    # lock does not hold, e.g. on NFS, a concurrent one: the second rename fails and its copy goes).
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
     try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
         staging.rename(folder)
-    except OSError:  # another process converted it first; its folder is the same
+    except OSError:
+        if not (folder / "config.json").is_file():
+            raise
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return folder
 
 
 if __name__ == "__main__":
