@@ -27,7 +27,7 @@ from grpoflow.jobs.canary import projection_line
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.rollouts import one_line, side_by_side
+from grpoflow.trainers.rollouts import one_line, prompt_text, shared_system_text, side_by_side
 
 # `grpoflow run` sets this to its start (Unix seconds), so the report's wall time is the one the user waited.
 RUN_STARTED_ENV = "GRPOFLOW_RUN_STARTED"
@@ -372,7 +372,7 @@ def _writes(job: JobDir, evaluation: dict | None) -> str | None:
     if not pairs:
         return None
     rows = [
-        [literal(one_line(p["prompt"], 120))]  # the model's text as written, wrapped: markdown formats none of it
+        [literal(one_line(prompt_text(p["prompt"]), 120))]  # the text as written, wrapped: markdown formats none
         + [f"{literal(one_line(p[side], 240))} (**{number(p[side + '_score'])}**)" for side in ("before", "after")]
         for p in pairs
     ]
@@ -383,6 +383,9 @@ def _writes(job: JobDir, evaluation: dict | None) -> str | None:
         f"`evaluation/step-{trained['step']:06d}.parquet`, the training rollouts in `rollouts/` "
         f"(`grpoflow rollouts {job.job_id}`)."
     )
+    if system := shared_system_text([p["prompt"] for p in pairs]):
+        shown = literal(one_line(system, 480), 240)
+        note += f" The prompts are chats; above, their last user message; their system prompt: {shown}"
     headers = ["held-out prompt", "starting model (step 0)", f"GRPO result ({after})"]
     return "## What the model writes\n\n" + table(headers, rows) + "\n\n" + note
 

@@ -30,7 +30,7 @@ from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts, start_
 from grpoflow.trainers.model.merge import save_start_model, write_model_json
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
-from grpoflow.trainers.rollouts import write_held_out
+from grpoflow.trainers.rollouts import prompt_text, write_held_out
 
 # One model load at a time in a process: a sweep's jobs evaluate in threads of one process, and neither transformers'
 # lazy imports nor `from_pretrained`'s meta-device initialisation is safe to run in two threads at once.
@@ -123,16 +123,11 @@ def score(
         write_held_out(*keep_at, prompts, completions, values)
     if samples is not None:
         samples += [
-            {"prompt": _text(p), "completion": _text(c), "score": v}
+            {"prompt": prompt_text(p), "completion": c[-1]["content"] if isinstance(c, list) else c, "score": v}
             for p, c, v in list(zip(prompts, completions, values, strict=True))[:SAMPLES]
         ]
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
-
-
-def _text(message) -> str:
-    """A prompt or completion as text: a chat's last message's content."""
-    return message[-1]["content"] if isinstance(message, list) else message
 
 
 def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:

@@ -245,6 +245,21 @@ def test_report_shows_what_the_model_writes_before_and_after(tmp_path):
     assert "What the model writes" not in write_report(job, spec, EVALUATION | {"selected_step": 5}, []).read_text()
 
 
+def test_report_shows_the_question_of_chat_prompts(tmp_path):
+    from grpoflow.trainers.rollouts import write_held_out
+
+    job, spec = make_job(tmp_path, n_steps=6)
+    system = {"role": "system", "content": "Reply with just the number."}
+    prompts = [[system, {"role": "user", "content": f"What is {i}+{i}?"}] for i in range(8)]
+    write_held_out(job, 0, prompts, ["?"] * 8, [0.0] * 8)
+    write_held_out(job, 6, prompts, [str(2 * i) for i in range(8)], [1.0] * 8)
+    text = write_report(job, spec, EVALUATION | {"selected_step": 6}, []).read_text()
+    section = text.split("## What the model writes\n\n", 1)[1].split("\n\n## ", 1)[0]
+    assert "| What is 0+0? | ? (**0**) | 0 (**1**) |" in section and section.count("\n| What is") == 5
+    assert "role" not in section and section.count("Reply with just the number.") == 1  # the system prompt once
+    assert section.endswith("their system prompt: Reply with just the number.")
+
+
 def test_the_canarys_projection_stands_beside_the_time_training_took(tmp_path):
     from grpoflow.integrations.artifacts import completed_message
     from grpoflow.jobs.canary import projection_line
