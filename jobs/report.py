@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from grpoflow.core.jobdir import JobDir, write_text_atomic
-from grpoflow.core.scores import change
+from grpoflow.core.scores import change, gain_line
 from grpoflow.core.spec import JobSpec, resolved_dict
 from grpoflow.core.spec.markdown import cell, literal, number, table
 from grpoflow.jobs.canary import projection_line
@@ -234,6 +234,8 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     label = "No improvement" if evaluation.get("improved") is False else "Not scored"
     why = f"\n\n**{label}:** {evaluation['note']}." if evaluation.get("note") else ""
     parts = [f"{title}{rows}\n\n{note}{why}"]
+    if line := interval_line(evaluation):
+        parts.append(line)
     if selection := selection_line(evaluation):
         parts.append(selection)
     series = evaluation.get("series") or []
@@ -251,6 +253,22 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     if plot is not None:
         parts.append(f"![{plot.stem}]({plot.name})")
     return "\n\n".join(parts)
+
+
+def interval_line(evaluation: dict) -> str | None:
+    """The gain with its interval and each score's, e.g. `**Gain:** exact_answer 0.40 -> 0.62 (+0.22, 95% CI +0.12 to
+    +0.31)`; None without intervals (`evaluation.confidence: null`, or a job evaluated before them)."""
+    ci, before, after = evaluation.get("ci") or {}, evaluation.get("before"), evaluation.get("after")
+    if not ci.get("gain") or not (isinstance(before, int | float) and isinstance(after, int | float)):
+        return None
+    confidence = evaluation["confidence"]
+    scores = [f"{side} {_score(ci[side][0])} to {_score(ci[side][1])}" for side in ("before", "after") if ci.get(side)]
+    return (
+        f"**Gain:** {gain_line(evaluation.get('metric'), before, after, ci['gain'], confidence)}; "
+        f"{100 * confidence:g}% intervals of the scores: {', '.join(scores)}. A paired bootstrap over the "
+        f"{evaluation.get('n')} held-out prompts (`evaluation.confidence`): an interval that includes 0 is a change "
+        "chance alone could make."
+    )
 
 
 def selection_line(evaluation: dict) -> str | None:
