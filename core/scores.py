@@ -122,10 +122,12 @@ def gain_line(
     'exact_answer 0.40 -> 0.62 (+0.22, 95% CI +0.12 to +0.31)'
     >>> gain_line("exact_answer", 0.4, 0.62, None, None), gain_line("loss", -2.0, 3.5, [1.25, 8], 0.9)
     ('exact_answer 0.40 -> 0.62 (+0.22)', 'loss -2 -> 3.5 (+5.5, 90% CI +1.25 to +8)')
+    >>> gain_line("exact_answer", 0.4, 0.4, [0.0, 0.0], 0.95)  # the start kept: its own score
+    'exact_answer 0.40 -> 0.40 (no change, 95% CI +0.00 to +0.00)'
     """
     unit = 0 <= before <= 1 and 0 <= after <= 1
     scores = f"{_figure(before, unit)} -> {_figure(after, unit)}"
-    gain = _figure(after - before, unit, "+")
+    gain = "no change" if abs(after - before) <= SCORE_TOLERANCE else _figure(after - before, unit, "+")
     if ci is not None and confidence is not None:
         gain += f", {100 * confidence:g}% CI {_figure(ci[0], unit, '+')} to {_figure(ci[1], unit, '+')}"
     return f"{metric} {scores} ({gain})"

@@ -204,7 +204,7 @@ def score_summary(evaluation: dict | None) -> str:
         )
     before, after = evaluation["before"], evaluation["after"]
     summary = f"{evaluation['metric']} {before:.2f} -> {after:.2f} ({score_change(before, after)}"
-    if gain_ci := (evaluation.get("ci") or {}).get("gain"):
+    if (gain_ci := (evaluation.get("ci") or {}).get("gain")) and not evaluation.get("trained"):  # not the start kept
         summary = gain_line(evaluation["metric"], before, after, gain_ci, evaluation.get("confidence"))[:-1]
     if evaluation.get("improved") is False:  # the note says which model is kept, and that none beat the start
         return f"{summary}); {evaluation['note']}"

@@ -257,9 +257,12 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
 
 def interval_line(evaluation: dict) -> str | None:
     """The gain with its interval and each score's, e.g. `**Gain:** exact_answer 0.40 -> 0.62 (+0.22, 95% CI +0.12 to
-    +0.31)`; None without intervals (`evaluation.confidence: null`, or a job evaluated before them)."""
+    +0.31)`; None without intervals (`evaluation.confidence: null`, or a job evaluated before them) and when the start
+    was kept (no checkpoint beat it: no gain)."""
     ci, before, after = evaluation.get("ci") or {}, evaluation.get("before"), evaluation.get("after")
-    if not ci.get("gain") or not (isinstance(before, int | float) and isinstance(after, int | float)):
+    if not ci.get("gain") or evaluation.get("trained"):
+        return None
+    if not (isinstance(before, int | float) and isinstance(after, int | float)):
         return None
     confidence = evaluation["confidence"]
     scores = [f"{side} {_score(ci[side][0])} to {_score(ci[side][1])}" for side in ("before", "after") if ci.get(side)]
