@@ -126,8 +126,17 @@ def gain_line(
     'exact_answer 0.40 -> 0.40 (no change, 95% CI +0.00 to +0.00)'
     """
     unit = 0 <= before <= 1 and 0 <= after <= 1
-    scores = f"{_figure(before, unit)} -> {_figure(after, unit)}"
+    return f"{metric} {_figure(before, unit)} -> {_figure(after, unit)} ({gain_text(before, after, ci, confidence)})"
+
+
+def gain_text(before: float, after: float, ci: list[float] | None, confidence: float | None) -> str:
+    """The gain of `gain_line`, with its interval when there is one.
+
+    >>> gain_text(0.4, 0.425, [0.0, 0.075], 0.95)
+    '+0.025, 95% CI +0.00 to +0.075'
+    """
+    unit = 0 <= before <= 1 and 0 <= after <= 1
     gain = "no change" if abs(after - before) <= SCORE_TOLERANCE else _figure(after - before, unit, "+")
     if ci is not None and confidence is not None:
         gain += f", {100 * confidence:g}% CI {_figure(ci[0], unit, '+')} to {_figure(ci[1], unit, '+')}"
-    return f"{metric} {scores} ({gain})"
+    return gain

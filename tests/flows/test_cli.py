@@ -659,3 +659,20 @@ def test_rollouts_of_a_job_that_kept_none(finished_job):
     assert code == 0 and json.loads(out) == {"rollouts": []}
     code, out, err = cli("--output-uri", str(finished_job.parent), "rollouts", finished_job.name, "--step", "1")
     assert code == 2 and "it kept none (rollouts.every: 0" in err
+
+
+def test_run_prints_the_gain_with_its_interval(make_spec, capsys):
+    import argparse
+
+    from grpoflow.core.spec import load_spec
+    from grpoflow.flows.cli.run import print_result
+
+    spec, _ = load_spec(make_spec())
+    evaluation = {"metric": "exact_answer", "n": 40, "before": 0.4, "after": 0.62, "confidence": 0.95}
+    result = {"job_id": "t-1", "output_dir": "/nowhere/t-1", "status": "completed"}
+    ci = {"before": [0.25, 0.55], "after": [0.47, 0.77], "gain": [0.12, 0.31]}
+    print_result(argparse.Namespace(json=False), result | {"evaluation": evaluation | {"ci": ci}}, spec)
+    line = "held-out exact_answer on 40 prompts: before GRPO 0.400, after GRPO 0.620 (+0.22, 95% CI +0.12 to +0.31)"
+    assert f"\n{line}\n" in capsys.readouterr().out
+    print_result(argparse.Namespace(json=False), result | {"evaluation": evaluation | {"ci": None}}, spec)
+    assert "\nheld-out exact_answer on 40 prompts: before GRPO 0.400, after GRPO 0.620\n" in capsys.readouterr().out
