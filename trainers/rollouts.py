@@ -3,8 +3,9 @@ the held-out prompts at each evaluation, as Parquet files in the job folder (`FI
 
 - `rollouts/step-<NNNNNN>.parquet`, one row per completion of a kept step (`rollouts.every`,
   `rollouts.groups_per_step`): `step`, `group` (the prompt's index in the step), `prompt` (text, or the chat as
-  JSON), `completion`, `reward` (the weighted total TRL optimises), `rewards.<name>` (each reward's own score, null
-  where it scored nothing), `advantage`, `completion_tokens`, `truncated`.
+  JSON; every place a person reads it shows a chat as its last user message, `prompt_text`), `completion`,
+  `reward` (the weighted total TRL optimises), `rewards.<name>` (each reward's own score, null where it scored
+  nothing), `advantage`, `completion_tokens`, `truncated`.
 - `evaluation/step-<NNNNNN>.parquet`, one row per held-out prompt at each held-out evaluation (step 0: the model GRPO
   started from): `row`, `prompt`, `completion`, `score`.
 
