@@ -35,7 +35,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.runtime import deployment
 
 from grpoflow.core.jobdir import JobDir
-from grpoflow.core.scores import EVAL_PREFIX, EVAL_SECONDS, change
+from grpoflow.core.scores import EVAL_PREFIX, EVAL_SECONDS, change, gain_line
 from grpoflow.core.spec import JobSpec
 from grpoflow.jobs.canary import projection_line
 from grpoflow.jobs.registry import registry_dir
@@ -124,6 +124,8 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
     row = {"metric": evaluation.get("metric"), "prompts": evaluation.get("n")}
     row["before"], row["after"] = evaluation.get("before"), evaluation.get("after")
     row["change"] = score_change(row["before"], row["after"]) if _scored(evaluation) else "—"
+    if _scored(evaluation) and (gain_ci := (evaluation.get("ci") or {}).get("gain")):
+        row[f"{100 * evaluation['confidence']:g}% CI of the gain"] = f"{gain_ci[0]:+.4g} to {gain_ci[1]:+.4g}"
     if evaluation.get("selected_step") == 0:
         row["model kept"] = "the starting model (step 0)"
     elif evaluation.get("selected_step") is not None:
@@ -192,7 +194,8 @@ def deployment_link(job: JobDir, record: dict) -> str:
 
 
 def score_summary(evaluation: dict | None) -> str:
-    """`exact_answer 0.33 -> 0.75 (+42 pts)`, or why there is no score."""
+    """`exact_answer 0.33 -> 0.75 (+42 pts)`, with an interval `exact_answer 0.40 -> 0.62 (+0.22, 95% CI +0.12 to
+    +0.31)`, or why there is no score."""
     if not evaluation:
         return "no held-out evaluation"
     if not _scored(evaluation):
@@ -201,6 +204,8 @@ def score_summary(evaluation: dict | None) -> str:
         )
     before, after = evaluation["before"], evaluation["after"]
     summary = f"{evaluation['metric']} {before:.2f} -> {after:.2f} ({score_change(before, after)}"
+    if (gain_ci := (evaluation.get("ci") or {}).get("gain")) and not evaluation.get("trained"):  # not the start kept
+        summary = gain_line(evaluation["metric"], before, after, gain_ci, evaluation.get("confidence"))[:-1]
     if evaluation.get("improved") is False:  # the note says which model is kept, and that none beat the start
         return f"{summary}); {evaluation['note']}"
     kept = f", best at step {evaluation['selected_step']}" if evaluation.get("select") == "best" else ""

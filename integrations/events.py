@@ -54,14 +54,19 @@ _ALERT = {
 }
 _GATE = {
     "promote": "false",
-    "reason": "why: the gate's kind (no_improvement, min_gain, beat_deployed), `not_approved` or `timeout`",
+    "reason": "why: the gate's kind (not_scored, no_improvement, below_min_gain, not_significant, below_deployed), "
+    "`not_approved` or `timeout`",
     "kind": "the gate's check that decided",
     "metric": "the held-out metric",
     "before": "held-out score of the start model",
     "after": "held-out score of the GRPO result",
     "gain": "after minus before",
+    "gain_ci": "the gain's interval, [low, high]: a paired bootstrap over the held-out prompts "
+    "(evaluation.confidence); null without one",
+    "confidence": "evaluation.confidence, the interval's confidence (e.g. 0.95), or null",
     "deployed_score": "the score of the version the deployment serves now (beat_deployed), else null",
     "min_gain": "evaluation.gate.min_gain",
+    "significant": "evaluation.gate.significant: the gain's lower bound had to exceed min_gain",
     "beat_deployed": "evaluation.gate.beat_deployed",
     "message": "the decision in words",
 }
@@ -145,7 +150,11 @@ EVENTS = {
     ),
     "grpoflow.job.completed": EventKind(
         "the job finished",
-        {**_JOB_END, "evaluation": "the held-out evaluation (evaluation.json)", "artifact_type": "adapter or full"},
+        {
+            **_JOB_END,
+            "evaluation": "the held-out evaluation (evaluation.json; `ci`: the scores' and the gain's intervals)",
+            "artifact_type": "adapter or full",
+        },
     ),
     "grpoflow.job.failed": EventKind(
         "the job ended without completing",

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from grpoflow.core.jobdir import JobDir, write_json_atomic
-from grpoflow.core.scores import SCORE_TOLERANCE, beats, change
+from grpoflow.core.scores import SCORE_TOLERANCE, beats, change, gain_line
 from grpoflow.core.spec import load_spec
 from grpoflow.trainers.evaluate import generate
 from grpoflow.trainers.model.load import to_prompt
@@ -137,37 +137,70 @@ def gate_decision(evaluation: dict | None, gate, deployed: float | None) -> dict
     """Whether the GRPO result may be published and deployed, by the spec's `evaluation.gate`.
 
     Args:
-        evaluation (`dict`, *optional*): evaluation.json (`metric`, `before`, `after`); None when nothing was held out.
+        evaluation (`dict`, *optional*): evaluation.json (`metric`, `before`, `after`, and `ci`, the intervals with
+            their `confidence`); None when nothing was held out.
         gate (`GateSpec`, *optional*): `min_gain` (after - before must reach it; 0 or more also needs after to beat
-            before: a model no better than its start is not promoted) and `beat_deployed` (after must reach
-            `deployed`); None, or neither set, promotes every model.
+            before: a model no better than its start is not promoted), `significant` (the lower bound of the gain's
+            interval must exceed `min_gain`) and `beat_deployed` (after must reach `deployed`); None, or neither
+            `min_gain` nor `beat_deployed` set, promotes every model.
         deployed (`float`, *optional*): the score the deployment name serves now; None when it serves nothing scored.
 
     Returns:
         `dict`: `promote`, `reason` (every unmet condition, "; "-joined), `kind` (the first one's, as
-        `grpoflow.model.rejected` names it: `not_scored`, `no_improvement`, `below_min_gain`, `below_deployed`;
-        None when promoted), and the figures judged: `metric`, `before`, `after`, `gain`, `deployed_score`,
-        `min_gain`, `beat_deployed`.
+        `grpoflow.model.rejected` names it: `not_scored`, `no_improvement`, `below_min_gain`, `not_significant`,
+        `below_deployed`; None when promoted), and the figures judged: `metric`, `before`, `after`, `gain`, `gain_ci`
+        (its interval, `[low, high]`, or None), `confidence`, `deployed_score`, `min_gain`, `significant`,
+        `beat_deployed`.
     """
     evaluation = evaluation or {}
     before, after = evaluation.get("before"), evaluation.get("after")
     gain = after - before if before is not None and after is not None else None
+    gain_ci, confidence = (evaluation.get("ci") or {}).get("gain"), evaluation.get("confidence")
     min_gain = gate.min_gain if gate else None
-    beat_deployed = bool(gate and gate.beat_deployed)
+    beat_deployed, significant = bool(gate and gate.beat_deployed), bool(gate and gate.significant)
     gated = min_gain is not None or beat_deployed
     problems = [] if not gated else _unmet(before, after, min_gain, beat_deployed, deployed)
+    if (
+        significant
+        and min_gain is not None
+        and not {"not_scored", "no_improvement", "below_min_gain"} & {kind for kind, _ in problems}
+    ):
+        problems = _not_significant(evaluation, min_gain) + problems  # before below_deployed, as min_gain's are
+    passed = "passed evaluation.gate" + (
+        f": {gain_line(evaluation.get('metric'), before, after, gain_ci, confidence)}" if gain is not None else ""
+    )
     return {
         "promote": not problems,
-        "reason": "; ".join(text for _, text in problems) or ("passed evaluation.gate" if gated else "no gate"),
+        "reason": "; ".join(text for _, text in problems) or (passed if gated else "no gate"),
         "kind": problems[0][0] if problems else None,
         "metric": evaluation.get("metric"),
         "before": before,
         "after": after,
         "gain": gain,
+        "gain_ci": gain_ci,
+        "confidence": confidence,
         "deployed_score": deployed,
         "min_gain": min_gain,
+        "significant": significant,
         "beat_deployed": beat_deployed,
     }
+
+
+def _not_significant(evaluation: dict, min_gain: float) -> list[tuple]:
+    """`evaluation.gate.significant`'s unmet condition, as a (kind, sentence) pair, when the lower bound of the gain's
+    interval does not exceed `min_gain`."""
+    before, after, ci = evaluation["before"], evaluation["after"], (evaluation.get("ci") or {}).get("gain")
+    if ci is None:
+        text = (
+            "the gain has no interval to judge (evaluation.confidence: null, or the job was evaluated without one); "
+            "evaluation.gate.significant promotes only a gain whose interval's lower bound exceeds min_gain"
+        )
+        return [("not_significant", text)]
+    if ci[0] > min_gain:
+        return []
+    line = gain_line(evaluation.get("metric"), before, after, ci, evaluation.get("confidence"))
+    text = f"{line}: the gain's lower bound {ci[0]:+.4g} does not exceed evaluation.gate.min_gain {min_gain:g}"
+    return [("not_significant", f"{text}, so it may be chance (evaluation.gate.significant)")]
 
 
 def _unmet(before, after, min_gain: float | None, beat_deployed: bool, deployed: float | None) -> list[tuple]:

@@ -20,14 +20,14 @@ import threading
 from pathlib import Path
 
 from grpoflow.core.jobdir import JobDir, write_text_atomic
-from grpoflow.core.scores import change
+from grpoflow.core.scores import change, gain_line
 from grpoflow.core.spec import JobSpec, resolved_dict
 from grpoflow.core.spec.markdown import cell, literal, number, table
 from grpoflow.jobs.canary import projection_line
 from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.rollouts import one_line, side_by_side
+from grpoflow.trainers.rollouts import one_line, prompt_text, shared_system_text, side_by_side
 
 # `grpoflow run` sets this to its start (Unix seconds), so the report's wall time is the one the user waited.
 RUN_STARTED_ENV = "GRPOFLOW_RUN_STARTED"
@@ -234,6 +234,8 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     label = "No improvement" if evaluation.get("improved") is False else "Not scored"
     why = f"\n\n**{label}:** {evaluation['note']}." if evaluation.get("note") else ""
     parts = [f"{title}{rows}\n\n{note}{why}"]
+    if line := interval_line(evaluation):
+        parts.append(line)
     if selection := selection_line(evaluation):
         parts.append(selection)
     series = evaluation.get("series") or []
@@ -251,6 +253,25 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     if plot is not None:
         parts.append(f"![{plot.stem}]({plot.name})")
     return "\n\n".join(parts)
+
+
+def interval_line(evaluation: dict) -> str | None:
+    """The gain with its interval and each score's, e.g. `**Gain:** exact_answer 0.40 -> 0.62 (+0.22, 95% CI +0.12 to
+    +0.31)`; None without intervals (`evaluation.confidence: null`, or a job evaluated before them) and when the start
+    was kept (no checkpoint beat it: no gain)."""
+    ci, before, after = evaluation.get("ci") or {}, evaluation.get("before"), evaluation.get("after")
+    if not ci.get("gain") or evaluation.get("trained"):
+        return None
+    if not (isinstance(before, int | float) and isinstance(after, int | float)):
+        return None
+    confidence = evaluation["confidence"]
+    scores = [f"{side} {_score(ci[side][0])} to {_score(ci[side][1])}" for side in ("before", "after") if ci.get(side)]
+    return (
+        f"**Gain:** {gain_line(evaluation.get('metric'), before, after, ci['gain'], confidence)}; "
+        f"{100 * confidence:g}% intervals of the scores: {', '.join(scores)}. A paired bootstrap over the "
+        f"{evaluation.get('n')} held-out prompts (`evaluation.confidence`): an interval that includes 0 is a change "
+        "chance alone could make."
+    )
 
 
 def selection_line(evaluation: dict) -> str | None:
@@ -372,7 +393,7 @@ def _writes(job: JobDir, evaluation: dict | None) -> str | None:
     if not pairs:
         return None
     rows = [
-        [literal(one_line(p["prompt"], 120))]  # the model's text as written, wrapped: markdown formats none of it
+        [literal(one_line(prompt_text(p["prompt"]), 120))]  # the text as written, wrapped: markdown formats none
         + [f"{literal(one_line(p[side], 240))} (**{number(p[side + '_score'])}**)" for side in ("before", "after")]
         for p in pairs
     ]
@@ -383,6 +404,9 @@ def _writes(job: JobDir, evaluation: dict | None) -> str | None:
         f"`evaluation/step-{trained['step']:06d}.parquet`, the training rollouts in `rollouts/` "
         f"(`grpoflow rollouts {job.job_id}`)."
     )
+    if system := shared_system_text([p["prompt"] for p in pairs]):
+        shown = literal(one_line(system, 480), 240)
+        note += f" The prompts are chats; above, their last user message; their system prompt: {shown}"
     headers = ["held-out prompt", "starting model (step 0)", f"GRPO result ({after})"]
     return "## What the model writes\n\n" + table(headers, rows) + "\n\n" + note
 

@@ -3,8 +3,9 @@
     python -m grpoflow.trainers.evaluate runs/<job_id>
 
 `before` scores the model GRPO started from (the SFT output when the warm-up ran, else the base model) and `after`
-the GRPO result (`merged/`); both go to `evaluation.json`. With a 0/1 reward such as `exact_answer` the score is
-accuracy.
+the GRPO result (`merged/`); both go to `evaluation.json`, with `ci`, paired bootstrap intervals over the held-out
+prompts of each score and of the gain (`evaluation.confidence`; `grpoflow.core.scores.intervals`). With a 0/1
+reward such as `exact_answer` the score is accuracy.
 
 No regression: when the GRPO result does not beat the start (`improved: false`), the job says so (`note`, the
 `no_improvement` alert), and with `evaluation.select: best` the start is the best model there is: it is kept. merged/
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from grpoflow.core.jobdir import JobDir, write_json_atomic
-from grpoflow.core.scores import beats, eval_key
+from grpoflow.core.scores import beats, eval_key, intervals
 from grpoflow.core.spec import JobSpec, load_spec
 from grpoflow.core.spec.markdown import number
 from grpoflow.trainers.health import Alert
@@ -30,7 +31,7 @@ from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts, start_
 from grpoflow.trainers.model.merge import save_start_model, write_model_json
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
-from grpoflow.trainers.rollouts import write_held_out
+from grpoflow.trainers.rollouts import prompt_text, write_held_out
 
 # One model load at a time in a process: a sweep's jobs evaluate in threads of one process, and neither transformers'
 # lazy imports nor `from_pretrained`'s meta-device initialisation is safe to run in two threads at once.
@@ -103,7 +104,14 @@ def metric_reward(spec: JobSpec):
 
 
 def score(
-    model, eval_rows, spec: JobSpec, tokenizer=None, samples: list | None = None, reward=None, keep_at=None
+    model,
+    eval_rows,
+    spec: JobSpec,
+    tokenizer=None,
+    samples: list | None = None,
+    reward=None,
+    keep_at=None,
+    per_prompt: list | None = None,
 ) -> float | None:
     """Mean of the evaluation metric over greedy completions of the held-out prompts (None scores are skipped);
     None when the metric scored none of them.
@@ -111,7 +119,8 @@ def score(
     `model` is a folder, or a loaded model with its `tokenizer`. The first `SAMPLES` prompts, completions and
     scores are appended to `samples` when it is given. `reward` is the metric's callable when already built. With
     `keep_at`, a `(JobDir, step)`, every prompt's completion and score go to the job's
-    `evaluation/step-<NNNNNN>.parquet` (`grpoflow.trainers.rollouts.write_held_out`).
+    `evaluation/step-<NNNNNN>.parquet` (`grpoflow.trainers.rollouts.write_held_out`). Each prompt's score (None:
+    not scored) is appended to `per_prompt` when it is given.
     """
     reward = reward or metric_reward(spec)
     prompts = list(eval_rows["prompt"])
@@ -121,18 +130,15 @@ def score(
     values = reward_values(reward, prompts, completions, eval_rows, tokenizer)
     if keep_at is not None:
         write_held_out(*keep_at, prompts, completions, values)
+    if per_prompt is not None:
+        per_prompt += values
     if samples is not None:
         samples += [
-            {"prompt": _text(p), "completion": _text(c), "score": v}
+            {"prompt": prompt_text(p), "completion": c[-1]["content"] if isinstance(c, list) else c, "score": v}
             for p, c, v in list(zip(prompts, completions, values, strict=True))[:SAMPLES]
         ]
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
-
-
-def _text(message) -> str:
-    """A prompt or completion as text: a chat's last message's content."""
-    return message[-1]["content"] if isinstance(message, list) else message
 
 
 def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:
@@ -174,7 +180,7 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
         return None
     rows = prepare_prompts(dataset["eval"], spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     after_model, after_tokenizer = after or (str(job.merged), None)
-    start_samples, samples = [], []
+    start_samples, samples, start_scores, scores = [], [], [], []
     if training is None:
         training = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
     trained_step = training.get("selected_step", training.get("global_step"))
@@ -182,8 +188,8 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
     result = {
         "metric": spec.evaluation.metric_name,
         "n": len(rows),
-        "before": score(before_model, rows, spec, samples=start_samples, keep_at=(job, 0)),
-        "after": score(after_model, rows, spec, tokenizer=after_tokenizer, samples=samples, keep_at=after_at),
+        "before": score(before_model, rows, spec, samples=start_samples, keep_at=(job, 0), per_prompt=start_scores),
+        "after": score(after_model, rows, spec, after_tokenizer, samples, keep_at=after_at, per_prompt=scores),
         "select": spec.evaluation.select,
         "selected_step": training.get("selected_step", training.get("global_step")),
     }
@@ -199,12 +205,19 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
     elif not result["improved"]:
         if spec.evaluation.select == "best":
             keep_start(job, before_model, result)
-            samples = start_samples
+            samples, scores = start_samples, start_scores
         result["note"] = no_improvement_note(result)
+    result |= held_out_intervals(start_scores, scores, spec.evaluation.confidence)
     result["seconds"] = round(time.monotonic() - started, 3)
     result["samples"] = samples  # a few of the kept model's held-out completions, with their scores
     write_json_atomic(job.evaluation, result)
     return result
+
+
+def held_out_intervals(before: list, after: list, confidence: float | None) -> dict:
+    """evaluation.json's `confidence` and `ci`: the paired bootstrap intervals of `before`, `after` and the gain over
+    the held-out prompts (`grpoflow.core.scores.intervals`); `ci` is None with `evaluation.confidence: null`."""
+    return {"confidence": confidence, "ci": intervals(before, after, confidence) if confidence else None}
 
 
 def keep_start(job: JobDir, start: str, result: dict) -> None:

@@ -3,8 +3,9 @@ the held-out prompts at each evaluation, as Parquet files in the job folder (`FI
 
 - `rollouts/step-<NNNNNN>.parquet`, one row per completion of a kept step (`rollouts.every`,
   `rollouts.groups_per_step`): `step`, `group` (the prompt's index in the step), `prompt` (text, or the chat as
-  JSON), `completion`, `reward` (the weighted total TRL optimises), `rewards.<name>` (each reward's own score, null
-  where it scored nothing), `advantage`, `completion_tokens`, `truncated`.
+  JSON; every place a person reads it shows a chat as its last user message, `prompt_text`), `completion`,
+  `reward` (the weighted total TRL optimises), `rewards.<name>` (each reward's own score, null where it scored
+  nothing), `advantage`, `completion_tokens`, `truncated`.
 - `evaluation/step-<NNNNNN>.parquet`, one row per held-out prompt at each held-out evaluation (step 0: the model GRPO
   started from): `row`, `prompt`, `completion`, `score`.
 
@@ -113,6 +114,56 @@ def as_text(value, chat_as_json: bool = True) -> str:
     if not chat_as_json and isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
         return str(value[0].get("content", ""))
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _chat(prompt) -> list[dict] | None:
+    """`prompt`'s messages when it is a chat (a list of `{role, content}` messages, or the JSON the files keep of
+    one); None for text."""
+    if isinstance(prompt, str) and prompt.startswith("[{"):
+        try:
+            prompt = json.loads(prompt)
+        except ValueError:
+            return None
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
+        return prompt
+    return None
+
+
+def _content(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # multimodal parts: their text
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part)
+    return "" if content is None else str(content)
+
+
+def prompt_text(prompt) -> str:
+    """A prompt as a person reads it in a row of rollouts: text as it is; a chat (messages, or the JSON the files keep
+    of one) as its last user message, the system prompt apart (`system_text`), so that a cut row still shows the
+    question.
+
+    >>> chat = [{"role": "system", "content": "Reply with just the number."}, {"role": "user", "content": "2+2?"}]
+    >>> prompt_text(chat), prompt_text(json.dumps(chat)), prompt_text("2+2?")
+    ('2+2?', '2+2?', '2+2?')
+    """
+    messages = _chat(prompt)
+    if messages is None:
+        return as_text(prompt)
+    users = [m for m in messages if m["role"] == "user"] or messages
+    return _content(users[-1])
+
+
+def system_text(prompt) -> str | None:
+    """The system prompt of a chat prompt (see `prompt_text`); None for text or a chat without one."""
+    messages = _chat(prompt) or []
+    system = [_content(m) for m in messages if m["role"] == "system"]
+    return "\n".join(system) if system else None
+
+
+def shared_system_text(prompts: list) -> str | None:
+    """The system prompt every one of `prompts` has, shown once beside rows that leave it out; None when they have
+    none, or differ."""
+    systems = {system_text(p) for p in prompts}
+    return systems.pop() if len(systems) == 1 else None
 
 
 def _number(value) -> float | None:
@@ -439,7 +490,7 @@ def highlight_rows(job: JobDir, step: int, width: int = 300) -> tuple[int | None
                 "reward": row["reward"],
                 **{name: None if v is None else round(v, 4) for name, v in scores.items()},
                 "completion": one_line(row["completion"], width),
-                "prompt": one_line(row["prompt"], width),
+                "prompt": one_line(prompt_text(row["prompt"]), width),
                 "advantage": None if row["advantage"] is None else round(row["advantage"], 4),
                 "tokens": row["completion_tokens"],
                 "truncated": row["truncated"],
@@ -476,7 +527,8 @@ def select_rollouts(
         best (`int`, *optional*), worst (`int`, *optional*): only the `best` highest or the `worst` lowest (lowest
             first); rows the reward did not score come last and are never among the worst.
         reward (`str`, *optional*): sort by this reward's own score instead of the total.
-        grep (`str`, *optional*): only rows whose prompt or completion holds this text (case ignored).
+        grep (`str`, *optional*): only rows whose prompt (a chat's last user message, `prompt_text`) or completion
+            holds this text (case ignored).
     """
     steps = kept_steps(folder)
     if step is not None and step not in steps:
@@ -490,7 +542,11 @@ def select_rollouts(
         raise ValueError(f"--reward {reward}: not a reward of this job; its rewards: {', '.join(names)}")
     if grep:
         needle = grep.lower()
-        rows = [r for r in rows if needle in (r["prompt"] or "").lower() or needle in (r["completion"] or "").lower()]
+        rows = [
+            r
+            for r in rows
+            if any(needle in text.lower() for text in (prompt_text(r["prompt"] or ""), r["completion"] or ""))
+        ]
     scored = sorted((r for r in rows if r[key] is not None), key=lambda r: r[key], reverse=True)
     unscored = [r for r in rows if r[key] is None]
     if worst:
@@ -499,11 +555,13 @@ def select_rollouts(
 
 
 def rollout_record(row: dict) -> dict:
-    """A rollouts row as `grpoflow rollouts --json` prints it, each reward's score under `rewards`."""
+    """A rollouts row as `grpoflow rollouts --json` prints it, each reward's score under `rewards`, a chat prompt as
+    its last user message and its system prompt apart (`system_prompt`, null for none)."""
     return {
         "step": row["step"],
         "group": row["group"],
-        "prompt": row["prompt"],
+        "prompt": prompt_text(row["prompt"]),
+        "system_prompt": system_text(row["prompt"]),
         "completion": row["completion"],
         "reward": row["reward"],
         "rewards": {name: row[f"rewards.{name}"] for name in reward_names(row)},
@@ -522,8 +580,9 @@ def _figure(value) -> str:
 
 
 def rollouts_table(rows: list[dict], width: int) -> str:
-    """`rows` as a table `width` characters wide: the figures right-aligned, then the prompt and the completion each
-    on one line, cut to what is left."""
+    """`rows` as a table `width` characters wide: the figures right-aligned, then the prompt (a chat's last user
+    message) and the completion each on one line, cut to what is left; a system prompt the rows share is one line
+    above the table."""
     names = reward_names(rows[0]) if rows else []
     figures = {
         "step": "step",
@@ -544,7 +603,10 @@ def rollouts_table(rows: list[dict], width: int) -> str:
         numbers = "  ".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
         return f"{numbers}  {prompt.ljust(prompt_width)}  {completion}".rstrip()
 
-    out = [line(list(figures.values()), "prompt", "completion")]
+    system = shared_system_text([r["prompt"] for r in rows])
+    out = [one_line(f"system prompt: {system}", width)] if system else []
+    out.append(line(list(figures.values()), "prompt", "completion"))
     for row, values in zip(rows, cells, strict=True):
-        out.append(line(values, one_line(row["prompt"], prompt_width), one_line(row["completion"], completion_width)))
+        prompt = one_line(prompt_text(row["prompt"]), prompt_width)
+        out.append(line(values, prompt, one_line(row["completion"], completion_width)))
     return "\n".join(out)

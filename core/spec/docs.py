@@ -23,6 +23,7 @@ from grpoflow.core.spec.rules import SECTION_TRL_KEYS, trl_markers
 _BOUNDS = (
     (annotated_types.Gt, "gt", ">"),
     (annotated_types.Ge, "ge", ">="),
+    (annotated_types.Lt, "lt", "<"),
     (annotated_types.Le, "le", "<="),
     (annotated_types.MinLen, "min_length", "length >="),
 )

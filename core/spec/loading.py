@@ -52,6 +52,7 @@ _MESSAGES = {
     "int_type": "must be an integer",
     "int_from_float": "must be a whole number",
     "int_parsing_size": f"must be an integer <= {MAX_INT}",
+    "less_than": "must be < {lt}",
     "less_than_equal": "must be <= {le}",
     "finite_number": "must be a finite number",
     "float_parsing": "must be a number",

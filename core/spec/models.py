@@ -256,6 +256,12 @@ class GateSpec(Section):
         description="Also require a held-out score at least the one of the version the deployment name (deploy.name) "
         "serves now; passes when it serves nothing scored yet.",
     )
+    significant: bool = Field(
+        False,
+        description="Also require the gain to be more than chance: the lower bound of its interval "
+        "(evaluation.confidence, a paired bootstrap over the held-out prompts) must exceed min_gain, so that a gain "
+        "of one prompt in forty is not promoted. Needs min_gain and a confidence.",
+    )
     approval: bool = Field(
         False,
         description="Ask a person: after the evaluation (and the checks above), the flow run pauses until someone "
@@ -322,6 +328,15 @@ class EvaluationSpec(Section):
         "or the start model itself when no checkpoint beat it.",
     )
     max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
+    confidence: float | None = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="Every held-out score and the gain (after minus before) get an interval of this confidence: a "
+        "paired bootstrap over the held-out prompts (the same resampled prompts for both models, a fixed seed: the "
+        "same scores give the same interval), in evaluation.json, the report, the run's message and the gate's "
+        "verdict; null: no interval.",
+    )
     gate: GateSpec = Field(
         GateSpec(),
         description="Publish and deploy only when the GRPO result passes; by default one that beats its "
@@ -353,8 +368,13 @@ class EvaluationSpec(Section):
     def _gate_needs_held_out_prompts(self) -> "EvaluationSpec":
         if self.holdout == 0 and self.gate.min_gain == GateSpec.model_fields["min_gain"].default:
             self.gate.min_gain = None  # the default gate has nothing to judge without held-out prompts: no gate
-        if self.holdout == 0 and (self.gate.min_gain is not None or self.gate.beat_deployed):
+        if self.holdout == 0 and (self.gate.min_gain is not None or self.gate.beat_deployed or self.gate.significant):
             raise ValueError("evaluation.gate judges held-out scores: set evaluation.holdout above 0 or drop the gate")
+        if self.gate.significant and (self.gate.min_gain is None or self.confidence is None):
+            raise ValueError(
+                "evaluation.gate.significant judges the interval of the gain against min_gain: set "
+                "evaluation.gate.min_gain and evaluation.confidence, or drop significant"
+            )
         return self
 
 

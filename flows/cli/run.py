@@ -62,6 +62,7 @@ def check_resume(spec, job_id: str) -> None:
 def print_result(args, result: dict, spec) -> dict:
     """Prints a finished run's result (`--json`: the job id, folder and status, and `stopped_by` when the budget ended
     its training) and returns that much of it."""
+    from grpoflow.core.scores import gain_text
     from grpoflow.integrations.jobs import job_dir
 
     out = {k: result[k] for k in ("job_id", "output_dir", "status")}
@@ -74,6 +75,11 @@ def print_result(args, result: dict, spec) -> dict:
         if evaluation:
             before, after = (_score(evaluation[side]) for side in ("before", "after"))
             held_out = f"held-out {evaluation['metric']} on {evaluation['n']} prompts"
+            gain_ci = (evaluation.get("ci") or {}).get("gain")
+            if gain_ci and not evaluation.get("trained"):  # a gain with its interval; none when the start was kept
+                after += (
+                    f" ({gain_text(evaluation['before'], evaluation['after'], gain_ci, evaluation['confidence'])})"
+                )
             print(f"{held_out}: before GRPO {before}, after GRPO {after}")
             if evaluation.get("note"):
                 print(f"note: {evaluation['note']}")

@@ -404,6 +404,32 @@ CASES = [
     pytest.param({"evaluation.holdout": 0}, {"evaluation.holdout": 0}, id="holdout-disabled"),
     pytest.param({"evaluation.holdout": 1.5}, "evaluation.holdout: must be a fraction below 1", id="holdout-1.5"),
     pytest.param({"evaluation.holdout": -0.1}, "evaluation.holdout: must be >= 0", id="holdout-neg"),
+    # --- evaluation.confidence and the significant gate ---
+    pytest.param({}, {"evaluation.confidence": 0.95, "evaluation.gate.significant": False}, id="confidence-default"),
+    pytest.param({"evaluation.confidence": None}, {"evaluation.confidence": None}, id="confidence-none"),
+    pytest.param({"evaluation.confidence": 1}, "evaluation.confidence: must be < 1", id="confidence-1"),
+    pytest.param({"evaluation.confidence": 0}, "evaluation.confidence: must be > 0", id="confidence-0"),
+    pytest.param(
+        {"evaluation.gate.significant": True, "evaluation.gate.min_gain": 0.05},
+        {"evaluation.gate.significant": True, "evaluation.gate.min_gain": 0.05},
+        id="significant",
+    ),
+    pytest.param(  # no interval to judge
+        {"evaluation.gate.significant": True, "evaluation.confidence": None},
+        "evaluation: evaluation.gate.significant judges the interval of the gain against min_gain: set "
+        "evaluation.gate.min_gain and evaluation.confidence",
+        id="significant-without-confidence",
+    ),
+    pytest.param(  # the gate off: nothing to judge against
+        {"evaluation.gate.significant": True, "evaluation.gate.min_gain": None},
+        "evaluation: evaluation.gate.significant judges the interval",
+        id="significant-without-min_gain",
+    ),
+    pytest.param(
+        {"evaluation.gate.significant": True, "evaluation.holdout": 0},
+        "evaluation: evaluation.gate judges held-out scores: set evaluation.holdout above 0",
+        id="significant-without-holdout",
+    ),
     # --- sft: positive steps, learning rate, batch size ---
     pytest.param({"sft.enabled": True, "sft.max_steps": 50}, {"sft.enabled": True, "sft.max_steps": 50}, id="sft-on"),
     pytest.param({"sft.max_steps": 0}, "sft.max_steps: must be >= 1 (got 0)", id="sft-max_steps"),

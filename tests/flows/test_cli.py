@@ -601,6 +601,41 @@ def test_rollouts_table_fits_the_terminal(job_with_rollouts, monkeypatch):
     assert all(line[:end].endswith(("1.5", "0.5")) for line in lines[1:])
 
 
+def test_rollouts_of_chat_prompts_show_the_question(finished_job, monkeypatch):
+    from grpoflow.trainers.rollouts import as_text, step_file, write_rows
+
+    system = {"role": "system", "content": "Reply with just the number. " * 4}
+    chats = [[system, {"role": "user", "content": f"What is {i}+{i}?"}] for i in range(3)]
+    write_rows(  # the chat as the training child keeps it: JSON
+        step_file(finished_job / "rollouts", 1),
+        {
+            "step": [1] * 3,
+            "group": [0, 1, 2],
+            "prompt": [as_text(c) for c in chats],
+            "completion": ["0", "2", "5"],
+            "reward": [1.0, 1.0, 0.0],
+            "rewards.exact_answer": [1.0, 1.0, 0.0],
+            "advantage": [0.0] * 3,
+            "completion_tokens": [1] * 3,
+            "truncated": [False] * 3,
+        },
+    )
+    monkeypatch.setenv("COLUMNS", "100")
+    root, job_id = str(finished_job.parent), finished_job.name
+    code, out, _ = cli("--output-uri", root, "rollouts", job_id)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 5 and all(len(line) <= 100 for line in lines)
+    assert lines[0].startswith("system prompt: Reply with just the number.")  # once, above the table
+    assert [line.split()[-2:] for line in lines[2:]] == [["0+0?", "0"], ["1+1?", "2"], ["2+2?", "5"]]
+    assert "role" not in out and "Reply" not in "".join(lines[1:])
+
+    code, out, _ = cli("--output-uri", root, "rollouts", job_id, "--json", "--grep", "2+2")
+    rows = json.loads(out)["rollouts"]
+    assert code == 0 and [(r["prompt"], r["system_prompt"]) for r in rows] == [("What is 2+2?", system["content"])]
+    code, out, _ = cli("--output-uri", root, "rollouts", job_id, "--json", "--grep", "system")
+    assert code == 0 and json.loads(out)["rollouts"] == []  # the question and the completion are searched
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -624,3 +659,20 @@ def test_rollouts_of_a_job_that_kept_none(finished_job):
     assert code == 0 and json.loads(out) == {"rollouts": []}
     code, out, err = cli("--output-uri", str(finished_job.parent), "rollouts", finished_job.name, "--step", "1")
     assert code == 2 and "it kept none (rollouts.every: 0" in err
+
+
+def test_run_prints_the_gain_with_its_interval(make_spec, capsys):
+    import argparse
+
+    from grpoflow.core.spec import load_spec
+    from grpoflow.flows.cli.run import print_result
+
+    spec, _ = load_spec(make_spec())
+    evaluation = {"metric": "exact_answer", "n": 40, "before": 0.4, "after": 0.62, "confidence": 0.95}
+    result = {"job_id": "t-1", "output_dir": "/nowhere/t-1", "status": "completed"}
+    ci = {"before": [0.25, 0.55], "after": [0.47, 0.77], "gain": [0.12, 0.31]}
+    print_result(argparse.Namespace(json=False), result | {"evaluation": evaluation | {"ci": ci}}, spec)
+    line = "held-out exact_answer on 40 prompts: before GRPO 0.400, after GRPO 0.620 (+0.22, 95% CI +0.12 to +0.31)"
+    assert f"\n{line}\n" in capsys.readouterr().out
+    print_result(argparse.Namespace(json=False), result | {"evaluation": evaluation | {"ci": None}}, spec)
+    assert "\nheld-out exact_answer on 40 prompts: before GRPO 0.400, after GRPO 0.620\n" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpoflow.core.jobdir import JobDir
+from grpoflow.core.scores import gain_line
 from grpoflow.core.spec.markdown import number
 from grpoflow.flows.cli import main
 from grpoflow.trainers.metrics import read_events, read_metrics
@@ -174,8 +175,13 @@ def test_what_the_prefect_ui_shows(make_spec):
     # The run is named after its job; its final state says the score and the verdict.
     evaluation = json.loads(job.evaluation.read_text())
     before, after = evaluation["before"], evaluation["after"]
-    change = f"{100 * (after - before):+.0f} pts" if after != before else "no change"
-    summary = f"exact_answer {before:.2f} -> {after:.2f} ({change})"
+    # The gain with its interval (evaluation.confidence's default 0.95), as core/scores.py says it.
+    assert (
+        evaluation["confidence"] == 0.95
+        and evaluation["ci"]["gain"][0] <= after - before <= evaluation["ci"]["gain"][1]
+    )
+    summary = gain_line("exact_answer", before, after, evaluation["ci"]["gain"], 0.95)
+    assert " -> " in summary and "95% CI " in summary
     if after <= before:  # the message says no checkpoint beat the start
         summary += f"; no checkpoint beat the starting model: the last, step 2, scored {number(after)} against"
         summary += f" the start's {number(before)}"

@@ -17,6 +17,7 @@ from grpoflow.integrations.artifacts import (
     StageProgress,
     artifact_key,
     evaluation_artifact,
+    evaluation_rows,
     grpo_line,
     link_artifact,
     report_artifact,
@@ -111,6 +112,19 @@ NO_GAIN = (
 )
 def test_score_summary(evaluation, summary):
     assert score_summary(evaluation) == summary
+
+
+def test_score_summary_and_evaluation_table_carry_the_gains_interval():
+    evaluation = {"metric": "exact_answer", "n": 40, "before": 0.4, "after": 0.62, "confidence": 0.95}
+    evaluation["ci"] = {"before": [0.25, 0.55], "after": [0.47, 0.77], "gain": [0.12, 0.31]}
+    assert score_summary(evaluation) == "exact_answer 0.40 -> 0.62 (+0.22, 95% CI +0.12 to +0.31)"
+    best = evaluation | {"select": "best", "selected_step": 4}
+    assert score_summary(best) == "exact_answer 0.40 -> 0.62 (+0.22, 95% CI +0.12 to +0.31, best at step 4)"
+    assert evaluation_rows(evaluation)[0]["95% CI of the gain"] == "+0.12 to +0.31"
+    assert "95% CI of the gain" not in evaluation_rows(evaluation | {"ci": None})[0]  # confidence: null
+    # The start kept (no checkpoint beat it): no gain, so no interval of one.
+    kept = evaluation | {"after": 0.4, "improved": False, "trained": {"step": 2, "score": 0.3}, "note": NO_GAIN}
+    assert score_summary(kept | {"ci": {"gain": [0.0, 0.0]}}) == f"exact_answer 0.40 -> 0.40 (no change); {NO_GAIN}"
 
 
 def test_keys_are_prefect_keys(make_spec):

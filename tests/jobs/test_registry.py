@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from grpoflow.core.scores import intervals
 from grpoflow.core.spec.models import GateSpec
 from grpoflow.jobs.registry import (
     RegistrationError,
@@ -207,3 +208,43 @@ def test_gate_decision(evaluation, gate, deployed, promote, reason):
     assert decision["promote"] is promote and reason in decision["reason"]
     assert (decision["kind"] is None) is promote
     assert decision["deployed_score"] == deployed and decision["after"] == (evaluation or {}).get("after")
+
+
+def _scored_40(solved_before: int, solved_after: int) -> dict:
+    """evaluation.json of 40 held-out prompts: the start solves the first `solved_before`, the GRPO result the first
+    `solved_after`, with their paired bootstrap intervals."""
+    before = [1.0] * solved_before + [0.0] * (40 - solved_before)
+    after = [1.0] * solved_after + [0.0] * (40 - solved_after)
+    return {
+        "metric": "exact_answer",
+        "n": 40,
+        "before": solved_before / 40,
+        "after": solved_after / 40,
+        "confidence": 0.95,
+        "ci": intervals(before, after, 0.95),
+    }
+
+
+def test_a_significant_gate_withholds_a_one_prompt_gain_and_promotes_a_large_one():
+    one_prompt = _scored_40(16, 17)  # +0.025: one prompt flipped from 0 to 1
+    assert gate_decision(one_prompt, GateSpec(), None)["promote"]  # the default gate promotes it
+    decision = gate_decision(one_prompt, GateSpec(significant=True), None)
+    assert not decision["promote"] and decision["kind"] == "not_significant"
+    assert decision["gain_ci"] == one_prompt["ci"]["gain"] and decision["gain_ci"][0] <= 0 < decision["gain_ci"][1]
+    assert decision["reason"].startswith("exact_answer 0.40 -> 0.425 (+0.025, 95% CI +0.00 to +0.075): the gain's")
+    assert "does not exceed evaluation.gate.min_gain 0" in decision["reason"]
+
+    large = _scored_40(16, 25)  # +0.225
+    decision = gate_decision(large, GateSpec(significant=True), None)
+    low, high = large["ci"]["gain"]
+    assert decision["promote"] and decision["kind"] is None and 0.05 <= low < 0.225 < high <= 0.4
+    assert decision["reason"] == "passed evaluation.gate: exact_answer 0.40 -> 0.625 (+0.225, 95% CI +0.10 to +0.35)"
+    # The lower bound must exceed min_gain itself, not only 0.
+    assert gate_decision(large, GateSpec(min_gain=low, significant=True), None)["kind"] == "not_significant"
+    # No interval to judge (evaluation.confidence: null): not promoted, and said why.
+    decision = gate_decision({**large, "ci": None, "confidence": None}, GateSpec(significant=True), None)
+    assert decision["kind"] == "not_significant" and "no interval" in decision["reason"]
+    # A loss stays no_improvement; the deployed version is still judged beside significance.
+    assert gate_decision(_scored_40(16, 10), GateSpec(significant=True), None)["kind"] == "no_improvement"
+    decision = gate_decision(one_prompt, GateSpec(significant=True, beat_deployed=True), 0.9)
+    assert [p.split(" ")[0] for p in decision["reason"].split("; ")] == ["exact_answer", "score"]

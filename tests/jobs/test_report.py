@@ -245,6 +245,38 @@ def test_report_shows_what_the_model_writes_before_and_after(tmp_path):
     assert "What the model writes" not in write_report(job, spec, EVALUATION | {"selected_step": 5}, []).read_text()
 
 
+def test_report_says_the_gain_with_its_interval(tmp_path):
+    from grpoflow.core.scores import intervals
+
+    job, spec = make_job(tmp_path)
+    before, after = [1.0] * 16 + [0.0] * 24, [1.0] * 25 + [0.0] * 15
+    evaluation = {"metric": "exact_answer", "n": 40, "before": 0.4, "after": 0.625, "confidence": 0.95}
+    text = write_report(job, spec, evaluation | {"ci": intervals(before, after, 0.95)}, []).read_text()
+    section = text.split("## Held-out evaluation\n\n", 1)[1].split("\n\n## ", 1)[0]
+    assert (
+        "**Gain:** exact_answer 0.40 -> 0.625 (+0.225, 95% CI +0.10 to +0.35); 95% intervals of the scores: "
+        in section
+    )
+    assert "before 25.0% to 55.0%, after 47.5% to 77.5%" in section and "over the 40 held-out prompts" in section
+    # Without an interval (evaluation.confidence: null, an older job): no such line.
+    assert "**Gain:**" not in write_report(job, spec, evaluation | {"ci": None}, []).read_text()
+
+
+def test_report_shows_the_question_of_chat_prompts(tmp_path):
+    from grpoflow.trainers.rollouts import write_held_out
+
+    job, spec = make_job(tmp_path, n_steps=6)
+    system = {"role": "system", "content": "Reply with just the number."}
+    prompts = [[system, {"role": "user", "content": f"What is {i}+{i}?"}] for i in range(8)]
+    write_held_out(job, 0, prompts, ["?"] * 8, [0.0] * 8)
+    write_held_out(job, 6, prompts, [str(2 * i) for i in range(8)], [1.0] * 8)
+    text = write_report(job, spec, EVALUATION | {"selected_step": 6}, []).read_text()
+    section = text.split("## What the model writes\n\n", 1)[1].split("\n\n## ", 1)[0]
+    assert "| What is 0+0? | ? (**0**) | 0 (**1**) |" in section and section.count("\n| What is") == 5
+    assert "role" not in section and section.count("Reply with just the number.") == 1  # the system prompt once
+    assert section.endswith("their system prompt: Reply with just the number.")
+
+
 def test_the_canarys_projection_stands_beside_the_time_training_took(tmp_path):
     from grpoflow.integrations.artifacts import completed_message
     from grpoflow.jobs.canary import projection_line

@@ -6,10 +6,12 @@ import json
 import pytest
 
 from grpoflow.core.jobdir import JobDir
+from grpoflow.core.scores import intervals
 from grpoflow.core.spec import load_spec, to_yaml
 from grpoflow.trainers import grpo
 from grpoflow.trainers.dataset import ingest_dataset
 from grpoflow.trainers.evaluate import evaluate
+from grpoflow.trainers.rollouts import read_rows, step_file
 from tests.conftest import arithmetic_rows, write_jsonl
 
 
@@ -59,6 +61,14 @@ def test_training_child_scores_what_merged_holds(tmp_path):
     # The same evaluation by the path LoRA jobs take: both models loaded from their folders.
     from_disk = evaluate(job, spec, training["start_model"])
     assert (from_disk["before"], from_disk["after"]) == (in_child["before"], in_child["after"])
+    # The intervals: the paired bootstrap of the per-prompt scores the held-out files keep; each score inside its own.
+    per_prompt = [[r["score"] for r in read_rows(step_file(job.evaluation_rollouts, s))] for s in (0, 4)]
+    assert in_child["confidence"] == 0.95 and in_child["ci"] == intervals(*per_prompt, 0.95)
+    assert from_disk["ci"] == in_child["ci"] and all(len(in_child["ci"][k]) == 2 for k in ("before", "after", "gain"))
+    for side in ("before", "after"):
+        low, high = in_child["ci"][side]
+        assert low <= in_child[side] <= high
+    assert in_child["ci"]["gain"][0] <= in_child["after"] - in_child["before"] <= in_child["ci"]["gain"][1]
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,50 @@ def test_highlights_best_between_worst():
     assert highlights([{"reward": None}]) == []
 
 
+def test_the_rollouts_artifacts_rows_show_a_chats_question(tmp_path):
+    # As TRL logs a chat prompt (its messages), the rollouts file keeps it as JSON; the artifact's rows show the
+    # question, the system prompt apart.
+    system = {"role": "system", "content": "Reply with just the number. " * 20}
+    logged = {
+        "prompt": [[system, {"role": "user", "content": f"What is {i}+{i}?"}] for i in range(2)],
+        "completion": [[{"role": "assistant", "content": c}] for c in ("0", "3")],
+        "advantages": [1.0, -1.0],
+        "rewards": {"exact_answer": [1.0, 0.0]},
+    }
+    job = JobDir(tmp_path)
+    write_rows(step_file(job.rollouts, 3), rollout_columns(3, logged, [1.0], group_size=1, groups=None))
+    assert json.loads(read_rows(step_file(job.rollouts, 3))[0]["prompt"])[0] == system  # the file keeps it all
+    step, rows = rollouts.highlight_rows(job, 3)
+    assert step == 3 and [(r["prompt"], r["completion"]) for r in rows] == [
+        ("What is 0+0?", "0"),
+        ("What is 1+1?", "3"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "prompt, question, system",
+    [
+        ("What is 2+2?", "What is 2+2?", None),  # text as it is
+        ('[{"role": "user", "content": "2+2?"}]', "2+2?", None),  # a chat without a system prompt
+        # Several turns: the last user message; multimodal parts: their text.
+        (
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "1+1?"},
+                {"role": "assistant", "content": "2"},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "And this?"}]},
+            ],
+            "And this?",
+            "Be brief.",
+        ),
+        ("[{not json", "[{not json", None),  # text that only looks like a chat
+        ('[{"a": 1}]', '[{"a": 1}]', None),  # JSON that is no chat
+    ],
+)
+def test_prompt_text(prompt, question, system):
+    assert rollouts.prompt_text(prompt) == question and rollouts.system_text(prompt) == system
+
+
 def test_side_by_side_pairs_the_start_with_the_kept_model(tmp_path):
     job = JobDir(tmp_path)
     prompts = [f"p{i}" for i in range(8)]
