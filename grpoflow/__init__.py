@@ -5,14 +5,17 @@ backend's package-dir mapping (pyproject.toml) installs each as a subpackage of 
 
 | folder | installed as | holds |
 | --- | --- | --- |
-| `core/` | `grpoflow.core` | the base: the job spec, the job folder, URIs, errors, policy and trust; no ML, no Prefect |
-| `trainers/` | `grpoflow.trainers` | the ML: TRL training, datasets, rewards, graders, the model, evaluation; no Prefect |
+| `core/` | `grpoflow.core` | the base: the spec, the job folder, URIs, errors, policy, trust; no ML, no Prefect |
+| `trainers/` | `grpoflow.trainers` | the ML: TRL training, data, rewards, graders, the model, evaluation; no Prefect |
 | `jobs/` | `grpoflow.jobs` | the job service: preflight, children, lock, report, registry, publish |
 | `tasks/` | `grpoflow.tasks` | one Prefect task per pipeline stage |
 | `integrations/` | `grpoflow.integrations` | what tasks call: storage, job folders, events, webhooks, Prefect server |
 | `cluster/` | `grpoflow.cluster` | several machines per job on Kubernetes |
 | `flows/` | `grpoflow.flows` | the Prefect flows and the `grpoflow` CLI |
+| `api/` | `grpoflow.api` | the jobs API (`grpoflow api`): Veri's and OpenAI's fine-tuning API over the deployments |
 | `examples/` | `grpoflow.examples` | the demo's spec, data and reward module |
+
+`grpoflow.client` (this folder) is the jobs API's Python client, which imports only httpx2.
 
 So a user's own `tasks.py`, `flows/` or `trainers/` never meets grpoflow's.
 """
