@@ -4,7 +4,7 @@
     GET  /v1/files, /v1/files/{id}
     POST /v1/fine_tuning/jobs               model, training_file, method {type: reinforcement, reinforcement:
                                             {grader, hyperparameters}}, suffix, seed, metadata -> a `fine_tuning.job`
-    GET  /v1/fine_tuning/jobs, /v1/fine_tuning/jobs/{id}, /v1/fine_tuning/jobs/{id}/events
+    GET  /v1/fine_tuning/jobs, /v1/fine_tuning/jobs/{id}, /v1/fine_tuning/jobs/{id}/events, .../checkpoints
     POST /v1/fine_tuning/jobs/{id}/cancel
 
 A job is a grpoflow spec made from the request (`openai_spec`, the mapping of docs/design.md): the grader becomes a
@@ -26,6 +26,7 @@ from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, sta
 from grpoflow.api.store import TeamStore, public_file
 from grpoflow.api.training_jobs import Store, fine_tuned_model
 from grpoflow.core.spec import Hyperparameters
+from grpoflow.trainers.metrics import read_metrics
 
 files = APIRouter(prefix="/v1/files")
 jobs = APIRouter(prefix="/v1/fine_tuning/jobs")
@@ -232,6 +233,38 @@ def job_event(record: dict) -> dict:
         "message": f"{name.removeprefix('grpoflow.')}{': ' + str(said) if said else ''}",
         "data": payload,
         "type": "metrics" if name == "grpoflow.training.progress" else "message",
+    }
+
+
+@jobs.get("/{job_id}/checkpoints")
+async def checkpoints(job_id: str, store: Store, after: str | None = None, limit: int = 10) -> dict:
+    """The job's kept checkpoints and, once it succeeded, its final model, newest first (OpenAI's
+    `fine_tuning.job.checkpoint` objects, each with its step's loss and reward)."""
+    state = await _found(store, job_id)
+    steps = {r["step"]: r["values"] for r in read_metrics(state.job.metrics)}
+    folders = state.job.checkpoints.glob("checkpoint-*") if state.job.checkpoints.is_dir() else []
+    kept = sorted(int(f.name.rsplit("-", 1)[1]) for f in folders if f.name.rsplit("-", 1)[1].isdigit())
+    model = fine_tuned_model(state, store.team)
+    listed = [_checkpoint(state, f"{model or 'ft:' + job_id}:ckpt-step-{n}", n, steps.get(n, {})) for n in kept]
+    if model is not None and steps:
+        last = max(steps)
+        listed = [c for c in listed if c["step_number"] != last] + [_checkpoint(state, model, last, steps[last])]
+    listed.reverse()
+    if after is not None:
+        ids = [c["id"] for c in listed]
+        listed = listed[ids.index(after) + 1 :] if after in ids else []
+    return {"object": "list", "data": listed[:limit], "has_more": len(listed) > limit}
+
+
+def _checkpoint(state: JobState, name: str, step: int, values: dict) -> dict:
+    return {
+        "id": f"ftckpt-{state.record['id']}-{step}",
+        "object": "fine_tuning.job.checkpoint",
+        "created_at": state.finished_at or state.record["created_at"],
+        "fine_tuned_model_checkpoint": name,
+        "fine_tuning_job_id": state.record["id"],
+        "metrics": {"step": step, "train_loss": values.get("loss"), "reward": values.get("reward")},
+        "step_number": step,
     }
 
 

@@ -16,11 +16,13 @@ import json
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request
+from pydantic import BaseModel
 
 from grpoflow.api.errors import ApiError, not_found
 from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, start_job
 from grpoflow.api.store import TeamStore
 from grpoflow.trainers.metrics import read_metrics
+from grpoflow.trainers.rollouts import rollout_record, select_rollouts
 
 router = APIRouter(prefix="/v1/training_jobs")
 
@@ -115,6 +117,43 @@ async def model(job_id: str, store: Store) -> dict:
     if found is None:
         raise ApiError(409, f"job {job_id} has no trained model yet (status {state.status})", code="model_not_ready")
     return found
+
+
+@router.get("/{job_id}/rollouts")
+async def rollouts(
+    job_id: str,
+    store: Store,
+    step: int | None = None,
+    best: int | None = None,
+    worst: int | None = None,
+    reward: str | None = None,
+) -> dict:
+    """What the model wrote: the job's kept rollouts (`grpoflow rollouts JOB_ID`), by `reward` (default the total)."""
+    state = await _found(store, job_id)
+    if best is not None and worst is not None:
+        raise ApiError(400, "best, worst: give one of them", param="best")
+    try:
+        rows = select_rollouts(state.job.rollouts, step=step, best=best, worst=worst, reward=reward)
+    except ValueError as e:
+        raise ApiError(400, str(e).replace("--", ""), param="step" if "step" in str(e) else "reward") from None
+    return {"rollouts": [rollout_record(r) for r in rows]}
+
+
+class Decision(BaseModel):
+    approve: bool
+    note: str = ""
+
+
+@router.post("/{job_id}/approve")
+async def approve(job_id: str, decision: Decision, store: Store) -> dict:
+    """A person's decision on a job waiting for one (evaluation.gate.approval): the paused flow run resumes with it."""
+    from prefect.flow_runs import resume_flow_run
+
+    state = await _found(store, job_id)
+    if state.status != "awaiting_approval":
+        raise ApiError(409, f"job {job_id} is not awaiting approval (status {state.status})", code="not_paused")
+    await resume_flow_run(state.record["flow_run_id"], run_input=decision.model_dump())
+    return training_job(await _found(store, job_id), store.team)
 
 
 @router.post("/{job_id}/cancel")

@@ -27,7 +27,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from grpoflow.client import ApiError, Client
 from grpoflow.flows.deployments import PROJECT_DIR
-from tests.conftest import standin_env
+from tests.conftest import arithmetic_rows, standin_env, write_jsonl
 from tests.flows.test_deployments import PREFECT, free_port, start, stop, wait_healthy
 
 RFT_ROWS = PROJECT_DIR / "examples" / "openai-rft" / "train.jsonl"
@@ -194,6 +194,9 @@ def test_an_openai_job_runs_to_succeeded(api, finished):
     assert all(isinstance(e, FineTuningJobEvent) for e in events)
     assert events[0].message.startswith("job.completed") and events[-1].message == "Created fine-tuning job"
     assert any(e.type == "metrics" for e in events)
+    checkpoints = list(api.openai().fine_tuning.jobs.checkpoints.list(finished.id))
+    assert checkpoints[0].fine_tuned_model_checkpoint == finished.fine_tuned_model
+    assert checkpoints[0].step_number == 3 and checkpoints[0].metrics.step == 3
     # the mapping: 48 rows minus the held-out 10 % (5), one epoch at 16 prompts a step: 3 steps, the seed
     spec = yaml.safe_load((api.out / "a" / finished.id / "spec.yaml").read_text())
     assert spec["hyperparameters"]["max_steps"] == 3 and spec["hyperparameters"]["prompts_per_step"] == 16
@@ -209,6 +212,8 @@ def test_veri_api_reads_the_same_job(api, finished):
         assert all(set(m["values"]) == {"reward", "loss"} for m in metrics["metrics"])
         model = http.get(f"/v1/training_jobs/{finished.id}/model").json()
         events = http.get(f"/v1/training_jobs/{finished.id}/events").json()["data"]
+        not_paused = http.post(f"/v1/training_jobs/{finished.id}/approve", json={"approve": True})
+    assert not_paused.status_code == 409  # only a job awaiting approval takes a decision
     assert model["artifact_type"] in ("adapter", "full") and model["merged_files"]
     assert events[0]["event"] == "grpoflow.job.started" and events[-1]["event"] == "grpoflow.job.completed"
     with Client(api.url, api.keys["a"]) as client:
@@ -281,13 +286,26 @@ def test_another_team_sees_nothing_of_a_team(api, finished):
         )  # fmt: skip
 
 
-def test_a_job_is_cancelled(api):
-    spec = {"name": "cancel-me", "base_model": "builtin:tiny", "dataset": {"uri": str(RFT_ROWS),
-            "prompt_column": "messages"}, "rewards": [{"grader": GRADER}],
+def test_a_running_job_is_cancelled(api, tmp_path):
+    """A Veri job trains (slowly: the stand-in's `cancel-me`); its rollouts are read while it runs, then it is
+    cancelled through the API, and its flow run ends Cancelled."""
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    spec = {"name": "cancel-me", "base_model": "builtin:tiny", "dataset": str(data),
+            "rewards": [{"name": "exact_answer"}], "evaluation": {"holdout": 2},
             "hyperparameters": {"max_steps": 100, "rollouts_per_prompt": 2, "max_response_length": 4}}  # fmt: skip
     with Client(api.url, api.keys["a"]) as client:
         job = client.training_jobs.create(spec)
         assert job["status"] in ("queued", "running")
+        deadline = time.monotonic() + 300
+        while len(client.training_jobs.metrics(job["id"])) < 2:
+            assert time.monotonic() < deadline, client.training_jobs.get(job["id"])["status"]
+            time.sleep(1)
+        assert client.training_jobs.get(job["id"])["status"] == "running"
+        with api.http() as http:
+            best = http.get(f"/v1/training_jobs/{job['id']}/rollouts", params={"best": 1}).json()["rollouts"]
+            no_step = http.get(f"/v1/training_jobs/{job['id']}/rollouts", params={"step": 99})
+        assert len(best) == 1 and best[0]["reward"] == 1.0 and best[0]["completion"]
+        assert no_step.status_code == 400 and no_step.json()["error"]["param"] == "step"
         client.training_jobs.cancel(job["id"])
         deadline = time.monotonic() + 120
         while (status := client.training_jobs.get(job["id"])["status"]) != "cancelled":
@@ -295,6 +313,29 @@ def test_a_job_is_cancelled(api):
             time.sleep(1)
     openai_view = api.openai().fine_tuning.jobs.retrieve(job["id"])
     assert openai_view.status == "cancelled" and openai_view.fine_tuned_model is None
+    with temporary_settings({PREFECT_API_URL: api.prefect_url}), get_client(sync_client=True) as prefect:
+        deadline = time.monotonic() + 120
+        while not (state := prefect.read_flow_run(job_record(api, job["id"])["flow_run_id"]).state).is_final():
+            assert time.monotonic() < deadline, state
+            time.sleep(1)
+    assert state.is_cancelled(), state
+
+
+def job_record(api: Api, job_id: str) -> dict:
+    """The API's record of team a's job: where a restarted API finds its flow run."""
+    return json.loads((api.out / "a" / ".api-jobs" / f"{job_id}.json").read_text())
+
+
+def test_keys_reach_no_log_file_or_database(api):
+    """The keys went to the API only: none is in its log, the server's or the worker's, the jobs' and files'
+    folders, or Prefect's database."""
+    home = api.out.parent
+    places = [*home.glob("*.log"), *(home / "prefect-home").rglob("*"), *api.out.rglob("*")]
+    files = [p for p in places if p.is_file()]
+    assert any(p.suffix == ".db" for p in files) and any(p.name == "events.jsonl" for p in files)
+    for path in files:
+        content = path.read_bytes()
+        assert not any(key.encode() in content for key in api.keys.values()), path
 
 
 def test_the_client_imports_only_httpx2():
