@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from grpoflow.core.apikeys import DEFAULT_KEYS_FILE
-from grpoflow.flows.errors import EXIT_OK, UsageError
+from grpoflow.flows.errors import EXIT_OK, Stopped, UsageError
 
 # How `grpoflow api` hands its options to the app uvicorn builds: the API sits above the CLI's layer (flows/), so the
 # CLI names it by its import string, as `uvicorn grpoflow.api.app:app_from_env --factory` would.
@@ -55,14 +56,33 @@ def cmd_api(args) -> int:
                 workers = deploy_here(project)
             import uvicorn
 
+            # uvicorn stops gracefully on SIGTERM, then raises it again for the handler it found: this one, so that
+            # the worker and the server below are stopped too (the default handler would end the process at once).
+            signal.signal(signal.SIGTERM, _stopped)
             uvicorn.run(APP_FACTORY, factory=True, host=args.host, port=args.port, log_level="warning")
     finally:
-        for worker in workers:
-            worker.terminate()
-            worker.wait(timeout=30)
-        if server is not None:
-            server.stop()
+        try:
+            for worker in workers:
+                stop_worker(worker)
+        finally:
+            if server is not None:
+                server.stop()
     return EXIT_OK
+
+
+def _stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_worker(worker: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Stops a worker `deploy_here` started: SIGINT, on which Prefect's worker stops (on SIGTERM it only passes a
+    SIGINT on), then SIGKILL if it is still there after `timeout_s`."""
+    worker.send_signal(signal.SIGINT)
+    try:
+        worker.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
 
 
 def deploy_here(project: Path) -> list[subprocess.Popen]:
@@ -72,6 +92,7 @@ def deploy_here(project: Path) -> list[subprocess.Popen]:
 
     from grpoflow.flows.deployments import deploy_all, ensure_pools, load_pools
     from grpoflow.flows.project import project_files
+    from grpoflow.integrations.prefect_server import _die_with_parent
 
     prefect_file, pools_file = project_files(project)
     pools = load_pools(pools_file)
@@ -80,7 +101,13 @@ def deploy_here(project: Path) -> list[subprocess.Popen]:
     deploy_all(prefect_file, project)
     command = [sys.executable, "-P", "-m", "prefect", "worker", "start", "--pool"]
     return [
-        subprocess.Popen([*command, pool["name"]], cwd=project, stdin=subprocess.DEVNULL, start_new_session=True)
+        subprocess.Popen(
+            [*command, pool["name"]],
+            cwd=project,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # the terminal's Ctrl-C reaches the API, which stops the worker itself
+            preexec_fn=_die_with_parent,
+        )
         for pool in pools
         if pool["type"] == "process"
     ]
