@@ -185,9 +185,9 @@ async def _found(store: TeamStore, job_id: str) -> JobState:
 @jobs.post("")
 async def create(request: Request, body: Annotated[dict, Body()], store: Store) -> dict:
     settings = request.app.state.settings
-    spec = checked_spec(openai_spec(body, store), settings, store)
+    spec, parent = checked_spec(openai_spec(body, store), settings, store)
     asked = {k: body.get(k) for k in REQUEST_FIELDS}
-    record = await start_job(spec, settings, store, openai=asked)
+    record = await start_job(spec, settings, store, parent, openai=asked)
     return fine_tuning_job(await _found(store, record["id"]), store.team)
 
 

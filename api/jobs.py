@@ -61,10 +61,11 @@ class Settings:
 # --- a spec in -------------------------------------------------------------------------------------------------------
 
 
-def checked_spec(data: dict, settings: Settings, store: TeamStore) -> JobSpec:
-    """The spec `data` as the team's deployment run will run it: its dataset may name an uploaded file of the team's,
-    its output_uri is the API's; every problem (the spec's rules, then the operator's policy with the team's paths,
-    names and limits) in one `bad_spec` error."""
+def checked_spec(data: dict, settings: Settings, store: TeamStore) -> tuple[JobSpec, str | None]:
+    """The spec `data` as the team's deployment run will run it, and the job it starts from (None: none): its dataset
+    may name an uploaded file of the team's, its base_model an earlier job's `fine_tuned_model` (or `job:<id>`), its
+    output_uri is the API's. Every problem (the spec's rules, then the operator's policy with the team's paths, names
+    and limits) in one `bad_spec` error."""
     data, problems = dict(data), []
     dataset = data.get("dataset")
     if isinstance(dataset, str):
@@ -75,6 +76,13 @@ def checked_spec(data: dict, settings: Settings, store: TeamStore) -> JobSpec:
             problems.append(f"dataset.uri: no uploaded file {uri!r} (POST /v1/files)")
         else:
             data["dataset"] = {**dataset, "uri": str(store.file_path(record))}
+    parent = parent_job(data.get("base_model"), store.team)
+    if parent is not None:
+        merged = store.job_dir(parent).merged if store.job(parent) else None
+        if merged is None or not merged.is_dir():
+            problems.append(f"base_model: no job {parent!r} of yours with a trained model to start from")
+        else:
+            data["base_model"] = str(merged)
     if data.get("output_uri") not in (None, str(settings.output_uri)):
         problems.append(f"output_uri: set by the API ({settings.output_uri}/<team>); leave it out")
     data["output_uri"] = str(settings.output_uri)
@@ -85,10 +93,25 @@ def checked_spec(data: dict, settings: Settings, store: TeamStore) -> JobSpec:
     problems += deployment_check(spec, settings.project, store.team) + sandbox_refusals(spec)
     if problems:
         raise bad_spec(problems)
-    return spec
+    return spec, parent
 
 
-async def start_job(spec: JobSpec, settings: Settings, store: TeamStore, openai: dict | None = None) -> dict:
+def parent_job(model, team: str) -> str | None:
+    """The job id a base_model names, as `job:<id>` or as a job's `ft:<base>:<team>:<name>:<id>` (another team's
+    name: the id alone, which the team then does not have); None for any other model."""
+    if not isinstance(model, str):
+        return None
+    if model.startswith("job:"):
+        return model.removeprefix("job:")
+    if model.startswith("ft:") and model.count(":") >= 4:
+        _, owner, _, job_id = model.rsplit(":", 3)
+        return job_id if owner == team else f"{owner}:{job_id}"
+    return None
+
+
+async def start_job(
+    spec: JobSpec, settings: Settings, store: TeamStore, parent: str | None = None, openai: dict | None = None
+) -> dict:
     """Submits `spec` to the team's deployment; returns the team's record of the job (its id is the flow run's name,
     grpoflow's job id)."""
     try:
@@ -96,8 +119,10 @@ async def start_job(spec: JobSpec, settings: Settings, store: TeamStore, openai:
         flow_run = await submit(spec, deployment, team=store.team)
     except DeploymentError as e:
         raise ApiError(502, str(e), code="deployment_error") from None
-    summary = {"name": spec.name, "base_model": spec.base_model}
-    return store.add_job(flow_run.name, str(flow_run.id), spec=summary, openai=openai)
+    # A job started from an earlier one's model names the model that one started from (OpenAI's `ft:` names do).
+    root = (store.job(parent) or {}).get("spec", {}).get("base_model") if parent else None
+    summary = {"name": spec.name, "base_model": root or spec.base_model}
+    return store.add_job(flow_run.name, str(flow_run.id), spec=summary, parent=parent, openai=openai)
 
 
 # --- a job out -------------------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def training_job(state: JobState, team: str) -> dict:
         "error": state.error,
         "evaluation": _read_json(job.evaluation),
         "fine_tuned_model": fine_tuned_model(state, team),
-        "parent": (model or {}).get("parent"),
+        "parent": state.record.get("parent") or (model or {}).get("parent"),
         "flow_run_id": state.record["flow_run_id"],
     }
 
@@ -76,8 +76,8 @@ Store = Annotated[TeamStore, Depends(team_store)]
 
 @router.post("", status_code=201)
 async def create(request: Request, spec: Annotated[dict, Body()], store: Store) -> dict:
-    checked = checked_spec(spec, request.app.state.settings, store)
-    record = await start_job(checked, request.app.state.settings, store)
+    checked, parent = checked_spec(spec, request.app.state.settings, store)
+    record = await start_job(checked, request.app.state.settings, store, parent)
     return training_job(await _found(store, record["id"]), store.team)
 
 

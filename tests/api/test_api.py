@@ -228,17 +228,18 @@ def test_veri_api_reads_the_same_job(api, finished):
 
 def test_a_bad_job_is_one_400_naming_every_problem_and_creates_nothing(api):
     runs, listed = api.flow_runs(), api.http().get("/v1/training_jobs").json()["data"]
-    spec = {"name": "bad", "base_model": "builtin:tiny", "dataset": "file-000000000000000000000000",
+    spec = {"name": "bad", "base_model": "job:bad-20261206-000000-000000", "dataset": "file-000000000000000000000000",
             "rewards": [{"name": "exact_answer"}], "gpu_count": 0,
             "hyperparameters": {"rollouts_per_prompt": 1}, "output_uri": "/elsewhere"}  # fmt: skip
     with api.http() as http:
         response = http.post("/v1/training_jobs", json=spec)
     assert response.status_code == 400
     params = {p["param"] for p in response.json()["error"]["problems"]}
-    assert {"dataset.uri", "output_uri", "gpu_count", "hyperparameters.rollouts_per_prompt"} <= params
+    assert {"base_model", "dataset.uri", "output_uri", "gpu_count", "hyperparameters.rollouts_per_prompt"} <= params
     # the policy, with the team's own limits (team b: 5 steps)
     small = {
         **spec,
+        "base_model": "builtin:tiny",
         "gpu_count": 1,
         "hyperparameters": {"max_steps": 6},
         "rewards": [{"grader": GRADER}],
@@ -279,23 +280,29 @@ def test_another_team_sees_nothing_of_a_team(api, finished):
         assert finished.id not in http.get("/v1/training_jobs").text
         assert finished.training_file not in http.get("/v1/files").text
     assert finished.id not in [job.id for job in other.fine_tuning.jobs.list()]
-    with pytest.raises(openai.BadRequestError, match="training_file"):  # a's file is no file of b's
+    with pytest.raises(openai.BadRequestError) as refused:  # a's file and model are none of b's
         other.fine_tuning.jobs.create(
-            model="builtin:tiny", training_file=finished.training_file,
+            model=finished.fine_tuned_model, training_file=finished.training_file,
+            method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
+        )  # fmt: skip
+    assert "training_file" in {p["param"] for p in refused.value.body["problems"]}
+    with pytest.raises(openai.BadRequestError, match="base_model"):
+        other.fine_tuning.jobs.create(
+            model=f"job:{finished.id}", training_file=other.files.create(file=RFT_ROWS, purpose="fine-tune").id,
             method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
         )  # fmt: skip
 
 
-def test_a_running_job_is_cancelled(api, tmp_path):
-    """A Veri job trains (slowly: the stand-in's `cancel-me`); its rollouts are read while it runs, then it is
-    cancelled through the API, and its flow run ends Cancelled."""
+def test_a_running_job_is_cancelled(api, finished, tmp_path):
+    """A Veri job, started from the OpenAI job's model, trains (slowly: the stand-in's `cancel-me`); its rollouts are
+    read while it runs, then it is cancelled through the API, and its flow run ends Cancelled."""
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
-    spec = {"name": "cancel-me", "base_model": "builtin:tiny", "dataset": str(data),
+    spec = {"name": "cancel-me", "base_model": finished.fine_tuned_model, "dataset": str(data),
             "rewards": [{"name": "exact_answer"}], "evaluation": {"holdout": 2},
             "hyperparameters": {"max_steps": 100, "rollouts_per_prompt": 2, "max_response_length": 4}}  # fmt: skip
     with Client(api.url, api.keys["a"]) as client:
         job = client.training_jobs.create(spec)
-        assert job["status"] in ("queued", "running")
+        assert job["status"] in ("queued", "running") and job["parent"] == finished.id
         deadline = time.monotonic() + 300
         while len(client.training_jobs.metrics(job["id"])) < 2:
             assert time.monotonic() < deadline, client.training_jobs.get(job["id"])["status"]
@@ -319,6 +326,8 @@ def test_a_running_job_is_cancelled(api, tmp_path):
             assert time.monotonic() < deadline, state
             time.sleep(1)
     assert state.is_cancelled(), state
+    started_from = yaml.safe_load((api.out / "a" / job["id"] / "spec.yaml").read_text())["base_model"]
+    assert started_from == str(api.out / "a" / finished.id / "merged")
 
 
 def job_record(api: Api, job_id: str) -> dict:
