@@ -20,8 +20,7 @@ from grpoflow.api.errors import HANDLERS, ApiError
 from grpoflow.api.jobs import Settings
 from grpoflow.api.store import TeamStore
 from grpoflow.core.apikeys import KeysError, read_keys, team_of
-
-CONFIG_ENV = "GRPOFLOW_API_CONFIG"
+from grpoflow.flows.cli.api import API_CONFIG_ENV
 
 
 async def authenticated(request: Request) -> None:
@@ -50,7 +49,7 @@ def create_app(settings: Settings) -> FastAPI:
 def app_from_env() -> FastAPI:
     """The app of the settings `grpoflow api` put in GRPOFLOW_API_CONFIG (JSON: keys, output_uri, deployment,
     project)."""
-    config = json.loads(os.environ[CONFIG_ENV])
+    config = json.loads(os.environ[API_CONFIG_ENV])
     return create_app(
         Settings(
             keys=Path(config["keys"]),

@@ -1,17 +1,8 @@
 """What both APIs do with a job: check a spec as a team's deployment run would be checked, submit it to the team's
 deployment, read its state back (the Prefect flow run's, and the job folder's events), and cancel it.
 
-A job's status, from its flow run's state (a flow run gone from the server: from the job folder's last event):
-
-| flow run                      | status              |
-|-------------------------------|---------------------|
-| Scheduled, Pending, Late      | `queued`            |
-| Running                       | `running`           |
-| Paused (evaluation.gate.approval) | `awaiting_approval` |
-| Completed                     | `succeeded`         |
-| Failed named `Rejected`       | `rejected`          |
-| Failed, Crashed               | `failed`            |
-| Cancelling, Cancelled         | `cancelled`         |
+A job's status is its flow run's state (`STATUSES`; a run that ended `Rejected` is `rejected`, a Paused one waits for
+a person's approval), or, once the flow run is gone from the server, its job folder's last event.
 """
 
 from __future__ import annotations

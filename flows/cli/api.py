@@ -4,7 +4,8 @@
     grpoflow api --host 127.0.0.1 --port 8600          # serves /v1/training_jobs, /v1/files, /v1/fine_tuning/jobs
 
 With PREFECT_API_URL set the API submits to that server's deployments; without, it starts a temporary Prefect server,
-deploys grpoflow's deployments to it and runs a process worker of its own (`grpoflow.api.platform`).
+deploys the project (`--project`) to it and runs a process worker of its own (`deploy_here`), and stops both when it
+stops.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def cmd_api(args) -> int:
     keys = Path(args.keys).resolve()
     if not keys.is_file():
         raise UsageError(f"--keys {keys}: no keys file; make a key with `grpoflow api keys add --team NAME`")
+    if "://" in args.output_uri_api:
+        raise UsageError(f"--output-uri {args.output_uri_api}: a local folder (the API keeps its records there)")
     project = Path(args.project).resolve()
     config = {"keys": str(keys), "output_uri": args.output_uri_api, "deployment": args.deployment,
               "project": str(project)}  # fmt: skip
