@@ -67,6 +67,8 @@ def add_key(path: Path, team: str, name: str = "") -> str:
         raise KeysError(
             f"--team {team!r}: a team is a slug (lowercase letters, digits, '-', '_', '.'), its folder's name"
         )
+    if team == FILES_FOLDER:
+        raise KeysError(f"--team {team!r}: the uploaded files' folder (<output-uri>/files/); choose another")
     records = read_keys(path)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     records.append(KeyRecord(digest(key), team, name))
