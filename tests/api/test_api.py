@@ -6,7 +6,6 @@ nothing, a missing or wrong key is 401, another team sees none of it (404 for ev
 cancelled. Every process the test starts is stopped, with its children, at the end.
 """
 
-import ast
 import hashlib
 import json
 import os
@@ -345,10 +344,3 @@ def test_keys_reach_no_log_file_or_database(api):
     for path in files:
         content = path.read_bytes()
         assert not any(key.encode() in content for key in api.keys.values()), path
-
-
-def test_the_client_imports_only_httpx2():
-    tree = ast.parse((PROJECT_DIR / "grpoflow" / "client.py").read_text())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported - set(sys.stdlib_module_names) == {"httpx2"}
