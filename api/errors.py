@@ -31,18 +31,23 @@ def not_found(what: str, ident: str) -> ApiError:
     return ApiError(404, f"no {what} {ident!r}", param="id", code="not_found")
 
 
-def bad_spec(problems: list[str]) -> ApiError:
-    """A 400 naming every problem; each "dotted.location: message" becomes {param, message}."""
-    listed = [dict(zip(("param", "message"), _split(p), strict=True)) for p in problems]
-    message = f"{len(listed)} problem{'s' if len(listed) != 1 else ''}: " + "; ".join(problems)
+def bad_spec(problems: list[str], names: dict[str, str] | None = None) -> ApiError:
+    """A 400 naming every problem; each "dotted.location: message" becomes {param, message}, a location that starts
+    with a key of `names` named by its value instead (the request's own field for a spec's)."""
+    listed = [dict(zip(("param", "message"), _split(p, names or {}), strict=True)) for p in problems]
+    said = "; ".join(f"{p['param']}: {p['message']}" if p["param"] else p["message"] for p in listed)
+    message = f"{len(listed)} problem{'s' if len(listed) != 1 else ''}: {said}"
     return ApiError(400, message, param=listed[0]["param"], code="invalid_spec", problems=listed)
 
 
-def _split(problem: str) -> tuple[str | None, str]:
+def _split(problem: str, names: dict[str, str]) -> tuple[str | None, str]:
     where, sep, message = problem.partition(": ")
-    if sep and " " not in where.strip():
-        return where, message
-    return None, problem
+    if not sep or " " in where.strip():
+        return None, problem
+    for location, name in names.items():
+        if where == location or where.startswith((location + ".", location + "[")):
+            return name + where.removeprefix(location), message
+    return where, message
 
 
 async def api_error(request: Request, error: ApiError) -> JSONResponse:

@@ -21,7 +21,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, File, Form, Request, UploadFile
 
-from grpoflow.api.errors import ApiError, bad_spec, not_found
+from grpoflow.api.errors import ApiError, not_found
 from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, start_job
 from grpoflow.api.store import TeamStore, public_file
 from grpoflow.api.training_jobs import Store, fine_tuned_model
@@ -76,8 +76,14 @@ async def get_file(file_id: str, store: Store) -> dict:
 # --- the request as a spec -------------------------------------------------------------------------------------------
 
 
-def openai_spec(body: dict, store: TeamStore) -> dict:
-    """The grpoflow spec of a `POST /v1/fine_tuning/jobs` request; every field it cannot map in one `bad_spec`."""
+# Where a spec's problem is in OpenAI's request (the problems of a spec made from one are named so).
+REQUEST_NAMES = {"dataset.uri": "training_file", "base_model": "model", "name": "suffix",
+                 "rewards[0].grader": "method.reinforcement.grader"}  # fmt: skip
+
+
+def openai_spec(body: dict, store: TeamStore) -> tuple[dict, list[str]]:
+    """The grpoflow spec of a `POST /v1/fine_tuning/jobs` request, and the fields it cannot map (the spec's own
+    problems, its training file's included, are `checked_spec`'s, named by `REQUEST_NAMES`)."""
     problems = [f"{key}: no equivalent in grpoflow; leave it out" for key in body if key not in REQUEST_FIELDS
                 and body[key] is not None]  # fmt: skip
     method = body.get("method") or {}
@@ -86,28 +92,26 @@ def openai_spec(body: dict, store: TeamStore) -> dict:
     reinforcement = method.get("reinforcement") or {}
     problems += [f"method.reinforcement.{k}: no equivalent in grpoflow" for k in reinforcement
                  if k not in ("grader", "hyperparameters")]  # fmt: skip
-    if not isinstance(reinforcement.get("grader"), dict):
-        problems.append("method.reinforcement.grader: required (an OpenAI grader object)")
     if body.get("validation_file") is not None:
         problems.append("validation_file: no equivalent yet; grpoflow holds rows of training_file out instead")
-    training = store.file(str(body.get("training_file") or ""))
-    if training is None:
-        problems.append(f"training_file: no uploaded file {body.get('training_file')!r} (POST /v1/files)")
-    rows = _rows(store, training) if training else 0
-    hyperparameters, evaluation, more = _hyperparameters(reinforcement.get("hyperparameters") or {}, rows)
-    problems += more
+    training_file = str(body.get("training_file") or "")
+    if not training_file.startswith("file-"):  # never a path: the rows are a file the team uploaded
+        problems.append(f"training_file: {training_file!r} is no file id; upload the rows with POST /v1/files")
+    training = store.file(training_file)
+    hyperparameters, evaluation, more = _hyperparameters(
+        reinforcement.get("hyperparameters") or {}, _rows(store, training) if training else 0
+    )
     if body.get("seed") is not None:
         hyperparameters["seed"] = body["seed"]
-    if problems:
-        raise bad_spec(problems)
-    return {
+    spec = {
         "name": body.get("suffix") or "ft",
         "base_model": body.get("model"),
-        "dataset": {"uri": training["id"], "prompt_column": "messages"},
-        "rewards": [{"grader": reinforcement["grader"]}],
+        "dataset": {"uri": training_file, "prompt_column": "messages"},
+        "rewards": [{"grader": reinforcement.get("grader") or {}}],
         "hyperparameters": hyperparameters,
         "evaluation": evaluation,
     }
+    return spec, problems + more
 
 
 def _rows(store: TeamStore, record: dict) -> int:
@@ -185,7 +189,8 @@ async def _found(store: TeamStore, job_id: str) -> JobState:
 @jobs.post("")
 async def create(request: Request, body: Annotated[dict, Body()], store: Store) -> dict:
     settings = request.app.state.settings
-    spec, parent = checked_spec(openai_spec(body, store), settings, store)
+    data, problems = openai_spec(body, store)
+    spec, parent = checked_spec(data, settings, store, problems, REQUEST_NAMES)
     asked = {k: body.get(k) for k in REQUEST_FIELDS}
     record = await start_job(spec, settings, store, parent, openai=asked)
     return fine_tuning_job(await _found(store, record["id"]), store.team)

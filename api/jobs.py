@@ -52,12 +52,15 @@ class Settings:
 # --- a spec in -------------------------------------------------------------------------------------------------------
 
 
-def checked_spec(data: dict, settings: Settings, store: TeamStore) -> tuple[JobSpec, str | None]:
+def checked_spec(
+    data: dict, settings: Settings, store: TeamStore, problems: list[str] = (), names: dict[str, str] | None = None
+) -> tuple[JobSpec, str | None]:
     """The spec `data` as the team's deployment run will run it, and the job it starts from (None: none): its dataset
     may name an uploaded file of the team's, its base_model an earlier job's `fine_tuned_model` (or `job:<id>`), its
-    output_uri is the API's. Every problem (the spec's rules, then the operator's policy with the team's paths, names
-    and limits) in one `bad_spec` error."""
-    data, problems = dict(data), []
+    output_uri is the API's. Every problem (`problems` already found in the request, the spec's rules, then the
+    operator's policy with the team's paths, names and limits) in one `bad_spec` error, its locations named as
+    `names` says (see `bad_spec`)."""
+    data, problems = dict(data), list(problems)
     dataset = data.get("dataset")
     if isinstance(dataset, str):
         dataset = data["dataset"] = {"uri": dataset}
@@ -80,10 +83,10 @@ def checked_spec(data: dict, settings: Settings, store: TeamStore) -> tuple[JobS
     try:
         spec = load_spec(data)[0]
     except SpecError as e:
-        raise bad_spec(problems + e.problems) from None
+        raise bad_spec(problems + e.problems, names) from None
     problems += deployment_check(spec, settings.project, store.team) + sandbox_refusals(spec)
     if problems:
-        raise bad_spec(problems)
+        raise bad_spec(problems, names)
     return spec, parent
 
 

@@ -285,7 +285,7 @@ def test_another_team_sees_nothing_of_a_team(api, finished):
             method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
         )  # fmt: skip
     assert "training_file" in {p["param"] for p in refused.value.body["problems"]}
-    with pytest.raises(openai.BadRequestError, match="base_model"):
+    with pytest.raises(openai.BadRequestError, match="model: no job"):
         other.fine_tuning.jobs.create(
             model=f"job:{finished.id}", training_file=other.files.create(file=RFT_ROWS, purpose="fine-tune").id,
             method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},

@@ -61,3 +61,16 @@ def test_the_client_imports_only_httpx2():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported - set(sys.stdlib_module_names) == {"httpx2"}
+
+
+def test_an_openai_request_is_one_400_in_its_own_names(app):
+    client, headers, _ = app
+    request = {"model": "builtin:tiny", "training_file": "/etc/passwd", "suffix": "Not A Slug",
+               "hyperparameters": {"n_epochs": 1}, "method": {"type": "reinforcement", "reinforcement": {
+                   "grader": {"type": "string_check"}, "hyperparameters": {"eval_samples": 2}}}}  # fmt: skip
+    response = client.post("/v1/fine_tuning/jobs", headers=headers["a"], json=request)
+    assert response.status_code == 400
+    params = {p["param"] for p in response.json()["error"]["problems"]}
+    expected = {"training_file", "suffix", "hyperparameters", "method.reinforcement.hyperparameters.eval_samples",
+                "method.reinforcement.grader.name", "method.reinforcement.grader.reference"}  # fmt: skip
+    assert expected <= params and not any(p.startswith(("dataset", "rewards", "name")) for p in params if p)
