@@ -270,10 +270,11 @@ def deployment_name(name: str) -> str:
     return name if "/" in name else f"{FLOW_NAME}/{name}"
 
 
-def run_parameters(spec: JobSpec) -> dict:
+def run_parameters(spec: JobSpec, team: str | None = None) -> dict:
     """The flow parameters `submit` sends: the spec as written (the worker fills in the defaults, so a newer grpoflow
-    here, with a new optional field, still submits to a deployment made by an older one)."""
-    return {"spec": spec.model_dump(mode="json", exclude_unset=True)}
+    here, with a new optional field, still submits to a deployment made by an older one), and the team, if any."""
+    parameters = {"spec": spec.model_dump(mode="json", exclude_unset=True)}
+    return {**parameters, "team": team} if team else parameters
 
 
 def run_job_variables(spec: JobSpec, base_job_template: dict) -> dict:
@@ -284,8 +285,9 @@ def run_job_variables(spec: JobSpec, base_job_template: dict) -> dict:
     return {}
 
 
-async def submit(spec: JobSpec, deployment: str = "retrain"):
-    """Starts a run of `deployment` with `spec` (already validated) as its `spec` parameter; returns the flow run.
+async def submit(spec: JobSpec, deployment: str = "retrain", team: str | None = None):
+    """Starts a run of `deployment` with `spec` (already validated) as its `spec` parameter, and `team` as its `team`
+    (which the flow refuses unless it is the deployment's own: `team_deployment` finds a team's); returns the flow run.
 
     The pool's `gpu_count` job variable, when its base job template has one (the Kubernetes pool's does), is set from
     the spec, so the pod requests as many GPUs as the job trains on. The run is named after its job id at once (the
@@ -306,7 +308,7 @@ async def submit(spec: JobSpec, deployment: str = "retrain"):
         job_variables = await pool_job_variables(client, found, spec)
         try:
             flow_run = await client.create_flow_run_from_deployment(
-                found.id, parameters=run_parameters(spec), job_variables=job_variables or None
+                found.id, parameters=run_parameters(spec, team), job_variables=job_variables or None
             )
         except PrefectHTTPStatusError as e:
             if e.response.status_code in BUSY_CODES or e.response.status_code >= 500:
@@ -317,6 +319,37 @@ async def submit(spec: JobSpec, deployment: str = "retrain"):
                 "was made, run `grpoflow deployments apply` again)"
             ) from None
         return await name_after_job(client, flow_run, spec.name)
+
+
+async def team_deployment(team: str, base: str = "retrain") -> str:
+    """The name of a deployment of `grpo-pipeline` whose `team` parameter is `team`: the operator's own if one exists
+    (prefect.yaml), else `<base>-<team>`, made now as a copy of `base` (its pool, queue, pull steps, schema) with that
+    team. A run keeps its deployment's team (`grpoflow.flows.admission`), so a team's runs need a deployment of it."""
+    name = deployment_name(base)
+    async with get_client() as client:
+        try:
+            found = await client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            raise DeploymentError(f"no deployment {name} on {api_url()}; run `grpoflow deployments apply`") from None
+        for deployment in await client.read_deployments():
+            if deployment.flow_id == found.flow_id and (deployment.parameters or {}).get("team") == team:
+                return f"{FLOW_NAME}/{deployment.name}"
+        await client.create_deployment(
+            flow_id=found.flow_id,
+            name=f"{found.name}-{team}",
+            description=f"{found.description or ''} Team {team}'s runs (a copy of {found.name}).".strip(),
+            parameters={**(found.parameters or {}), "team": team},
+            work_pool_name=found.work_pool_name,
+            work_queue_name=found.work_queue_name,
+            tags=found.tags,
+            path=found.path,
+            entrypoint=found.entrypoint,
+            parameter_openapi_schema=found.parameter_openapi_schema,
+            pull_steps=found.pull_steps,
+            enforce_parameter_schema=found.enforce_parameter_schema,
+            job_variables=found.job_variables,
+        )
+    return f"{FLOW_NAME}/{found.name}-{team}"
 
 
 async def pool_job_variables(client, deployment, spec: JobSpec) -> dict:

@@ -141,6 +141,12 @@ COMMAND_EXITS = {
     },
     "graders run": {EXIT_OK: "scored", EXIT_REJECTED: f"{BAD_SPEC}, a bad completions file"},
     "k8s render": {EXIT_OK: "printed", EXIT_REJECTED: BAD_SPEC},
+    "api": {
+        EXIT_OK: "stopped",
+        EXIT_FAILED: "the temporary Prefect server or its deployments failed",
+        EXIT_REJECTED: "no keys file, a bad --port, a project to fix",
+    },
+    "api keys add": {EXIT_OK: "a key printed", EXIT_REJECTED: "a bad --team, or a keys file that cannot be read"},
 }
 
 

@@ -12,7 +12,10 @@ backend's package-dir mapping (pyproject.toml) installs each as a subpackage of 
 | `integrations/` | `grpoflow.integrations` | what tasks call: storage, job folders, events, webhooks, Prefect server |
 | `cluster/` | `grpoflow.cluster` | several machines per job on Kubernetes |
 | `flows/` | `grpoflow.flows` | the Prefect flows and the `grpoflow` CLI |
+| `api/` | `grpoflow.api` | the jobs API (`grpoflow api`): Veri's and OpenAI's fine-tuning API over the deployments |
 | `examples/` | `grpoflow.examples` | the demo's spec, data and reward module |
+
+`grpoflow.client` (this folder) is the jobs API's Python client, which imports only httpx2.
 
 So a user's own `tasks.py`, `flows/` or `trainers/` never meets grpoflow's.
 """

@@ -154,6 +154,12 @@ SETTINGS = {
         "Unix time the command started, so the report's wall time counts from the command, not the flow run.",
         internal=True,
     ),
+    "GRPOFLOW_API_CONFIG": Setting(
+        "unset",
+        "What `grpoflow api` was started with (JSON: the keys file, output root, deployment, project), read by the "
+        "app uvicorn builds (`grpoflow.api.app:app_from_env`).",
+        internal=True,
+    ),
     "GRPOFLOW_SPEC_ORIGIN": Setting(
         "set for the training children",
         "`command_line` or `deployment`: where the job's spec came from, which decides the code it may run.",

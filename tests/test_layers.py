@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Bottom to top: a layer may import itself and the layers before it.
-ORDER = ["core", "trainers", "jobs", "integrations", "cluster", "tasks", "flows"]
+ORDER = ["core", "trainers", "jobs", "integrations", "cluster", "tasks", "flows", "api"]
 OUTSIDE = {"examples": {"core", "trainers"}}  # the demo's reward modules and agents use the built-in helpers only
 ML = {"torch", "transformers", "trl", "peft", "accelerate", "datasets"}
 MAX_LINES = 700

@@ -9,6 +9,7 @@ import sys
 import time
 
 from grpoflow.core.trust import command_line
+from grpoflow.flows.cli.api import add_api_command
 from grpoflow.flows.cli.common import (
     _hidden_output_uri,
     _job_id_argument,
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_k8s_command(sub)
     _add_rollouts_command(sub)
     add_policy_command(sub)
+    add_api_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):
         _hidden_output_uri(p)
     return parser

@@ -1,0 +1,196 @@
+"""What both APIs do with a job: check a spec as a team's deployment run would be checked, submit it to the team's
+deployment, read its state back (the Prefect flow run's, and the job folder's events), and cancel it.
+
+A job's status is its flow run's state (`STATUSES`; a run that ended `Rejected` is `rejected`, a Paused one waits for
+a person's approval), or, once the flow run is gone from the server, its job folder's last event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Cancelled, Cancelling
+
+from grpoflow.api.errors import ApiError, bad_spec
+from grpoflow.api.store import TeamStore
+from grpoflow.core.jobdir import JobDir
+from grpoflow.core.policy import deployment_check
+from grpoflow.core.spec import JobSpec, SpecError, load_spec
+from grpoflow.flows.deployments import DeploymentError, submit, team_deployment
+from grpoflow.integrations.stages import REJECTED
+from grpoflow.trainers.graders.python import sandbox_refusals
+from grpoflow.trainers.metrics import read_events
+
+STATUSES = {
+    StateType.SCHEDULED: "queued",
+    StateType.PENDING: "queued",
+    StateType.RUNNING: "running",
+    StateType.PAUSED: "awaiting_approval",
+    StateType.COMPLETED: "succeeded",
+    StateType.FAILED: "failed",
+    StateType.CRASHED: "failed",
+    StateType.CANCELLING: "cancelled",
+    StateType.CANCELLED: "cancelled",
+}
+FINAL = ("succeeded", "failed", "rejected", "cancelled")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `grpoflow api` was started with."""
+
+    keys: Path
+    output_uri: Path  # the teams' folders: <output_uri>/<team>/ and <output_uri>/files/<team>/
+    deployment: str = "retrain"  # the deployment the teams' own copy
+    project: Path = Path(".")  # where the worker runs the flows: its .grpoflow/policy.yaml applies
+
+
+# --- a spec in -------------------------------------------------------------------------------------------------------
+
+
+def checked_spec(
+    data: dict, settings: Settings, store: TeamStore, problems: list[str] = (), names: dict[str, str] | None = None
+) -> tuple[JobSpec, str | None]:
+    """The spec `data` as the team's deployment run will run it, and the job it starts from (None: none): its dataset
+    may name an uploaded file of the team's, its base_model an earlier job's `fine_tuned_model` (or `job:<id>`), its
+    output_uri is the API's. Every problem (`problems` already found in the request, the spec's rules, then the
+    operator's policy with the team's paths, names and limits) in one `bad_spec` error, its locations named as
+    `names` says (see `bad_spec`)."""
+    data, problems = dict(data), list(problems)
+    dataset = data.get("dataset")
+    if isinstance(dataset, str):
+        dataset = data["dataset"] = {"uri": dataset}
+    if isinstance(dataset, dict) and isinstance(uri := dataset.get("uri"), str) and uri.startswith("file-"):
+        record = store.file(uri)
+        if record is None:
+            problems.append(f"dataset.uri: no uploaded file {uri!r} (POST /v1/files)")
+        else:
+            data["dataset"] = {**dataset, "uri": str(store.file_path(record))}
+    parent = parent_job(data.get("base_model"), store.team)
+    if parent is not None:
+        merged = store.job_dir(parent).merged if store.job(parent) else None
+        if merged is None or not merged.is_dir():
+            problems.append(f"base_model: no job {parent!r} of yours with a trained model to start from")
+        else:
+            data["base_model"] = str(merged)
+    if data.get("output_uri") not in (None, str(settings.output_uri)):
+        problems.append(f"output_uri: set by the API ({settings.output_uri}/<team>); leave it out")
+    data["output_uri"] = str(settings.output_uri)
+    try:
+        spec = load_spec(data)[0]
+    except SpecError as e:
+        raise bad_spec(problems + e.problems, names) from None
+    problems += deployment_check(spec, settings.project, store.team) + sandbox_refusals(spec)
+    if problems:
+        raise bad_spec(problems, names)
+    return spec, parent
+
+
+def parent_job(model, team: str) -> str | None:
+    """The job id a base_model names, as `job:<id>` or as a job's `ft:<base>:<team>:<name>:<id>` (another team's
+    name: the id alone, which the team then does not have); None for any other model."""
+    if not isinstance(model, str):
+        return None
+    if model.startswith("job:"):
+        return model.removeprefix("job:")
+    if model.startswith("ft:") and model.count(":") >= 4:
+        _, owner, _, job_id = model.rsplit(":", 3)
+        return job_id if owner == team else f"{owner}:{job_id}"
+    return None
+
+
+async def start_job(
+    spec: JobSpec, settings: Settings, store: TeamStore, parent: str | None = None, openai: dict | None = None
+) -> dict:
+    """Submits `spec` to the team's deployment; returns the team's record of the job (its id is the flow run's name,
+    grpoflow's job id)."""
+    try:
+        deployment = await team_deployment(store.team, settings.deployment)
+        flow_run = await submit(spec, deployment, team=store.team)
+    except DeploymentError as e:
+        raise ApiError(502, str(e), code="deployment_error") from None
+    # A job started from an earlier one's model names the model that one started from (OpenAI's `ft:` names do).
+    root = (store.job(parent) or {}).get("spec", {}).get("base_model") if parent else None
+    summary = {"name": spec.name, "base_model": root or spec.base_model}
+    return store.add_job(flow_run.name, str(flow_run.id), spec=summary, parent=parent, openai=openai)
+
+
+# --- a job out -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobState:
+    """A job as the API reports it: its record, flow run (None when gone from the server) and job folder."""
+
+    record: dict
+    flow_run: object | None
+    job: JobDir
+
+    @property
+    def events(self) -> list[dict]:
+        return read_events(self.job.events)
+
+    @property
+    def status(self) -> str:
+        state = self.flow_run.state if self.flow_run is not None else None
+        if state is not None:
+            if state.type == StateType.FAILED and state.name == REJECTED:
+                return "rejected"
+            return STATUSES.get(state.type, "queued")
+        return _status_from_events(self.events)
+
+    @property
+    def error(self) -> dict | None:
+        """What ended a failed, rejected or cancelled job: {code, message}."""
+        status = self.status
+        if status not in ("failed", "rejected", "cancelled"):
+            return None
+        ended = [e["payload"] for e in self.events if e["event"] == "grpoflow.job.failed"]
+        message = (ended[-1].get("error") if ended else None) or (self.flow_run and self.flow_run.state.message)
+        return {"code": status, "message": message or status, "param": None}
+
+    @property
+    def finished_at(self) -> int | None:
+        end = getattr(self.flow_run, "end_time", None)
+        return int(end.timestamp()) if end is not None and self.status in FINAL else None
+
+
+def _status_from_events(events: list[dict]) -> str:
+    status = "queued"
+    for record in events:
+        if record["event"] == "grpoflow.job.started":
+            status = "running"
+        elif record["event"] == "grpoflow.job.completed":
+            status = "succeeded"
+        elif record["event"] == "grpoflow.job.failed":
+            reason = (record.get("payload") or {}).get("reason")
+            status = reason if reason in ("rejected", "cancelled") else "failed"
+    return status
+
+
+async def job_state(store: TeamStore, job_id: str) -> JobState | None:
+    """The team's job `job_id`, or None when the team has none of that id."""
+    record = store.job(job_id)
+    if record is None:
+        return None
+    async with get_client() as client:
+        try:
+            flow_run = await client.read_flow_run(record["flow_run_id"])
+        except ObjectNotFound:
+            flow_run = None
+    return JobState(record, flow_run, store.job_dir(job_id))
+
+
+async def cancel_job(state: JobState) -> None:
+    """Cancels the job's flow run through Prefect: one still waiting in its queue ends Cancelled at once; a running
+    one goes Cancelling, and its worker stops its process (the job ends failed with reason `cancelled`)."""
+    run = state.flow_run
+    if run is None or run.state is None or run.state.is_final():
+        return
+    waiting = run.state.type in (StateType.SCHEDULED, StateType.PENDING) and run.infrastructure_pid is None
+    async with get_client() as client:
+        await client.set_flow_run_state(run.id, Cancelled() if waiting else Cancelling(), force=True)

@@ -1,0 +1,76 @@
+"""The jobs API's application in this process, without a Prefect server: what it answers before any job reaches
+Prefect (keys, files, a refused spec), and the client's imports."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from grpoflow.api.app import create_app
+from grpoflow.api.jobs import Settings
+from grpoflow.core.apikeys import add_key
+from grpoflow.flows.deployments import PROJECT_DIR
+
+
+@pytest.fixture
+def app(tmp_path):
+    keys = tmp_path / "keys.yaml"
+    team_keys = {team: add_key(keys, team) for team in ("a", "b")}
+    client = TestClient(create_app(Settings(keys=keys, output_uri=tmp_path / "out", project=PROJECT_DIR)))
+    return client, {team: {"Authorization": f"Bearer {key}"} for team, key in team_keys.items()}, tmp_path / "out"
+
+
+def test_a_key_is_needed_and_the_error_is_openais(app):
+    client, _, _ = app
+    for headers in ({}, {"Authorization": "Bearer gf-x"}, {"Authorization": "gf-x"}):
+        response = client.get("/v1/fine_tuning/jobs", headers=headers)
+        assert response.status_code == 401
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_teams_files_are_its_own(app):
+    client, headers, out = app
+    sent = client.post("/v1/files", headers=headers["a"], files={"file": ("t.jsonl", b'{"messages": []}\n')},
+                       data={"purpose": "fine-tune"})  # fmt: skip
+    file = sent.json()
+    assert sent.status_code == 200 and file["object"] == "file" and file["bytes"] == 17
+    assert (out / "files" / "a" / f"{file['id']}.jsonl").read_bytes() == b'{"messages": []}\n'
+    assert client.get(f"/v1/files/{file['id']}", headers=headers["a"]).json() == file
+    assert client.get(f"/v1/files/{file['id']}", headers=headers["b"]).status_code == 404
+    assert client.get("/v1/files", headers=headers["b"]).json()["data"] == []
+    wrong = client.post("/v1/files", headers=headers["a"], files={"file": ("t.jsonl", b"{}")}, data={"purpose": "x"})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "purpose"
+
+
+def test_a_refused_spec_names_every_problem_before_prefect(app):
+    client, headers, out = app
+    spec = {"name": "Bad Name", "base_model": "builtin:tiny", "dataset": "file-000000000000000000000000",
+            "rewards": [], "gpu_count": 0}  # fmt: skip
+    response = client.post("/v1/training_jobs", headers=headers["a"], json=spec)
+    assert response.status_code == 400
+    assert {"name", "dataset.uri", "rewards", "gpu_count"} <= {
+        p["param"] for p in response.json()["error"]["problems"]
+    }
+    assert not (out / "a").exists()
+
+
+def test_the_client_imports_only_httpx2():
+    tree = ast.parse((Path(__file__).parents[2] / "grpoflow" / "client.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported - set(sys.stdlib_module_names) == {"httpx2"}
+
+
+def test_an_openai_request_is_one_400_in_its_own_names(app):
+    client, headers, _ = app
+    request = {"model": "builtin:tiny", "training_file": "/etc/passwd", "suffix": "Not A Slug",
+               "hyperparameters": {"n_epochs": 1}, "method": {"type": "reinforcement", "reinforcement": {
+                   "grader": {"type": "string_check"}, "hyperparameters": {"eval_samples": 2}}}}  # fmt: skip
+    response = client.post("/v1/fine_tuning/jobs", headers=headers["a"], json=request)
+    assert response.status_code == 400
+    params = {p["param"] for p in response.json()["error"]["problems"]}
+    expected = {"training_file", "suffix", "hyperparameters", "method.reinforcement.hyperparameters.eval_samples",
+                "method.reinforcement.grader.name", "method.reinforcement.grader.reference"}  # fmt: skip
+    assert expected <= params and not any(p.startswith(("dataset", "rewards", "name")) for p in params if p)
