@@ -52,11 +52,12 @@ $(SMOLLM2_GGUF):
 # stack, start once); `pytest` alone runs in one process. The suite is mostly processes waiting on each other.
 XDIST := -n auto --maxprocesses 4 --dist loadfile
 
+# The slowest tests are listed at the end (--durations), so a run says where the suite's time goes.
 test: $(STAMP)
-	$(VENV)/bin/pytest -q $(XDIST)
+	$(VENV)/bin/pytest -q $(XDIST) -m "not bench" --durations=25
 
 test-fast: $(STAMP)
-	$(VENV)/bin/pytest -q $(XDIST) -m "not slow"
+	$(VENV)/bin/pytest -q $(XDIST) -m "not slow and not bench"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -66,7 +67,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# First the benchmarks' quick runs (tests/benchmarks/test_quick.py, marked `bench`: minutes), then the benchmarks.
 bench: $(STAMP)
+	$(VENV)/bin/pytest -q $(XDIST) -m bench tests/benchmarks
 	$(PY) -m benchmarks.run
 
 # The docs site (mkdocs.yml, docs/): its reference pages are written from the code at build time

@@ -53,7 +53,7 @@ def test_summary_gives_mean_spread_and_range_per_variant():
     assert "0.4 ± 0.2" in text and "| dapo | 1 |" in text
 
 
-@pytest.mark.slow
+@pytest.mark.bench  # a benchmark's quick run that trains: `make bench` runs it first (tests/benchmarks/test_quick.py)
 def test_quick_mode_runs_the_stages_and_reports_every_figure(tmp_path):
     path = tmp_path / "learning.json"
     command = [sys.executable, "-m", "benchmarks.learning", "--quick", "--variants", "grpo", "--json", str(path)]

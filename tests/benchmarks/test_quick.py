@@ -1,7 +1,9 @@
 """Smoke test of every benchmark: each script's `--quick` mode runs as a child process and writes the JSON it should.
 
 They never assert a time (on a shared machine a time means little): only that the scripts run and report every
-figure, so that `make bench` cannot rot.
+figure, so that `make bench` cannot rot. The ones that train (marked `bench`, about 200 CPU seconds together) run
+first in `make bench`, not in `make test`: the suite keeps to its time (docs/development.md). The GPU script's smoke
+stays in `make test`, since a session on a lent GPU runs it (scripts/gpu_check.sh) and has no time to find it broken.
 """
 
 import json
@@ -17,21 +19,30 @@ from benchmarks.run import summary_rows
 pytestmark = pytest.mark.slow
 
 SIDE_FIGURES = {"steps_per_s", "cpu_steps_per_s", "tokens_per_s", "train_runtime_s"}
+
+
+def case(name: str, extra: list[str], keys: set[str], trains: bool = True):
+    """One benchmark's smoke: (benchmark, extra arguments, top-level keys its JSON must hold); one that trains is
+    marked `bench`, run by `make bench` (not by `make test`)."""
+    return pytest.param(name, extra, keys, id=f"{name}-quick", marks=[pytest.mark.bench] if trains else [])
+
+
 CASES = [
-    # (benchmark, extra arguments, top-level keys its JSON must hold)
-    ("trainer_vs_trl", [], {"in_process", "child_processes", "startup", "target_met", "target_ratio"}),
-    ("skip_zero_variance", [], {"workloads", "steps", "repeats"}),
-    ("pipeline_overhead", [], {"sides", "runs", "target_overhead_s"}),
-    ("ingest_scale", [], {"formats", "rows", "targets"}),
-    ("cost_growth", [], {"cells", "fit_K_x_L", "fit_L_and_K_x_L", "fit_generated_tokens"}),
-    ("generation", [], {"sides", "paged_speed_vs_transformers", "faster", "default_engine", "target_met"}),
-    ("held_out", [], {"runs", "summary", "seeds", "specs"}),
-    ("graders", [], {"summary", "repeats", "graders_spec"}),
-    ("sandbox", [], {"ms_per_call", "sandbox_extra_ms", "repeats"}),
-    ("rollouts", [], {"workloads", "steps", "repeats"}),
-    ("canary", [], {"shapes", "steps", "median_projection_ratio", "median_canary_seconds", "target_met"}),
+    case("trainer_vs_trl", [], {"in_process", "child_processes", "startup", "target_met", "target_ratio"}),
+    case("skip_zero_variance", [], {"workloads", "steps", "repeats"}),
+    case("pipeline_overhead", [], {"sides", "runs", "target_overhead_s"}),
+    case("ingest_scale", [], {"formats", "rows", "targets"}, trains=False),
+    case("cost_growth", [], {"cells", "fit_K_x_L", "fit_L_and_K_x_L", "fit_generated_tokens"}, trains=False),
+    case("generation", [], {"sides", "paged_speed_vs_transformers", "faster", "default_engine", "target_met"}),
+    case("held_out", [], {"runs", "summary", "seeds", "specs"}),
+    case("graders", [], {"summary", "repeats", "graders_spec"}, trains=False),
+    case("sandbox", [], {"ms_per_call", "sandbox_extra_ms", "repeats"}, trains=False),
+    case("rollouts", [], {"workloads", "steps", "repeats"}),
+    case("canary", [], {"shapes", "steps", "median_projection_ratio", "median_canary_seconds", "target_met"}),
     # --smoke runs the GPU script's whole path on a CPU (a tiny-width model; QLoRA is skipped there, and says so).
-    ("gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}),
+    case(
+        "gpu", ["--smoke"], {"modes", "generation", "skipped", "model_shape", "cpu_check", "target_met"}, trains=False
+    ),
 ]
 
 
@@ -45,7 +56,7 @@ def run_quick(name: str, extra: list[str], tmp_path) -> dict:
 
 
 # An id "gpu" would give the test the keyword `gpu`, which conftest skips without CUDA: this case must run anywhere.
-@pytest.mark.parametrize("name, extra, keys", CASES, ids=[f"{c[0]}-quick" for c in CASES])
+@pytest.mark.parametrize("name, extra, keys", CASES)
 def test_quick_mode_writes_every_figure(name, extra, keys, tmp_path):
     data = run_quick(name, extra, tmp_path)
     assert data["benchmark"] == name and data["quick"] is True
