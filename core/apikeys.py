@@ -20,8 +20,6 @@ from pathlib import Path
 
 import yaml
 
-from grpoflow.core.spec import SLUG_PATTERN
-
 DEFAULT_KEYS_FILE = Path(".grpoflow") / "api-keys.yaml"
 KEY_PREFIX = "gf-"
 # `<output_uri>/files/<team>/` holds uploaded files, beside the teams' `<output_uri>/<team>/`: no team is named so.
@@ -63,6 +61,8 @@ def add_key(path: Path, team: str, name: str = "") -> str:
         team (`str`): the team the key belongs to (a slug, as the team's folder under the output URI is named).
         name (`str`, *optional*): a label to tell the team's keys apart.
     """
+    from grpoflow.core.spec import SLUG_PATTERN  # here: the CLI imports this module, and the spec's models are slow
+
     if not re.fullmatch(SLUG_PATTERN, team):
         raise KeysError(
             f"--team {team!r}: a team is a slug (lowercase letters, digits, '-', '_', '.'), its folder's name"

@@ -23,7 +23,6 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpoflow.core.policy import PolicyError, deployment_check, load_policy
 from grpoflow.core.uris import LOCAL_SCHEMES, file_path, url_scheme
 
 if TYPE_CHECKING:  # the CLI imports this module at its start: no pydantic models then
@@ -59,6 +58,8 @@ def deployment_problems(spec: JobSpec, project: Path | None = None, team: str | 
     if from_command_line():
         return []
     os.environ.pop(SPEC_ORIGIN_ENV, None)  # a flow run's environment says nothing of where its spec came from
+    from grpoflow.core.policy import deployment_check  # every command imports this module; the policy, seldom
+
     return deployment_check(spec, project, team)
 
 
@@ -67,6 +68,8 @@ def path_outside(where: str, path: str, project: Path | None = None) -> str | No
     it resolves, its symbolic links followed, outside the project folder and the policy's `from_deployments.paths`."""
     if from_command_line() or url_scheme(path) not in LOCAL_SCHEMES:
         return None
+    from grpoflow.core.policy import PolicyError, load_policy
+
     project = Path(project or os.getcwd())
     try:
         loaded = load_policy(project)

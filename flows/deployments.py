@@ -36,7 +36,7 @@ from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES
 from prefect.utilities.urls import url_for
 
 from grpoflow.core.spec import JobSpec
-from grpoflow.tasks.job import new_job_id
+from grpoflow.tasks.bookkeeping import new_job_id
 
 # grpoflow's own checkout, a project too (its prefect.yaml is under deployments/); `apply` deploys the current folder.
 PROJECT_DIR = Path(__file__).resolve().parent.parent

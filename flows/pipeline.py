@@ -4,9 +4,9 @@
 `STAGES` is the pipeline as data: each stage's Prefect task (`tasks/`, emitting its `grpoflow.*` event), the earlier
 results it takes, and when it runs. The flow runs the table top to bottom, `completed_before` reads it to tell a
 finished job, and each resumable task's `@resumable` record (what it writes, which stages it reads) is read from the
-task itself. A new stage is its work module, its task, and one entry here. `grpoflow.tasks.job.JobEnding` ends the
-job (its last event, webhooks, uploads) however it ends. Run it with `grpoflow run SPEC.yaml`, or as the
-`grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
+task itself. A new stage is its work module, its task, and one entry here.
+`grpoflow.tasks.bookkeeping.JobEnding` ends the job (its last event, webhooks, uploads) however it ends. Run it with
+`grpoflow run SPEC.yaml`, or as the `grpo-pipeline` deployment whose `spec` parameter the Prefect UI shows as a form.
 """
 
 import logging
@@ -26,15 +26,15 @@ from grpoflow.core.errors import ChildEndedEarly, ChildFailed, RewardFailed, Tra
 from grpoflow.core.jobdir import JobDir
 from grpoflow.core.spec import JobSpec, SpecError, load_spec
 from grpoflow.flows.admission import admission_problems, team_spec
-from grpoflow.integrations.jobs import BadJobReference, job_location, resume_problem
+from grpoflow.integrations.job_folders import BadJobReference, job_location, resume_problem
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
 from grpoflow.jobs.canary import wanted as canary_wanted
 from grpoflow.tasks.approval import await_approval
+from grpoflow.tasks.bookkeeping import JobEnding, create_job_task, new_job_id
 from grpoflow.tasks.canary import canary_task
 from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task
 from grpoflow.tasks.gate import gate_task
 from grpoflow.tasks.ingest import ingest_task
-from grpoflow.tasks.job import JobEnding, create_job_task, new_job_id
 from grpoflow.tasks.merge import merge_task
 from grpoflow.tasks.publish import publish_task
 from grpoflow.tasks.register import register_task

@@ -171,7 +171,8 @@ def prune_remote(fs: fsspec.AbstractFileSystem, remote_dir: str, keep: set[str])
 
 def sync_checkpoints(fs: fsspec.AbstractFileSystem, job: JobDir, remote: str) -> list[str]:
     """Uploads every intact local checkpoint the remote lacks intact, oldest first, then removes the remote ones that
-    are gone locally; what `grpoflow.tasks.job.upload_job` does with `checkpoints/`. Returns the names uploaded."""
+    are gone locally; what `grpoflow.tasks.bookkeeping.upload_job` does with `checkpoints/`. Returns the names
+    uploaded."""
     uploaded, local = [], local_checkpoints(job)
     for path in local:
         if remote_manifest(fs, f"{remote}/checkpoints/{path.name}") is None:

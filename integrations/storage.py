@@ -14,8 +14,8 @@ options and name it in `GRPOFLOW_STORAGE_BLOCK`:
 
 A job whose `output_uri` is remote runs in a local staging folder (`GRPOFLOW_STAGING_DIR`, default
 `~/.grpoflow/staging`), which is uploaded to `<output_uri>/<job_id>/` when the job ends
-(`grpoflow.tasks.job.upload_job_task`). `grpoflow jobs/metrics/model --output-uri s3://...` read a local copy of the
-jobs' top-level files (`mirror_job_files`).
+(`grpoflow.tasks.bookkeeping.upload_job_task`). `grpoflow jobs/metrics/model --output-uri s3://...` read a local
+copy of the jobs' top-level files (`mirror_job_files`).
 """
 
 import functools

@@ -11,8 +11,8 @@ seconds, for the queues to drain.
 
 A delivery that gave up (retries exhausted, still queued when the process exited, or `dropped`) stays undelivered in
 the outbox and is sent again, with the same `webhook-id` and body, when the job resumes (`resend`, from
-`grpoflow.tasks.job.create_job_task`) or on `grpoflow webhooks retry JOB_ID` (`retry`); `undelivered(job)` lists
-them, and the job's end writes them into `report.md`. Receivers therefore get each event at least once and
+`grpoflow.tasks.bookkeeping.create_job_task`) or on `grpoflow webhooks retry JOB_ID` (`retry`); `undelivered(job)`
+lists them, and the job's end writes them into `report.md`. Receivers therefore get each event at least once and
 deduplicate on `webhook-id`. Within one process, a delivery still queued or under way is never queued twice.
 
 Each request: a POST of `{"type": "training.completed", "timestamp": "<ISO 8601 UTC>", "data": {..., "job_id": ...}}`
@@ -183,7 +183,7 @@ def resend(job: JobDir) -> list[dict]:
     no longer lists is logged `failed`, unsent. A delivery still queued or under way in this process is left to it.
 
     Args:
-        job (`JobDir`): the job, e.g. one being resumed (`grpoflow.tasks.job.create_job_task`).
+        job (`JobDir`): the job, e.g. one being resumed (`grpoflow.tasks.bookkeeping.create_job_task`).
 
     Returns:
         `list[dict]`: the deliveries sent again (or failed at once), as `undelivered` lists them.

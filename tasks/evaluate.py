@@ -15,7 +15,7 @@ from grpoflow.core.spec import JobSpec
 from grpoflow.core.spec.markdown import number
 from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact, rollouts_artifact
 from grpoflow.integrations.events import emit
-from grpoflow.integrations.jobs import job_location
+from grpoflow.integrations.job_folders import job_location
 from grpoflow.integrations.stages import cancellable, rerecord, resumable
 from grpoflow.jobs.report import RUN_STARTED_ENV, write_report
 from grpoflow.tasks import RETRY_DELAY_S

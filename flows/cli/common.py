@@ -31,7 +31,7 @@ def output_uri(args) -> str | None:
 def output_root(args) -> Path | None:
     """The output root chosen by `--output-uri` or `GRPOFLOW_OUTPUT_URI`, as a local folder; None when neither is set.
     A remote root is read through a local copy of its jobs' top-level files (spec, metrics, events, model.json)."""
-    from grpoflow.integrations.jobs import local_root
+    from grpoflow.integrations.job_folders import local_root
 
     root = output_uri(args)
     return local_root(root) if root else None
@@ -39,7 +39,7 @@ def output_root(args) -> Path | None:
 
 def roots_to_search(args) -> list[str]:
     """Where to look for jobs: `--output-uri` alone when given, else `./runs` and the job index's roots."""
-    from grpoflow.integrations.jobs import search_roots
+    from grpoflow.integrations.job_folders import search_roots
 
     return search_roots(output_uri(args))
 
@@ -72,8 +72,9 @@ def limit_warnings(spec) -> list[str]:
 
 
 def find_args_job(args, job_id: str):
-    """The job folder of `job_id` and its location, under `--output-uri` when given (`grpoflow.integrations.jobs`)."""
-    from grpoflow.integrations.jobs import find_job
+    """The job folder of `job_id` and its location, under `--output-uri` when given
+    (`grpoflow.integrations.job_folders`)."""
+    from grpoflow.integrations.job_folders import find_job
 
     return find_job(job_id, output_uri(args))
 

@@ -31,7 +31,7 @@ from grpoflow.flows.errors import (
 
 def cmd_jobs(args) -> int:
     from grpoflow.core.jobdir import JobDir
-    from grpoflow.integrations.jobs import job_status, local_root
+    from grpoflow.integrations.job_folders import job_status, local_root
     from grpoflow.integrations.storage import is_remote
     from grpoflow.trainers.metrics import read_metrics
 
@@ -137,7 +137,7 @@ def cmd_metrics(args) -> int:
 
 def cmd_rollouts(args) -> int:
     """`grpoflow rollouts JOB_ID`: the rollouts the job kept (rollouts/), sorted by a reward, as a table or JSON."""
-    from grpoflow.integrations.jobs import UnknownJob
+    from grpoflow.integrations.job_folders import UnknownJob
     from grpoflow.trainers.rollouts import rollout_record, rollouts_table, select_rollouts
 
     try:
@@ -192,7 +192,7 @@ def _add_rollouts_command(sub) -> None:
 
 
 def cmd_model(args) -> int:
-    from grpoflow.integrations.jobs import UnknownJob, job_status
+    from grpoflow.integrations.job_folders import UnknownJob, job_status
     from grpoflow.integrations.storage import join
 
     job, location = find_args_job(args, args.job_id)  # a remote job's weights stay remote: location is its URL

@@ -45,7 +45,7 @@ def print_estimate(args, spec) -> None:
 def check_resume(spec, job_id: str) -> None:
     """A resumed job must run the spec it started with (`resume_problem`), and no live run may hold it: said here,
     before a server starts, as exit 2 (the flow checks the same for a deployment's `job_id`)."""
-    from grpoflow.integrations.jobs import resume_problem
+    from grpoflow.integrations.job_folders import resume_problem
     from grpoflow.integrations.storage import is_remote
 
     if problem := resume_problem(spec, job_id, "--resume"):
@@ -63,7 +63,7 @@ def print_result(args, result: dict, spec) -> dict:
     """Prints a finished run's result (`--json`: the job id, folder and status, and `stopped_by` when the budget ended
     its training) and returns that much of it."""
     from grpoflow.core.scores import gain_text
-    from grpoflow.integrations.jobs import job_dir
+    from grpoflow.integrations.job_folders import job_dir
 
     out = {k: result[k] for k in ("job_id", "output_dir", "status")}
     stopped = budget_stop(job_dir(spec.output_uri, out["job_id"]))
@@ -192,8 +192,9 @@ _STOPPED_BY: list[int] = []
 
 
 def _interrupt(signum, frame) -> None:
-    """The first SIGINT or SIGTERM becomes a KeyboardInterrupt, which the job's end (grpoflow.tasks.job.JobEnding)
-    turns into job.failed (reason cancelled); further ones are ignored so that the end runs to completion."""
+    """The first SIGINT or SIGTERM becomes a KeyboardInterrupt, which the job's end
+    (grpoflow.tasks.bookkeeping.JobEnding) turns into job.failed (reason cancelled); further ones are ignored so that
+    the end runs to completion."""
     if _STOPPED_BY:
         return
     _STOPPED_BY.append(signum)
@@ -234,7 +235,7 @@ def _restore_signals(previous: dict) -> None:
 def _stopped() -> None:
     """One line for a run a signal stopped (its job ended cancelled, checkpoints kept); the flow run is marked
     Cancelled."""
-    from grpoflow.tasks.job import cancel_interrupted_runs
+    from grpoflow.tasks.bookkeeping import cancel_interrupted_runs
 
     name = signal.Signals(_STOPPED_BY[0]).name
     try:
@@ -254,7 +255,7 @@ def _stopped() -> None:
 
 def _say_if_not_promoted(spec, job_id: str, stream) -> None:
     """One line when the promotion gate (evaluation.gate) kept the model from publish and deploy: the run completed."""
-    from grpoflow.integrations.jobs import job_dir
+    from grpoflow.integrations.job_folders import job_dir
 
     gate = job_dir(spec.output_uri, job_id).root / "gate.json"
     decision = json.loads(gate.read_text()) if gate.exists() else {"promote": True}

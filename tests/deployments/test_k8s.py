@@ -40,7 +40,7 @@ from grpoflow.flows.deployments import (
     submit,
 )
 from grpoflow.flows.sweep import start_job_run
-from grpoflow.tasks.job import new_job_id
+from grpoflow.tasks.bookkeeping import new_job_id
 
 GPU = "nvidia.com/gpu"
 POOL = "grpo-k8s"

@@ -10,7 +10,7 @@ import s3fs
 
 from grpoflow.core.jobdir import JobDir
 from grpoflow.integrations.leases import LeaseHeld, S3Lease
-from grpoflow.tasks import job as job_module
+from grpoflow.tasks import bookkeeping as job_module
 
 
 def test_one_holder_at_a_time(bucket):

@@ -16,8 +16,8 @@ from grpoflow.core.spec import SpecError, load_spec
 from grpoflow.flows.cli import main
 from grpoflow.integrations import storage
 from grpoflow.integrations.checkpoint_sync import restore_checkpoint
-from grpoflow.integrations.jobs import job_dir, job_location, upload_job
-from grpoflow.tasks.job import create_job_task, unlock_remote
+from grpoflow.integrations.job_folders import job_dir, job_location, upload_job
+from grpoflow.tasks.bookkeeping import create_job_task, unlock_remote
 from grpoflow.trainers.dataset import ingest_dataset, load_ingested
 from tests.conftest import arithmetic_rows
 
@@ -181,7 +181,7 @@ def test_cli_reads_jobs_on_s3(bucket, tmp_path, monkeypatch):
 def test_resume_checks_a_job_on_s3(bucket, tmp_path, monkeypatch):
     from grpoflow.core.spec import to_yaml
     from grpoflow.flows.cli.run import UsageError, check_resume
-    from grpoflow.integrations.jobs import BadJobReference
+    from grpoflow.integrations.job_folders import BadJobReference
 
     root = f"s3://{bucket}/runs"
     spec, _ = load_spec(spec_dict(root))

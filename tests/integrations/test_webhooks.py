@@ -524,7 +524,7 @@ def test_discarded_job_folder_is_not_recreated(receiver, make_job):
     job = make_job(r.url)
 
     emit(job, "grpoflow.job.failed", {"reason": "rejected"})
-    shutil.rmtree(job.root)  # what grpoflow.tasks.job.discard_job does for a rejected input
+    shutil.rmtree(job.root)  # what grpoflow.tasks.bookkeeping.discard_job does for a rejected input
     r.release()
 
     assert webhooks.flush(DRAIN_S)
@@ -694,7 +694,7 @@ def test_what_a_process_left_undelivered_is_delivered_once_by_webhooks_retry(rec
 
 def test_a_resumed_job_first_sends_what_its_earlier_run_left_undelivered(receiver, make_job):
     from grpoflow.jobs.lock import JobLock
-    from grpoflow.tasks.job import create_job_task
+    from grpoflow.tasks.bookkeeping import create_job_task
 
     r = receiver(fault="500")
     job = make_job(r.url)
@@ -831,7 +831,7 @@ def test_a_torn_outbox_line_does_not_swallow_the_next(receiver, make_job):
 
 
 def test_the_job_end_lists_undelivered_webhooks_in_the_report_until_they_are_delivered(receiver, make_job):
-    from grpoflow.tasks.job import JobEnding
+    from grpoflow.tasks.bookkeeping import JobEnding
 
     r = receiver(fault="500")
     job = make_job(r.url)

@@ -8,7 +8,7 @@ import sys
 DELAYS = """
 import json
 from grpoflow.tasks.ingest import ingest_task
-from grpoflow.tasks.job import upload_job_task
+from grpoflow.tasks.bookkeeping import upload_job_task
 from grpoflow.tasks.train import train_task
 print(json.dumps([t.retry_delay_seconds for t in (ingest_task, train_task, upload_job_task)]))
 """

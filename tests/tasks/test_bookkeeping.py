@@ -13,9 +13,9 @@ from prefect.events.filters import EventFilter, EventResourceFilter
 from prefect.exceptions import TerminationSignal
 
 from grpoflow.core.spec import load_spec
-from grpoflow.integrations.jobs import job_dir
+from grpoflow.integrations.job_folders import job_dir
 from grpoflow.integrations.stages import REJECTED
-from grpoflow.tasks.job import JobEnding, create_job_task, new_job_id
+from grpoflow.tasks.bookkeeping import JobEnding, create_job_task, new_job_id
 from grpoflow.trainers.metrics import read_events
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

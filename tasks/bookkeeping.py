@@ -20,7 +20,7 @@ from grpoflow.core.spec import JobSpec, to_yaml
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.artifacts import completed_message
 from grpoflow.integrations.events import emit
-from grpoflow.integrations.jobs import download_job, job_dir, job_location, upload_job
+from grpoflow.integrations.job_folders import download_job, job_dir, job_location, upload_job
 from grpoflow.integrations.leases import LeaseHeld, S3Lease
 from grpoflow.integrations.stages import rejected
 from grpoflow.integrations.storage import is_remote, join
