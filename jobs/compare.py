@@ -1,10 +1,11 @@
 """Held-out scores of several jobs side by side, on the prompts they share: `grpoflow compare JOB_ID JOB_ID...`.
 
 Each job's kept model (evaluation.json's `after`: the GRPO result, or the start when `select: best` kept it) is read
-back prompt by prompt from `evaluation/step-<selected_step>.parquet`; prompts are matched by their text (a chat by its
-messages, system prompt included), the k-th copy of a prompt in one job with the k-th in another. Each job's score
-is its mean over the shared prompts, with a percentile bootstrap interval, and each later job's gain against the first
-has the paired interval of `grpoflow.core.scores.intervals` (the same resampled prompts for both jobs).
+back prompt by prompt from `evaluation/step-<selected_step>.parquet` (a prompt's score the mean of its completions
+with `evaluation.samples`); prompts are matched by their text (a chat by its messages, system prompt included), the
+k-th copy of a prompt in one job with the k-th in another. Each job's score is its mean over the shared prompts, with a
+percentile bootstrap interval, and each later job's gain against the first has the paired interval of
+`grpoflow.core.scores.intervals` (the same resampled prompts for both jobs).
 """
 
 from grpoflow.core.jobdir import JobDir
@@ -29,10 +30,14 @@ def kept_scores(job: JobDir) -> tuple[str, dict[tuple[str, int], float | None]]:
     path = step_file(job.evaluation_rollouts, step) if step is not None else None
     if path is None or not path.exists():
         raise NotComparable(f"job {job.job_id} kept no per-prompt held-out scores (evaluation/step-*.parquet)")
+    prompts, each = {}, {}
+    for row in read_rows(path):  # with evaluation.samples, several completions of a prompt: its score their mean
+        prompts[row["row"]] = row["prompt"]
+        each.setdefault(row["row"], []).append(row["score"])
     scores, copies = {}, {}
-    for row in read_rows(path):
-        copy = copies[row["prompt"]] = copies.get(row["prompt"], -1) + 1
-        scores[(row["prompt"], copy)] = row["score"]
+    for index, prompt in prompts.items():
+        copy = copies[prompt] = copies.get(prompt, -1) + 1
+        scores[(prompt, copy)] = _mean(each[index])
     return evaluation["metric"], scores
 
 

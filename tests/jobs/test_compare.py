@@ -10,13 +10,15 @@ from grpoflow.trainers.rollouts import read_rows, step_file, write_held_out
 from tests.conftest import cli
 
 
-def held_out_job(root, job_id: str, prompts: list, scores: list, step: int = 3, metric: str = "exact_answer", **extra):
+def held_out_job(
+    root, job_id: str, prompts: list, scores: list, step: int = 3, metric: str = "exact_answer", samples=1, **extra
+):
     """A job folder with what `compare` reads: spec.yaml, evaluation.json and the kept model's
-    evaluation/step-<step>.parquet."""
+    evaluation/step-<step>.parquet (`samples` completions of each prompt, `prompts` holding each that many times)."""
     job = JobDir(root / job_id)
     job.root.mkdir(parents=True)
     job.spec.write_text(f"name: {job_id}\n")
-    write_held_out(job, step, prompts, [f"c{i}" for i in range(len(prompts))], scores)
+    write_held_out(job, step, prompts, [f"c{i}" for i in range(len(prompts))], scores, samples=samples)
     job.evaluation.write_text(json.dumps({"metric": metric, "n": len(prompts), "selected_step": step, **extra}))
     return job
 
@@ -27,7 +29,9 @@ def test_compare_matches_shared_prompts_by_text_and_pairs_the_intervals(tmp_path
     # The start kept (select: best): its step-0 scores count, not those of the GRPO result's step 2.
     held_out_job(root, "b", ["p4", "p3", "p2", "p5", "p1"], [1.0, 0.0, 1.0, 1.0, 1.0], step=0, trained={"step": 2})
     write_held_out(JobDir(root / "b"), 2, ["p4", "p3", "p2", "p5", "p1"], ["x"] * 5, [0.0] * 5)
-    held_out_job(root, "c", ["p1", "p2", "p3", "p4"], [None, 1.0, 1.0, 1.0])
+    # Two sampled completions of each prompt (evaluation.samples: 2): a prompt's score their mean.
+    two = [p for p in ["p1", "p2", "p3", "p4"] for _ in range(2)]
+    held_out_job(root, "c", two, [None, None, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0], samples=2)
 
     code, out, err = cli("compare", "a", "b", "c", "--json", "--output-uri", root)
 
@@ -36,17 +40,18 @@ def test_compare_matches_shared_prompts_by_text_and_pairs_the_intervals(tmp_path
     assert set(result) == {"jobs", "metric", "prompts", "confidence", "rows"}
     assert (result["jobs"], result["metric"], result["prompts"]) == (["a", "b", "c"], "exact_answer", 4)
     # Shared by all three, in a's order: p1, p2 (its first copy only: b and c have one), p3, p4.
-    a, b, c = [1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 1.0], [None, 1.0, 1.0, 1.0]
+    a, b, c = [1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 1.0], [None, 0.5, 1.0, 1.0]
     rows = {r["job"]: r for r in result["rows"]}
     assert [set(r) for r in result["rows"]] == [{"job", "score", "ci", "gain_vs_first", "gain_ci"}] * 3
     assert rows["a"]["score"] == 0.5 and rows["a"]["gain_vs_first"] is None and rows["a"]["gain_ci"] is None
     assert rows["b"]["score"] == 0.75 and rows["b"]["gain_vs_first"] == 0.25
-    assert rows["c"]["score"] == 1.0 and rows["c"]["gain_vs_first"] == 0.5  # c's unscored p1 skipped, as in a mean
+    # c's unscored p1 skipped, as in a mean.
+    assert rows["c"]["score"] == pytest.approx(2.5 / 3) and rows["c"]["gain_vs_first"] == pytest.approx(2.5 / 3 - 0.5)
     for job, scores in (("b", b), ("c", c)):
         expected = intervals(a, scores, 0.95)
         assert rows[job]["ci"] == expected["after"] and rows[job]["gain_ci"] == expected["gain"]
     assert rows["a"]["ci"] == intervals(a, a)["after"]
-    assert rows["c"]["gain_ci"][0] < 0.5 < rows["c"]["gain_ci"][1]
+    assert rows["c"]["gain_ci"][0] < 2.5 / 3 - 0.5 < rows["c"]["gain_ci"][1]
 
     code, out, _ = cli("compare", "a", "b", "--confidence", "0.8", "--output-uri", root)
     assert code == 0
