@@ -105,6 +105,47 @@ def intervals(
     return {"before": interval(start), "after": interval(result), "gain": interval(gain)}
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from `n` completions of one prompt of which `c` pass (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code"): `1 - C(n - c, k) / C(n, k)`, the chance that at least one of
+    `k` completions drawn without replacement passes, computed as a product (no huge binomials).
+
+    Args:
+        n (`int`): completions of the prompt.
+        c (`int`): those that pass, `0 <= c <= n`.
+        k (`int`): completions drawn, `1 <= k <= n`.
+
+    >>> pass_at_k(2, 1, 1), pass_at_k(2, 1, 2), pass_at_k(5, 2, 2), pass_at_k(4, 0, 3)
+    (0.5, 1.0, 0.7, 0.0)
+    """
+    if n - c < k:  # every draw of k holds a passing completion
+        return 1.0
+    product = 1.0
+    for i in range(n - c + 1, n + 1):
+        product *= 1 - k / i
+    return 1 - product
+
+
+def pass_rates(scores: list[list[float | None]], ks: list[int]) -> dict[str, float | None]:
+    """pass@k for each k of `ks` over prompts: the mean over prompts of `pass_at_k`, where each prompt's completions
+    are its scores in `scores` (None: not scored, left out) and a completion passes with full marks (a score of 1, as a
+    0/1 metric's correct answer). A prompt with fewer than k scored completions is left out of pass@k; None when no
+    prompt has k.
+
+    >>> pass_rates([[1, 0], [0, 0], [1, 1]], [1, 2])
+    {'pass@1': 0.5, 'pass@2': 0.6666666666666666}
+    """
+    rates = {}
+    for k in ks:
+        each = []
+        for values in scores:
+            scored = [v for v in values if v is not None]
+            if len(scored) >= k:
+                each.append(pass_at_k(len(scored), sum(v >= 1 - SCORE_TOLERANCE for v in scored), k))
+        rates[f"pass@{k}"] = sum(each) / len(each) if each else None
+    return rates
+
+
 def _figure(value: float, unit_scores: bool, sign: str = "") -> str:
     # Two decimals for scores in [0, 1], three where two would hide one prompt of forty (0.025); else 4 digits.
     if not unit_scores:

@@ -52,6 +52,7 @@ EXIT_CODES = {
     "grpoflow.flows.deployments.DeploymentError": EXIT_FAILED,
     "grpoflow.jobs.registry.RegistrationError": EXIT_FAILED,
     "grpoflow.integrations.job_folders.UnknownJob": EXIT_REJECTED,
+    "grpoflow.jobs.compare.NotComparable": EXIT_REJECTED,
     "grpoflow.jobs.lock.JobLocked": EXIT_REJECTED,
     "grpoflow.integrations.job_folders.BadJobReference": EXIT_REJECTED,
     "grpoflow.integrations.prefect_server.ServerError": EXIT_FAILED,
@@ -100,6 +101,11 @@ COMMAND_EXITS = {
     "metrics": {EXIT_OK: "printed", EXIT_REJECTED: "an unknown job id or metric key"},
     "model": {EXIT_OK: "printed", EXIT_REJECTED: "an unknown job id, or a job without a trained model yet"},
     "rollouts": {EXIT_OK: "printed", EXIT_REJECTED: UNKNOWN_JOB},
+    "compare": {
+        EXIT_OK: "printed",
+        EXIT_REJECTED: f"{UNKNOWN_JOB}, a job without per-prompt held-out scores, jobs of different metrics or "
+        "sharing no held-out prompt",
+    },
     "webhooks retry": {
         EXIT_OK: "none left undelivered",
         EXIT_FAILED: "some still undelivered",

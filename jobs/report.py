@@ -236,6 +236,8 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     parts = [f"{title}{rows}\n\n{note}{why}"]
     if line := interval_line(evaluation):
         parts.append(line)
+    if line := pass_line(evaluation):
+        parts.append(line)
     if selection := selection_line(evaluation):
         parts.append(selection)
     series = evaluation.get("series") or []
@@ -253,6 +255,21 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     if plot is not None:
         parts.append(f"![{plot.stem}]({plot.name})")
     return "\n\n".join(parts)
+
+
+def pass_line(evaluation: dict) -> str | None:
+    """pass@1 and pass@k before and after, e.g. `**pass@k:** pass@1 0.40 -> 0.55, pass@4 0.60 -> 0.75 ...`; None
+    without `pass_at_k` (`evaluation.samples` 1)."""
+    rates = evaluation.get("pass_at_k")
+    if not rates:
+        return None
+    each = [f"{k} {_score(rates['before'].get(k))} -> {_score(rates['after'].get(k))}" for k in rates["after"]]
+    k = max(int(key.removeprefix("pass@")) for key in rates["after"])
+    return (
+        f"**pass@k:** {', '.join(each)}: the chance that at least one of k of a prompt's {k} sampled completions "
+        "scores 1 (the unbiased estimate of Chen et al. 2021), the mean over the held-out prompts "
+        "(`evaluation.samples`)."
+    )
 
 
 def interval_line(evaluation: dict) -> str | None:

@@ -1,11 +1,13 @@
-"""Held-out evaluation: greedy completions on the prompts held out of training, scored by one of the spec's rewards.
+"""Held-out evaluation: greedy completions on the prompts held out of training (or `evaluation.samples` sampled ones
+each), scored by one of the spec's rewards.
 
     python -m grpoflow.trainers.evaluate runs/<job_id>
 
 `before` scores the model GRPO started from (the SFT output when the warm-up ran, else the base model) and `after`
 the GRPO result (`merged/`); both go to `evaluation.json`, with `ci`, paired bootstrap intervals over the held-out
 prompts of each score and of the gain (`evaluation.confidence`; `grpoflow.core.scores.intervals`). With a 0/1
-reward such as `exact_answer` the score is accuracy.
+reward such as `exact_answer` the score is accuracy. With `evaluation.samples` above 1 a prompt's score is the mean of
+its completions', and `pass_at_k` holds pass@1 and pass@samples of both models (`grpoflow.core.scores.pass_rates`).
 
 No regression: when the GRPO result does not beat the start (`improved: false`), the job says so (`note`, the
 `no_improvement` alert), and with `evaluation.select: best` the start is the best model there is: it is kept. merged/
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 from grpoflow.core.jobdir import JobDir, write_json_atomic
-from grpoflow.core.scores import beats, eval_key, intervals
+from grpoflow.core.scores import beats, eval_key, intervals, pass_rates
 from grpoflow.core.spec import JobSpec, load_spec
 from grpoflow.core.spec.markdown import number
 from grpoflow.trainers.health import Alert
@@ -52,8 +54,11 @@ def load_for_generation(model_path: str):
     return model, tokenizer
 
 
-def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, tokenizer=None) -> list:
-    """Greedy completions for `prompts` (strings or chats), in the form TRL hands to rewards.
+def generate(
+    model, prompts: list, max_new_tokens: int, batch_size: int = 64, tokenizer=None, samples: int = 1, seed: int = 0
+) -> list:
+    """Greedy completions for `prompts` (strings or chats), in the form TRL hands to rewards; with `samples` above 1,
+    that many sampled completions of each prompt, one prompt's after another's.
 
     Args:
         model: a model folder (loaded here), or a loaded causal LM (then `tokenizer` is required).
@@ -61,6 +66,10 @@ def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, to
         max_new_tokens (`int`): the most tokens per completion.
         batch_size (`int`, *optional*, defaults to 64): prompts per `generate` call.
         tokenizer (*optional*): the tokenizer of a loaded `model`.
+        samples (`int`, *optional*, defaults to 1): completions per prompt; above 1 they are sampled (temperature
+            1, the model's own top-k/top-p left out).
+        seed (`int`, *optional*, defaults to 0): the sampling's seed, on a forked RNG: the same completions each
+            time, and the caller's random state (training's, between evaluations) untouched.
     """
     import torch
 
@@ -71,8 +80,14 @@ def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, to
     model.eval()
     conversational = bool(prompts) and isinstance(prompts[0], list)
     completions = []
+    sampling = {"do_sample": False}
+    if samples > 1:
+        sampling = {"do_sample": True, "num_return_sequences": samples, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    devices = [model.device.index or 0] if model.device.type == "cuda" else []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=samples > 1):
+            if samples > 1:
+                torch.manual_seed(seed)
             for i in range(0, len(prompts), batch_size):
                 batch = prompts[i : i + batch_size]
                 if conversational:
@@ -82,7 +97,7 @@ def generate(model, prompts: list, max_new_tokens: int, batch_size: int = 64, to
                 enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not conversational)
                 enc = enc.to(model.device)
                 out = model.generate(
-                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                    **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
                 )
                 texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
                 completions += [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
@@ -112,33 +127,51 @@ def score(
     reward=None,
     keep_at=None,
     per_prompt: list | None = None,
+    per_sample: list | None = None,
 ) -> float | None:
-    """Mean of the evaluation metric over greedy completions of the held-out prompts (None scores are skipped);
-    None when the metric scored none of them.
+    """Mean of the evaluation metric over the held-out prompts' completions (greedy; `evaluation.samples` sampled
+    ones each when above 1, a prompt's score their mean); None scores are skipped; None when the metric scored none.
 
     `model` is a folder, or a loaded model with its `tokenizer`. The first `SAMPLES` prompts, completions and
-    scores are appended to `samples` when it is given. `reward` is the metric's callable when already built. With
-    `keep_at`, a `(JobDir, step)`, every prompt's completion and score go to the job's
-    `evaluation/step-<NNNNNN>.parquet` (`grpoflow.trainers.rollouts.write_held_out`). Each prompt's score (None:
-    not scored) is appended to `per_prompt` when it is given.
+    scores are appended to `samples` when it is given (a prompt's first completion). `reward` is the metric's
+    callable when already built. With `keep_at`, a `(JobDir, step)`, every completion and its score go to the job's
+    `evaluation/step-<NNNNNN>.parquet` (`grpoflow.trainers.rollouts.write_held_out`). Each prompt's score (None: not
+    scored) is appended to `per_prompt`, and the list of its completions' scores to `per_sample`, when given.
     """
     reward = reward or metric_reward(spec)
-    prompts = list(eval_rows["prompt"])
-    completions = generate(model, prompts, spec.evaluation.max_new_tokens, tokenizer=tokenizer)
+    n = spec.evaluation.samples
+    prompts = [p for p in eval_rows["prompt"] for _ in range(n)]
+    rows = eval_rows.select([i for i in range(len(eval_rows)) for _ in range(n)]) if n > 1 else eval_rows
+    completions = generate(
+        model,
+        list(eval_rows["prompt"]),
+        spec.evaluation.max_new_tokens,
+        tokenizer=tokenizer,
+        samples=n,
+        seed=spec.hyperparameters.seed,
+    )
     if tokenizer is None:
         tokenizer = load_tokenizer(model)
-    values = reward_values(reward, prompts, completions, eval_rows, tokenizer)
+    values = reward_values(reward, prompts, completions, rows, tokenizer)
     if keep_at is not None:
-        write_held_out(*keep_at, prompts, completions, values)
+        write_held_out(*keep_at, prompts, completions, values, samples=n)
+    each = [values[i : i + n] for i in range(0, len(values), n)]
+    if per_sample is not None:
+        per_sample += each
+    means = [_mean(v) for v in each]
     if per_prompt is not None:
-        per_prompt += values
+        per_prompt += means
     if samples is not None:
         samples += [
             {"prompt": prompt_text(p), "completion": c[-1]["content"] if isinstance(c, list) else c, "score": v}
-            for p, c, v in list(zip(prompts, completions, values, strict=True))[:SAMPLES]
+            for p, c, v in list(zip(prompts, completions, values, strict=True))[::n][:SAMPLES]
         ]
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+    return _mean(means)
+
+
+def _mean(values: list) -> float | None:
+    scored = [v for v in values if v is not None]
+    return sum(scored) / len(scored) if scored else None
 
 
 def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:
@@ -180,7 +213,7 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
         return None
     rows = prepare_prompts(dataset["eval"], spec.dataset.prompt_column, spec.hyperparameters.system_prompt)
     after_model, after_tokenizer = after or (str(job.merged), None)
-    start_samples, samples, start_scores, scores = [], [], [], []
+    start_samples, samples, start_scores, scores, start_each, each = [], [], [], [], [], []
     if training is None:
         training = json.loads(job.training_result.read_text()) if job.training_result.exists() else {}
     trained_step = training.get("selected_step", training.get("global_step"))
@@ -188,8 +221,19 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
     result = {
         "metric": spec.evaluation.metric_name,
         "n": len(rows),
-        "before": score(before_model, rows, spec, samples=start_samples, keep_at=(job, 0), per_prompt=start_scores),
-        "after": score(after_model, rows, spec, after_tokenizer, samples, keep_at=after_at, per_prompt=scores),
+        "before": score(
+            before_model,
+            rows,
+            spec,
+            None,
+            start_samples,
+            keep_at=(job, 0),
+            per_prompt=start_scores,
+            per_sample=start_each,
+        ),
+        "after": score(
+            after_model, rows, spec, after_tokenizer, samples, keep_at=after_at, per_prompt=scores, per_sample=each
+        ),
         "select": spec.evaluation.select,
         "selected_step": training.get("selected_step", training.get("global_step")),
     }
@@ -205,9 +249,12 @@ def evaluate(job: JobDir, spec: JobSpec, before_model: str, after=None, training
     elif not result["improved"]:
         if spec.evaluation.select == "best":
             keep_start(job, before_model, result)
-            samples, scores = start_samples, start_scores
+            samples, scores, each = start_samples, start_scores, start_each
         result["note"] = no_improvement_note(result)
     result |= held_out_intervals(start_scores, scores, spec.evaluation.confidence)
+    if spec.evaluation.samples > 1:  # pass@1 and pass@samples of the start and of the kept model
+        ks = sorted({1, spec.evaluation.samples})
+        result["pass_at_k"] = {"before": pass_rates(start_each, ks), "after": pass_rates(each, ks)}
     result["seconds"] = round(time.monotonic() - started, 3)
     result["samples"] = samples  # a few of the kept model's held-out completions, with their scores
     write_json_atomic(job.evaluation, result)

@@ -7,7 +7,8 @@ the held-out prompts at each evaluation, as Parquet files in the job folder (`FI
   `reward` (the weighted total TRL optimises), `rewards.<name>` (each reward's own score, null where it scored
   nothing), `advantage`, `completion_tokens`, `truncated`.
 - `evaluation/step-<NNNNNN>.parquet`, one row per held-out prompt at each held-out evaluation (step 0: the model GRPO
-  started from): `row`, `prompt`, `completion`, `score`.
+  started from): `row` (the prompt's index), `sample` (which of its `evaluation.samples` completions), `prompt`,
+  `completion`, `score`.
 
 The rows are TRL's own: `rollouts_callback` reads, at each logged step, what `GRPOTrainer` keeps of its latest
 generation for its completion logging (the prompts, completions, each reward's scores and the advantages it
@@ -391,14 +392,15 @@ def rollouts_callback(job: JobDir, spec):
     return _RolloutsCallback()
 
 
-def write_held_out(job: JobDir, step: int, prompts: list, completions: list, scores: list) -> Path:
+def write_held_out(job: JobDir, step: int, prompts: list, completions: list, scores: list, samples: int = 1) -> Path:
     """`evaluation/step-<NNNNNN>.parquet`: each held-out prompt's completion and score at `step` (0: the model GRPO
-    started from)."""
+    started from); with `samples` completions per prompt, `prompts` holds each prompt that many times in a row."""
     path = step_file(job.evaluation_rollouts, step)
     write_rows(
         path,
         {
-            "row": list(range(len(prompts))),
+            "row": [i // samples for i in range(len(prompts))],
+            "sample": [i % samples for i in range(len(prompts))],
             "prompt": [as_text(p) for p in prompts],
             "completion": [as_text(c, chat_as_json=False) for c in completions],
             "score": [_number(s) for s in scores],
@@ -446,8 +448,9 @@ def side_by_side(job: JobDir, after_step: int, count: int = 5) -> list[dict]:
     before_path, after_path = step_file(job.evaluation_rollouts, 0), step_file(job.evaluation_rollouts, after_step)
     if after_step == 0 or not (before_path.exists() and after_path.exists()):
         return []
-    before = {r["row"]: r for r in read_rows(before_path)}
-    pairs = [(before[r["row"]], r) for r in read_rows(after_path) if r["row"] in before]
+    first = [[r for r in read_rows(path) if not r.get("sample")] for path in (before_path, after_path)]  # sample 0
+    before = {r["row"]: r for r in first[0]}
+    pairs = [(before[r["row"]], r) for r in first[1] if r["row"] in before]
 
     def change(pair) -> float:
         a, b = (_number(r["score"]) for r in pair)

@@ -328,6 +328,13 @@ class EvaluationSpec(Section):
         "or the start model itself when no checkpoint beat it.",
     )
     max_new_tokens: Int | None = Field(None, ge=1, description="Generation length; default: max_response_length.")
+    samples: Int = Field(
+        1,
+        ge=1,
+        description="Completions per held-out prompt: 1, greedy; more, sampled (temperature 1, a fixed seed), each "
+        "prompt's score their mean, with pass@1 and pass@samples (unbiased; a completion passes with a score of 1) "
+        "in evaluation.json and the report.",
+    )
     confidence: float | None = Field(
         0.95,
         gt=0,

@@ -7,6 +7,7 @@
     grpoflow metrics JOB_ID --keys reward,reward_std --json
     grpoflow model JOB_ID --json
     grpoflow rollouts JOB_ID --last --worst 5
+    grpoflow compare JOB_ID JOB_ID --json
     grpoflow webhooks retry JOB_ID
     grpoflow sweep examples/arithmetic.yaml --grid trl.loss_type=grpo,dr_grpo --max-concurrent 1
     grpoflow graders run examples/openai-rft/job.yaml --rows 20
@@ -15,10 +16,10 @@
         --set distributed.num_machines=2 --set distributed.shared_volume=grpoflow-rwx
 
 One module a command group: `run` (validate, canary, run, demo, init), `jobs` (jobs, metrics, model, rollouts,
-webhooks), `server` (deployments apply, submit, sweep), `models` (publish, deploy, deployments list, serve), `tools`
-(graders, k8s), `policy`; `common` holds what they share and `main` the parser and the exit codes. Each command imports
-inside itself what only it uses (Prefect, the spec's models and through them torch, the job folders): `grpoflow
---help` and every other command load none of it.
+compare, webhooks), `server` (deployments apply, submit, sweep), `models` (publish, deploy, deployments list, serve),
+`tools` (graders, k8s), `policy`; `common` holds what they share and `main` the parser and the exit codes. Each
+command imports inside itself what only it uses (Prefect, the spec's models and through them torch, the job folders):
+`grpoflow --help` and every other command load none of it.
 
 Exit codes, one meaning each (`grpoflow.flows.errors`: `MEANINGS` and every command's own words, its `--help`): 0
 done, 1 what the command ran failed, 2 bad input (a spec, dataset or argument to fix, a training setup problem, an

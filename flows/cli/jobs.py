@@ -1,10 +1,12 @@
-"""`grpoflow jobs`, `metrics`, `model`, `rollouts` and `webhooks retry`: a job's results read back.
+"""`grpoflow jobs`, `metrics`, `model`, `rollouts`, `compare` and `webhooks retry`: a job's results read back.
 
 grpoflow jobs
 grpoflow metrics JOB_ID --keys reward,reward_std --json
 grpoflow rollouts JOB_ID --last --worst 5
+grpoflow compare JOB_ID JOB_ID --json
 """
 
+import argparse
 import json
 import re
 import sys
@@ -144,7 +146,7 @@ def cmd_rollouts(args) -> int:
         job, location = find_args_job(args, args.job_id)
     except UnknownJob as e:  # a command that only reads: an id it cannot find is the user's to fix (exit 2)
         raise UsageError(str(e)) from None
-    _fetch_rollouts(job, location)
+    _fetch_folder(job, location, job.rollouts.name)
     try:
         rows = select_rollouts(job.rollouts, args.step, args.last, args.best, args.worst, args.reward, args.grep)
     except ValueError as e:
@@ -160,19 +162,20 @@ def cmd_rollouts(args) -> int:
     return EXIT_OK
 
 
-def _fetch_rollouts(job, location: str) -> None:
-    """A remote job's rollouts/ into its local copy (which holds only its top-level files); new files only."""
+def _fetch_folder(job, location: str, name: str) -> None:
+    """A remote job's `name` folder (rollouts/, evaluation/) into its local copy (which holds only its top-level
+    files); new files only."""
     from grpoflow.integrations.storage import filesystem, is_remote
 
     if not is_remote(location):
         return
     fs, remote = filesystem(location)
-    folder = f"{remote.rstrip('/')}/rollouts"
-    for name in fs.ls(folder, detail=False) if fs.exists(folder) else []:
-        local = job.rollouts / name.rsplit("/", 1)[-1]
-        if name.endswith(".parquet") and not local.exists():
+    folder = f"{remote.rstrip('/')}/{name}"
+    for path in fs.ls(folder, detail=False) if fs.exists(folder) else []:
+        local = job.root / name / path.rsplit("/", 1)[-1]
+        if path.endswith(".parquet") and not local.exists():
             local.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(name, str(local))
+            fs.get_file(path, str(local))
 
 
 def _add_rollouts_command(sub) -> None:
@@ -189,6 +192,56 @@ def _add_rollouts_command(sub) -> None:
     rollouts.add_argument("--json", action="store_true", help='print {"rollouts": [...]}')
     _hidden_output_uri(rollouts)
     rollouts.set_defaults(func=cmd_rollouts)
+
+
+def cmd_compare(args) -> int:
+    """`grpoflow compare JOB_ID JOB_ID...`: the jobs' held-out scores side by side on the prompts they share, each
+    later job's gain against the first with its paired interval (jobs/compare.py); `--json` for scripts."""
+    from grpoflow.jobs.compare import compare, compare_table
+
+    if len(args.job_ids) < 2 or len(set(args.job_ids)) < len(args.job_ids):
+        raise UsageError(f"compare: name two or more different jobs (got {' '.join(args.job_ids)})")
+    jobs = []
+    for job_id in args.job_ids:
+        job, location = find_args_job(args, job_id)
+        _fetch_folder(job, location, job.evaluation_rollouts.name)
+        jobs.append(job)
+    result = compare(jobs, args.confidence)
+    print(json.dumps(result) if args.json else compare_table(result))
+    return EXIT_OK
+
+
+def _confidence(text: str) -> float:
+    """argparse type of --confidence: a number in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number between 0 and 1 (e.g. 0.95)")
+    return value
+
+
+def _add_compare_command(sub) -> None:
+    compare = sub.add_parser(
+        "compare",
+        help="held-out scores of jobs side by side on the prompts they share, each against the first",
+        description="Each job's kept model scored on the held-out prompts all the jobs share (matched by text), "
+        "with a bootstrap interval over those prompts, and each later job's gain against the first with its paired "
+        "interval.",
+    )
+    compare.add_argument("job_ids", nargs="+", metavar="JOB_ID", help="two or more job ids; the first is the baseline")
+    compare.add_argument(
+        "--confidence", type=_confidence, default=0.95, help="the intervals' coverage (default: 0.95)"
+    )
+    compare.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"jobs", "metric", "prompts", "confidence", "rows": [{"job", "score", "ci", "gain_vs_first", '
+        '"gain_ci"}]}',
+    )
+    _hidden_output_uri(compare)
+    compare.set_defaults(func=cmd_compare)
 
 
 def cmd_model(args) -> int:

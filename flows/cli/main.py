@@ -17,7 +17,14 @@ from grpoflow.flows.cli.common import (
     _Parser,
     _spec_arguments,
 )
-from grpoflow.flows.cli.jobs import _add_rollouts_command, _add_webhooks_command, cmd_jobs, cmd_metrics, cmd_model
+from grpoflow.flows.cli.jobs import (
+    _add_compare_command,
+    _add_rollouts_command,
+    _add_webhooks_command,
+    cmd_jobs,
+    cmd_metrics,
+    cmd_model,
+)
 from grpoflow.flows.cli.models import _add_model_commands
 from grpoflow.flows.cli.policy import add_policy_command
 from grpoflow.flows.cli.run import cmd_canary, cmd_demo, cmd_init, cmd_run, cmd_validate
@@ -87,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graders_command(sub)
     _add_k8s_command(sub)
     _add_rollouts_command(sub)
+    _add_compare_command(sub)
     add_policy_command(sub)
     add_api_command(sub)
     for p in (run, demo, jobs, metrics, model, sub.choices["validate"]):

@@ -67,3 +67,30 @@ def test_gain_line():
         "exact_answer 0.40 -> 0.425 (+0.025, 90% CI +0.00 to +0.075)"  # one prompt of 40: no digit hidden
     )
     assert gain_line("score", 10.0, 12.5, None, 0.95) == "score 10 -> 12.5 (+2.5)"
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (1, 1, 1, 1.0),  # one completion, it passes
+        (3, 1, 1, 1 / 3),  # pass@1 is the share that passes
+        (4, 2, 2, 1 - 1 / 6),  # C(2,2)/C(4,2): 1 of the 6 pairs has no passing completion
+        (10, 3, 5, 1 - 21 / 252),  # C(7,5)/C(10,5) = 21/252
+        (5, 4, 2, 1.0),  # n - c < k: every pair holds a passing one
+        (6, 0, 3, 0.0),  # none passes
+    ],
+)
+def test_pass_at_k_is_chen_et_al_unbiased_estimate(n, c, k, expected):
+    from math import comb
+
+    from grpoflow.core.scores import pass_at_k
+
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+    assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+
+
+def test_pass_at_k_is_stable_where_the_binomials_overflow_floats():
+    from grpoflow.core.scores import pass_at_k
+
+    # C(2000, 1000) is ~1e600: as a float ratio it would overflow; the product stays exact enough.
+    assert pass_at_k(2000, 1, 1000) == pytest.approx(0.5)

@@ -123,6 +123,17 @@ def test_report_without_metrics_file(tmp_path):
         ({"metric": "m", "n": 10, "before": 0.0, "after": 0.0}, "| 0.0% | 0.0% | no change |"),  # was "+0.0 points"
         # A loss too small for one decimal: its own digits, never "-0.0 points".
         ({"metric": "m", "n": 10, "before": 0.05942, "after": 0.05937}, "| 5.9% | 5.9% | -0.005 points |"),
+        # evaluation.samples 4: pass@1 and pass@4 of both models.
+        (
+            {
+                **EVALUATION,
+                "pass_at_k": {
+                    m: {"pass@1": p, "pass@4": q} for m, p, q in [("before", 0.3, 0.5), ("after", 0.6, 0.9)]
+                },
+            },
+            "**pass@k:** pass@1 30.0% -> 60.0%, pass@4 50.0% -> 90.0%: the chance that at least one of k of a "
+            "prompt's 4 sampled completions scores 1",
+        ),
     ],
 )
 def test_evaluation_table(tmp_path, evaluation, expected):

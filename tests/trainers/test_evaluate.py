@@ -19,7 +19,7 @@ def text_hash(completions, **kwargs) -> list[float]:
     return [int(hashlib.sha256(c.encode()).hexdigest()[:12], 16) / 16**12 for c in completions]
 
 
-def make_job(tmp_path, **hyperparameters) -> tuple[JobDir, object]:
+def make_job(tmp_path, evaluation: dict | None = None, **hyperparameters) -> tuple[JobDir, object]:
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(24))
     spec, _ = load_spec(
         {
@@ -36,7 +36,7 @@ def make_job(tmp_path, **hyperparameters) -> tuple[JobDir, object]:
                 "learning_rate": 5e-3,
                 **hyperparameters,
             },
-            "evaluation": {"holdout": 8, "max_new_tokens": 12},
+            "evaluation": {"holdout": 8, "max_new_tokens": 12, **(evaluation or {})},
         }
     )
     job = JobDir(tmp_path / "job")
@@ -109,3 +109,34 @@ def test_evaluation_calls_rewards_as_training_does(tmp_path):
     rows = Dataset.from_list([{"prompt": "p1", "answer": "1"}, {"prompt": "p2", "answer": "2"}])
     values = reward_values(async_char_count, ["p1", "p2"], ["ab", "héllo"], rows, load_tokenizer(str(build_tiny())))
     assert values == [2.0, 6.0]  # builtin:tiny's tokenizer is byte-level: one id per UTF-8 byte
+
+
+def even_length(completions, **kwargs) -> list[float]:
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+def test_samples_score_each_prompt_by_the_mean_of_its_sampled_completions(tmp_path):
+    from grpoflow.core.scores import pass_at_k
+    from grpoflow.trainers.evaluate import load_for_generation
+    from grpoflow.trainers.model.tiny import build_tiny
+
+    # A score of 1 for about half the completions: pass@2 above pass@1.
+    metric = {"name": "even_length", "function": f"{__name__}:even_length"}
+    job, spec = make_job(tmp_path, evaluation={"samples": 2, "metric": metric})
+    tiny = str(build_tiny())
+
+    result = evaluate(job, spec, tiny, after=load_for_generation(tiny), training={"global_step": 1})
+
+    rows = read_rows(step_file(job.evaluation_rollouts, 0))
+    assert [(r["row"], r["sample"]) for r in rows] == [(i, s) for i in range(8) for s in (0, 1)]
+    pairs = [[r for r in rows if r["row"] == i] for i in range(8)]
+    assert any(a["completion"] != b["completion"] for a, b in pairs)  # sampled: greedy would write each twice
+    assert result["before"] == pytest.approx(sum((a["score"] + b["score"]) / 2 for a, b in pairs) / 8)
+    passed = [int(a["score"] == 1) + int(b["score"] == 1) for a, b in pairs]
+    assert result["pass_at_k"]["before"] == pytest.approx(
+        {"pass@1": sum(c / 2 for c in passed) / 8, "pass@2": sum(pass_at_k(2, c, 2) for c in passed) / 8}
+    )
+    assert 0 < result["pass_at_k"]["before"]["pass@1"] < result["pass_at_k"]["before"]["pass@2"]
+    # The same model and seed: the very same sampled completions for "after".
+    assert read_rows(step_file(job.evaluation_rollouts, 1)) == rows
+    assert result["pass_at_k"]["after"] == result["pass_at_k"]["before"]
