@@ -5,11 +5,11 @@ sent. It loads no weights and needs no torch (a reward module may import it): th
 config.json and weights (a GGUF file: transformers can read its architecture, and its header gives the config), that
 config names a causal LM (transformers' table of them, which imports torch, is read only for architectures not named
 *ForCausalLM), the architecture's rules read from that config, the tokenizer has a chat template when the prompts need
-one, a local output root can be written and has room for a checkpoint and the trained model, the dataset opens and has
-its columns (checked as the ingest checks it, nothing saved), the rewards import and pass the dry run on a few rows,
-and the tools and environment import and pass theirs on a row. Two exceptions, both in the reward dry run: a reward
-model (`rewards[].model`, its files checked first) is loaded on CPU to score the sample, and an `llm_judge` calls its
-endpoint. By hand:
+one, a local output root can be written and has room for a checkpoint and the trained model, the dataset (and a
+validation set, `evaluation.dataset`) opens and has its columns (checked as the ingest checks it, nothing saved), the
+rewards import and pass the dry run on a few rows, and the tools and environment import and pass theirs on a row. Two
+exceptions, both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU
+to score the sample, and an `llm_judge` calls its endpoint. By hand:
 
     python -m grpoflow.jobs.preflight examples/arithmetic.yaml
 
@@ -63,7 +63,7 @@ from grpoflow.trainers.model.load import (
 from grpoflow.trainers.model.tiny import TINY_VERSION, cache_root, is_builtin, resolve_model_path
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
-from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, required_columns
+from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, metric_columns, required_columns
 from grpoflow.trainers.rewards.models import reward_model_problem
 
 
@@ -262,6 +262,31 @@ def check_dataset(p: Preflight) -> list[str]:
         )
     except DatasetError as e:
         return [f"dataset: {problem}" for problem in e.problems]  # each its own line of the report
+    return []
+
+
+def check_validation_set(p: Preflight) -> list[str]:
+    """`evaluation.dataset` opens and has, as the ingest checks it, prompts of the training set's format and the
+    columns the held-out metric reads."""
+    from grpoflow.core.errors import DatasetError
+    from grpoflow.trainers.dataset import ValidationSet
+    from grpoflow.trainers.dataset import check_validation_set as load_and_check
+
+    if (vs := p.spec.evaluation.dataset) is None:
+        return []
+    try:
+        columns = metric_columns(p.spec)
+    except RewardError:
+        columns = None  # a metric that does not build is the rewards' check's to report
+    options = p.storage_options if is_remote(vs.uri) else None
+    try:
+        load_and_check(
+            ValidationSet(vs.uri, vs.prompt_column, columns, vs.split, options, vs.max_row_bytes),
+            p.spec.dataset.prompt_column,
+            p.prompt_format,
+        )
+    except DatasetError as e:
+        return e.problems  # each names evaluation.dataset
     return []
 
 
@@ -541,6 +566,7 @@ CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_output_root,
     check_rewards_build,
     check_dataset,
+    check_validation_set,
     check_chat_template,
     check_context_length,
     check_chat_roles,

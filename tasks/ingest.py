@@ -12,17 +12,18 @@ from grpoflow.integrations.events import emit
 from grpoflow.integrations.stages import cancellable, rejected, resumable, retry_unless_final
 from grpoflow.integrations.storage import storage_options
 from grpoflow.tasks import RETRY_DELAY_S
-from grpoflow.trainers.dataset import ingest_dataset, load_ingested
+from grpoflow.trainers.dataset import ValidationSet, ingest_dataset, load_ingested
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
-from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, required_columns
+from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, metric_columns, required_columns
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)
 @cancellable
 @resumable("ingest", outputs=("dataset/dataset_dict.json",))
 def ingest_task(job: JobDir, spec: JobSpec):
-    """Ingests `spec.dataset` into `job.dataset` and dry-runs the rewards on it; returns what was ingested.
+    """Ingests `spec.dataset` (and `evaluation.dataset`, as the `eval` split) into `job.dataset` and dry-runs the
+    rewards on it; returns what was ingested.
 
     A bad dataset or reward is the user's mistake, not a failure to retry: the task then ends in a `Rejected` state
     (before any model is loaded) whose message says what is wrong, and the flow ends the job the same way.
@@ -43,6 +44,7 @@ def ingest_task(job: JobDir, spec: JobSpec):
             split=spec.dataset.split,
             storage_options=storage_options(spec.dataset.uri),
             max_row_bytes=spec.dataset.max_row_bytes,
+            validation=validation_set(spec),
         )
         dry_run_job_rewards(spec, rewards, load_ingested(job.dataset)["train"])
     except (DatasetError, RewardError) as e:
@@ -57,3 +59,13 @@ def ingest_task(job: JobDir, spec: JobSpec):
     }
     emit(job, "grpoflow.dataset.ingested", info)
     return info
+
+
+def validation_set(spec: JobSpec) -> ValidationSet | None:
+    """`evaluation.dataset` as the ingest takes it, with the columns the held-out metric reads; None without one."""
+    vs = spec.evaluation.dataset
+    if vs is None:
+        return None
+    return ValidationSet(
+        vs.uri, vs.prompt_column, metric_columns(spec), vs.split, storage_options(vs.uri), vs.max_row_bytes
+    )

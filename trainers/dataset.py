@@ -26,7 +26,6 @@ import logging
 import lzma
 import math
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -36,7 +35,6 @@ from pathlib import Path
 
 import datasets
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub import constants as hf_constants
@@ -46,6 +44,7 @@ from grpoflow.core.errors import DatasetError
 from grpoflow.core.jobdir import replace_dir
 from grpoflow.trainers.columns import check_columns
 from grpoflow.trainers.model.hub import hub_not_answering, hub_offline
+from grpoflow.trainers.row_size import check_lines
 from grpoflow.trainers.sources import Source, has_data_extension, resolve_source
 
 # The JSON loader parses its first chunk a second time in Python (ujson) to find fields whose type varies; with its
@@ -53,16 +52,6 @@ from grpoflow.trainers.sources import Source, has_data_extension, resolve_source
 # chunk's types, so a number among strings further down becomes a string rather than making the column JSON.
 JSON_CHUNKSIZE = 1 << 20
 MAX_BAD_LINES = 3
-# JSON Lines and CSV files are streamed in chunks of this size before the loader sees them, so a line over
-# `max_row_bytes` is rejected after reading that much of it, never the whole line (which the loader would buffer).
-SCAN_CHUNK = 1 << 20
-# A JSON document ([...]) cannot be streamed row by row: the loader parses it whole, taking several times its size in
-# memory. So the row-size guard holds it as a whole, to as many bytes as this many maximal rows (16 MB by default);
-# larger data belongs in JSON Lines.
-JSON_DOCUMENT_ROWS = 16
-# Arrow's JSON reader gives up at 64 levels; deeper lines make `datasets` recurse in Python (RecursionError from ~1,000
-# levels) and overflow the C stack of Arrow's parser (a segfault, from ~30,000). The same scan stops them first.
-MAX_JSON_NESTING = 64
 # What a loader raises because of a file's content (explained to the user as a DatasetError). Anything else, a
 # network error or a bug, propagates as is, so that the task's retries and tracebacks see it.
 _DATA_ERRORS = (
@@ -100,6 +89,26 @@ class IngestResult:
     fingerprint: str
 
 
+@dataclass(frozen=True)
+class ValidationSet:
+    """A separate validation set (the spec's `evaluation.dataset`), ingested as the `eval` split instead of a holdout.
+
+    Args:
+        uri (`str`): as `ingest_dataset`'s.
+        prompt_column (`str`, *optional*, defaults to `"prompt"`): its prompt column, saved under the training set's.
+        required_columns (`dict[str, str]`, *optional*): the columns the held-out metric reads, each with who reads it.
+        split (`str`, *optional*), storage_options (`dict`, *optional*), max_row_bytes (`int`, *optional*): as
+            `ingest_dataset`'s.
+    """
+
+    uri: str
+    prompt_column: str = "prompt"
+    required_columns: dict[str, str] | None = None
+    split: str | None = None
+    storage_options: dict | None = None
+    max_row_bytes: int = 1_000_000
+
+
 # --- checking the file is there ----------------------------------------------------------------------------------
 
 
@@ -127,94 +136,6 @@ def _check_file(src: Source, storage_options: dict | None) -> None:
         raise DatasetError(f"dataset {src.uri} cannot be read (permission denied); check its permissions") from e
     if size == 0:
         raise DatasetError(f"dataset {src.uri} has no rows (the file is empty)")
-
-
-def _check_lines(src: Source, max_row_bytes: int, storage_options: dict | None) -> None:
-    """Streams a JSON Lines or CSV file and rejects its first line longer than `max_row_bytes` or nested too deeply.
-
-    Holds one chunk and the line in progress (at most `max_row_bytes`); numpy finds the newlines, so a million short
-    rows cost ~50 ms. A JSON document (`[...]`) has lines that are not rows, and the loader reads it whole: it is
-    held to `JSON_DOCUMENT_ROWS` times `max_row_bytes` as a whole instead.
-    """
-    json_lines = src.builder == "json"
-    lineno, pending, pending_len = 1, [], 0  # the line in progress: its number and its bytes so far
-    with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
-        chunk = f.read(SCAN_CHUNK)
-        if json_lines and re.match(rb"(?:\xef\xbb\xbf)?\s*\[", chunk):
-            _check_document_size(src, f, len(chunk), max_row_bytes)
-            return
-        while chunk:
-            arr = np.frombuffer(chunk, np.uint8)
-            ends = np.flatnonzero(arr == ord("\n"))
-            if len(ends) == 0:
-                pending.append(chunk)
-                pending_len += len(chunk)
-                if pending_len > max_row_bytes:
-                    raise _long_line(src, lineno, max_row_bytes)
-            else:
-                _check_line(src, b"".join([*pending, chunk[: ends[0]]]), lineno, max_row_bytes, json_lines)
-                # The lines wholly inside this chunk: lengths first, then nesting for lines that could be deep.
-                too_long = np.flatnonzero(np.diff(ends) - 1 > max_row_bytes)
-                if len(too_long):
-                    raise _long_line(src, lineno + 1 + int(too_long[0]), max_row_bytes)
-                for i in _maybe_deep(arr, ends) if json_lines else ():
-                    _check_line(src, chunk[ends[i] + 1 : ends[i + 1]], lineno + 1 + int(i), max_row_bytes, True)
-                lineno += len(ends)
-                pending = [chunk[ends[-1] + 1 :]]
-                pending_len = len(pending[0])
-            chunk = f.read(SCAN_CHUNK)
-    _check_line(src, b"".join(pending), lineno, max_row_bytes, json_lines)
-
-
-def _check_document_size(src: Source, f, read: int, max_row_bytes: int) -> None:
-    """Rejects a JSON document over `JSON_DOCUMENT_ROWS * max_row_bytes` bytes (uncompressed), counted by reading at
-    most that far."""
-    limit = JSON_DOCUMENT_ROWS * max_row_bytes
-    while read <= limit and (chunk := f.read(SCAN_CHUNK)):
-        read += len(chunk)
-    if read > limit:
-        raise DatasetError(
-            f"dataset {src.uri}: a JSON document (one [...] array) is read whole, not row by row, so it may hold at "
-            f"most {JSON_DOCUMENT_ROWS} x max_row_bytes = {limit:,} bytes, and this one is larger; convert it to JSON "
-            "Lines (.jsonl, one object per line: streamed, each line held to max_row_bytes), or raise "
-            "dataset.max_row_bytes in the job spec"
-        )
-
-
-def _maybe_deep(arr: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Indices i of the lines between ends[i] and ends[i + 1] with more than MAX_JSON_NESTING '[' and '{' in all."""
-    long = np.flatnonzero(np.diff(ends) > MAX_JSON_NESTING)
-    if len(long) == 0:
-        return long
-    opens = np.flatnonzero((arr | 0x20) == ord("{"))  # "[" is 0x5b, "{" is 0x7b
-    counts = np.searchsorted(opens, ends[long + 1]) - np.searchsorted(opens, ends[long])
-    return long[counts > MAX_JSON_NESTING]
-
-
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = np.zeros(256, np.int8)
-_BRACKETS[[ord("["), ord("{")]], _BRACKETS[[ord("]"), ord("}")]] = 1, -1
-
-
-def _check_line(src: Source, line: bytes, lineno: int, max_row_bytes: int, json_lines: bool) -> None:
-    if len(line) > max_row_bytes:
-        raise _long_line(src, lineno, max_row_bytes)
-    if not json_lines or line.count(b"[") + line.count(b"{") <= MAX_JSON_NESTING:
-        return
-    structure = _JSON_STRING.sub(b"", line)  # brackets inside strings do not nest
-    depth = int(np.cumsum(_BRACKETS[np.frombuffer(structure, np.uint8)], dtype=np.int64).max(initial=0))
-    if depth > MAX_JSON_NESTING:
-        raise DatasetError(
-            f"dataset {src.uri}: line {lineno} nests JSON {depth} levels deep; the loader takes at most "
-            f"{MAX_JSON_NESTING}, so flatten that row"
-        )
-
-
-def _long_line(src: Source, lineno: int, max_row_bytes: int) -> DatasetError:
-    return DatasetError(
-        f"dataset {src.uri}: line {lineno} is longer than max_row_bytes={max_row_bytes:,} bytes; shorten or drop "
-        "that row, or raise dataset.max_row_bytes in the job spec"
-    )
 
 
 def _file_digest(path: str) -> str:
@@ -480,6 +401,53 @@ def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _validation_split(
+    vs: ValidationSet, cache: str, prompt_column: str, prompt_format: str | None
+) -> tuple[datasets.Dataset, str]:
+    """The validation set loaded and checked as the training set is, its prompts in the training set's column (of
+    the training set's format, unless that is None: not known), and its fingerprint. Problems name the spec field."""
+    problems = []
+    try:
+        src = _checked_source(vs.uri, vs.split, 0.0, vs.storage_options, vs.max_row_bytes)
+        ds = _load(src, cache, vs.storage_options)
+        _check_loaded(src, ds, vs.storage_options)
+        found = check_columns(vs.uri, ds.with_format("arrow")[:], vs.prompt_column, vs.required_columns)
+    except DatasetError as e:
+        problems = [
+            f"evaluation.dataset{'.uri' if p.startswith('dataset not found') else ''}: {p}" for p in e.problems
+        ]
+    if not problems and prompt_format is not None and found != prompt_format:
+        problems.append(
+            f"evaluation.dataset.prompt_column: the validation set's prompts ('{vs.prompt_column}' in {vs.uri}) are "
+            f"{found} prompts, the training set's are {prompt_format} prompts; give both the same format"
+        )
+    if not problems and vs.prompt_column != prompt_column and prompt_column in ds.column_names:
+        problems.append(
+            f"evaluation.dataset: {vs.uri} has a column '{prompt_column}' besides its prompt column "
+            f"'{vs.prompt_column}'; its prompts are saved under the training set's prompt column: rename or drop it"
+        )
+    if problems:
+        raise DatasetError("\n".join(problems), problems)
+    if vs.prompt_column != prompt_column:
+        ds = ds.rename_column(vs.prompt_column, prompt_column)
+    return ds, _fingerprint(src, ds, vs.storage_options)
+
+
+def check_validation_set(vs: ValidationSet, prompt_column: str, prompt_format: str | None) -> int:
+    """Loads and checks a validation set exactly as `ingest_dataset(validation=vs)` does, but saves nothing.
+
+    Args:
+        vs (`ValidationSet`): the validation set.
+        prompt_column (`str`): the training set's prompt column.
+        prompt_format (`str` or `None`): the training set's prompt format; None skips that comparison.
+
+    Returns:
+        `int`: its rows. Raises `DatasetError` (each problem naming `evaluation.dataset`) as `ingest_dataset` does.
+    """
+    with tempfile.TemporaryDirectory(prefix="grpoflow-check-", ignore_cleanup_errors=True) as cache:
+        return _validation_split(vs, cache, prompt_column, prompt_format)[0].num_rows
+
+
 # --- the entry points --------------------------------------------------------------------------------------------
 
 
@@ -496,7 +464,7 @@ def _checked_source(
         _check_file(src, storage_options)
     if src.builder in ("json", "csv"):
         try:
-            _check_lines(src, max_row_bytes, storage_options)
+            check_lines(src, max_row_bytes, storage_options)
             if src.builder == "csv":
                 _check_csv_header(src, storage_options)
         except (EOFError, OSError, zlib.error, lzma.LZMAError):
@@ -508,7 +476,7 @@ def _check_csv_header(src: Source, storage_options: dict | None) -> None:
     """Refuses a CSV header that names a column twice: pandas, under `datasets`' CSV loader, would rename the second
     `prompt.1` and load both without a word, so a reward could read the wrong one."""
     with fsspec.open(src.location, "rb", compression="infer", **(storage_options or {})) as f:
-        first = f.readline()  # at most max_row_bytes long, `_check_lines` saw to that
+        first = f.readline()  # at most max_row_bytes long, `check_lines` saw to that
     try:
         header = next(csv.reader([first.removeprefix(b"\xef\xbb\xbf").decode("utf-8")]), [])
     except (UnicodeDecodeError, csv.Error):
@@ -532,8 +500,10 @@ def ingest_dataset(
     split: str | None = None,
     storage_options: dict | None = None,
     max_row_bytes: int = 1_000_000,
+    validation: ValidationSet | None = None,
 ) -> IngestResult:
-    """Loads a prompt dataset, checks it, and saves it to `dest` as a `DatasetDict`: `train`, and `eval` with holdout.
+    """Loads a prompt dataset, checks it, and saves it to `dest` as a `DatasetDict`: `train`, and `eval` with holdout
+    or a validation set.
 
     Every problem with the data is reported at once as one `DatasetError`; nothing is written to `dest` then.
 
@@ -560,13 +530,18 @@ def ingest_dataset(
             fsspec options for remote sources (e.g. `{"key": ..., "secret": ..., "endpoint_url": ...}` for s3).
         max_row_bytes (`int`, *optional*, defaults to `1_000_000`):
             The longest line a JSON Lines or CSV file may have; checked by streaming the file before it is parsed.
-            Lines nested more than `MAX_JSON_NESTING` levels deep are rejected by the same pass.
+            Lines nested more than `row_size.MAX_JSON_NESTING` levels deep are rejected by the same pass.
+        validation (`ValidationSet`, *optional*):
+            A separate validation set, checked as the dataset is, saved as the `eval` split (needs holdout 0).
 
     Returns:
-        `IngestResult`: row counts, columns, prompt format and a fingerprint of the source.
+        `IngestResult`: row counts, columns, prompt format and a fingerprint of the source (of both sources with a
+        validation set).
     """
     dest = Path(dest)
     src = _checked_source(uri, split, holdout, storage_options, max_row_bytes)
+    if validation is not None and holdout != 0:
+        raise DatasetError(f"holdout={holdout} with the validation set {validation.uri}: give one or the other")
     dest.parent.mkdir(parents=True, exist_ok=True)
     # A private cache beside `dest` keeps ~/.cache clean and goes away with the loader's intermediate Arrow files.
     with tempfile.TemporaryDirectory(
@@ -576,8 +551,11 @@ def ingest_dataset(
         _check_loaded(src, ds, storage_options)
         prompt_format = check_columns(uri, ds.with_format("arrow")[:], prompt_column, required_columns)
         splits = _split(ds, holdout, seed, uri)
-        _save_atomic(splits, dest)
         fingerprint = _fingerprint(src, ds, storage_options)
+        if validation is not None:
+            splits["eval"], eval_fingerprint = _validation_split(validation, cache, prompt_column, prompt_format)
+            fingerprint = hashlib.sha256(f"{fingerprint}\n{eval_fingerprint}".encode()).hexdigest()
+        _save_atomic(splits, dest)
     return IngestResult(
         uri=uri,
         num_train=splits["train"].num_rows,

@@ -36,6 +36,7 @@ from grpoflow.core.spec.fields import (
     Url,
     not_link_local,
 )
+from grpoflow.core.spec.gate import GateSpec
 from grpoflow.core.spec.hyperparameters import Hyperparameters
 from grpoflow.core.spec.rules import (
     function_name,
@@ -240,43 +241,6 @@ class HealthSpec(Section):
     )
 
 
-class GateSpec(Section):
-    """The promotion gate: the GRPO result is published and deployed only when it passes; otherwise the run still
-    completes, emitting grpoflow.model.rejected with both scores and the reason."""
-
-    min_gain: float | None = Field(
-        0.0,
-        description="Least held-out gain required, after minus before, in the metric's units (e.g. 0.05 for five "
-        "points of a 0-1 reward); 0 or more also needs the model to beat the one GRPO started from (a tie is no "
-        "gain), so by default a model no better than its start is never published or deployed. A negative value "
-        "tolerates that much of a loss; null turns the gate off (and is what the default means with holdout 0).",
-    )
-    beat_deployed: bool = Field(
-        False,
-        description="Also require a held-out score at least the one of the version the deployment name (deploy.name) "
-        "serves now; passes when it serves nothing scored yet.",
-    )
-    significant: bool = Field(
-        False,
-        description="Also require the gain to be more than chance: the lower bound of its interval "
-        "(evaluation.confidence, a paired bootstrap over the held-out prompts) must exceed min_gain, so that a gain "
-        "of one prompt in forty is not promoted. Needs min_gain and a confidence.",
-    )
-    approval: bool = Field(
-        False,
-        description="Ask a person: after the evaluation (and the checks above), the flow run pauses until someone "
-        "resumes it in the Prefect UI with approve (yes or no) and a note; not approved: neither published nor "
-        "deployed. Needs a Prefect server with its UI (a deployment run, or grpoflow run with PREFECT_API_URL set).",
-    )
-    approval_timeout_hours: float = Field(
-        24.0,
-        gt=0,
-        le=24 * 30,
-        description="With approval: no decision within this many hours means not promoted "
-        "(grpoflow.model.rejected, reason timeout).",
-    )
-
-
 def _metric_form(schema: dict) -> None:
     """`evaluation.metric` in the JSON schema (the Prefect form): one flat choice of a reward's name, an entry of its
     own, or nothing, as `RewardSpec.name` offers its choices (the discriminated union would nest a oneOf)."""
@@ -306,7 +270,17 @@ class EvaluationSpec(Section):
     """The held-out before/after evaluation."""
 
     holdout: float = Field(
-        0.1, ge=0, description="Prompts held out of training: a fraction in (0, 1), a count if >= 1; 0 disables."
+        0.1,
+        ge=0,
+        description="Prompts held out of training: a fraction in (0, 1), a count if >= 1; 0 disables (the default "
+        "with evaluation.dataset).",
+    )
+    dataset: DatasetSpec | None = Field(
+        None,
+        description="A separate validation set scored instead of prompts held out of the training set (holdout then "
+        "0 or unset); the same form and sources as the top-level dataset. Ingested beside it as the held-out split, "
+        "checked the same way: its prompt column must hold prompts of the training set's format (text or chat), "
+        "renamed to dataset.prompt_column, and it must have the columns evaluation.metric reads.",
     )
     metric: HeldOutMetric | None = Field(
         None,
@@ -350,6 +324,13 @@ class EvaluationSpec(Section):
         "start model on the held-out metric does.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_holdout_with_dataset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("dataset") is not None and "holdout" not in data:
+            return {**data, "holdout": 0}  # a validation set replaces the held-out split
+        return data
+
     @field_validator("holdout")
     @classmethod
     def _whole_count(cls, value: float) -> float:
@@ -367,16 +348,24 @@ class EvaluationSpec(Section):
         return {"min_gain": None} if value is None else value  # `gate:` with nothing under it (or null): no gate
 
     @property
+    def held_out(self) -> bool:
+        """Whether there are held-out prompts to score: a holdout of the training set, or a validation set."""
+        return self.holdout > 0 or self.dataset is not None
+
+    @property
     def metric_name(self) -> str | None:
         """The held-out metric's name: `eval/<name>` in metrics.jsonl, `metric` in evaluation.json."""
         return self.metric.name if isinstance(self.metric, RewardSpec) else self.metric
 
     @model_validator(mode="after")
     def _gate_needs_held_out_prompts(self) -> "EvaluationSpec":
-        if self.holdout == 0 and self.gate.min_gain == GateSpec.model_fields["min_gain"].default:
+        if not self.held_out and self.gate.min_gain == GateSpec.model_fields["min_gain"].default:
             self.gate.min_gain = None  # the default gate has nothing to judge without held-out prompts: no gate
-        if self.holdout == 0 and (self.gate.min_gain is not None or self.gate.beat_deployed or self.gate.significant):
-            raise ValueError("evaluation.gate judges held-out scores: set evaluation.holdout above 0 or drop the gate")
+        if not self.held_out and (self.gate.min_gain is not None or self.gate.beat_deployed or self.gate.significant):
+            raise ValueError(
+                "evaluation.gate judges held-out scores: set evaluation.holdout above 0 (or give "
+                "evaluation.dataset) or drop the gate"
+            )
         if self.gate.significant and (self.gate.min_gain is None or self.confidence is None):
             raise ValueError(
                 "evaluation.gate.significant judges the interval of the gain against min_gain: set "

@@ -589,16 +589,26 @@ def _metric_problems(metric: Any, names: list[str], builtins: list[str] | None) 
 
 
 def _evaluation_problems(data: dict, spec_model: type[BaseModel], max_steps: Any) -> list[str]:
-    """`evaluation.every` and `evaluation.select` against the hold-out, max_steps and checkpoint_every."""
+    """`evaluation.holdout` against `evaluation.dataset`; `evaluation.every` and `evaluation.select` against the
+    held-out prompts, max_steps and checkpoint_every."""
     Evaluation = spec_model.model_fields["evaluation"].annotation  # noqa: N806 (a model class)
     evaluation = _section(data, "evaluation")
     every, select = _lax(evaluation, Evaluation, "every"), _lax(evaluation, Evaluation, "select")
     if not _is_int(every):
         return []
     suggestion = max(1, max_steps // 10) if _is_int(max_steps) else 10
+    holdout, validation = _lax(evaluation, Evaluation, "holdout"), evaluation.get("dataset") is not None
     problems = []
-    if every > 0 and _lax(evaluation, Evaluation, "holdout") == 0:
-        problems.append("evaluation.every: scores the held-out prompts: set evaluation.holdout above 0, or every to 0")
+    if validation and "holdout" in evaluation and holdout != 0:
+        problems.append(
+            "evaluation.holdout: evaluation.dataset is scored instead of prompts held out of the training set; "
+            "remove holdout to score the validation set, or remove evaluation.dataset to hold prompts out"
+        )
+    if every > 0 and holdout == 0 and not validation:
+        problems.append(
+            "evaluation.every: scores the held-out prompts: set evaluation.holdout above 0 (or give "
+            "evaluation.dataset), or every to 0"
+        )
     if every > 0 and _is_int(max_steps) and every > max_steps:
         problems.append(
             f"evaluation.every: {every} is more than max_steps ({max_steps}), so no held-out score would be taken "

@@ -90,7 +90,9 @@ def preflight(args, spec) -> None:
     from grpoflow.jobs.preflight import preflight as check
 
     warnings = []
-    problems = check(spec, warnings, storage_options(spec.dataset.uri))
+    validation = spec.evaluation.dataset
+    options = storage_options(spec.dataset.uri) or (storage_options(validation.uri) if validation else {})
+    problems = check(spec, warnings, options)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if problems:

@@ -404,6 +404,33 @@ CASES = [
     pytest.param({"evaluation.holdout": 0}, {"evaluation.holdout": 0}, id="holdout-disabled"),
     pytest.param({"evaluation.holdout": 1.5}, "evaluation.holdout: must be a fraction below 1", id="holdout-1.5"),
     pytest.param({"evaluation.holdout": -0.1}, "evaluation.holdout: must be >= 0", id="holdout-neg"),
+    # --- evaluation.dataset: a separate validation set instead of the holdout ---
+    pytest.param(  # holdout unset: none is taken from the training set, and the default gate still judges
+        {"evaluation.dataset": {"uri": "data/validation.jsonl"}},
+        {"evaluation.holdout": 0, "evaluation.dataset.prompt_column": "prompt", "evaluation.gate.min_gain": 0.0},
+        id="validation-set",
+    ),
+    pytest.param(  # holdout 0 said outright is the same
+        {"evaluation.dataset": {"uri": "data/validation.jsonl"}, "evaluation.holdout": 0, "evaluation.every": 5},
+        {"evaluation.holdout": 0, "evaluation.every": 5, "evaluation.dataset.uri": "data/validation.jsonl"},
+        id="validation-set-every",
+    ),
+    pytest.param(  # one or the other: the message says which to remove
+        {"evaluation.dataset": {"uri": "data/validation.jsonl"}, "evaluation.holdout": 0.2},
+        "evaluation.holdout: evaluation.dataset is scored instead of prompts held out of the training set; remove "
+        "holdout to score the validation set, or remove evaluation.dataset",
+        id="validation-set-with-holdout",
+    ),
+    pytest.param(  # the validation set's fields are the dataset's, checked the same way
+        {"evaluation.dataset": {"uri": "data/validation.jsonl", "max_row_bytes": 0}},
+        "evaluation.dataset.max_row_bytes: must be >= 1",
+        id="validation-set-field",
+    ),
+    pytest.param(
+        {"evaluation.holdout": 0, "evaluation.every": 5},
+        "evaluation.every: scores the held-out prompts: set evaluation.holdout above 0 (or give evaluation.dataset)",
+        id="every-without-held-out-prompts",
+    ),
     # --- evaluation.confidence and the significant gate ---
     pytest.param({}, {"evaluation.confidence": 0.95, "evaluation.gate.significant": False}, id="confidence-default"),
     pytest.param({"evaluation.confidence": None}, {"evaluation.confidence": None}, id="confidence-none"),
@@ -634,7 +661,10 @@ def test_spec_error_reads_as_a_list():
             {f"{HP}.weight": 2},
             f"{HP}.weight: unknown key here; weight belongs in each rewards: entry or under evaluation.metric:",
         ),
-        ({"publish": {"repo_id": "o/m", "uri": "x"}}, "publish.uri: unknown key here; uri belongs under dataset:"),
+        (
+            {"publish": {"repo_id": "o/m", "uri": "x"}},
+            "publish.uri: unknown key here; uri belongs under dataset: or under evaluation.dataset:",
+        ),
         (
             {"dataset.name": "x"},
             "dataset.name: unknown key here; name belongs at the top level or in each rewards: entry or under "

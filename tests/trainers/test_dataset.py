@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import grpoflow.trainers.dataset
 import grpoflow.trainers.sources
 from grpoflow.core.errors import DatasetError
-from grpoflow.trainers.dataset import check_dataset, ingest_dataset, load_ingested
+from grpoflow.trainers.dataset import ValidationSet, check_dataset, ingest_dataset, load_ingested
 
 ROWS = [{"prompt": f"What is {i}+7?", "answer": str(i + 7)} for i in range(10)]
 CHAT = [
@@ -449,9 +449,9 @@ def test_the_scan_names_the_first_long_line_whatever_the_chunking(
     expected = next((i + 1 for i, n in enumerate(lines) if n > limit), None)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grpoflow.trainers.dataset, "SCAN_CHUNK", chunk)
+        mp.setattr(grpoflow.trainers.row_size, "SCAN_CHUNK", chunk)
         try:
-            grpoflow.trainers.dataset._check_lines(
+            grpoflow.trainers.row_size.check_lines(
                 grpoflow.trainers.sources.resolve_source(str(source), None), limit, None
             )
             found = None
@@ -598,3 +598,102 @@ def test_validate_lists_each_dataset_problem_on_its_own_line(tmp_path, capsys):
     assert "user message that is empty or only whitespace" in lines[1] and "(row 2;" in lines[1]
     assert "column 'answer' (needed by reward 'exact_answer') is null in 1 row (row 3;" in lines[2]
     assert len(lines) == 3 and all(line.startswith("  - dataset: ") for line in lines[1:])
+
+
+# --- a separate validation set (evaluation.dataset), saved as the eval split -----------------------------------------
+
+QUESTIONS = [{"question": f"What is {i}*2?", "answer": str(i * 2)} for i in range(3)]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "save_to_disk"])
+def test_a_validation_set_is_saved_as_the_eval_split(tmp_path, dest, kind):
+    write(tmp_path / "train.jsonl", ROWS)
+    if kind == "jsonl":
+        write(tmp_path / "validation.jsonl", QUESTIONS)
+        vs = ValidationSet(str(tmp_path / "validation.jsonl"), "question", {"answer": "evaluation.metric"})
+    else:  # a DatasetDict's split, as dataset.split picks one
+        extra = datasets.Dataset.from_list(QUESTIONS[:1])
+        datasets.DatasetDict({"train": extra, "validation": datasets.Dataset.from_list(QUESTIONS)}).save_to_disk(
+            str(tmp_path / "saved")
+        )
+        vs = ValidationSet(str(tmp_path / "saved"), "question", {"answer": "evaluation.metric"}, split="validation")
+
+    result = ingest_dataset(str(tmp_path / "train.jsonl"), dest, validation=vs)
+
+    saved = load_ingested(dest)
+    # Every training row is trained on, and the validation rows are the eval split, prompts under the training column.
+    assert (result.num_train, result.num_eval) == (10, 3)
+    assert saved["train"]["prompt"] == [row["prompt"] for row in ROWS]
+    assert saved["eval"]["prompt"] == [row["question"] for row in QUESTIONS]
+    assert saved["eval"]["answer"] == [row["answer"] for row in QUESTIONS]
+    # The ingest's fingerprint covers both sources: a changed validation set is a different ingest.
+    alone = ingest_dataset(str(tmp_path / "train.jsonl"), tmp_path / "alone").fingerprint
+    assert result.fingerprint != alone
+    if kind == "jsonl":
+        write(tmp_path / "validation.jsonl", QUESTIONS[:2])
+        again = ingest_dataset(str(tmp_path / "train.jsonl"), dest, validation=vs)
+        assert again.num_eval == 2 and again.fingerprint != result.fingerprint
+
+
+# (validation rows, ValidationSet arguments, ingest arguments, fragment of the one problem)
+BAD_VALIDATION_SETS = [
+    # chat prompts against a training set of text prompts
+    pytest.param(CHAT, {}, {}, "evaluation.dataset.prompt_column: the validation set's prompts", id="format"),
+    # the metric reads a column the validation set lacks
+    pytest.param(
+        [{"prompt": "1+1?"}],
+        {"required_columns": {"answer": "evaluation.metric 'exact_answer'"}},
+        {},
+        "evaluation.dataset: dataset ",
+        id="metric-column",
+    ),
+    # its prompt column is not there
+    pytest.param(QUESTIONS, {}, {}, "evaluation.dataset: dataset ", id="prompt-column"),
+    # saved under the training set's prompt column, which it already has for something else
+    pytest.param(
+        [{"question": "1+1?", "prompt": "x"}],
+        {"prompt_column": "question"},
+        {},
+        "evaluation.dataset: ",
+        id="prompt-column-clash",
+    ),
+    # one or the other: a holdout of the training set, or a validation set
+    pytest.param(
+        QUESTIONS, {"prompt_column": "question"}, {"holdout": 0.2}, "holdout=0.2 with the validation set", id="holdout"
+    ),
+]
+
+
+@pytest.mark.parametrize("rows, vs_kwargs, kwargs, fragment", BAD_VALIDATION_SETS)
+def test_a_bad_validation_set_is_rejected_and_leaves_nothing(tmp_path, dest, rows, vs_kwargs, kwargs, fragment):
+    write(tmp_path / "train.jsonl", ROWS)
+    write(tmp_path / "validation.jsonl", rows)
+    vs = ValidationSet(str(tmp_path / "validation.jsonl"), **vs_kwargs)
+
+    with pytest.raises(DatasetError) as error:
+        ingest_dataset(str(tmp_path / "train.jsonl"), dest, validation=vs, **kwargs)
+
+    assert len(error.value.problems) == 1 and error.value.problems[0].startswith(fragment), error.value.problems
+    assert not dest.exists()
+
+
+def test_validate_names_a_missing_validation_set(tmp_path, capsys):
+    """`grpoflow validate`: a validation file that is not there is exit 2, naming evaluation.dataset.uri, before any
+    model loads; one that is there and fits passes."""
+    from grpoflow.flows.cli import main
+
+    write(tmp_path / "train.jsonl", ROWS)
+    spec = tmp_path / "spec.yaml"
+    text = (
+        f"name: valset\nbase_model: builtin:tiny\ndataset: {{uri: {tmp_path / 'train.jsonl'}}}\n"
+        "rewards: [{name: exact_answer}]\n"
+        f"evaluation: {{dataset: {{uri: {tmp_path / 'validation.jsonl'}, prompt_column: question}}}}\n"
+    )
+    spec.write_text(text)
+    assert main(["validate", str(spec)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    missing = f"  - evaluation.dataset.uri: dataset not found: {tmp_path / 'validation.jsonl'}"
+    assert lines[-2:] == ["grpoflow: spec rejected: 1 problem:", missing], lines
+
+    write(tmp_path / "validation.jsonl", QUESTIONS)
+    assert main(["validate", str(spec)]) == 0, capsys.readouterr().err

@@ -14,7 +14,7 @@ from typing import Any
 from grpoflow.trainers.graders.reward import held_warnings, log_warnings
 from grpoflow.trainers.model.load import prepare_prompts
 from grpoflow.trainers.rewards import DRY_RUN_MAX_MODEL_BYTES, DRY_RUN_ROWS, RewardError
-from grpoflow.trainers.rewards.build import check_output, own_copies, reward_columns
+from grpoflow.trainers.rewards.build import build_reward, check_output, own_copies, reward_columns
 from grpoflow.trainers.rewards.models import load_reward_model, reward_model_bytes
 
 # --- dry run ---------------------------------------------------------------------------------------------------------
@@ -196,6 +196,16 @@ def required_columns(spec, rewards: list[Callable]) -> dict[str, str]:
     if spec.sft.enabled:
         needed.setdefault(spec.sft.completion_column, "the SFT warm-up (sft.completion_column)")
     return needed
+
+
+def metric_columns(spec) -> dict[str, str]:
+    """Columns the held-out metric (`evaluation.metric`) reads besides the prompt, each with the reason: what a
+    validation set (`evaluation.dataset`) must have. Raises `RewardError` when the metric does not build."""
+    entry = spec.evaluation_reward
+    metric = build_reward(
+        entry.name, entry.function, entry.kwargs, entry.model, entry.grader, spec.dataset.prompt_column
+    )
+    return dict.fromkeys(reward_columns(metric), f"evaluation.metric {spec.evaluation.metric_name!r}")
 
 
 def dry_run_job_rewards(spec, rewards: list[Callable], dataset) -> list[str]:
