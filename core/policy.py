@@ -368,6 +368,8 @@ class Check:
 
     def files(self) -> list[str]:
         reads = [("dataset.uri", self.spec.dataset.uri)]
+        if (validation := self.spec.evaluation.dataset) is not None:
+            reads.append(("evaluation.dataset.uri", validation.uri))
         reads += [(where, m) for where, m in model_sources(self.spec) if _is_local_model(m)]
         problems = [p for where, uri in reads if (p := self.outside(where, uri, self.read_roots()))]
         if problem := self.outside("output_uri", self.spec.output_uri, [self.project.resolve(), *self.listed()]):

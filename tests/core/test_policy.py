@@ -120,6 +120,18 @@ ATTACKS = [
     ({"dataset": {"uri": "/root/.aws/credentials.csv"}}, ["dataset.uri"], "paths: [/root/.aws]"),
     ({"dataset": {"uri": "s3://someone/x.jsonl"}}, ["dataset.uri"], "paths: [s3://someone]"),
     ({"output_uri": "s3://attacker/exfil"}, ["output_uri"], "paths: [s3://attacker]"),
+    # a validation set is read like the dataset: the same folders and store prefixes
+    ({"evaluation": {"dataset": {"uri": "runs/other-job/rollouts/step-1.jsonl"}}}, [], None),
+    (
+        {"evaluation": {"dataset": {"uri": "/root/.aws/credentials.csv"}}},
+        ["evaluation.dataset.uri"],
+        "paths: [/root/.aws]",
+    ),
+    (
+        {"evaluation": {"dataset": {"uri": "s3://someone/x.jsonl"}}},
+        ["evaluation.dataset.uri"],
+        "paths: [s3://someone]",
+    ),
     # a model source, and code by name
     ({"base_model": "attacker/evil-model"}, ["base_model"], "models: [attacker/evil-model]"),
     ({"rewards": [{"name": "r", "function": "os:system"}]}, ["rewards[0].function"], "modules: [os]"),
