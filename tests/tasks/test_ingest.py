@@ -92,3 +92,31 @@ def test_a_completed_ingest_is_skipped(tmp_path, make_spec):
     assert ingest(job, spec).result() == first
     assert {p: p.stat().st_mtime_ns for p in job.dataset.rglob("*")} == saved  # not written again
     assert len(read_events(job.events)) == 1  # nor announced again
+
+
+def test_a_validation_set_is_the_eval_split_and_a_new_one_is_a_new_ingest(tmp_path, make_spec):
+    """evaluation.dataset: every training row trained on, the validation rows the eval split; the same spec again is
+    skipped, another validation set is ingested again; one lacking the metric's column is rejected, naming it."""
+    rows = [{"question": f"What is {i}*2?", "answer": str(i * 2)} for i in range(3)]
+    # make_spec holds 4 prompts out; holdout 0 said outright is what unset means with a validation set
+    validation = write_jsonl(tmp_path / "validation.jsonl", rows)
+    spec, _ = load_spec(
+        make_spec("ing", evaluation={"holdout": 0, "dataset": {"uri": str(validation), "prompt_column": "question"}})
+    )
+    job = new_job(tmp_path, spec)
+    info = ingest(job, spec).result()
+    assert (info["num_train"], info["num_eval"]) == (24, 3)
+    assert load_ingested(job.dataset)["eval"]["prompt"] == [row["question"] for row in rows]
+    assert ingest(job, spec).result() == info and len(read_events(job.events)) == 1  # done: skipped
+
+    other = write_jsonl(tmp_path / "other.jsonl", rows[:2])
+    spec, _ = load_spec(
+        make_spec("ing", evaluation={"holdout": 0, "dataset": {"uri": str(other), "prompt_column": "question"}})
+    )
+    assert ingest(job, spec).result()["num_eval"] == 2 and len(read_events(job.events)) == 2
+
+    no_answer = write_jsonl(tmp_path / "no-answer.jsonl", [{"prompt": "What is 1*2?"}])
+    spec, _ = load_spec(make_spec("ing", evaluation={"holdout": 0, "dataset": {"uri": str(no_answer)}}))
+    state = ingest(job, spec)
+    assert state.is_failed() and state.name == REJECTED
+    assert "evaluation.dataset: dataset " in state.message and "evaluation.metric 'exact_answer'" in state.message
