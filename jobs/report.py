@@ -226,7 +226,10 @@ def _change(before, after) -> str:
 def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None) -> str:
     title = "## Held-out evaluation\n\n"
     if not evaluation:
-        return title + "No held-out evaluation was run (`evaluation.holdout` is 0, or the stage did not finish)."
+        return title + (
+            "No held-out evaluation was run (`evaluation.holdout` is 0 without `evaluation.dataset`, or the stage did "
+            "not finish)."
+        )
     before, after = evaluation.get("before"), evaluation.get("after")
     row = [cell(evaluation.get("metric")), number(evaluation.get("n")), _score(before), _score(after)]
     note = "before: the model GRPO started from; after: the GRPO result, both on prompts held out of training."

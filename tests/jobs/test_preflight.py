@@ -122,6 +122,20 @@ def test_every_problem_at_once_each_naming_its_field(tmp_path, data):
     assert "dataset not found" in problems[2]
 
 
+@pytest.mark.parametrize(
+    "train, validation, problem",
+    [
+        ("text", "text", None),  # the same format: it passes
+        ("text", "chat", "evaluation.dataset.prompt_column: the validation set's prompts"),  # chats against text
+        ("chat", "text", "evaluation.dataset.prompt_column: the validation set's prompts"),  # text against chats
+    ],
+)
+def test_a_validation_set_of_another_prompt_format_is_refused(data, train, validation, problem):
+    spec = spec_for(data, dataset={"uri": str(data[train])}, evaluation={"dataset": {"uri": str(data[validation])}})
+    problems = preflight(spec)
+    assert problems == [] if problem is None else len(problems) == 1 and problems[0].startswith(problem), problems
+
+
 def test_it_loads_no_weights_and_no_torch():
     # No torch, no weights: what it reads is config.json, the tokenizer's config, the dataset and the rewards.
     code = (
