@@ -9,8 +9,9 @@
 
 A job is a grpoflow spec made from the request (`openai_spec`, the mapping of docs/design.md): the grader becomes a
 `grader:` reward, the training file's rows the dataset (its `messages` the prompt, the other fields the grader's
-`item`), and each hyperparameter its grpoflow equivalent; a field with none is a 400 naming it. Its id is grpoflow's
-job id, so Veri's `/v1/training_jobs/{id}/metrics` and `/model` read the same job.
+`item`), and each hyperparameter its grpoflow equivalent (`eval_samples` -> `evaluation.samples`, ...); a field with
+none is a 400 naming it. Its id is grpoflow's job id, so Veri's `/v1/training_jobs/{id}/metrics` and `/model` read
+the same job.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ REQUEST_FIELDS = ("model", "training_file", "validation_file", "method", "suffix
 SAME_SETTING = {"batch_size": "prompts_per_step", "n_epochs": "max_steps", "compute_multiplier": "rollouts_per_prompt",
                 "learning_rate_multiplier": "learning_rate"}  # fmt: skip
 NO_EQUIVALENT = {
-    "eval_samples": "grpoflow scores each held-out prompt once (evaluation.holdout sets how many)",
     "reasoning_effort": "grpoflow's models have no reasoning effort setting",
 }
+# OpenAI's hyperparameters that are grpoflow's `evaluation:` settings.
+EVALUATION = {"eval_interval": "every", "eval_samples": "samples"}
 # The rates the multiplier scales, as the learning_rate field's description gives them: full fine-tuning, LoRA.
 FULL_RATE, LORA_RATE = Hyperparameters.model_fields["learning_rate"].default, 2e-5
 DEFAULT_GROUP = Hyperparameters.model_fields["rollouts_per_prompt"].default
@@ -126,7 +128,7 @@ def _hyperparameters(given: dict, rows: int) -> tuple[dict, dict, list[str]]:
     given = {k: v for k, v in given.items() if v is not None and v != "auto"}
     ours = {k: v for k, v in given.items() if k in Hyperparameters.model_fields}
     problems = [f"{where}.{k}: {NO_EQUIVALENT[k]}" for k in given if k in NO_EQUIVALENT]
-    known = {*ours, *NO_EQUIVALENT, *SAME_SETTING, "eval_interval"}
+    known = {*ours, *NO_EQUIVALENT, *SAME_SETTING, *EVALUATION}
     problems += [f"{where}.{k}: neither an OpenAI reinforcement hyperparameter nor a grpoflow one" for k in given
                  if k not in known]  # fmt: skip
     problems += [f"{where}.{k}: sets {SAME_SETTING[k]}, given too; give one of them" for k in given
@@ -141,7 +143,7 @@ def _hyperparameters(given: dict, rows: int) -> tuple[dict, dict, list[str]]:
     if "learning_rate_multiplier" in given:
         rate = LORA_RATE if hp.get("lora_rank") else FULL_RATE
         hp["learning_rate"] = given["learning_rate_multiplier"] * rate
-    evaluation = {"every": given["eval_interval"]} if "eval_interval" in given else {}
+    evaluation = {setting: given[k] for k, setting in EVALUATION.items() if k in given}
     return hp, evaluation, problems
 
 

@@ -254,11 +254,11 @@ def test_a_bad_job_is_one_400_naming_every_problem_and_creates_nothing(api):
         api.openai().fine_tuning.jobs.create(
             model="builtin:tiny", training_file="file-000000000000000000000000", validation_file="file-x",
             method={"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
-                "eval_samples": 3, "n_epochs": 1, "max_steps": 2, "beta": 1}}},
+                "reasoning_effort": "low", "n_epochs": 1, "max_steps": 2, "beta": 1}}},
         )  # fmt: skip
     params = {p["param"] for p in bad.value.body["problems"]}
     hp = "method.reinforcement.hyperparameters"
-    assert {"training_file", "validation_file", f"{hp}.eval_samples", f"{hp}.n_epochs", f"{hp}.beta"} <= params
+    assert {"training_file", "validation_file", f"{hp}.reasoning_effort", f"{hp}.n_epochs", f"{hp}.beta"} <= params
     with pytest.raises(openai.BadRequestError, match="reinforcement fine-tuning only"):
         api.openai().fine_tuning.jobs.create(model="builtin:tiny", training_file="file-x", method={"type": "dpo"})
     assert api.flow_runs() == runs and api.http().get("/v1/training_jobs").json()["data"] == listed

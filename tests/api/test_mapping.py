@@ -28,6 +28,8 @@ HP = "method.reinforcement.hyperparameters"
         ({"learning_rate_multiplier": 2}, 1, {"learning_rate": 2e-6}, {}, []),
         ({"learning_rate_multiplier": 2, "lora_rank": 8}, 1, {"learning_rate": 4e-5, "lora_rank": 8}, {}, []),
         ({"eval_interval": 5}, 1, {}, {"every": 5}, []),
+        # several sampled completions per held-out prompt
+        ({"eval_interval": 2, "eval_samples": 4}, 1, {}, {"every": 2, "samples": 4}, []),
         # "auto" and null leave grpoflow's default
         ({"n_epochs": "auto", "batch_size": None}, 1, {}, {}, []),
         # grpoflow's own names pass as they are
@@ -36,8 +38,7 @@ HP = "method.reinforcement.hyperparameters"
         ({"n_epochs": 1, "max_steps": 2}, 4, {"max_steps": 4}, {}, [f"{HP}.n_epochs"]),
         ({"batch_size": 2, "prompts_per_step": 2}, 4, {"prompts_per_step": 2}, {}, [f"{HP}.batch_size"]),
         # no equivalent, or no such name at all
-        ({"eval_samples": 3, "reasoning_effort": "low", "beta": 1}, 1, {}, {},
-         [f"{HP}.eval_samples", f"{HP}.reasoning_effort", f"{HP}.beta"]),
+        ({"reasoning_effort": "low", "beta": 1}, 1, {}, {}, [f"{HP}.reasoning_effort", f"{HP}.beta"]),
     ],
 )  # fmt: skip
 def test_openai_hyperparameters_as_grpoflows(given, rows, hyperparameters, evaluation, problems):
