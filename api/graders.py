@@ -60,6 +60,7 @@ def _python_refusals(settings) -> list[str]:
 
 @router.post("/validate")
 async def validate(request: Request, grader: Annotated[dict, Body(embed=True)]) -> dict:
+    """Checks an OpenAI grader object as a job's `grader:` reward is checked; returns it."""
     if problems := checked_grader(grader, request.app.state.settings, run=False):
         raise bad_spec(problems)
     return {"grader": grader}
@@ -72,6 +73,7 @@ async def run(
     model_sample: Annotated[str, Body()],
     item: Annotated[dict | None, Body()] = None,
 ) -> dict:
+    """Scores one model sample (and dataset item) with an OpenAI grader, as training does."""
     if problems := checked_grader(grader, request.app.state.settings, run=True):
         raise bad_spec(problems)
     started = time.monotonic()
