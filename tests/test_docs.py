@@ -171,6 +171,29 @@ def test_events_page_has_every_event_the_code_emits(tmp_path):
         emit(JobDir(tmp_path / "job"), "grpoflow.job.finished")
 
 
+def test_events_page_has_openais_webhook_events():
+    from grpoflow.integrations.webhooks import OPENAI_EVENTS
+
+    page = gen.events_reference().split("## OpenAI's webhook events", 1)[1]
+    assert all(f"| `{kind}` |" in page for kind in OPENAI_EVENTS.values())
+    assert {"fine_tuning.job.succeeded", "fine_tuning.job.failed", "fine_tuning.job.cancelled"} <= set(
+        OPENAI_EVENTS.values()
+    )
+
+
+def test_api_page_has_every_route_of_the_app():
+    from grpoflow.api import fine_tuning, graders, training_jobs
+
+    page, document = gen.api_reference(), gen.openapi()
+    routers = (training_jobs.router, fine_tuning.files, fine_tuning.jobs, graders.router)
+    routes = [route for router in routers for route in router.routes]
+    assert len(routes) >= 20 and "/v1/fine_tuning/alpha/graders/run" in document["paths"]
+    for route in routes:
+        for method in route.methods:
+            assert f"| `{method}` | `{route.path}` |" in page, (method, route.path)
+            assert method.lower() in document["paths"][route.path]
+
+
 def test_job_folder_page_names_every_file_of_jobdir():
     names = {
         getattr(JobDir, attr).fget(JobDir(Path("/j"))).name
