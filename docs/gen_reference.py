@@ -255,21 +255,22 @@ PAGES = {
     "reference/settings.md": settings_reference,
     "reference/policy.md": policy_reference,
     "reference/api.md": api_reference,
-    "reference/openapi.json": lambda: json.dumps(openapi(), indent=1) + "\n",
 }
+# Files beside the pages, linked from them.
+BESIDE = {"reference/openapi.json": lambda: json.dumps(openapi(), indent=1) + "\n"}
 
 
 def write_into_build() -> None:
     """Writes every page into the site being built (mkdocs-gen-files' virtual files)."""
     import mkdocs_gen_files
 
-    for path, render in PAGES.items():
+    for path, render in {**PAGES, **BESIDE}.items():
         with mkdocs_gen_files.open(path, "w") as f:
             f.write(render())
 
 
 def write_into(folder: Path) -> None:
-    for path, render in PAGES.items():
+    for path, render in {**PAGES, **BESIDE}.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
         (folder / path).write_text(render())
 
