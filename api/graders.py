@@ -22,7 +22,7 @@ from grpoflow.api.errors import bad_spec
 from grpoflow.core.graders import grader_problems, graders_of
 from grpoflow.core.policy import PolicyError, load_policy
 from grpoflow.trainers.graders import sandbox
-from grpoflow.trainers.graders.reward import scorer
+from grpoflow.trainers.graders.reward import graded_with_parts
 from grpoflow.trainers.graders.templates import sample_of
 
 router = APIRouter(prefix="/v1/fine_tuning/alpha/graders")
@@ -77,14 +77,20 @@ async def run(
     if problems := checked_grader(grader, request.app.state.settings, run=True):
         raise bad_spec(problems)
     started = time.monotonic()
-    graded = (await scorer(grader, {})([sample_of(model_sample)], [item or {}]))[0]
+    graded, parts = await graded_with_parts(grader, {}, sample_of(model_sample), item or {})
     errors = dict.fromkeys(ERROR_FLAGS, False)
     if graded.error is not None and grader["type"] == "python":
         errors.update(python_grader_runtime_error=True, python_grader_runtime_error_details=graded.error)
     elif graded.error is not None:
-        errors["other_error"] = True
+        errors["formula_parse_error" if "calculate_output" in graded.error else "other_error"] = True
     reward = graded.score if graded.score is not None else 0.0
+    sub_rewards = {name: part.score for name, part in parts.items()}
     metadata = {"errors": errors, "execution_time": time.monotonic() - started, "name": grader["name"],
-                "sampled_model_name": None, "scores": {grader["name"]: graded.score}, "token_usage": None,
-                "type": grader["type"]}  # fmt: skip
-    return {"reward": reward, "metadata": metadata, "sub_rewards": {}, "model_grader_token_usage_per_model": {}}
+                "sampled_model_name": None, "scores": {grader["name"]: graded.score} | sub_rewards,
+                "token_usage": None, "type": grader["type"]}  # fmt: skip
+    return {
+        "reward": reward,
+        "metadata": metadata,
+        "sub_rewards": sub_rewards,
+        "model_grader_token_usage_per_model": {},
+    }

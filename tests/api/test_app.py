@@ -104,6 +104,20 @@ def test_openais_client_runs_a_grader(app, grader, sample, item, reward):
     assert ran.metadata.scores == {grader["name"]: reward} and not ran.metadata.errors.python_grader_runtime_error
 
 
+def test_a_multi_graders_run_shows_each_sub_graders_reward(app):
+    multi = {"type": "multi", "name": "both", "calculate_output": "0.25 * exact + 0.75 * length",
+             "graders": {"exact": EXACT, "length": PYTHON}}  # fmt: skip
+    ran = openai_client(app).fine_tuning.alpha.graders.run(
+        grader=multi, model_sample="4", item={"answer": "5", "n": 1}
+    )
+    assert ran.sub_rewards == {"exact": 0.0, "length": 1.0} and ran.reward == 0.75
+    broken = {**multi, "calculate_output": "exact / (length - 1)"}  # divides by zero: no reward, the formula's error
+    ran = openai_client(app).fine_tuning.alpha.graders.run(
+        grader=broken, model_sample="4", item={"answer": "5", "n": 1}
+    )
+    assert ran.reward == 0.0 and ran.metadata.errors.formula_parse_error
+
+
 def test_a_grader_that_raises_is_a_runtime_error_not_a_500(app):
     ran = openai_client(app).fine_tuning.alpha.graders.run(grader=PYTHON, model_sample="x", item={})
     errors = ran.metadata.errors
