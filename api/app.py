@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 
-from grpoflow.api import fine_tuning, training_jobs
+from grpoflow.api import fine_tuning, graders, training_jobs
 from grpoflow.api.errors import HANDLERS, ApiError
 from grpoflow.api.jobs import Settings
 from grpoflow.api.store import TeamStore
@@ -41,7 +41,7 @@ async def authenticated(request: Request) -> None:
 def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="grpoflow jobs API", exception_handlers=HANDLERS)
     app.state.settings = settings
-    for router in (training_jobs.router, fine_tuning.files, fine_tuning.jobs):
+    for router in (training_jobs.router, fine_tuning.files, fine_tuning.jobs, graders.router):
         app.include_router(router, dependencies=[Depends(authenticated)])
     return app
 

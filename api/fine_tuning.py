@@ -5,12 +5,14 @@
     POST /v1/fine_tuning/jobs               model, training_file, method {type: reinforcement, reinforcement:
                                             {grader, hyperparameters}}, suffix, seed, metadata -> a `fine_tuning.job`
     GET  /v1/fine_tuning/jobs, /v1/fine_tuning/jobs/{id}, /v1/fine_tuning/jobs/{id}/events, .../checkpoints
-    POST /v1/fine_tuning/jobs/{id}/cancel
+    POST /v1/fine_tuning/jobs/{id}/cancel, .../pause, .../resume    (pause: the run cancelled, its checkpoints kept;
+                                                                     resume: a new run from the last checkpoint)
 
 A job is a grpoflow spec made from the request (`openai_spec`, the mapping of docs/design.md): the grader becomes a
 `grader:` reward, the training file's rows the dataset (its `messages` the prompt, the other fields the grader's
-`item`), and each hyperparameter its grpoflow equivalent; a field with none is a 400 naming it. Its id is grpoflow's
-job id, so Veri's `/v1/training_jobs/{id}/metrics` and `/model` read the same job.
+`item`), and each hyperparameter its grpoflow equivalent (`eval_samples` -> `evaluation.samples`, ...); a field with
+none is a 400 naming it. Its id is grpoflow's job id, so Veri's `/v1/training_jobs/{id}/metrics` and `/model` read
+the same job.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, File, Form, Request, UploadFile
 
 from grpoflow.api.errors import ApiError, not_found
-from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, start_job
+from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, pause_job, resume_job, start_job
 from grpoflow.api.store import TeamStore, public_file
 from grpoflow.api.training_jobs import Store, fine_tuned_model
 from grpoflow.core.spec import Hyperparameters
@@ -34,15 +36,16 @@ jobs = APIRouter(prefix="/v1/fine_tuning/jobs")
 MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 # OpenAI's job statuses for grpoflow's: a job waiting for a person's approval is still running to OpenAI's client.
 STATUSES = {"queued": "queued", "running": "running", "awaiting_approval": "running", "succeeded": "succeeded",
-            "failed": "failed", "rejected": "failed", "cancelled": "cancelled"}  # fmt: skip
+            "failed": "failed", "rejected": "failed", "cancelled": "cancelled", "paused": "paused"}  # fmt: skip
 REQUEST_FIELDS = ("model", "training_file", "validation_file", "method", "suffix", "seed", "metadata")
 # OpenAI's reinforcement hyperparameters with a grpoflow equivalent: the grpoflow setting each one sets.
 SAME_SETTING = {"batch_size": "prompts_per_step", "n_epochs": "max_steps", "compute_multiplier": "rollouts_per_prompt",
                 "learning_rate_multiplier": "learning_rate"}  # fmt: skip
 NO_EQUIVALENT = {
-    "eval_samples": "grpoflow scores each held-out prompt once (evaluation.holdout sets how many)",
     "reasoning_effort": "grpoflow's models have no reasoning effort setting",
 }
+# OpenAI's hyperparameters that are grpoflow's `evaluation:` settings.
+EVALUATION = {"eval_interval": "every", "eval_samples": "samples"}
 # The rates the multiplier scales, as the learning_rate field's description gives them: full fine-tuning, LoRA.
 FULL_RATE, LORA_RATE = Hyperparameters.model_fields["learning_rate"].default, 2e-5
 DEFAULT_GROUP = Hyperparameters.model_fields["rollouts_per_prompt"].default
@@ -53,6 +56,7 @@ DEFAULT_GROUP = Hyperparameters.model_fields["rollouts_per_prompt"].default
 
 @files.post("")
 async def upload(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], store: Store) -> dict:
+    """Uploads a file of training rows (multipart: file, purpose=fine-tune)."""
     if purpose != "fine-tune":
         raise ApiError(400, f"purpose {purpose!r}: this API takes fine-tune files only", param="purpose")
     content = await file.read(MAX_UPLOAD_BYTES + 1)
@@ -63,11 +67,13 @@ async def upload(file: Annotated[UploadFile, File()], purpose: Annotated[str, Fo
 
 @files.get("")
 async def list_files(store: Store) -> dict:
+    """The team's uploaded files."""
     return {"object": "list", "data": [public_file(r) for r in store.files()], "has_more": False}
 
 
 @files.get("/{file_id}")
 async def get_file(file_id: str, store: Store) -> dict:
+    """One uploaded file's record."""
     if (record := store.file(file_id)) is None:
         raise not_found("file", file_id)
     return public_file(record)
@@ -126,7 +132,7 @@ def _hyperparameters(given: dict, rows: int) -> tuple[dict, dict, list[str]]:
     given = {k: v for k, v in given.items() if v is not None and v != "auto"}
     ours = {k: v for k, v in given.items() if k in Hyperparameters.model_fields}
     problems = [f"{where}.{k}: {NO_EQUIVALENT[k]}" for k in given if k in NO_EQUIVALENT]
-    known = {*ours, *NO_EQUIVALENT, *SAME_SETTING, "eval_interval"}
+    known = {*ours, *NO_EQUIVALENT, *SAME_SETTING, *EVALUATION}
     problems += [f"{where}.{k}: neither an OpenAI reinforcement hyperparameter nor a grpoflow one" for k in given
                  if k not in known]  # fmt: skip
     problems += [f"{where}.{k}: sets {SAME_SETTING[k]}, given too; give one of them" for k in given
@@ -141,7 +147,7 @@ def _hyperparameters(given: dict, rows: int) -> tuple[dict, dict, list[str]]:
     if "learning_rate_multiplier" in given:
         rate = LORA_RATE if hp.get("lora_rank") else FULL_RATE
         hp["learning_rate"] = given["learning_rate_multiplier"] * rate
-    evaluation = {"every": given["eval_interval"]} if "eval_interval" in given else {}
+    evaluation = {setting: given[k] for k, setting in EVALUATION.items() if k in given}
     return hp, evaluation, problems
 
 
@@ -188,6 +194,7 @@ async def _found(store: TeamStore, job_id: str) -> JobState:
 
 @jobs.post("")
 async def create(request: Request, body: Annotated[dict, Body()], store: Store) -> dict:
+    """Starts a reinforcement fine-tuning job from OpenAI's request (a 400 names each field without an equivalent)."""
     settings = request.app.state.settings
     data, problems = openai_spec(body, store)
     spec, parent = checked_spec(data, settings, store, problems, REQUEST_NAMES)
@@ -198,6 +205,7 @@ async def create(request: Request, body: Annotated[dict, Body()], store: Store) 
 
 @jobs.get("")
 async def list_jobs(store: Store, after: str | None = None, limit: int = 20) -> dict:
+    """The team's jobs as OpenAI's `fine_tuning.job` objects."""
     records = store.jobs()
     if after is not None:
         ids = [r["id"] for r in records]
@@ -209,11 +217,13 @@ async def list_jobs(store: Store, after: str | None = None, limit: int = 20) -> 
 
 @jobs.get("/{job_id}")
 async def get(job_id: str, store: Store) -> dict:
+    """One job as OpenAI's `fine_tuning.job`."""
     return fine_tuning_job(await _found(store, job_id), store.team)
 
 
 @jobs.get("/{job_id}/events")
 async def events(job_id: str, store: Store, after: str | None = None, limit: int = 20):
+    """The job's events as OpenAI's `fine_tuning.job.event` objects, newest first."""
     state = await _found(store, job_id)
     created = {"id": f"ftevent-{job_id}-created", "object": "fine_tuning.job.event", "level": "info",
                "type": "message", "created_at": state.record["created_at"], "message": "Created fine-tuning job",
@@ -275,5 +285,20 @@ def _checkpoint(state: JobState, name: str, step: int, values: dict) -> dict:
 
 @jobs.post("/{job_id}/cancel")
 async def cancel(job_id: str, store: Store) -> dict:
-    await cancel_job(await _found(store, job_id))
+    """Cancels the job (a paused one for good)."""
+    await cancel_job(await _found(store, job_id), store)
+    return fine_tuning_job(await _found(store, job_id), store.team)
+
+
+@jobs.post("/{job_id}/pause")
+async def pause(job_id: str, store: Store) -> dict:
+    """Pauses a running job: its run cancelled, its checkpoints kept; status `paused`."""
+    await pause_job(await _found(store, job_id), store)
+    return fine_tuning_job(await _found(store, job_id), store.team)
+
+
+@jobs.post("/{job_id}/resume")
+async def resume(request: Request, job_id: str, store: Store) -> dict:
+    """Resumes a paused job: a new run of it from its last checkpoint."""
+    await resume_job(await _found(store, job_id), request.app.state.settings, store)
     return fine_tuning_job(await _found(store, job_id), store.team)

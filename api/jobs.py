@@ -1,8 +1,14 @@
 """What both APIs do with a job: check a spec as a team's deployment run would be checked, submit it to the team's
-deployment, read its state back (the Prefect flow run's, and the job folder's events), and cancel it.
+deployment, read its state back (the Prefect flow run's, and the job folder's events), cancel, pause and resume it.
 
 A job's status is its flow run's state (`STATUSES`; a run that ended `Rejected` is `rejected`, a Paused one waits for
 a person's approval), or, once the flow run is gone from the server, its job folder's last event.
+
+Pausing a running job cancels its flow run (the training child stops; the job folder and its checkpoints stay, as
+for any cancel) and marks the team's record `paused`; resuming submits a new run of the team's deployment with the
+job's own spec.yaml and its job id, which skips the stages done and trains on from the last checkpoint (the steps
+after it are done again). Prefect's own pause cannot stop a training child mid-step: it pauses a flow only between
+tasks, from inside the flow.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
@@ -36,7 +43,7 @@ STATUSES = {
     StateType.CANCELLING: "cancelled",
     StateType.CANCELLED: "cancelled",
 }
-FINAL = ("succeeded", "failed", "rejected", "cancelled")
+FINAL = ("succeeded", "failed", "rejected", "cancelled")  # a paused job is not done
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,11 @@ class JobState:
 
     @property
     def status(self) -> str:
+        status = self._run_status
+        return "paused" if status == "cancelled" and self.record.get("paused") else status
+
+    @property
+    def _run_status(self) -> str:
         state = self.flow_run.state if self.flow_run is not None else None
         if state is not None:
             if state.type == StateType.FAILED and state.name == REJECTED:
@@ -185,12 +197,62 @@ async def job_state(store: TeamStore, job_id: str) -> JobState | None:
     return JobState(record, flow_run, store.job_dir(job_id))
 
 
-async def cancel_job(state: JobState) -> None:
+async def cancel_job(state: JobState, store: TeamStore) -> None:
     """Cancels the job's flow run through Prefect: one still waiting in its queue ends Cancelled at once; a running
-    one goes Cancelling, and its worker stops its process (the job ends failed with reason `cancelled`)."""
+    one goes Cancelling, and its worker stops its process (the job ends failed with reason `cancelled`). A paused job
+    is cancelled for good (it can no longer be resumed)."""
+    if state.record.get("paused"):
+        state.record = store.update_job(state.record["id"], paused=False)
+    await _cancel_run(state)
+
+
+async def _cancel_run(state: JobState) -> None:
     run = state.flow_run
     if run is None or run.state is None or run.state.is_final():
         return
     waiting = run.state.type in (StateType.SCHEDULED, StateType.PENDING) and run.infrastructure_pid is None
     async with get_client() as client:
         await client.set_flow_run_state(run.id, Cancelled() if waiting else Cancelling(), force=True)
+
+
+async def pause_job(state: JobState, store: TeamStore) -> None:
+    """Pauses a running job: its flow run cancelled, its checkpoints kept, the record marked `paused`."""
+    if state.status != "running":
+        raise ApiError(409, f"job {state.record['id']} is not running (status {state.status}); only a running job "
+                       "can be paused", code="not_running")  # fmt: skip
+    state.record = store.update_job(state.record["id"], paused=True)
+    await _cancel_run(state)
+
+
+async def resume_job(state: JobState, settings: Settings, store: TeamStore) -> None:
+    """Resumes a paused job: a new run of the team's deployment with the job's spec.yaml and id, from its last
+    checkpoint; the record then follows that run."""
+    job_id = state.record["id"]
+    if state.status != "paused":
+        raise ApiError(409, f"job {job_id} is not paused (status {state.status})", code="not_paused")
+    if state.flow_run is not None and not state.flow_run.state.is_final():
+        raise ApiError(409, f"job {job_id} is still stopping; resume it once its status reads paused and its run "
+                       "has ended (a few seconds)", code="still_stopping")  # fmt: skip
+    if not state.job.spec.is_file():
+        raise ApiError(409, f"job {job_id} was paused before it started: nothing to resume; create it again",
+                       code="nothing_to_resume")  # fmt: skip
+    try:
+        spec = resumed_spec(state.job, settings)
+        flow_run = await submit(spec, await team_deployment(store.team, settings.deployment), store.team, job_id)
+    except SpecError as e:
+        said = "; ".join(e.problems)
+        raise ApiError(409, f"job {job_id}'s spec.yaml no longer loads: {said}", code="bad_spec") from None
+    except DeploymentError as e:
+        raise ApiError(502, str(e), code="deployment_error") from None
+    state.record = store.update_job(job_id, flow_run_id=str(flow_run.id), paused=False)
+
+
+def resumed_spec(job: JobDir, settings: Settings) -> JobSpec:
+    """The spec that resumes `job`: its spec.yaml, with the API's output_uri (the flow puts the team's folder under
+    it again, where the job is).
+
+    Raises:
+        SpecError: the spec.yaml no longer loads.
+    """
+    data = yaml.safe_load(job.spec.read_text())
+    return load_spec({**data, "output_uri": str(settings.output_uri)})[0]

@@ -50,6 +50,12 @@ class TeamStore:
         write_json_atomic(self.jobs_root / JOBS_FOLDER / f"{check_job_id(job_id)}.json", record)
         return record
 
+    def update_job(self, job_id: str, **changes) -> dict:
+        """Rewrites the team's record of `job_id` (which it has) with `changes`; returns it."""
+        record = {**self.job(job_id), **changes}
+        write_json_atomic(self.jobs_root / JOBS_FOLDER / f"{check_job_id(job_id)}.json", record)
+        return record
+
     def job(self, job_id: str) -> dict | None:
         """The team's record of `job_id`, or None (unknown, or another team's)."""
         try:

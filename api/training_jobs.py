@@ -3,7 +3,7 @@
 POST /v1/training_jobs                  a job spec as JSON -> 201 {id, status, created_at, ...}
 GET  /v1/training_jobs                  {"object": "list", "data": [...]}
 GET  /v1/training_jobs/{id}             status: queued | running | awaiting_approval | succeeded | failed |
-                                        cancelled | rejected
+                                        cancelled | rejected | paused (through OpenAI's pause)
 GET  /v1/training_jobs/{id}/metrics?keys=reward,loss    {"metrics": [{"step", "values"}]}
 GET  /v1/training_jobs/{id}/events      {"object": "list", "data": [events.jsonl's records]}
 GET  /v1/training_jobs/{id}/model       {"artifact_type", "files", "merged_files"}
@@ -76,6 +76,7 @@ Store = Annotated[TeamStore, Depends(team_store)]
 
 @router.post("", status_code=201)
 async def create(request: Request, spec: Annotated[dict, Body()], store: Store) -> dict:
+    """Starts a job from a spec (Veri's hyperparameter names; `dataset` may name an uploaded file id)."""
     checked, parent = checked_spec(spec, request.app.state.settings, store)
     record = await start_job(checked, request.app.state.settings, store, parent)
     return training_job(await _found(store, record["id"]), store.team)
@@ -83,17 +84,20 @@ async def create(request: Request, spec: Annotated[dict, Body()], store: Store) 
 
 @router.get("")
 async def list_jobs(store: Store) -> dict:
+    """The team's jobs, newest first."""
     states = [await job_state(store, record["id"]) for record in store.jobs()]
     return {"object": "list", "data": [training_job(s, store.team) for s in states if s is not None]}
 
 
 @router.get("/{job_id}")
 async def get(job_id: str, store: Store) -> dict:
+    """One job: its status, error, held-out scores, fine_tuned_model and parent."""
     return training_job(await _found(store, job_id), store.team)
 
 
 @router.get("/{job_id}/metrics")
 async def metrics(job_id: str, store: Store, keys: str | None = None) -> dict:
+    """The job's metrics by step (`keys=reward,loss,...`; default all)."""
     state = await _found(store, job_id)
     records = read_metrics(state.job.metrics)
     if not keys:
@@ -107,11 +111,13 @@ async def metrics(job_id: str, store: Store, keys: str | None = None) -> dict:
 
 @router.get("/{job_id}/events")
 async def events(job_id: str, store: Store) -> dict:
+    """The job's events, as its events.jsonl holds them."""
     return {"object": "list", "data": (await _found(store, job_id)).events}
 
 
 @router.get("/{job_id}/model")
 async def model(job_id: str, store: Store) -> dict:
+    """The job's trained model: adapter or full, its files and the merged model's."""
     state = await _found(store, job_id)
     found = _read_json(state.job.model_json)
     if found is None:
@@ -158,6 +164,7 @@ async def approve(job_id: str, decision: Decision, store: Store) -> dict:
 
 @router.post("/{job_id}/cancel")
 async def cancel(job_id: str, store: Store) -> dict:
+    """Cancels the job (a paused one for good)."""
     state = await _found(store, job_id)
-    await cancel_job(state)
+    await cancel_job(state, store)
     return training_job(await _found(store, job_id), store.team)

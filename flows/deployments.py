@@ -285,9 +285,10 @@ def run_job_variables(spec: JobSpec, base_job_template: dict) -> dict:
     return {}
 
 
-async def submit(spec: JobSpec, deployment: str = "retrain", team: str | None = None):
+async def submit(spec: JobSpec, deployment: str = "retrain", team: str | None = None, job_id: str | None = None):
     """Starts a run of `deployment` with `spec` (already validated) as its `spec` parameter, and `team` as its `team`
     (which the flow refuses unless it is the deployment's own: `team_deployment` finds a team's); returns the flow run.
+    With `job_id`, the run resumes that job (its spec.yaml must be `spec`) from its last checkpoint.
 
     The pool's `gpu_count` job variable, when its base job template has one (the Kubernetes pool's does), is set from
     the spec, so the pod requests as many GPUs as the job trains on. The run is named after its job id at once (the
@@ -307,8 +308,9 @@ async def submit(spec: JobSpec, deployment: str = "retrain", team: str | None = 
             )
         job_variables = await pool_job_variables(client, found, spec)
         try:
+            parameters = {**run_parameters(spec, team), **({"job_id": job_id} if job_id else {})}
             flow_run = await client.create_flow_run_from_deployment(
-                found.id, parameters=run_parameters(spec, team), job_variables=job_variables or None
+                found.id, parameters=parameters, job_variables=job_variables or None
             )
         except PrefectHTTPStatusError as e:
             if e.response.status_code in BUSY_CODES or e.response.status_code >= 500:
@@ -318,6 +320,9 @@ async def submit(spec: JobSpec, deployment: str = "retrain", team: str | None = 
                 f"the server refused the run of {name}: {detail}\n(if grpoflow's spec changed since the deployment "
                 "was made, run `grpoflow deployments apply` again)"
             ) from None
+        if job_id:
+            await client.update_flow_run(flow_run.id, name=job_id)
+            return flow_run.model_copy(update={"name": job_id})
         return await name_after_job(client, flow_run, spec.name)
 
 

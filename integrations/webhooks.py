@@ -22,6 +22,12 @@ with headers `webhook-id` (the event id, the same on every retry and resend: use
 `user-agent: grpoflow/<version>`. A `secret_env` naming an unset or empty variable is a failed delivery: nothing is
 sent unsigned (a verifying receiver would reject it anyway).
 
+A webhook with `openai_events: true` also gets a job's end as OpenAI's fine-tuning webhook event (`OPENAI_EVENTS`),
+whichever way the job started, so a receiver written for OpenAI's webhooks (`openai.OpenAI().webhooks.unwrap(body,
+headers, secret=...)`) works unchanged: `{"id": "evt_<event id>", "object": "event", "created_at": <unix seconds>,
+"type": "fine_tuning.job.succeeded|failed|cancelled", "data": {"id": "<job id>"}}`, right after grpoflow's own
+event, with its own `webhook-id` (`evt_<event id>`), signed the same way.
+
 Signing is the `standardwebhooks` package's (the convention's reference implementation). A secret written
 `whsec_<base64>` is the package's own form and signs with the decoded bytes; any other secret signs with its UTF-8
 bytes, so it is handed to the package as bytes (given a bare string, the package would base64-decode it). Receivers
@@ -122,6 +128,30 @@ _warned: set[tuple[Path, str]] = set()
 # --- public API ---------------------------------------------------------------------------------------------------
 
 
+# OpenAI's fine-tuning webhook event for grpoflow's job ends: (event, its payload's reason or None) -> OpenAI's type.
+OPENAI_EVENTS = {
+    ("grpoflow.job.completed", None): "fine_tuning.job.succeeded",
+    ("grpoflow.job.failed", "cancelled"): "fine_tuning.job.cancelled",
+    ("grpoflow.job.failed", None): "fine_tuning.job.failed",  # any other reason: rejected, or the exception's class
+}
+
+
+def openai_event(job_id: str, record: dict) -> dict | None:
+    """OpenAI's webhook event for `record` (an `events.jsonl` record), or None when it is no job end.
+
+    >>> openai_event("j-1", {"id": "e1", "event": "grpoflow.job.failed", "occurred": "2026-12-06T10:00:00+00:00",
+    ...                      "payload": {"reason": "cancelled"}})["type"]
+    'fine_tuning.job.cancelled'
+    """
+    reason = (record.get("payload") or {}).get("reason")
+    kind = OPENAI_EVENTS.get((record["event"], reason)) or OPENAI_EVENTS.get((record["event"], None))
+    if kind is None:
+        return None
+    created = int(datetime.fromisoformat(record["occurred"]).timestamp())
+    return {"id": f"evt_{record['id']}", "object": "event", "created_at": created, "type": kind,
+            "data": {"id": job_id}}  # fmt: skip
+
+
 def deliver(job: JobDir, record: dict) -> None:
     """Queues `record` (an `events.jsonl` record) for every webhook of `job`'s spec and returns at once.
 
@@ -136,6 +166,10 @@ def deliver(job: JobDir, record: dict) -> None:
     body = {"type": record["event"].removeprefix("grpoflow."), "timestamp": record["occurred"], "data": data}
     raw = json.dumps(body, separators=(",", ":")).encode()
     items = [_Delivery(job, hook, record["id"], body["type"], raw, POLICY) for hook in hooks]
+    if (openai := openai_event(job.job_id, record)) is not None:
+        raw = json.dumps(openai, separators=(",", ":")).encode()
+        asking = [hook for hook in hooks if hook.openai_events]
+        items += [_Delivery(job, hook, openai["id"], openai["type"], raw, POLICY) for hook in asking]
     _to_outbox(items)
     for item in items:
         _enqueue(item)

@@ -396,6 +396,11 @@ class WebhookSpec(Section):
     secret_env: EnvName | None = Field(
         None, description="Name of the environment variable holding the signing secret (never the secret itself)."
     )
+    openai_events: bool = Field(
+        False,
+        description="Also send the job's end as OpenAI's fine-tuning webhook event (fine_tuning.job.succeeded, "
+        "failed or cancelled), for a receiver written for OpenAI's webhooks.",
+    )
 
     @field_validator("url")
     @classmethod

@@ -254,11 +254,11 @@ def test_a_bad_job_is_one_400_naming_every_problem_and_creates_nothing(api):
         api.openai().fine_tuning.jobs.create(
             model="builtin:tiny", training_file="file-000000000000000000000000", validation_file="file-x",
             method={"type": "reinforcement", "reinforcement": {"grader": GRADER, "hyperparameters": {
-                "eval_samples": 3, "n_epochs": 1, "max_steps": 2, "beta": 1}}},
+                "reasoning_effort": "low", "n_epochs": 1, "max_steps": 2, "beta": 1}}},
         )  # fmt: skip
     params = {p["param"] for p in bad.value.body["problems"]}
     hp = "method.reinforcement.hyperparameters"
-    assert {"training_file", "validation_file", f"{hp}.eval_samples", f"{hp}.n_epochs", f"{hp}.beta"} <= params
+    assert {"training_file", "validation_file", f"{hp}.reasoning_effort", f"{hp}.n_epochs", f"{hp}.beta"} <= params
     with pytest.raises(openai.BadRequestError, match="reinforcement fine-tuning only"):
         api.openai().fine_tuning.jobs.create(model="builtin:tiny", training_file="file-x", method={"type": "dpo"})
     assert api.flow_runs() == runs and api.http().get("/v1/training_jobs").json()["data"] == listed
@@ -294,7 +294,8 @@ def test_another_team_sees_nothing_of_a_team(api, finished):
 
 def test_a_running_job_is_cancelled(api, finished, tmp_path):
     """A Veri job, started from the OpenAI job's model, trains (slowly: the stand-in's `cancel-me`); its rollouts are
-    read while it runs, then it is cancelled through the API, and its flow run ends Cancelled."""
+    read while it runs, it is paused and resumed through OpenAI's client (a new run of the same job), then cancelled
+    through the API, and its flow run ends Cancelled."""
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
     spec = {"name": "cancel-me", "base_model": finished.fine_tuned_model, "dataset": str(data),
             "rewards": [{"name": "exact_answer"}], "evaluation": {"holdout": 2},
@@ -312,6 +313,26 @@ def test_a_running_job_is_cancelled(api, finished, tmp_path):
             no_step = http.get(f"/v1/training_jobs/{job['id']}/rollouts", params={"step": 99})
         assert len(best) == 1 and best[0]["reward"] == 1.0 and best[0]["completion"]
         assert no_step.status_code == 400 and no_step.json()["error"]["param"] == "step"
+        first_run = job_record(api, job["id"])["flow_run_id"]
+        fine_tuning = api.openai().fine_tuning.jobs
+        assert fine_tuning.pause(job["id"]).status == "paused"
+        with pytest.raises(openai.ConflictError, match="not running"):
+            fine_tuning.pause(job["id"])
+        deadline = time.monotonic() + 120
+        while True:  # resumable once the first run has ended
+            try:
+                resumed = fine_tuning.resume(job["id"])
+                break
+            except openai.ConflictError as e:
+                assert "still stopping" in str(e) and time.monotonic() < deadline, e
+                time.sleep(1)
+        assert resumed.status in ("queued", "running") and job_record(api, job["id"])["flow_run_id"] != first_run
+        deadline = time.monotonic() + 120
+        while client.training_jobs.get(job["id"])["status"] != "running":
+            assert time.monotonic() < deadline, client.training_jobs.get(job["id"])["status"]
+            time.sleep(1)
+        with pytest.raises(openai.ConflictError, match="not paused"):
+            fine_tuning.resume(job["id"])
         client.training_jobs.cancel(job["id"])
         deadline = time.monotonic() + 120
         while (status := client.training_jobs.get(job["id"])["status"]) != "cancelled":

@@ -5,6 +5,7 @@ import ast
 import sys
 from pathlib import Path
 
+import openai
 import pytest
 from fastapi.testclient import TestClient
 
@@ -67,10 +68,77 @@ def test_an_openai_request_is_one_400_in_its_own_names(app):
     client, headers, _ = app
     request = {"model": "builtin:tiny", "training_file": "/etc/passwd", "suffix": "Not A Slug",
                "hyperparameters": {"n_epochs": 1}, "method": {"type": "reinforcement", "reinforcement": {
-                   "grader": {"type": "string_check"}, "hyperparameters": {"eval_samples": 2}}}}  # fmt: skip
+                   "grader": {"type": "string_check"}, "hyperparameters": {"reasoning_effort": "low"}}}}  # fmt: skip
     response = client.post("/v1/fine_tuning/jobs", headers=headers["a"], json=request)
     assert response.status_code == 400
     params = {p["param"] for p in response.json()["error"]["problems"]}
-    expected = {"training_file", "suffix", "hyperparameters", "method.reinforcement.hyperparameters.eval_samples",
+    expected = {"training_file", "suffix", "hyperparameters", "method.reinforcement.hyperparameters.reasoning_effort",
                 "method.reinforcement.grader.name", "method.reinforcement.grader.reference"}  # fmt: skip
     assert expected <= params and not any(p.startswith(("dataset", "rewards", "name")) for p in params if p)
+
+
+EXACT = {"type": "string_check", "name": "exact", "operation": "eq", "input": "{{ sample.output_text }}",
+         "reference": "{{ item.answer }}"}  # fmt: skip
+PYTHON = {"type": "python", "name": "length", "source": "def grade(sample, item):\n"
+          "    return len(sample['output_text']) / item['n']\n"}  # fmt: skip
+
+
+def openai_client(app, team="a"):
+    """OpenAI's own client, talking to the app in this process."""
+    client, headers, _ = app
+    return openai.OpenAI(base_url="http://testserver/v1", api_key=headers[team]["Authorization"].split()[1],
+                         http_client=client, max_retries=0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "grader, sample, item, reward",
+    [
+        (EXACT, "4", {"answer": "4"}, 1.0),  # the sample is the reference
+        (EXACT, "5", {"answer": "4"}, 0.0),
+        (PYTHON, "abcd", {"n": 8}, 0.5),  # grade() in the sandbox
+    ],
+)
+def test_openais_client_runs_a_grader(app, grader, sample, item, reward):
+    ran = openai_client(app).fine_tuning.alpha.graders.run(grader=grader, model_sample=sample, item=item)
+    assert ran.reward == reward and ran.metadata.name == grader["name"] and ran.metadata.type == grader["type"]
+    assert ran.metadata.scores == {grader["name"]: reward} and not ran.metadata.errors.python_grader_runtime_error
+
+
+def test_a_multi_graders_run_shows_each_sub_graders_reward(app):
+    multi = {"type": "multi", "name": "both", "calculate_output": "0.25 * exact + 0.75 * length",
+             "graders": {"exact": EXACT, "length": PYTHON}}  # fmt: skip
+    ran = openai_client(app).fine_tuning.alpha.graders.run(
+        grader=multi, model_sample="4", item={"answer": "5", "n": 1}
+    )
+    assert ran.sub_rewards == {"exact": 0.0, "length": 1.0} and ran.reward == 0.75
+    broken = {**multi, "calculate_output": "exact / (length - 1)"}  # divides by zero: no reward, the formula's error
+    ran = openai_client(app).fine_tuning.alpha.graders.run(
+        grader=broken, model_sample="4", item={"answer": "5", "n": 1}
+    )
+    assert ran.reward == 0.0 and ran.metadata.errors.formula_parse_error
+
+
+def test_a_grader_that_raises_is_a_runtime_error_not_a_500(app):
+    ran = openai_client(app).fine_tuning.alpha.graders.run(grader=PYTHON, model_sample="x", item={})
+    errors = ran.metadata.errors
+    assert ran.reward == 0.0 and errors.python_grader_runtime_error
+    assert "KeyError" in errors.python_grader_runtime_error_details
+
+
+def test_openais_client_validates_a_grader(app):
+    graders = openai_client(app).fine_tuning.alpha.graders
+    assert graders.validate(grader=EXACT).grader.name == "exact"
+    with pytest.raises(openai.BadRequestError) as bad:
+        graders.validate(grader={**EXACT, "operation": "equals"})
+    assert bad.value.body["problems"][0]["param"] == "grader.operation"
+    judge = {"type": "score_model", "name": "judge", "model": "m", "input": [{"role": "user", "content": "Rate"}]}
+    assert graders.validate(grader=judge).grader.name == "judge"  # the object is right; its endpoint is a job's
+    with pytest.raises(openai.BadRequestError, match="grpoflow graders run"):
+        graders.run(grader=judge, model_sample="x")
+
+
+def test_the_policy_turns_api_python_graders_off(app, monkeypatch, tmp_path):
+    (tmp_path / "policy.yaml").write_text("from_deployments: {python_graders: 'off'}\n")
+    monkeypatch.setenv("GRPOFLOW_POLICY", str(tmp_path / "policy.yaml"))
+    with pytest.raises(openai.BadRequestError, match="python_graders: off"):
+        openai_client(app).fine_tuning.alpha.graders.run(grader=PYTHON, model_sample="x", item={"n": 1})

@@ -2,14 +2,21 @@
 names, a job's status from its events, a problem line as {param, message}, and the keys file."""
 
 import stat
+from types import SimpleNamespace
 
 import pytest
 import yaml
+from prefect.states import Cancelled, Cancelling, Completed, Running
 
 from grpoflow.api.errors import bad_spec
-from grpoflow.api.fine_tuning import _hyperparameters
-from grpoflow.api.jobs import _status_from_events, parent_job
+from grpoflow.api.fine_tuning import _hyperparameters, fine_tuning_job
+from grpoflow.api.jobs import JobState, Settings, _status_from_events, parent_job, resumed_spec
 from grpoflow.core.apikeys import KeysError, add_key, digest, read_keys, team_of
+from grpoflow.core.jobdir import JobDir, write_text_atomic
+from grpoflow.core.spec import load_spec
+from grpoflow.core.spec.loading import to_yaml
+from grpoflow.flows.admission import team_spec
+from grpoflow.integrations.job_folders import resume_problem
 
 HP = "method.reinforcement.hyperparameters"
 
@@ -28,6 +35,8 @@ HP = "method.reinforcement.hyperparameters"
         ({"learning_rate_multiplier": 2}, 1, {"learning_rate": 2e-6}, {}, []),
         ({"learning_rate_multiplier": 2, "lora_rank": 8}, 1, {"learning_rate": 4e-5, "lora_rank": 8}, {}, []),
         ({"eval_interval": 5}, 1, {}, {"every": 5}, []),
+        # several sampled completions per held-out prompt
+        ({"eval_interval": 2, "eval_samples": 4}, 1, {}, {"every": 2, "samples": 4}, []),
         # "auto" and null leave grpoflow's default
         ({"n_epochs": "auto", "batch_size": None}, 1, {}, {}, []),
         # grpoflow's own names pass as they are
@@ -36,8 +45,7 @@ HP = "method.reinforcement.hyperparameters"
         ({"n_epochs": 1, "max_steps": 2}, 4, {"max_steps": 4}, {}, [f"{HP}.n_epochs"]),
         ({"batch_size": 2, "prompts_per_step": 2}, 4, {"prompts_per_step": 2}, {}, [f"{HP}.batch_size"]),
         # no equivalent, or no such name at all
-        ({"eval_samples": 3, "reasoning_effort": "low", "beta": 1}, 1, {}, {},
-         [f"{HP}.eval_samples", f"{HP}.reasoning_effort", f"{HP}.beta"]),
+        ({"reasoning_effort": "low", "beta": 1}, 1, {}, {}, [f"{HP}.reasoning_effort", f"{HP}.beta"]),
     ],
 )  # fmt: skip
 def test_openai_hyperparameters_as_grpoflows(given, rows, hyperparameters, evaluation, problems):
@@ -80,6 +88,24 @@ def test_a_status_from_the_job_folders_events(events, status):
     assert _status_from_events(records) == status
 
 
+@pytest.mark.parametrize(
+    "state, paused, status",
+    [
+        (Running(), False, "running"),
+        (Cancelling(), True, "paused"),  # the pause's cancel, while the worker stops the run
+        (Cancelled(), True, "paused"),
+        (Cancelled(), False, "cancelled"),  # cancelled for good (a cancel clears the pause)
+        (Running(), True, "running"),  # a run of the record's that is not the paused one's
+        (Completed(), True, "succeeded"),  # the pause came too late: the run had ended
+    ],
+)
+def test_a_paused_job_is_paused_to_both_apis(tmp_path, state, paused, status):
+    record = {"id": "j-1", "flow_run_id": "x", "created_at": 0, "paused": paused}
+    job = JobState(record, SimpleNamespace(state=state, end_time=None), JobDir(tmp_path / "j-1"))
+    assert job.status == status
+    assert fine_tuning_job(job, "a")["status"] == {"paused": "paused", "cancelled": "cancelled"}.get(status, status)
+
+
 def test_every_problem_becomes_param_and_message():
     error = bad_spec(["gpu_count: must be >= 1", "team 'x': not a team of the policy", "no colon at all"])
     body = error.body()["error"]
@@ -106,3 +132,16 @@ def test_the_keys_file_keeps_digests_and_finds_teams(tmp_path):
     path.write_text(yaml.safe_dump({"keys": [{"team": "a"}]}))
     with pytest.raises(KeysError, match="sha256"):
         read_keys(path)
+
+
+def test_a_paused_job_resumes_with_its_own_spec_in_its_own_folder(tmp_path):
+    out = tmp_path / "out"
+    spec = load_spec({"name": "w", "base_model": "builtin:tiny", "dataset": {"uri": "d.jsonl"},
+                      "output_uri": str(out / "a"), "rewards": [{"name": "exact_answer"}],
+                      "hyperparameters": {"max_steps": 3}})[0]  # fmt: skip
+    job = JobDir(out / "a" / "w-20261206-100000-abcdef")
+    write_text_atomic(job.spec, to_yaml(spec))
+    resumed = resumed_spec(job, Settings(keys=tmp_path / "k.yaml", output_uri=out))
+    assert resumed.output_uri == str(out) and resumed.hyperparameters.max_steps == 3
+    # what the flow run checks: the team's folder under the API's output_uri holds the job, of the same spec
+    assert resume_problem(team_spec(resumed, "a"), job.job_id, "job_id") is None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import version
 
+import openai
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
@@ -153,8 +154,9 @@ def isolated(monkeypatch):
 
 @pytest.fixture
 def make_job(tmp_path):
-    def make(*urls: str, secret_env: str | None = SECRET_ENV) -> JobDir:
+    def make(*urls: str, secret_env: str | None = SECRET_ENV, openai_events: bool = False) -> JobDir:
         hooks = [{"url": url, "secret_env": secret_env} if secret_env else {"url": url} for url in urls]
+        hooks = [{**h, "openai_events": True} for h in hooks] if openai_events else hooks
         spec, _ = load_spec(
             {
                 "name": "t",
@@ -233,6 +235,43 @@ def test_the_standardwebhooks_package_verifies_deliveries(monkeypatch, receiver,
         assert hook.verify(request.body, request.headers) == json.loads(request.body)
     with pytest.raises(WebhookVerificationError):
         hook.verify(request.body.replace(b"3", b"4"), request.headers)
+
+
+@pytest.mark.parametrize(
+    "event, reason, openai_type",
+    [
+        ("grpoflow.job.completed", None, "fine_tuning.job.succeeded"),
+        ("grpoflow.job.failed", "cancelled", "fine_tuning.job.cancelled"),  # a cancel (or an API pause)
+        ("grpoflow.job.failed", "rejected", "fine_tuning.job.failed"),
+        ("grpoflow.job.failed", "RuntimeError", "fine_tuning.job.failed"),
+    ],
+)
+def test_a_job_end_is_also_openais_webhook_event(monkeypatch, receiver, make_job, event, reason, openai_type):
+    monkeypatch.setenv(SECRET_ENV, WHSEC)
+    r = receiver()
+    job = make_job(r.url, openai_events=True)
+
+    record = emit(job, event, {"reason": reason} if reason else {"output_dir": "x"})
+
+    assert webhooks.flush(DRAIN_S)
+    ours, theirs = r.requests  # grpoflow's own event first, then OpenAI's, each with its own webhook-id
+    assert json.loads(ours.body)["type"] == event.removeprefix("grpoflow.")
+    assert theirs.headers["webhook-id"] == f"evt_{record['id']}" != ours.headers["webhook-id"]
+    unwrapped = openai.OpenAI(api_key="unused").webhooks.unwrap(theirs.body, theirs.headers, secret=WHSEC)
+    assert unwrapped.type == openai_type and unwrapped.data.id == job.job_id and unwrapped.object == "event"
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        openai.OpenAI(api_key="unused").webhooks.unwrap(theirs.body.replace(b"evt_", b"evt-"), theirs.headers,
+                                                        secret=WHSEC)  # fmt: skip
+    assert all(a["outcome"] == "delivered" for a in attempts(job)) and len(attempts(job)) == 2
+
+
+def test_openai_events_only_for_a_job_end_and_a_webhook_that_asks(receiver, make_job):
+    r = receiver()
+    job = make_job(r.url, openai_events=True)
+    emit(job, "grpoflow.job.started", {"name": "t"})
+    emit(make_job(r.url), "grpoflow.job.completed", {"status": "completed"})  # the same job, its webhook not asking
+    assert webhooks.flush(DRAIN_S)
+    assert [json.loads(q.body)["type"] for q in r.requests] == ["job.started", "job.completed"]
 
 
 KEY = base64.b64encode(b"k" * 25).decode()  # 25 bytes: base64 with "==" padding

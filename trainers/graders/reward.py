@@ -165,6 +165,16 @@ def scorer(grader: dict, kwargs: dict) -> Scorer:
     return model_scorer(grader, kwargs)
 
 
+async def graded_with_parts(grader: dict, kwargs: dict, sample: dict, item: dict) -> tuple[Graded, dict[str, Graded]]:
+    """One completion's grade with `grader` (checked already) and, for a multi grader, each sub-grader's by name (the
+    API's grader run shows them); each sub-grader scores once."""
+    subs = sub_graders(grader) if grader["type"] == "multi" else None
+    if not subs:
+        return (await scorer(grader, kwargs)([sample], [item]))[0], {}
+    parts = {name: (await scorer(one, kwargs)([sample], [item]))[0] for name, one in subs.items()}
+    return _combine(parse_formula(grader["calculate_output"], list(subs)), parts), parts
+
+
 def _each(score_one: Callable[[dict, dict], float]) -> Scorer:
     async def score(samples: list[dict], items: list[dict]) -> list[Graded]:
         graded = []
