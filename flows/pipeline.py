@@ -1,5 +1,5 @@
-"""The GRPO pipeline flow: ingest -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and report -> promotion gate
--> publish -> register.
+"""The GRPO pipeline flow: ingest -> canary (GPU jobs) -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and
+report -> promotion gate -> publish -> register.
 
 `STAGES` is the pipeline as data: each stage's Prefect task (`tasks/`, emitting its `grpoflow.*` event), the earlier
 results it takes, and when it runs. The flow runs the table top to bottom, `completed_before` reads it to tell a
@@ -110,6 +110,8 @@ class Stage:
         when (`Callable`): whether it runs, given the spec and the results so far; a stage that does not run has the
             result None.
         record (`StageRecord`, *optional*): its resumable record, when its task's own function does not carry it.
+        keeps_rejected (`bool`): a job this stage rejects keeps its folder, marked rejected, for the user to read why
+            (the canary's canary.json and logs/canary.log); any other rejected input removes a new job's folder.
     """
 
     name: str
@@ -117,6 +119,7 @@ class Stage:
     takes: dict[str, str | Callable[[dict], object]] = field(default_factory=dict)
     when: Callable[[JobSpec, dict], bool] = _always
     record: StageRecord | None = None
+    keeps_rejected: bool = False
 
     def resumable(self) -> StageRecord | None:
         """What the stage writes and reads, from its `@resumable` declaration (None for a stage that always runs)."""
@@ -138,10 +141,11 @@ def _promoted(spec: JobSpec, done: dict) -> bool:
 STAGES = (
     # --- ingest the dataset and dry-run the rewards on it (a rejection costs no model load)
     Stage("ingest", ingest_task),
+    # --- the canary: one full-length GRPO step on the pool's own devices (does it fit, how long will it take); before
+    # SFT, which changes no shape it tries (its step loads the base model), so a job it refuses spends no SFT time
+    Stage("canary", canary_task, when=lambda spec, done: canary_wanted(spec), keeps_rejected=True),
     # --- SFT format warm-up
     Stage("sft", sft_task, when=lambda spec, done: spec.sft.enabled),
-    # --- the canary: one full-length step on the pool's own devices (does it fit, how long will it take)
-    Stage("canary", canary_task, when=lambda spec, done: canary_wanted(spec)),
     # --- GRPO training (child process, resumes from checkpoints on retry)
     Stage("train", train_task),
     # --- merge the adapter (LoRA jobs) and describe the artifact
@@ -253,7 +257,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = N
                 continue
             state = stage.task(job, spec, **stage.arguments(done), return_state=True)
             if state.name == REJECTED:  # a spec, dataset or reward mistake: the job ends rejected, not failed
-                return end.rejected(state.message)
+                return end.rejected(state.message, keep=stage.keeps_rejected)
             if state.is_cancelled():  # the flow run was cancelled while the stage worked (the UI's Cancel)
                 end.cancelled(state.message)
                 # On to Prefect's own end of a cancelled run (the engine sets it Cancelled, no traceback logged).
