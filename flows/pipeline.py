@@ -226,6 +226,23 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = N
             live in a folder of its own under the output URI, and a run may not name another team than its
             deployment's.
     """
+    return run_pipeline(spec, job_id, team)
+
+
+# What a new job's id (and so its run's name) says after the spec's name when new data started its run (the
+# on-new-data deployment: `grpoflow.flows.triggered`): `<name>-new-data-<UTC time>-<6 hex>`.
+NEW_DATA = "new-data"
+
+
+def run_pipeline(
+    spec: JobSpec | dict, job_id: str | None = None, team: str | None = None, started_by: str | None = None
+) -> dict | State:
+    """`grpo_pipeline`'s work, in the flow run that calls it (its arguments, and `started_by`).
+
+    Args:
+        started_by (`str`, *optional*): what started the run (`NEW_DATA`); a new job's id carries it after the spec's
+            name, so the run list, named after job ids, says it.
+    """
     started = time.monotonic()
     spec = checked_spec(spec)  # a deployment's run: the spec as its JSON
     if not isinstance(spec, JobSpec):
@@ -238,8 +255,9 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = N
         return rejected(problem)
 
     # --- job folder (the same one on every retry of this flow run)
+    name = f"{spec.name}-{started_by}" if started_by else spec.name
     created = create_job_task(
-        spec, job_id or new_job_id(spec.name, flow_run.id, flow_run.scheduled_start_time), return_state=True
+        spec, job_id or new_job_id(name, flow_run.id, flow_run.scheduled_start_time), return_state=True
     )
     if created.name == REJECTED:  # another live run holds this job's folder
         return rejected(created.message)
