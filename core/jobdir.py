@@ -35,6 +35,7 @@ class JobDir:
     metrics = property(lambda self: self.root / "metrics.jsonl")
     checkpoints = property(lambda self: self.root / "checkpoints")
     sft = property(lambda self: self.root / "sft")
+    sft_checkpoints = property(lambda self: self.root / "sft_checkpoints")
     adapter = property(lambda self: self.root / "adapter")
     merged = property(lambda self: self.root / "merged")
     model_json = property(lambda self: self.root / "model.json")
@@ -55,6 +56,8 @@ FILES = {
     "spec.yaml": "The resolved spec, every default filled (secrets are never written).",
     "dataset/": "The ingested dataset (Arrow, `datasets.save_to_disk`): the training split and the held-out prompts.",
     "sft/": "The SFT warm-up's model (sft.enabled), the start of GRPO.",
+    "sft_checkpoints/": "The SFT warm-up's checkpoints (`checkpoint-N/`, the newest), which a resumed warm-up goes "
+    "on from; removed once sft/ is written.",
     "sft_metrics.jsonl": 'One line per SFT step: `{"step": n, "values": {...}}`.',
     "metrics.jsonl": 'One line per GRPO step: `{"step": n, "values": {...}}` with at least `reward`, '
     "`reward_std`, `loss`, `completions/mean_length`, `entropy`, and `kl` exactly when kl_coef > 0; plus every metric "

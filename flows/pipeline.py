@@ -1,5 +1,5 @@
-"""The GRPO pipeline flow: ingest -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and report -> promotion gate
--> publish -> register.
+"""The GRPO pipeline flow: ingest -> canary (GPU jobs) -> SFT warm-up (optional) -> GRPO -> merge -> evaluate and
+report -> promotion gate -> publish -> register.
 
 `STAGES` is the pipeline as data: each stage's Prefect task (`tasks/`, emitting its `grpoflow.*` event), the earlier
 results it takes, and when it runs. The flow runs the table top to bottom, `completed_before` reads it to tell a
@@ -110,6 +110,8 @@ class Stage:
         when (`Callable`): whether it runs, given the spec and the results so far; a stage that does not run has the
             result None.
         record (`StageRecord`, *optional*): its resumable record, when its task's own function does not carry it.
+        keeps_rejected (`bool`): a job this stage rejects keeps its folder, marked rejected, for the user to read why
+            (the canary's canary.json and logs/canary.log); any other rejected input removes a new job's folder.
     """
 
     name: str
@@ -117,6 +119,7 @@ class Stage:
     takes: dict[str, str | Callable[[dict], object]] = field(default_factory=dict)
     when: Callable[[JobSpec, dict], bool] = _always
     record: StageRecord | None = None
+    keeps_rejected: bool = False
 
     def resumable(self) -> StageRecord | None:
         """What the stage writes and reads, from its `@resumable` declaration (None for a stage that always runs)."""
@@ -138,10 +141,11 @@ def _promoted(spec: JobSpec, done: dict) -> bool:
 STAGES = (
     # --- ingest the dataset and dry-run the rewards on it (a rejection costs no model load)
     Stage("ingest", ingest_task),
+    # --- the canary: one full-length GRPO step on the pool's own devices (does it fit, how long will it take); before
+    # SFT, which changes no shape it tries (its step loads the base model), so a job it refuses spends no SFT time
+    Stage("canary", canary_task, when=lambda spec, done: canary_wanted(spec), keeps_rejected=True),
     # --- SFT format warm-up
     Stage("sft", sft_task, when=lambda spec, done: spec.sft.enabled),
-    # --- the canary: one full-length step on the pool's own devices (does it fit, how long will it take)
-    Stage("canary", canary_task, when=lambda spec, done: canary_wanted(spec)),
     # --- GRPO training (child process, resumes from checkpoints on retry)
     Stage("train", train_task),
     # --- merge the adapter (LoRA jobs) and describe the artifact
@@ -222,6 +226,23 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = N
             live in a folder of its own under the output URI, and a run may not name another team than its
             deployment's.
     """
+    return run_pipeline(spec, job_id, team)
+
+
+# What a new job's id (and so its run's name) says after the spec's name when new data started its run (the
+# on-new-data deployment: `grpoflow.flows.triggered`): `<name>-new-data-<UTC time>-<6 hex>`.
+NEW_DATA = "new-data"
+
+
+def run_pipeline(
+    spec: JobSpec | dict, job_id: str | None = None, team: str | None = None, started_by: str | None = None
+) -> dict | State:
+    """`grpo_pipeline`'s work, in the flow run that calls it (its arguments, and `started_by`).
+
+    Args:
+        started_by (`str`, *optional*): what started the run (`NEW_DATA`); a new job's id carries it after the spec's
+            name, so the run list, named after job ids, says it.
+    """
     started = time.monotonic()
     spec = checked_spec(spec)  # a deployment's run: the spec as its JSON
     if not isinstance(spec, JobSpec):
@@ -234,8 +255,9 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = N
         return rejected(problem)
 
     # --- job folder (the same one on every retry of this flow run)
+    name = f"{spec.name}-{started_by}" if started_by else spec.name
     created = create_job_task(
-        spec, job_id or new_job_id(spec.name, flow_run.id, flow_run.scheduled_start_time), return_state=True
+        spec, job_id or new_job_id(name, flow_run.id, flow_run.scheduled_start_time), return_state=True
     )
     if created.name == REJECTED:  # another live run holds this job's folder
         return rejected(created.message)
@@ -253,7 +275,7 @@ def grpo_pipeline(spec: JobSpec, job_id: str | None = None, team: str | None = N
                 continue
             state = stage.task(job, spec, **stage.arguments(done), return_state=True)
             if state.name == REJECTED:  # a spec, dataset or reward mistake: the job ends rejected, not failed
-                return end.rejected(state.message)
+                return end.rejected(state.message, keep=stage.keeps_rejected)
             if state.is_cancelled():  # the flow run was cancelled while the stage worked (the UI's Cancel)
                 end.cancelled(state.message)
                 # On to Prefect's own end of a cancelled run (the engine sets it Cancelled, no traceback logged).

@@ -3,9 +3,11 @@
 
 It loads the spec file (a path relative to the project root the worker runs in, or a URL such as
 `s3://bucket/spec.yaml`), sets `dataset.uri` from the event, validates, and runs
-`grpoflow.flows.pipeline.grpo_pipeline` in this same flow run. It carries the pipeline's flow name, so its deployments
-are listed under `grpo-pipeline` as docs/design.md names them; `grpo-pipeline/retrain` deploys `grpo_pipeline`
-itself, whose `spec` parameter is the job spec object (the UI's form). By hand:
+`grpoflow.flows.pipeline.grpo_pipeline`'s stages in this same flow run. A run with the event's dataset is named
+`<name>-new-data-<UTC time>-<6 hex>`, its job id, so the run list says new data started it. It carries the pipeline's
+flow name, so its deployments are listed under `grpo-pipeline` as docs/design.md names them;
+`grpo-pipeline/retrain` deploys `grpo_pipeline` itself, whose `spec` parameter is the job spec object (the UI's
+form). By hand:
 
     python -c 'from grpoflow.flows.triggered import grpo_pipeline_from_file as f; f("deployments/default-spec.yaml")'
 """
@@ -17,7 +19,7 @@ from prefect import flow, get_run_logger
 from grpoflow.core.spec import SpecError, load_spec
 from grpoflow.core.spec.models import OptionalUrl, Url
 from grpoflow.core.trust import path_outside
-from grpoflow.flows.pipeline import grpo_pipeline
+from grpoflow.flows.pipeline import NEW_DATA, run_pipeline
 from grpoflow.integrations.stages import rejected
 from grpoflow.integrations.storage import storage_options
 
@@ -55,5 +57,6 @@ def grpo_pipeline_from_file(
     for warning in warnings:
         logger.warning(warning)
     logger.info("spec %s, dataset %s", source, job_spec.dataset.uri)
-    # `.fn`: the pipeline's tasks run in this flow run; a nested run of the same flow would only add noise.
-    return grpo_pipeline.fn(job_spec, team=team)
+    # The pipeline's tasks run in this flow run; a nested run of the same flow would only add noise. A dataset from the
+    # event (on-new-data) puts `new-data` in the job id, and so in the run's name.
+    return run_pipeline(job_spec, team=team, started_by=NEW_DATA if dataset_uri else None)

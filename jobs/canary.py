@@ -23,7 +23,7 @@ as `run_step`), whose nodes first meet in one collective across all ranks.
 
 Failed (the step does not fit `canary.device_memory_gb`, the child cannot run, a known-bad stack, the vLLM server
 does not answer, a rank cannot join): the reason names what to change, in the order of what it saves. Nothing of the
-canary's run is kept in the job folder but canary.json.
+canary's run is kept in the job folder but canary.json and `logs/canary.log` (the step's log, then the verdict).
 """
 
 from __future__ import annotations
@@ -226,8 +226,8 @@ def run_canary(
             training stage's one-machine child); `grpoflow.cluster.canary.on_machines` runs it as a TrainJob.
         scratch (`Path`, *optional*): the folder the canary's own folder is made (and removed) in; the nodes of a
             TrainJob see it there (the job folder, on the shared volume). Default: the system's temporary folder.
-        log (`Path`, *optional*): where the step's log is kept (the job's `logs/canary.log`). Default: a temporary
-            file, kept only when the step failed (its reason names it).
+        log (`Path`, *optional*): where the step's log is kept (the job's `logs/canary.log`), its last line the
+            verdict. Default: a temporary file, kept only when the step failed (its reason names it).
 
     Run here (no `run_step`) for a job over several machines, the step is one machine's share (`machine_share`):
     canary.json's `share` says so.
@@ -245,6 +245,8 @@ def run_canary(
     result["canary_seconds"] = round(time.monotonic() - started, 2)
     if out is not None:
         write_json_atomic(out, result)
+    if log is not None:
+        _log_verdict(log, result)
     return result
 
 
@@ -386,6 +388,15 @@ def _keep_log(child_log: Path, log: Path | None, failed: bool) -> Path | None:
     log.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(child_log, log)
     return log
+
+
+def _log_verdict(log: Path, result: dict) -> None:
+    """Ends `log` with the verdict, so that the log of a refused job says why on its own (a known-bad stack, or a check
+    before the step, ran no child: the verdict is then its only line)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    reason = f": {result['reason']}" if result["reason"] else ""
+    with log.open("a") as f:
+        f.write(f"grpoflow canary: {result['status']}{reason}\n")
 
 
 def _step_time(job: JobDir) -> dict:

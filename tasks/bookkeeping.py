@@ -180,11 +180,12 @@ class JobEnding:
     """How a job ends, in one place: `with JobEnding(job, spec, resumed) as end:` around the stages.
 
     `end.completed(result)` uploads the folder (remote output_uri), emits `grpoflow.job.completed` and returns the
-    result (the flow run's final state message in `end.message`); `end.rejected(message)` emits `grpoflow.job.failed`
-    (reason `rejected`), removes the folder of a new job and returns the `Rejected` state; `end.cancelled(message)`
-    ends it cancelled (a stage stopped by a cancel, its task Cancelled); an exception leaving the
-    block (a failed stage, a cancelled flow run, Ctrl-C) emits `grpoflow.job.failed`, uploads what the job left and
-    propagates. Each waits for the webhook deliveries, then lists those still undelivered in `report.md`.
+    result (the flow run's final state message in `end.message`); `end.rejected(message, keep)` emits
+    `grpoflow.job.failed` (reason `rejected`), removes the folder of a new job (unless `keep`) and returns the
+    `Rejected` state; `end.cancelled(message)` ends it cancelled (a stage stopped by a cancel, its task Cancelled); an
+    exception leaving the block (a failed stage, a cancelled flow run, Ctrl-C) emits `grpoflow.job.failed`, uploads
+    what the job left and propagates. Each waits for the webhook deliveries, then lists those still undelivered in
+    `report.md`.
     """
 
     def __init__(self, job: JobDir, spec: JobSpec, resumed: bool):
@@ -204,9 +205,13 @@ class JobEnding:
         unlock_remote(self.job)
         return False
 
-    def rejected(self, message: str) -> State:
+    def rejected(self, message: str, keep: bool = False) -> State:
+        """Ends the job rejected; `keep`: its folder stays, as the rejecting stage left it (the canary's verdict and
+        log, for the user to read why), uploaded with a remote output_uri. A new job's folder is otherwise removed."""
         self._announce("grpoflow.job.failed", {"reason": "rejected", "error": message})
-        if not self.resumed:  # never delete an earlier job's checkpoints over a rejected input
+        if keep:
+            upload_failed_job(self.job, self.spec)
+        elif not self.resumed:  # never delete an earlier job's checkpoints over a rejected input
             discard_job(self.job)
         return rejected(message)
 

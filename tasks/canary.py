@@ -4,7 +4,9 @@ It runs on the same infrastructure as the training stage (the flow run's worker:
 `distributed` settings; on several machines the same TrainJob shape, whose nodes first meet in one collective:
 grpoflow.cluster.canary), writes `canary.json` and a markdown artifact, and says its projection of the training
 hours in the run's log. A failed verdict (the step does not fit, a known-bad stack, a child that cannot start, a rank
-that cannot join) ends the job `Rejected` before GRPO starts, naming what to change; it is not retried.
+that cannot join) ends the job `Rejected` before SFT and GRPO start, naming what to change; it is not retried. The
+refused job keeps its folder, marked rejected (its last event `grpoflow.job.failed`, reason `rejected`), with
+`canary.json` and `logs/canary.log` for the user to read why; a run of the fixed spec is a new job.
 """
 
 from prefect import get_run_logger, task

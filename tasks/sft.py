@@ -42,8 +42,8 @@ class SFTWatcher:
 @cancellable
 @resumable("sft", outputs=("sft/config.json",), reads=("ingest",))
 def sft_task(job: JobDir, spec: JobSpec) -> dict:
-    """Trains the format warm-up into `sft/`; returns its summary (steps, final loss, seconds)."""
-    (job.root / "sft_metrics.jsonl").unlink(missing_ok=True)
+    """Trains the format warm-up into `sft/`; returns its summary (steps, final loss, seconds). A warm-up stopped
+    midway goes on from its newest checkpoint (the child keeps sft_metrics.jsonl up to it)."""
     watcher = SFTWatcher(job, spec)
     try:
         seconds = run_child(

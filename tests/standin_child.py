@@ -288,6 +288,7 @@ def grpo(job: JobDir, spec) -> int:
 def sft(job: JobDir, spec) -> int:
     asked = request("sft", spec.name)
     path = job.root / "sft_metrics.jsonl"
+    path.unlink(missing_ok=True)  # it keeps no checkpoint: a start is from step 0, as the real child's without one
     for step in range(1, spec.sft.max_steps + 1):
         time.sleep(asked.get("step_seconds", 0.02))
         values = {"loss": round(2.0 / step, 6), "learning_rate": spec.sft.learning_rate, **asked.get("values", {})}

@@ -5,7 +5,9 @@ Runs without Prefect, as its own process:
     python -m grpoflow.trainers.sft runs/<job_id>
 
 Writes full weights and the tokenizer to `sft/` (a LoRA job trains LoRA adapters here too and merges them in), so
-GRPO starts from an ordinary model folder. A chat prompt (or a string prompt with a system prompt) gets an assistant
+GRPO starts from an ordinary model folder. It checkpoints every tenth of its steps into `sft_checkpoints/` (the newest
+kept), so a run stopped midway (a cancel, a crash) goes on from there when the job resumes; they go once `sft/` is
+written. A chat prompt (or a string prompt with a system prompt) gets an assistant
 message as completion; the loss is on the completion tokens only.
 
 A job with `tools:` or `environment:` learns the rollout GRPO will run: each row's prompt is rendered with the tools'
@@ -31,7 +33,8 @@ from grpoflow.trainers.agents import (
     tool_tokenizer,
 )
 from grpoflow.trainers.child import record_exit, say_phase
-from grpoflow.trainers.metrics import finite_callback, metrics_file_callback
+from grpoflow.trainers.grpo import checkpoint_step, intact_checkpoint
+from grpoflow.trainers.metrics import finite_callback, metrics_file_callback, truncate_metrics
 from grpoflow.trainers.model.load import (
     check_accelerators,
     check_chat_template,
@@ -94,13 +97,34 @@ def sft_config(spec: JobSpec, output_dir: Path):
         use_cpu=use_cpu(spec.gpu_count),
         model_init_kwargs={"dtype": torch_dtype()},
         logging_steps=max(1, spec.sft.max_steps // 50),
-        save_strategy="no",
+        # A resume goes on from the newest (`resume_sft_checkpoint`): at most a tenth of the warm-up is redone.
+        save_strategy="steps",
+        save_steps=max(1, spec.sft.max_steps // 10),
+        save_total_limit=1,
         report_to="none",
         disable_tqdm=True,
         activation_checkpointing=False,  # TRL defaults the deprecated alias gradient_checkpointing to True
         # A tool job's rows are whole rollouts, tokenized here: TRL's default cut (1024 tokens) would drop their ends.
         **({"max_length": None} if spec.tools or spec.environment is not None else {}),
     )
+
+
+def resume_sft_checkpoint(job: JobDir, tidy: bool = True) -> str | None:
+    """The newest intact checkpoint in `sft_checkpoints/`, as GRPO's `resume_checkpoint` finds its own. With `tidy`
+    (the main process), torn checkpoints are removed and the sft_metrics.jsonl lines after the checkpoint dropped, so
+    each step appears once."""
+    candidates = [p for p in job.sft_checkpoints.glob("checkpoint-*") if p.name.rsplit("-", 1)[-1].isdigit()]
+    found = None
+    for path in sorted(candidates, key=checkpoint_step, reverse=True):
+        if intact_checkpoint(path):
+            found = path
+            break
+        if tidy:
+            print(f"grpoflow: removing torn SFT checkpoint {path.name}")
+            shutil.rmtree(path, ignore_errors=True)
+    if tidy:
+        truncate_metrics(job.root / "sft_metrics.jsonl", checkpoint_step(found) if found else 0)
+    return str(found) if found else None
 
 
 def main(job_root: str) -> int:
@@ -125,11 +149,10 @@ def main(job_root: str) -> int:
     else:
         dataset = sft_dataset(rows, spec)
         check_chat_template(tokenizer, dataset, spec.hyperparameters.system_prompt, spec.base_model)
-    work = job.root / ".sft-work"
     say_phase(f"loading the model {model_path} ({weights_size(model_path)})")
     trainer = SFTTrainer(
         model=model_path,
-        args=sft_config(spec, work),
+        args=sft_config(spec, job.sft_checkpoints),
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora_config(spec.hyperparameters, model_path),
@@ -139,9 +162,11 @@ def main(job_root: str) -> int:
         ],
     )
 
-    # --- train
-    say_phase(f"model loaded; training {spec.sft.max_steps} steps")
-    trainer.train()
+    # --- train (resuming from the newest checkpoint when a stopped run left one)
+    checkpoint = resume_sft_checkpoint(job, tidy=trainer.is_world_process_zero())
+    resuming = f"; resuming from {Path(checkpoint).name}" if checkpoint else ""
+    say_phase(f"model loaded; training {spec.sft.max_steps} steps{resuming}")
+    trainer.train(resume_from_checkpoint=checkpoint)
 
     # --- save full weights (merging LoRA adapters in), written beside sft/ and renamed into place, by one process
     if not trainer.is_world_process_zero():
@@ -155,7 +180,7 @@ def main(job_root: str) -> int:
     model.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging))
     replace_dir(staging, job.sft)
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(job.sft_checkpoints, ignore_errors=True)
     return 0
 
 

@@ -614,6 +614,7 @@ def test_every_run_is_named_after_its_job(stack, scenarios, tmp_path):
         flow_run = wait_final(run_id)
         assert flow_run.state.is_completed(), (name, flow_run.state)
         assert flow_run.name == only_job(root).name, name
+        assert ("-new-data-" in flow_run.name) == (name in ("event", "folder")), name  # what started it
     assert scenarios.retrain_run_name == only_job(scenarios.retrain_root).name
     [bucket_run] = wait_for_run("grpo-pipeline/on-new-data", dataset_uri=scenarios.bucket_file)
     fs = s3fs.S3FileSystem()

@@ -206,7 +206,7 @@ def test_the_stage_table_takes_and_reads_only_earlier_stages():
 
     names = [stage.name for stage in STAGES]
     assert names == [
-        "ingest", "sft", "canary", "train", "merge", "evaluate", "gate", "approval", "publish", "register"
+        "ingest", "canary", "sft", "train", "merge", "evaluate", "gate", "approval", "publish", "register"
     ]  # fmt: skip
     for i, stage in enumerate(STAGES):
         assert {v for v in stage.takes.values() if isinstance(v, str)} <= set(names[:i]), stage.name

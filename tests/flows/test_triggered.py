@@ -5,9 +5,11 @@ rejected before any model is loaded. The runs here end at the ingest, so no trai
 import pytest
 import s3fs
 import yaml
+from prefect import get_client
 
 from grpoflow.flows.triggered import DEFAULT_SPEC, grpo_pipeline_from_file
 from grpoflow.integrations.stages import REJECTED
+from grpoflow.tasks.bookkeeping import new_job_id
 from tests.hostile_server import HostileServer
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -37,6 +39,23 @@ def test_event_uri_becomes_the_dataset(tmp_path):
     state = grpo_pipeline_from_file(spec=spec, dataset_uri=missing, return_state=True)
     assert f"dataset not found: {missing}" in rejection(state)  # the event's uri, not the spec's
     assert not any((tmp_path / "runs").iterdir())  # a rejected job leaves no folder
+
+
+@pytest.mark.parametrize(
+    "landed, name",
+    [
+        (True, "triggered-new-data"),  # on-new-data: the event's dataset started it, and its name says so
+        (False, "triggered"),  # nightly: the spec's own dataset, a run named like any retrain
+    ],
+)
+def test_a_run_new_data_started_is_named_so_after_its_job(tmp_path, landed, name):
+    spec = write_spec(tmp_path / "spec.yaml", tmp_path / "runs", dataset={"uri": str(tmp_path / "gone.jsonl")})
+    dataset_uri = str(tmp_path / "landed.jsonl") if landed else None
+    state = grpo_pipeline_from_file(spec=spec, dataset_uri=dataset_uri, return_state=True)
+    assert "dataset not found" in rejection(state)  # after the job was created: the run has its job's name
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert run.name == new_job_id(name, run.id, run.expected_start_time)
 
 
 def test_default_spec_without_a_spec(tmp_path):

@@ -138,15 +138,39 @@ def test_the_cli_measures_a_step_and_a_memory_it_cannot_fit_fails_it(make_spec):
     assert "try, in order: fewer hyperparameters.rollouts_per_prompt" in verdict["reason"]
 
 
-def test_a_known_bad_stack_ends_the_pipeline_rejected(make_spec, tmp_path, monkeypatch, prefect_server):
+def test_a_known_bad_stack_ends_the_pipeline_rejected_before_sft_keeping_why(
+    make_spec, tmp_path, monkeypatch, prefect_server
+):
+    from grpoflow.core.jobdir import JobDir
+    from grpoflow.integrations.job_folders import job_status
+    from grpoflow.trainers.metrics import read_events
+
     table = tmp_path / "compat.yaml"
     table.write_text(yaml.safe_dump([{"when": {"torch": ">=0"}, "issue": "T #9: bad", "fix": "another torch"}]))
     monkeypatch.setattr(canary, "COMPAT_TABLE", table)
-    code, out, err = cli("--output-uri", tmp_path / "runs", "run", make_spec("c", canary={"enabled": True}), "--json")
+    spec = make_spec("c", canary={"enabled": True}, sft={"enabled": True, "max_steps": 2})
+    runs = tmp_path / "runs"
+    code, out, err = cli("--output-uri", runs, "run", spec, "--json")
     assert code == 2, err[-2000:]
     assert "canary failed: a known-bad stack: torch" in err and "T #9: bad" in err
-    assert "Task run 'train" not in out + err  # GRPO never started: no checkpoint, no training.json
-    assert not list((tmp_path / "runs").rglob("checkpoint-*")) and not list((tmp_path / "runs").rglob("training.json"))
+    # Before SFT and GRPO: no SFT model, no checkpoint, no training.json.
+    assert "Task run 'sft" not in out + err and "Task run 'train" not in out + err
+    assert (
+        not list(runs.rglob("sft")) and not list(runs.rglob("checkpoint-*")) and not list(runs.rglob("training.json"))
+    )
+    # The refused job keeps its folder, marked rejected, with the canary's verdict and log saying why.
+    [job] = [JobDir(path) for path in runs.iterdir() if path.is_dir()]
+    verdict = json.loads((job.root / "canary.json").read_text())
+    assert verdict["status"] == "failed" and "T #9: bad" in verdict["reason"]
+    assert (job.logs / "canary.log").read_text().endswith(f"grpoflow canary: failed: {verdict['reason']}\n")
+    assert job_status(job) == "failed"
+    assert read_events(job.events)[-1]["payload"]["reason"] == "rejected"
+    # The spec run again is a job of its own: the kept folder is not in the way (and stays as it was).
+    kept = {path.relative_to(runs): path.stat().st_mtime_ns for path in job.root.rglob("*")}
+    code, _, err = cli("--output-uri", runs, "run", spec, "--json")
+    assert code == 2 and "canary failed: a known-bad stack" in err, err[-2000:]
+    assert len([path for path in runs.iterdir() if path.is_dir()]) == 2
+    assert {path.relative_to(runs): path.stat().st_mtime_ns for path in job.root.rglob("*")} == kept
 
 
 # --- a vLLM server (generation.vllm_mode: server): its health endpoint, on loopback ------------------------------
