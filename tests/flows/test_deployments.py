@@ -737,7 +737,7 @@ def test_approval_rejected_or_timed_out_from_grpoflow_run(stack, tmp_path):
     try:
         specs = {
             "reject": approval_spec("reject-me", tmp_path / "a"),
-            "timeout": approval_spec("late", tmp_path / "b"),
+            "timeout": approval_spec("late-decision", tmp_path / "b"),
         }
         specs["timeout"]["evaluation"]["gate"]["approval_timeout_hours"] = 0.002  # 7 s
         procs = {}
@@ -771,7 +771,7 @@ def test_approval_rejected_or_timed_out_from_grpoflow_run(stack, tmp_path):
                 {"type": d["type"], "reason": d["data"].get("reason")} for d in delivered
             ]
         # The timed-out run never passed through Failed (an automation on Failed fired for it, then it completed).
-        [late] = wait_for_run_named("late")
+        [late] = wait_for_run_named("late-decision")
         with get_client(sync_client=True) as client:
             history = [s.type.value for s in client.read_flow_run_states(late.id)]
         assert "PAUSED" in history and "FAILED" not in history and history[-1] == "COMPLETED", history
@@ -780,14 +780,18 @@ def test_approval_rejected_or_timed_out_from_grpoflow_run(stack, tmp_path):
 
 
 def wait_for_run_named(prefix: str, timeout: float = RUN_TIMEOUT_S) -> list:
+    """The runs whose names start with `prefix` (Prefect's `like_` matches anywhere in a name: "late" is in another
+    test's generated "chocolate-...")."""
     from prefect.client.schemas.filters import FlowRunFilterName
 
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
-        while not (runs := client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=prefix)))):
+        while True:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=prefix)))
+            if runs := [run for run in runs if run.name.startswith(prefix)]:
+                return runs
             assert time.monotonic() < deadline, f"no flow run named {prefix}..."
             time.sleep(0.5)
-    return runs
 
 
 # --- secrets: the worker's environment stays out of every file the run touches -----------------------------------
