@@ -18,6 +18,7 @@ from prefect.utilities.templating import apply_values
 
 from grpoflow.flows.deployments import PREFECT_FILE, PROJECT_DIR, image_deployments
 from grpoflow.flows.project import TEMPLATE
+from tests.deployments.test_prefect_yaml import prefect_file_of
 
 HADOLINT = Path(sys.executable).parent / "hadolint"
 DOCKERFILE = PROJECT_DIR / "Dockerfile"
@@ -176,16 +177,17 @@ def test_dockerignore_keeps_secrets_and_environments_out():
     "name", ["Dockerfile", ".dockerignore", "scripts/install.sh", "scripts/install_sandbox.sh", "constraints.txt"]
 )
 def test_init_template_carries_the_same_files(name):
-    """`grpoflow init` writes the same image files (a project's image installs grpoflow==GRPOFLOW_VERSION); `make
-    constraints` copies constraints.txt to flows/templates/project/ too."""
+    """`grpoflow init` writes the same image files (a project's image installs grpoflow==GRPOFLOW_VERSION): the
+    template links the repository's."""
     assert (TEMPLATE / name).read_bytes() == (PROJECT_DIR / name).read_bytes(), name
 
 
 # --- the build and push steps --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefect_file", [PREFECT_FILE, TEMPLATE / "prefect.yaml"], ids=["checkout", "init-template"])
-def test_build_and_push_steps(prefect_file, monkeypatch):
+@pytest.mark.parametrize("which", ["checkout", "init"])
+def test_build_and_push_steps(which, monkeypatch, tmp_path):
+    prefect_file = prefect_file_of(which, tmp_path)
     config = yaml.safe_load(prefect_file.read_text())
     assert not config.get("build") and not config.get("push")  # one-machine deployments build nothing
     assert set(image_deployments(prefect_file)) == K8S

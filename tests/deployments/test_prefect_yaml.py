@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -21,7 +22,7 @@ from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from grpoflow.core.spec import load_spec
 from grpoflow.flows.deployments import PREFECT_FILE, PROJECT_DIR, load_pools, run_parameters
-from grpoflow.flows.project import TEMPLATE
+from grpoflow.flows.project import TEMPLATE, init_project
 from grpoflow.trainers.rewards.builtin import REWARDS
 from tests.prefect_form import form_parameters
 
@@ -139,12 +140,20 @@ def test_the_form(deployments):
     assert "DESIGN" not in text and "shared/" not in text
 
 
-@pytest.mark.parametrize("prefect_file", [PREFECT_FILE, TEMPLATE / "prefect.yaml"], ids=["checkout", "init"])
-def test_the_form_as_it_opens_is_accepted(prefect_file):
+def prefect_file_of(which: str, tmp_path) -> Path:
+    """The checkout's deployments/prefect.yaml, or the one `grpoflow init` writes into a new project."""
+    if which == "checkout":
+        return PREFECT_FILE
+    init_project(tmp_path / "proj")
+    return tmp_path / "proj" / "prefect.yaml"
+
+
+@pytest.mark.parametrize("which", ["checkout", "init"])
+def test_the_form_as_it_opens_is_accepted(which, tmp_path):
     """The Prefect UI's launch form fills in every default of the schema, at every depth, under the deployment's
     parameters; submitted unchanged, every deployment's form passes its flow's parameter validation (a field whose
     mere presence the spec rejects, such as max_prompt_length without use_unsloth, must have no default there)."""
-    for entry in yaml.safe_load(prefect_file.read_text())["deployments"]:
+    for entry in yaml.safe_load(prefect_file_of(which, tmp_path).read_text())["deployments"]:
         flow = load_flow_from_entrypoint(entry["entrypoint"])
         schema = parameter_schema(flow).model_dump_for_openapi()
         sent = form_parameters(schema, entry.get("parameters", {}))
@@ -159,15 +168,28 @@ def test_the_form_as_it_opens_is_accepted(prefect_file):
             assert "max_prompt_length" not in sent["spec"]["hyperparameters"]
 
 
-def test_init_template_matches(config):
-    """The project `grpoflow init` writes has the same deployments and pools, on its own files."""
-    template = TEMPLATE / "prefect.yaml"
-    ours = yaml.safe_load(template.read_text())
-    assert ours["pull"] == config["pull"] and ours["definitions"] == config["definitions"]
+def test_init_writes_the_same_deployments(config, tmp_path):
+    """The project `grpoflow init` writes has the same deployments, schedules, triggers and pools, on its own files:
+    only the paths, the spec files and the inline specs differ."""
+    ours = yaml.safe_load(prefect_file_of("init", tmp_path).read_text())
+    assert {k: v for k, v in ours.items() if k not in ("name", "deployments")} == {
+        k: v for k, v in config.items() if k not in ("name", "deployments")
+    }
     strip = lambda d: {k: v for k, v in d.items() if k not in ("parameters", "description")}
     assert [strip(d) for d in ours["deployments"]] == [strip(d) for d in config["deployments"]]
+    project_spec = yaml.safe_load((tmp_path / "proj" / "spec.yaml").read_text())
+    for theirs, mine in zip(config["deployments"], ours["deployments"], strict=True):
+        params, own = theirs.get("parameters", {}), mine.get("parameters", {})
+        assert own.keys() == params.keys(), theirs["name"]
+        for key, value in params.items():
+            if isinstance(value, dict) and key == "spec":  # the form's default: the project's spec, same output
+                assert own[key] == {**project_spec, "output_uri": value["output_uri"]}, theirs["name"]
+            elif isinstance(value, str) and value.endswith(".yaml"):  # a spec file: the project's own
+                assert (tmp_path / "proj" / own[key]).is_file(), (theirs["name"], own[key])
+            else:
+                assert own[key] == value, (theirs["name"], key)
     for path in (PREFECT_FILE.parent / "work-pools").iterdir():
-        assert (TEMPLATE / "work-pools" / path.name).read_bytes() == path.read_bytes(), path.name
+        assert (TEMPLATE / "work-pools" / path.name).resolve() == path.resolve(), path.name  # linked, not copied
 
 
 def test_server_accepts_what_submit_sends(deployments):

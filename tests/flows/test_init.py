@@ -23,8 +23,9 @@ import pytest
 import yaml
 
 from grpoflow.core.spec import load_spec
+from grpoflow.flows import project
 from grpoflow.flows.deployments import PROJECT_DIR
-from grpoflow.flows.project import init_project
+from grpoflow.flows.project import CHECKOUT_PREFECT_FILE, init_project
 from tests.conftest import cli
 from tests.flows.test_deployments import free_port, stop, wait_healthy
 
@@ -338,6 +339,34 @@ def test_the_template_keeps_no_copy_of_the_repositorys_own_files():
     for name in ("Dockerfile", ".dockerignore", "constraints.txt", "scripts/install.sh", "scripts/install_sandbox.sh"):
         assert (template / name).is_symlink(), name
         assert (template / name).resolve() == (PROJECT_DIR / name).resolve(), name
+    # The deployments and the pools too: the project's prefect.yaml is written from the checkout's at init.
+    for name in ("prefect.yaml", "work-pools/pools.yaml", "work-pools/kubernetes-gpu.json"):
+        assert (template / name).resolve() == (PROJECT_DIR / "deployments" / name).resolve(), name
+
+
+def test_a_change_to_the_checkouts_deployments_reaches_a_new_project(tmp_path, monkeypatch):
+    """A schedule, a trigger or a deployment added to deployments/prefect.yaml is in the next project `init` writes,
+    on the project's own files; a path of the checkout's that no project has stops `init` with its name."""
+    text = CHECKOUT_PREFECT_FILE.read_text()
+    changed = tmp_path / "prefect.yaml"
+    changed.write_text(
+        text.replace('cron: "0 2 * * *"', 'cron: "30 3 * * *"')
+        + "\n  - name: weekly\n    entrypoint: grpoflow.flows.triggered:grpo_pipeline_from_file\n"
+        '    parameters:\n      spec: deployments/nightly.yaml\n    schedules:\n      - cron: "0 4 * * 0"\n'
+        "    work_pool: *training\n"
+    )
+    monkeypatch.setattr(project, "CHECKOUT_PREFECT_FILE", changed)
+    init_project(tmp_path / "proj")
+    config = yaml.safe_load((tmp_path / "proj" / "prefect.yaml").read_text())
+    deployments = {d["name"]: d for d in config["deployments"]}
+    assert deployments["nightly"]["schedules"] == [{"cron": "30 3 * * *", "timezone": "UTC"}]
+    assert deployments["weekly"]["parameters"] == {"spec": "spec.yaml"}
+    assert deployments["weekly"]["work_pool"] == deployments["nightly"]["work_pool"]
+    assert "deployments/" not in (tmp_path / "proj" / "prefect.yaml").read_text()
+
+    changed.write_text(text.replace("spec: deployments/nightly.yaml", "spec: deployments/hourly.yaml"))
+    with pytest.raises(ValueError, match="deployments/hourly.yaml"):
+        init_project(tmp_path / "other")
 
 
 def test_the_wheel_carries_the_image_files(tmp_path):
@@ -357,6 +386,10 @@ def test_the_wheel_carries_the_image_files(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("Dockerfile", ".dockerignore", "constraints.txt", "scripts/install.sh", "k8s-spec.yaml"):
         assert f"grpoflow/flows/templates/project/{name}" in names, name
+    # The checkout's deployments and pools, which `init` writes a project's prefect.yaml and work-pools/ from.
+    for name in ("prefect.yaml", "work-pools/pools.yaml", "work-pools/kubernetes-gpu.json"):
+        shipped = zipfile.ZipFile(wheel).read(f"grpoflow/flows/templates/project/{name}")
+        assert shipped == (PROJECT_DIR / "deployments" / name).read_bytes(), name
     # One import root: the wheel puts `grpoflow` on sys.path and nothing else (no flows, tasks, trainers, examples).
     assert {name.split("/")[0] for name in names} == {"grpoflow", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "grpoflow/examples/data/arithmetic.jsonl" in names
