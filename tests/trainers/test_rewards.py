@@ -5,6 +5,7 @@ import doctest
 import importlib
 import importlib.util
 import math
+import sys
 import threading
 from pathlib import Path
 
@@ -311,6 +312,39 @@ def test_build_reward_errors(kwargs, message):
     with pytest.raises(RewardError) as caught:
         build_reward("my_reward", **kwargs)
     assert str(caught.value).startswith(message)
+
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "function, new",
+    [
+        # trainers/rewards.py, before it became the package trainers/rewards/
+        ("grpoflow.trainers.rewards:exact_answer_reward", "grpoflow.trainers.rewards.builtin:exact_answer_reward"),
+        (
+            "grpoflow.trainers.rewards:get_reward_model_reward",
+            "grpoflow.trainers.rewards.models:get_reward_model_reward",
+        ),
+        # the judge, before it moved among the rewards
+        ("grpoflow.trainers.judge:get_llm_judge_reward", "grpoflow.trainers.rewards.judge:get_llm_judge_reward"),
+        # the layers as top-level names, before the one import root
+        ("trainers.rewards:get_numeric_match_reward", "grpoflow.trainers.rewards.builtin:get_numeric_match_reward"),
+        (
+            "examples.rewards.arithmetic:close_answer_reward",
+            "grpoflow.examples.rewards.arithmetic:close_answer_reward",
+        ),
+    ],
+)
+def test_a_former_path_of_a_reward_is_refused_naming_the_new_one(function, new, tmp_path, monkeypatch):
+    # From a user's folder, where the checkout's folders are no top-level names (as for an installed grpoflow).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if Path(p or ".").resolve() != CHECKOUT])
+    with pytest.raises(RewardError, match="cannot import") as caught:
+        build_reward("mine", function=function)
+    assert str(caught.value).endswith(f"; grpoflow's reward moved: name {new}")
+    module, _, attr = new.partition(":")
+    assert callable(getattr(importlib.import_module(module), attr))  # the path named is the reward
 
 
 def test_unknown_builtin_lists_the_registry(monkeypatch):

@@ -161,13 +161,46 @@ def _import_callable(name: str, function: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # a syntax error or failing import in the user's module is their mistake, not ours
-        raise RewardError(f"reward {name!r}: cannot import {function!r}: {exc}") from exc
+        raise RewardError(f"reward {name!r}: cannot import {function!r}: {exc}{_moved(module_name, attr)}") from exc
     target = getattr(module, attr, None)
     if target is None:
-        raise RewardError(f"reward {name!r}: cannot import {function!r}: module {module_name!r} has no {attr!r}")
+        raise RewardError(
+            f"reward {name!r}: cannot import {function!r}: module {module_name!r} has no {attr!r}"
+            + _moved(module_name, attr)
+        )
     if not callable(target):
         raise RewardError(f"reward {name!r}: {function!r} is a {type(target).__name__}, not a function")
     return target
+
+
+# Where grpoflow's public rewards were before they moved: a spec naming a former path is refused with the new one.
+# trainers/rewards.py became the package trainers/rewards/ and the judge moved into it (2026-12-02 and -04); before
+# the one import root (2026-12-02) the layers were top-level names (`trainers.rewards:exact_answer_reward`).
+FORMER_MODULES = {
+    "grpoflow.trainers.rewards": (
+        "grpoflow.trainers.rewards.builtin",
+        "grpoflow.trainers.rewards.models",
+        "grpoflow.trainers.rewards.judge",
+    ),
+    "grpoflow.trainers.judge": ("grpoflow.trainers.rewards.judge",),
+}
+_LAYERS = ("trainers", "examples")
+
+
+def _moved(module_name: str, attr: str) -> str:
+    """The end of the message for a former path of one of grpoflow's rewards, naming the new path; else ""."""
+    if module_name.split(".")[0] in _LAYERS:
+        module_name = f"grpoflow.{module_name}"
+    for candidate in FORMER_MODULES.get(module_name, (module_name,)):
+        if not candidate.startswith("grpoflow."):
+            continue
+        try:
+            found = hasattr(importlib.import_module(candidate), attr)
+        except Exception:  # not a module of grpoflow's
+            continue
+        if found:
+            return f"; grpoflow's reward moved: name {candidate}:{attr}"
+    return ""
 
 
 def _call_factory(name: str, factory: Callable, kwargs: dict, label: str) -> Callable:
