@@ -168,7 +168,7 @@ STAGES = (
     ),
     # --- publish to the Hugging Face Hub
     Stage("publish", publish_task, when=lambda spec, done: bool(spec.publish) and _promoted(spec, done)),
-    # --- register the serving deployment (served from merged/, LoRA or not)
+    # --- register in the serving registry (served from merged/, LoRA or not)
     Stage("register", register_task, when=lambda spec, done: bool(spec.deploy) and _promoted(spec, done)),
 )
 

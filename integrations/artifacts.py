@@ -7,7 +7,7 @@
   with every reward's score) as a table artifact.
 - `StageProgress`: one line per training step in the run's log, a progress artifact the UI shows as a bar, and a
   one-line bar on an interactive terminal; the SFT and GRPO watchers feed it from their poll callbacks.
-- `link_artifact`: the Hub repo after publish, the serving deployment after register.
+- `link_artifact`: the Hub repo after publish, the serving registry's record after register.
 - `completed_message`: the final state's message, `completed: exact_answer 0.33 -> 0.75 (+42 pts); healthy`.
 
 Keys are stable per Prefect deployment (a run outside one: per spec name), `<base>-report`, `<base>-evaluation`,
@@ -179,14 +179,15 @@ def rollouts_artifact(job: JobDir, spec: JobSpec, step: int):
 
 
 def link_artifact(spec: JobSpec, kind: str, link: str, text: str, description: str):
-    """A link artifact (key `<base>-<kind>`): the Hub repo (`hub-repo`) or the serving deployment (`deployment`)."""
+    """A link artifact (key `<base>-<kind>`): the Hub repo (`hub-repo`) or the serving registry's record
+    (`deployment`, its key kept)."""
     return _safely(
         kind, create_link_artifact, link, link_text=text, key=artifact_key(spec, kind), description=description
     )
 
 
-def deployment_link(job: JobDir, record: dict) -> str:
-    """The `file://` URI of a registered deployment's registry record."""
+def serving_link(job: JobDir, record: dict) -> str:
+    """The `file://` URI of a name's record in the serving registry."""
     return (registry_dir(job.root.parent) / f"{record['name']}.json").resolve().as_uri()
 
 

@@ -1,8 +1,11 @@
-"""Deployment registration: a named serving deployment of a job's merged weights, `ready` only after a smoke test;
+"""The serving registry: a job's merged weights registered under a name to serve, `ready` only after a smoke test;
 every version of a name kept with its score and job, so a worse model can be rolled back; and the promotion gate.
+("Deployment" in grpoflow means a Prefect deployment; the spec's `deploy:` section, the event
+`grpoflow.deployment.registered` and the registry's folder keep their names: specs, automations and existing
+registries rely on them.)
 
-The registry is one JSON file per deployment name under `<output_root>/deployments/<name>.json`, written atomically
-under a lock on the folder, so two registrations never clobber each other's versions:
+The registry is one JSON file per name under `<output_root>/deployments/<name>.json`, written atomically under a lock
+on the folder, so two registrations never clobber each other's versions:
 
     {"name", "owner", "current": 2, "versions": [{"version": 1, "job_id", "artifact_path", "artifact_type", "metric",
      "score", "status", "registered", "smoke"}, ...],
@@ -14,9 +17,9 @@ again re-tests it in place (idempotent, `created` kept); another job becomes a n
 test passed (a failed one is kept, marked `failed`, and the name keeps serving what it served). A LoRA job deploys
 like a full fine-tune: from `merged/`.
 
-    grpoflow deploy JOB_ID --name arithmetic
-    grpoflow deployments list
-    grpoflow deploy --rollback arithmetic     # the previous ready version becomes current again
+    grpoflow serving register JOB_ID --name arithmetic
+    grpoflow serving list
+    grpoflow serving rollback arithmetic      # the previous ready version becomes current again
     grpoflow serve arithmetic --port 8000
 
 No Prefect: `tasks/register.py` wraps `register` as the pipeline's task, `tasks/gate.py` wraps `gate_decision`.
@@ -42,7 +45,7 @@ CURRENT_FIELDS = ("job_id", "artifact_path", "artifact_type", "metric", "score",
 
 
 class RegistrationError(RuntimeError):
-    """The job cannot be deployed (no merged weights yet, unknown deployment, nothing to roll back to)."""
+    """The job cannot be registered (no merged weights yet), an unknown name, nothing to roll back to."""
 
 
 def registry_dir(output_root: Path) -> Path:
@@ -81,25 +84,25 @@ def _with_current(record: dict) -> dict:
     return record
 
 
-def read_deployment(output_root: Path, name: str) -> dict:
-    """The registry record of deployment `name` (old one-record files read as one version); `RegistrationError`
+def read_serving_record(output_root: Path, name: str) -> dict:
+    """The serving registry's record of `name` (old one-record files read as one version); `RegistrationError`
     naming the registered names when there is none."""
     path = registry_dir(output_root) / f"{name}.json"
     if not path.exists():
         known = sorted(p.stem for p in registry_dir(output_root).glob("*.json"))
-        raise RegistrationError(f"unknown deployment {name!r}; registered: {', '.join(known) or 'none'}")
+        raise RegistrationError(f"unknown serving name {name!r}; registered: {', '.join(known) or 'none'}")
     return _normalized(json.loads(path.read_text()))
 
 
-def list_deployments(output_root: Path) -> list[dict]:
-    """Every deployment name's record (see `read_deployment`), by name."""
-    return [read_deployment(output_root, p.stem) for p in sorted(registry_dir(output_root).glob("*.json"))]
+def list_serving_records(output_root: Path) -> list[dict]:
+    """Every name's record in the serving registry (see `read_serving_record`), by name."""
+    return [read_serving_record(output_root, p.stem) for p in sorted(registry_dir(output_root).glob("*.json"))]
 
 
-def deployed_score(output_root: Path, name: str) -> float | None:
-    """The held-out score of the version deployment `name` serves now; None when it serves none or has no score."""
+def served_score(output_root: Path, name: str) -> float | None:
+    """The held-out score of the version `name` serves now; None when it serves none or has no score."""
     try:
-        record = read_deployment(output_root, name)
+        record = read_serving_record(output_root, name)
     except RegistrationError:
         return None
     current = [v for v in record["versions"] if v["version"] == record["current"]]
@@ -111,19 +114,19 @@ def rollback(output_root: Path, name: str) -> tuple[dict, dict]:
 
     Args:
         output_root (`Path`): the folder holding `deployments/`.
-        name (`str`): the deployment name.
+        name (`str`): the name in the serving registry.
     """
     with _locked(output_root):
-        record = read_deployment(output_root, name)
+        record = read_serving_record(output_root, name)
         versions, current = record["versions"], record["current"]
         position = next((i for i, v in enumerate(versions) if v["version"] == current), None)
         if position is None:
-            raise RegistrationError(f"deployment {name!r} serves no version: nothing to roll back from")
+            raise RegistrationError(f"serving name {name!r} serves no version: nothing to roll back from")
         earlier = [v for v in versions[:position] if v.get("status") == "ready"]
         if not earlier:
             job_id = versions[position]["job_id"]
             raise RegistrationError(
-                f"deployment {name!r} has no ready version before version {current} (job {job_id})"
+                f"serving name {name!r} has no ready version before version {current} (job {job_id})"
             )
         record["current"], record["updated"] = earlier[-1]["version"], datetime.now(UTC).isoformat()
         write_json_atomic(registry_dir(output_root) / f"{name}.json", _with_current(record))
@@ -143,7 +146,8 @@ def gate_decision(evaluation: dict | None, gate, deployed: float | None) -> dict
             before: a model no better than its start is not promoted), `significant` (the lower bound of the gain's
             interval must exceed `min_gain`) and `beat_deployed` (after must reach `deployed`); None, or neither
             `min_gain` nor `beat_deployed` set, promotes every model.
-        deployed (`float`, *optional*): the score the deployment name serves now; None when it serves nothing scored.
+        deployed (`float`, *optional*): the score the serving name (deploy.name) serves now; None when it serves
+            nothing scored.
 
     Returns:
         `dict`: `promote`, `reason` (every unmet condition, "; "-joined), `kind` (the first one's, as
@@ -238,7 +242,7 @@ def smoke_prompt(job: JobDir):
 
 
 def smoke_test(model_dir: Path, prompt, max_new_tokens: int = 16) -> dict:
-    """Loads the weights and generates one completion: the proof a deployment can serve."""
+    """Loads the weights and generates one completion: the proof the weights can be served."""
     started = time.monotonic()
     completion = generate(str(model_dir), [prompt], max_new_tokens)[0]
     text = completion[0]["content"] if isinstance(completion, list) else completion
@@ -246,8 +250,9 @@ def smoke_test(model_dir: Path, prompt, max_new_tokens: int = 16) -> dict:
 
 
 def owner_problem(output_root: Path, name: str, owner: str) -> str | None:
-    """Why the job name `owner` may not register deployment `name` under `output_root`: the name belongs to the job
-    name that registered it first (its record's `owner`; a record from before owners were kept belongs to none)."""
+    """Why the job name `owner` may not register `name` in the serving registry under `output_root`: the name
+    belongs to the job name that registered it first (its record's `owner`; a record from before owners were kept
+    belongs to none)."""
     path = registry_dir(output_root) / f"{name}.json"
     if not path.exists():
         return None
@@ -255,19 +260,20 @@ def owner_problem(output_root: Path, name: str, owner: str) -> str | None:
     if first in (None, owner):
         return None
     return (
-        f"deploy.name: deployment {name!r} belongs to the jobs named {first!r}, which registered it first; name "
-        "another deployment"
+        f"deploy.name: serving name {name!r} belongs to the jobs named {first!r}, which registered it first; name "
+        "another"
     )
 
 
 def register(job: JobDir, name: str, owner: str | None = None) -> dict:
-    """Registers `job`'s merged weights as a version of deployment `name`, current once a smoke test passed.
+    """Registers `job`'s merged weights as a version of `name` in the serving registry, current once a smoke test
+    passed.
 
     Args:
         job (`JobDir`): a finished job (it has `merged/`).
-        name (`str`): the deployment's name (DeploySpec rules: lowercase slug).
+        name (`str`): the name to serve it under (DeploySpec rules: lowercase slug).
         owner (`str`, *optional*): the job name registering it (the spec's `name`); a name registered first by
-            another job name is refused (`owner_problem`). None (`grpoflow deploy` by hand) checks no owner.
+            another job name is refused (`owner_problem`). None (`grpoflow serving register` by hand) checks no owner.
 
     Returns:
         `dict`: the name's record, the new (or re-tested) version's fields at the top level, `version` its number.
@@ -294,7 +300,7 @@ def register(job: JobDir, name: str, owner: str | None = None) -> dict:
     except Exception as e:
         version.update(status="failed", error=f"{type(e).__name__}: {e}")
         _add_version(root, name, version, now, number)
-        raise RegistrationError(f"deployment {name!r}: the smoke inference failed: {e}") from e
+        raise RegistrationError(f"serving name {name!r}: the smoke inference failed: {e}") from e
     record = _add_version(root, name, version, now, number, make_current=True)
     return {**record, "version": number}
 
@@ -306,7 +312,7 @@ def _add_version(
     is the same: a re-registration); returns its number, or the record once `make_current` made it current."""
     path = registry_dir(root) / f"{name}.json"
     with _locked(root):
-        record = read_deployment(root, name) if path.exists() else {"name": name, "created": now, "versions": []}
+        record = read_serving_record(root, name) if path.exists() else {"name": name, "created": now, "versions": []}
         if owner is not None and (problem := owner_problem(root, name, owner)):  # another job took it meanwhile
             raise RegistrationError(problem)
         record.setdefault("owner", owner)

@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 from grpoflow.core.jobdir import JobDir, write_json_atomic
 from grpoflow.core.spec import JobSpec
 from grpoflow.integrations.events import emit
-from grpoflow.jobs.registry import deployed_score, gate_decision
+from grpoflow.jobs.registry import gate_decision, served_score
 
 
 @task(name="promotion-gate", retries=0)
@@ -21,7 +21,7 @@ def gate_task(job: JobDir, spec: JobSpec, evaluation: dict | None) -> dict:
         evaluation (`dict`, *optional*): the evaluation task's result (evaluation.json).
     """
     gate = spec.evaluation.gate
-    deployed = deployed_score(job.root.parent, spec.deploy.name) if gate.beat_deployed and spec.deploy else None
+    deployed = served_score(job.root.parent, spec.deploy.name) if gate.beat_deployed and spec.deploy else None
     decision = gate_decision(evaluation, gate, deployed)
     write_json_atomic(job.root / "gate.json", decision)
     if decision["promote"]:

@@ -16,9 +16,10 @@
         --set distributed.num_machines=2 --set distributed.shared_volume=grpoflow-rwx
 
 One module a command group: `run` (validate, canary, run, demo, init), `jobs` (jobs, metrics, model, rollouts,
-compare, webhooks), `server` (deployments apply, submit, sweep), `models` (publish, deploy, deployments list, serve),
-`tools` (graders, k8s), `policy`; `common` holds what they share and `main` the parser and the exit codes. Each
-command imports inside itself what only it uses (Prefect, the spec's models and through them torch, the job folders):
+compare, webhooks), `server` (deployments apply, submit, sweep), `models` (publish, serving, serve, and the old
+spellings deploy and deployments list), `tools` (graders, k8s), `policy`; `common` holds what they share and `main`
+the parser and the exit codes. Each command imports inside itself what only it uses (Prefect, the spec's models and
+through them torch, the job folders):
 `grpoflow --help` and every other command load none of it.
 
 Exit codes, one meaning each (`grpoflow.flows.errors`: `MEANINGS` and every command's own words, its `--help`): 0

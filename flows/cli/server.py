@@ -188,7 +188,7 @@ def _sweep_result(args, spec, sweep_id: str, state) -> int:
 def _add_server_commands(sub) -> None:
     """`deployments apply` and `submit`: grpoflow on a Prefect server (flows/deployments.py)."""
     deployments = sub.add_parser(
-        "deployments", help="deploy grpoflow to the Prefect server at PREFECT_API_URL, or list serving deployments"
+        "deployments", help="deploy grpoflow's flows to the Prefect server at PREFECT_API_URL (Prefect deployments)"
     )
     actions = deployments.add_subparsers(dest="action", required=True, parser_class=_Parser)
     apply = actions.add_parser(
@@ -196,7 +196,7 @@ def _add_server_commands(sub) -> None:
     )
     apply.add_argument("--project", default=".", metavar="DIR", help="the project folder (default: this one)")
     apply.set_defaults(func=cmd_deployments_apply)
-    listing = actions.add_parser("list", help="every registered serving deployment with its versions (* current)")
+    listing = actions.add_parser("list", help="old spelling of `grpoflow serving list` (the serving registry)")
     listing.add_argument("--json", action="store_true", help="print JSON")
     _hidden_output_uri(listing)
     listing.set_defaults(func=cmd_deployments_list)

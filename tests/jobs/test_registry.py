@@ -1,5 +1,5 @@
-"""The deployment registry's versions, rollback and listing (on registry files written by hand), and the promotion
-gate's rule (`gate_decision`)."""
+"""The serving registry's versions, rollback and listing (on registry files written by hand), its commands (`grpoflow
+serving`, and the old spellings `deploy` and `deployments list`), and the promotion gate's rule (`gate_decision`)."""
 
 import json
 import shutil
@@ -10,11 +10,11 @@ from grpoflow.core.scores import intervals
 from grpoflow.core.spec.models import GateSpec
 from grpoflow.jobs.registry import (
     RegistrationError,
-    deployed_score,
     gate_decision,
-    list_deployments,
-    read_deployment,
+    list_serving_records,
+    read_serving_record,
     rollback,
+    served_score,
 )
 from tests.conftest import cli
 
@@ -57,7 +57,7 @@ def root(tmp_path):
 
 
 def test_an_old_one_record_file_is_one_version(root):
-    record = read_deployment(root, "old")
+    record = read_serving_record(root, "old")
     assert record["current"] == 1 and len(record["versions"]) == 1
     [only] = record["versions"]
     assert only["job_id"] == "old-20261101-000000-abcdef" and only["status"] == "ready" and only["score"] is None
@@ -67,48 +67,75 @@ def test_an_old_one_record_file_is_one_version(root):
 
 
 def test_rollback_restores_the_previous_ready_version(root):
-    assert deployed_score(root, "arith") == 0.25
+    assert served_score(root, "arith") == 0.25
     restored, replaced = rollback(root, "arith")
     assert (restored["version"], replaced["version"]) == (1, 3)  # version 2 failed its smoke test: skipped
     saved = json.loads((root / "deployments" / "arith.json").read_text())
     assert saved["current"] == 1 and [v["version"] for v in saved["versions"]] == [1, 2, 3]  # nothing is lost
     assert saved["job_id"] == restored["job_id"] and saved["artifact_path"] == restored["artifact_path"]
-    assert deployed_score(root, "arith") == 0.5
+    assert served_score(root, "arith") == 0.5
     with pytest.raises(RegistrationError, match="no ready version before version 1"):
         rollback(root, "arith")
-    with pytest.raises(RegistrationError, match="unknown deployment 'nope'; registered: arith, old"):
+    with pytest.raises(RegistrationError, match="unknown serving name 'nope'; registered: arith, old"):
         rollback(root, "nope")
-    assert deployed_score(root, "nope") is None
+    assert served_score(root, "nope") is None
 
 
 def test_cli_list_and_rollback(root):
-    code, out, err = cli("--output-uri", root, "deployments", "list")
-    assert code == 0, err
+    code, out, err = cli("--output-uri", root, "serving", "list")
+    assert code == 0 and err == "", err
     lines = out.splitlines()
     assert lines[0] == "arith  (current: v3)" and lines[4] == "old  (current: v1)"
     assert lines[1].startswith("    v1 ") and "exact_answer 0.500" in lines[1] and "ready" in lines[1]
     assert "not scored" in lines[2] and "failed" in lines[2]
     assert lines[3].startswith("  * v3 ") and "arith-20261133-000000-abcdef" in lines[3]
 
-    code, out, err = cli("--output-uri", root, "deploy", "--rollback", "arith")
+    code, out, err = cli("--output-uri", root, "serving", "rollback", "arith")
     assert code == 0, err
     assert "rolled back to version 1 (job arith-20261131-000000-abcdef)" in out and "version 3" in out
-    code, out, _ = cli("--output-uri", root, "deployments", "list", "--json")
-    listed = {r["name"]: r for r in json.loads(out)["deployments"]}
+    code, out, _ = cli("--output-uri", root, "serving", "list", "--json")
+    listed = {r["name"]: r for r in json.loads(out)["serving"]}
     assert listed["arith"]["current"] == 1 and len(listed["arith"]["versions"]) == 3
 
-    code, _, err = cli("--output-uri", root, "deploy", "--rollback", "arith")
+    code, _, err = cli("--output-uri", root, "serving", "rollback", "arith")
     assert code == 1 and "no ready version before version 1" in err
+    code, _, err = cli("--output-uri", root, "serving", "register")
+    assert code == 2 and "job_id" in err
+    assert list_serving_records(root / "empty") == []
+    code, out, _ = cli("--output-uri", root / "empty", "serving", "list")
+    assert code == 0 and out.startswith("nothing registered for serving under")
+
+
+def test_the_old_spellings_work_and_say_the_new_ones(root):
+    """`deploy`, `deploy --rollback` and `deployments list` are in users' scripts: each does what it did, its JSON as
+    before, with one line on stderr naming its `serving` spelling."""
+    listed = cli("--output-uri", root, "serving", "list")[1]
+    code, out, err = cli("--output-uri", root, "deployments", "list")
+    assert (code, out) == (0, listed)
+    assert (
+        err
+        == "grpoflow: `grpoflow deployments list` is now `grpoflow serving list` (the serving registry's commands)\n"
+    )
+    code, out, err = cli("--output-uri", root, "deployments", "list", "--json")
+    assert (
+        json.loads(out)["deployments"]
+        == json.loads(cli("--output-uri", root, "serving", "list", "--json")[1])["serving"]
+    )
+    code, out, err = cli("--output-uri", root, "deploy", "--rollback", "arith")
+    assert code == 0 and "rolled back to version 1" in out
+    assert err.splitlines() == [
+        "grpoflow: `grpoflow deploy --rollback NAME` is now `grpoflow serving rollback NAME` (the serving registry's "
+        "commands)"
+    ]
     code, _, err = cli("--output-uri", root, "deploy")
-    assert code == 2 and "JOB_ID" in err
-    assert list_deployments(root / "empty") == []
-    code, out, _ = cli("--output-uri", root / "empty", "deployments", "list")
-    assert code == 0 and out.startswith("no deployments under")
+    assert (
+        code == 2 and "`grpoflow serving register JOB_ID`" in err.splitlines()[0] and "JOB_ID" in err.splitlines()[1]
+    )
 
 
 def test_without_output_uri_the_registry_is_found_where_the_job_index_points(root, tmp_path, monkeypatch):
-    # `grpoflow deploy JOB` registers beside the job (found through the job index); `deployments list`, `serve` and
-    # `deploy --rollback` from the same folder read ./runs alone and found nothing.
+    # `grpoflow serving register JOB` registers beside the job (found through the job index); `serving list`, `serve`
+    # and `serving rollback` from the same folder read ./runs alone and found nothing.
     import grpoflow.trainers.model.serve
     from grpoflow.core.jobdir import remember
 
@@ -122,19 +149,19 @@ def test_without_output_uri_the_registry_is_found_where_the_job_index_points(roo
         grpoflow.trainers.model.serve, "serve", lambda path, name, host, port: served.append((path, name))
     )
 
-    code, out, err = cli("deployments", "list")
+    code, out, err = cli("serving", "list")
     assert code == 0, err
     assert out.splitlines()[0] == f"arith  (current: v3)  {root}" and f"old  (current: v1)  {root}" in out
-    code, out, _ = cli("deployments", "list", "--json")
-    listed = [(r["name"], r["root"]) for r in json.loads(out)["deployments"]]
+    code, out, _ = cli("serving", "list", "--json")
+    listed = [(r["name"], r["root"]) for r in json.loads(out)["serving"]]
     assert listed == [("arith", str(root)), ("old", str(root))]
     assert cli("serve", "old") == (0, "", "") and served == [("/runs/old-20261101-000000-abcdef/merged", "old")]
-    code, out, err = cli("deploy", "--rollback", "arith")
+    code, out, err = cli("serving", "rollback", "arith")
     assert code == 0 and "rolled back to version 1" in out, err
 
     code, _, err = cli("serve", "nope")  # unknown: where it looked, and the names there are
     assert code == 2
-    assert f"unknown deployment 'nope' under {elsewhere / 'runs' / 'deployments'}, {root / 'deployments'}" in err
+    assert f"unknown serving name 'nope' under {elsewhere / 'runs' / 'deployments'}, {root / 'deployments'}" in err
     assert "registered: arith, old" in err
     (elsewhere / "runs" / "deployments").mkdir(parents=True)  # the same name in ./runs too: which one is meant?
     shutil.copy(root / "deployments" / "old.json", elsewhere / "runs" / "deployments")
