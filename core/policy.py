@@ -422,7 +422,7 @@ class Check:
         name = self.spec.deploy.name
         if any(name.startswith(prefix) for prefix in team.deploy_names):
             return []
-        return [self.refuse("deploy.name", f"{name!r} is not among team {self.team}'s deployment names",
+        return [self.refuse("deploy.name", f"{name!r} is not among team {self.team}'s serving names",
                             f"teams.{self.team}.deploy_names: [{name}]")]  # fmt: skip
 
 

@@ -4,11 +4,11 @@ delivery to each of the spec's webhooks (`grpoflow.integrations.webhooks`).
 Names follow docs/design.md: `grpoflow.<subject>.<verb>`, resource `grpoflow.job.<job_id>`. The Prefect event is
 sent only when a Prefect API is configured (`PREFECT_API_URL`, or a profile that sets it; `grpoflow run` sets it for
 its temporary server) or inside a flow run: with neither, Prefect's `emit_event` would boot an ephemeral server
-(~15 s) for a command such as `grpoflow deploy` that needs no Prefect, so the event then goes to `events.jsonl` and
+(~15 s) for a command such as `grpoflow serving register` that needs no Prefect, so the event then goes to `events.jsonl` and
 the webhooks only.
 
 Inside a flow or task run the event goes through `emit_event`, whose background worker sends it while the run goes
-on (and adds the run to its related resources). Outside one (`grpoflow deploy`) it is sent before `emit` returns,
+on (and adds the run to its related resources). Outside one (`grpoflow serving register`) it is sent before `emit` returns,
 through a client that connects, sends and closes: the process may exit right after, and Prefect's worker would then
 still be sending at exit ("EventsWorker - Still processing items").
 """
@@ -138,9 +138,9 @@ EVENTS = {
         more="with approval: the approver's answer and note",
     ),
     "grpoflow.deployment.registered": EventKind(
-        "a serving deployment's new version was registered",
+        "the serving registry's: a name's new version was registered (the event keeps its name; `grpoflow serving`)",
         {
-            "name": "the deployment's name",
+            "name": "the name in the serving registry",
             "version": "its new version",
             "artifact_path": "the weights it serves",
             "status": "its status (`ready` once the smoke inference passed)",
@@ -228,7 +228,7 @@ def emit(job: JobDir, event: str, payload: dict | None = None) -> dict:
 
 
 def _to_prefect(record: dict) -> None:
-    """Sends `record` to Prefect: in a run through `emit_event`'s background worker, outside one (`grpoflow deploy`)
+    """Sends `record` to Prefect: in a run through `emit_event`'s background worker, outside one (`grpoflow serving register`)
     at once; the module's docstring says why."""
     from prefect.events import Event, emit_event
     from prefect.settings import get_current_settings

@@ -19,7 +19,7 @@ class GateSpec(Section):
     )
     beat_deployed: bool = Field(
         False,
-        description="Also require a held-out score at least the one of the version the deployment name (deploy.name) "
+        description="Also require a held-out score at least the one of the version the serving name (deploy.name) "
         "serves now; passes when it serves nothing scored yet.",
     )
     significant: bool = Field(

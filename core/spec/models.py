@@ -383,9 +383,9 @@ class PublishSpec(Section):
 
 
 class DeploySpec(Section):
-    """Registering a serving deployment from the merged weights."""
+    """Registering the merged weights in the serving registry (`grpoflow serving list`)."""
 
-    name: Slug = Field(description="Deployment name (a slug).")
+    name: Slug = Field(description="The name to serve them under in the serving registry (a slug).")
 
 
 class WebhookSpec(Section):
@@ -579,7 +579,7 @@ class JobSpec(Section):
     )
     canary: CanarySpec = Field(CanarySpec(), description="The canary: one step at full length before training.")
     publish: PublishSpec | None = Field(None, description="Optional: push the model to the Hugging Face Hub.")
-    deploy: DeploySpec | None = Field(None, description="Optional: register a serving deployment.")
+    deploy: DeploySpec | None = Field(None, description="Optional: register the merged weights for serving.")
     webhooks: list[WebhookSpec] = Field([], description="Optional webhooks receiving the job's events.")
     tracking: TrackingSpec = Field(TrackingSpec(), description="Optional experiment tracking (TensorBoard, ...).")
     generation: GenerationSpec = Field(

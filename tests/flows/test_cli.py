@@ -261,12 +261,12 @@ def test_jobs_lists_every_job_past_malformed_lines(finished_job, caplog):
         (["rollouts", "no-such-job"], "unknown job 'no-such-job'"),
         (["webhooks", "retry", "no-such-job"], "unknown job 'no-such-job'"),
         (["publish", "no-such-job", "--repo-id", "me/model"], "unknown job 'no-such-job'"),
-        (["deploy", "no-such-job"], "unknown job 'no-such-job'"),
+        (["serving", "register", "no-such-job"], "unknown job 'no-such-job'"),
         # a job that is there but has no model yet (its training still runs)
         (["model", "{running}"], "has no trained model yet (status: running)"),
-        # a deployment name that is not registered (deploy --rollback and serve exited 1)
-        (["deploy", "--rollback", "no-such-name"], "unknown deployment 'no-such-name'"),
-        (["serve", "no-such-name"], "unknown deployment 'no-such-name'"),
+        # a name the serving registry does not hold (rollback and serve exited 1)
+        (["serving", "rollback", "no-such-name"], "unknown serving name 'no-such-name'"),
+        (["serve", "no-such-name"], "unknown serving name 'no-such-name'"),
     ],
 )
 def test_an_unknown_job_or_name_is_bad_input_exit_2(finished_job, argv, message):
@@ -369,8 +369,8 @@ def test_reading_and_model_commands_start_no_prefect(tmp_path, make_spec):
         ["--output-uri", root, "jobs"],
         ["--output-uri", root, "metrics", job.job_id],
         ["--output-uri", root, "model", job.job_id],
-        ["--output-uri", root, "deploy", job.job_id, "--name", "tiny"],
-        ["--output-uri", root, "deployments", "list"],
+        ["--output-uri", root, "serving", "register", job.job_id, "--name", "tiny"],
+        ["--output-uri", root, "serving", "list"],
         ["--output-uri", root, "publish", job.job_id, "--repo-id", REPO],
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}

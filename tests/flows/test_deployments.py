@@ -1115,7 +1115,7 @@ def test_a_deployment_run_cannot_reach_the_worker(stack, tmp_path):
         "huge": ({"hyperparameters": {"max_steps": 2, "rollouts_per_prompt": 4096, "prompts_per_step": 64,
                                       "max_response_length": 100000000}}, None, "is over the limit of 64"),
         "takeover": ({"name": "team-b", "deploy": {"name": "shared"}}, None,
-                     "deployment 'shared' belongs to the jobs named 'team-a'"),
+                     "serving name 'shared' belongs to the jobs named 'team-a'"),
     }  # fmt: skip
     runs = {}
     try:

@@ -1,4 +1,5 @@
-"""Deployment registration (`grpoflow deploy`); the server it registers for is tested in tests/flows/test_serve.py."""
+"""Registration in the serving registry (`grpoflow serving register`, the pipeline's register task); the server it
+registers for is tested in tests/trainers/test_serve.py."""
 
 import json
 import os
@@ -17,15 +18,15 @@ def finished_job(trained_job) -> JobDir:
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_deploy_is_ready_after_smoke_test_and_idempotent(finished_job):
+def test_register_is_ready_after_smoke_test_and_idempotent(finished_job):
     root = finished_job.root.parent
-    code, out, err = cli("--output-uri", root, "deploy", finished_job.job_id, "--name", "tiny", "--json")
+    code, out, err = cli("--output-uri", root, "serving", "register", finished_job.job_id, "--name", "tiny", "--json")
     assert code == 0, err
     first = json.loads(out)
     assert first["status"] == "ready" and first["artifact_path"] == str(finished_job.merged)
     assert first["smoke"]["prompt"].startswith("What is") and isinstance(first["smoke"]["completion"], str)
 
-    code, out, _ = cli("--output-uri", root, "deploy", finished_job.job_id, "--name", "tiny", "--json")
+    code, out, _ = cli("--output-uri", root, "serving", "register", finished_job.job_id, "--name", "tiny", "--json")
     second = json.loads(out)
     assert code == 0 and second["created"] == first["created"] and second["updated"] >= first["updated"]
     assert [p.name for p in (root / "deployments").iterdir()] == ["tiny.json"]  # one record per name
@@ -34,17 +35,17 @@ def test_deploy_is_ready_after_smoke_test_and_idempotent(finished_job):
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_deploy_mistakes(finished_job):
+def test_register_mistakes(finished_job):
     root = finished_job.root.parent
-    code, _, err = cli("--output-uri", root, "deploy", "no-such-job")
+    code, _, err = cli("--output-uri", root, "serving", "register", "no-such-job")
     assert code == 2 and "unknown job" in err  # bad input, as a bad --name
-    code, _, err = cli("--output-uri", root, "deploy", finished_job.job_id, "--name", "Bad Name")
+    code, _, err = cli("--output-uri", root, "serving", "register", finished_job.job_id, "--name", "Bad Name")
     assert code == 2 and "--name" in err
     shutil.rmtree(finished_job.merged)
-    code, _, err = cli("--output-uri", root, "deploy", finished_job.job_id)
+    code, _, err = cli("--output-uri", root, "serving", "register", finished_job.job_id)
     assert code == 1 and "merged" in err
     code, _, err = cli("--output-uri", root, "serve", "nothing-here")
-    assert code == 2 and "unknown deployment" in err
+    assert code == 2 and "unknown serving name" in err
 
 
 def test_every_version_is_kept_and_rolled_back(finished_job):
@@ -54,7 +55,7 @@ def test_every_version_is_kept_and_rolled_back(finished_job):
     shutil.copytree(finished_job.root, newer.root)
     newer.evaluation.write_text(json.dumps({"metric": "exact_answer", "n": 2, "before": 0.0, "after": 0.25}))
     for job in (finished_job, newer):
-        code, out, err = cli("--output-uri", root, "deploy", job.job_id, "--name", "tiny")
+        code, out, err = cli("--output-uri", root, "serving", "register", job.job_id, "--name", "tiny")
         assert code == 0 and out.endswith(f"({'version 1' if job is finished_job else 'version 2'})\n"), err
 
     record = json.loads((root / "deployments" / "tiny.json").read_text())
@@ -66,11 +67,11 @@ def test_every_version_is_kept_and_rolled_back(finished_job):
     registered = [json.loads(line) for line in newer.events.read_text().splitlines()][-1]
     assert registered["event"] == "grpoflow.deployment.registered" and registered["payload"]["version"] == 2
 
-    code, out, err = cli("--output-uri", root, "deploy", "--rollback", "tiny")
+    code, out, err = cli("--output-uri", root, "serving", "rollback", "tiny")
     assert code == 0 and f"rolled back to version 1 (job {finished_job.job_id})" in out, err
     record = json.loads((root / "deployments" / "tiny.json").read_text())
     assert record["current"] == 1 and record["artifact_path"] == str(finished_job.merged)  # what serve now serves
-    code, out, _ = cli("--output-uri", root, "deployments", "list")
+    code, out, _ = cli("--output-uri", root, "serving", "list")
     assert code == 0 and out.splitlines()[1].startswith("  * v1 ") and "exact_answer 0.500" in out.splitlines()[1]
 
 
@@ -141,7 +142,7 @@ def test_deploy_delivers_its_webhook_before_it_exits(finished_job, tmp_path):
         finished_job.spec.write_text(yaml.safe_dump(spec))
         env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         command = [sys.executable, "-m", "grpoflow.flows.cli", "--output-uri", str(finished_job.root.parent),
-                   "deploy", finished_job.job_id, "--name", "hooked"]  # fmt: skip
+                   "serving", "register", finished_job.job_id, "--name", "hooked"]  # fmt: skip
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert [r["type"] for r in received] == ["deployment.registered"]

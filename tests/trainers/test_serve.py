@@ -257,10 +257,10 @@ def test_stream_holds_back_what_may_start_a_stop_string(text, stop, expected):
 
 @pytest.mark.slow  # ~13 s: a fresh interpreter imports torch and transformers
 @pytest.mark.usefixtures("prefect_server")
-def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job, monkeypatch):
-    """The commands a user runs: `grpoflow deploy JOB` on a job the pipeline finished, then `grpoflow serve NAME`,
-    answered over loopback; from a folder that is not the job's output root, as the job index allows (serve, like
-    deployments list, looked in ./runs alone and found nothing)."""
+def test_grpoflow_serve_streams_a_registered_name(tmp_path, trained_job, monkeypatch):
+    """The commands a user runs: `grpoflow serving register JOB` on a job the pipeline finished, then `grpoflow serve
+    NAME`, answered over loopback; from a folder that is not the job's output root, as the job index allows (serve,
+    like serving list, looked in ./runs alone and found nothing)."""
     from grpoflow.core.jobdir import remember
     from tests.conftest import cli
 
@@ -269,9 +269,9 @@ def test_grpoflow_serve_streams_a_registered_deployment(tmp_path, trained_job, m
     remember(job.job_id, str(job.root))  # as `grpoflow run` does
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    code, _, err = cli("deploy", job.job_id, "--name", "tiny")
+    code, _, err = cli("serving", "register", job.job_id, "--name", "tiny")
     assert code == 0, err
-    code, out, err = cli("deployments", "list")
+    code, out, err = cli("serving", "list")
     assert code == 0 and out.startswith(f"tiny  (current: v1)  {job.root.parent}"), out + err
     with socket.socket() as probe:  # a free port, released for the server to take
         probe.bind(("127.0.0.1", 0))
