@@ -177,23 +177,22 @@ def _import_callable(name: str, function: str) -> Callable:
 # trainers/rewards.py became the package trainers/rewards/ and the judge moved into it (2026-12-02 and -04); before
 # the one import root (2026-12-02) the layers were top-level names (`trainers.rewards:exact_answer_reward`).
 FORMER_MODULES = {
-    "grpoflow.trainers.rewards": (
+    "trainers.rewards": (
         "grpoflow.trainers.rewards.builtin",
         "grpoflow.trainers.rewards.models",
         "grpoflow.trainers.rewards.judge",
     ),
-    "grpoflow.trainers.judge": ("grpoflow.trainers.rewards.judge",),
+    "trainers.judge": ("grpoflow.trainers.rewards.judge",),
 }
 _LAYERS = ("trainers", "examples")
 
 
 def _moved(module_name: str, attr: str) -> str:
     """The end of the message for a former path of one of grpoflow's rewards, naming the new path; else ""."""
-    if module_name.split(".")[0] in _LAYERS:
-        module_name = f"grpoflow.{module_name}"
-    for candidate in FORMER_MODULES.get(module_name, (module_name,)):
-        if not candidate.startswith("grpoflow."):
-            continue
+    former = module_name.removeprefix("grpoflow.")
+    if former.split(".")[0] not in _LAYERS:
+        return ""
+    for candidate in FORMER_MODULES.get(former, (f"grpoflow.{former}",)):
         try:
             found = hasattr(importlib.import_module(candidate), attr)
         except Exception:  # not a module of grpoflow's
