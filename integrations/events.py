@@ -4,11 +4,11 @@ delivery to each of the spec's webhooks (`grpoflow.integrations.webhooks`).
 Names follow docs/design.md: `grpoflow.<subject>.<verb>`, resource `grpoflow.job.<job_id>`. The Prefect event is
 sent only when a Prefect API is configured (`PREFECT_API_URL`, or a profile that sets it; `grpoflow run` sets it for
 its temporary server) or inside a flow run: with neither, Prefect's `emit_event` would boot an ephemeral server
-(~15 s) for a command such as `grpoflow serving register` that needs no Prefect, so the event then goes to `events.jsonl` and
+(~15 s) for a command such as `serving register` that needs no Prefect, so the event then goes to `events.jsonl` and
 the webhooks only.
 
 Inside a flow or task run the event goes through `emit_event`, whose background worker sends it while the run goes
-on (and adds the run to its related resources). Outside one (`grpoflow serving register`) it is sent before `emit` returns,
+on (and adds the run to its related resources). Outside one (`serving register`) it is sent before `emit` returns,
 through a client that connects, sends and closes: the process may exit right after, and Prefect's worker would then
 still be sending at exit ("EventsWorker - Still processing items").
 """
@@ -64,7 +64,7 @@ _GATE = {
     "gain_ci": "the gain's interval, [low, high]: a paired bootstrap over the held-out prompts "
     "(evaluation.confidence); null without one",
     "confidence": "evaluation.confidence, the interval's confidence (e.g. 0.95), or null",
-    "deployed_score": "the score of the version the deployment serves now (beat_deployed), else null",
+    "deployed_score": "the score of the version deploy.name serves now (beat_deployed), else null",
     "min_gain": "evaluation.gate.min_gain",
     "significant": "evaluation.gate.significant: the gain's lower bound had to exceed min_gain",
     "beat_deployed": "evaluation.gate.beat_deployed",
@@ -228,7 +228,7 @@ def emit(job: JobDir, event: str, payload: dict | None = None) -> dict:
 
 
 def _to_prefect(record: dict) -> None:
-    """Sends `record` to Prefect: in a run through `emit_event`'s background worker, outside one (`grpoflow serving register`)
+    """Sends `record` to Prefect: in a run through `emit_event`'s background worker, outside one (`serving register`)
     at once; the module's docstring says why."""
     from prefect.events import Event, emit_event
     from prefect.settings import get_current_settings

@@ -88,7 +88,7 @@ def test_concurrent_emits_write_whole_lines(tmp_path):
 
 def test_without_a_prefect_api_events_stay_local(tmp_path, monkeypatch):
     """Outside a flow run, with no Prefect API configured, an event goes to events.jsonl only: Prefect's emit_event
-    would start an ephemeral server for it (15 s for `grpoflow deploy`)."""
+    would start an ephemeral server for it (15 s for `grpoflow serving register`)."""
     import prefect.events
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -113,7 +113,7 @@ print(emit(JobDir(Path(sys.argv[1])), "grpoflow.deployment.registered", {"name":
 
 
 def test_a_command_that_emits_and_exits_has_sent_the_event(tmp_path):
-    """`grpoflow deploy` emits outside any flow run, then its process ends: the event reaches Prefect before `emit`
+    """`serving register` emits outside any flow run, then its process ends: the event reaches Prefect before `emit`
     returns, and nothing of Prefect's is left sending at exit ("EventsWorker - Still processing items")."""
     from prefect.settings import get_current_settings
 

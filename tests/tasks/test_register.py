@@ -113,8 +113,8 @@ def test_a_run_that_misses_the_gate_completes_unpromoted(make_spec, tmp_path):
     assert not (tmp_path / "runs" / "deployments").exists()
 
 
-def test_deploy_delivers_its_webhook_before_it_exits(finished_job, tmp_path):
-    """`grpoflow deploy` in a process of its own (no Prefect API): the spec's webhook gets deployment.registered
+def test_register_delivers_its_webhook_before_it_exits(finished_job, tmp_path):
+    """`serving register` in a process of its own (no Prefect API): the spec's webhook gets deployment.registered
     before the process exits (its deliveries run in a thread that would end with it)."""
     import http.server
     import subprocess

@@ -1,4 +1,4 @@
-"""`grpoflow serve NAME`: an OpenAI-compatible HTTP API for a registered deployment, on loopback by default.
+"""`grpoflow serve NAME`: an OpenAI-compatible HTTP API for a name in the serving registry, on loopback by default.
 
 Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (`messages`) and `POST /v1/completions` (`prompt`), with
 OpenAI's request fields and defaults: `stream` (server-sent `chat.completion.chunk` / `text_completion` events, then
