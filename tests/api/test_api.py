@@ -294,8 +294,8 @@ def test_another_team_sees_nothing_of_a_team(api, finished):
 
 def test_a_running_job_is_cancelled(api, finished, tmp_path):
     """A Veri job, started from the OpenAI job's model, trains (slowly: the stand-in's `cancel-me`); its rollouts are
-    read while it runs, it is paused and resumed through OpenAI's client (a new run of the same job), then cancelled
-    through the API, and its flow run ends Cancelled."""
+    read while it runs, it is paused and resumed through grpoflow's client (a new run of the same job; OpenAI's client
+    sees it paused and is refused a second pause and resume), then cancelled, and its flow run ends Cancelled."""
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
     spec = {"name": "cancel-me", "base_model": finished.fine_tuned_model, "dataset": str(data),
             "rewards": [{"name": "exact_answer"}], "evaluation": {"holdout": 2},
@@ -314,19 +314,20 @@ def test_a_running_job_is_cancelled(api, finished, tmp_path):
         assert len(best) == 1 and best[0]["reward"] == 1.0 and best[0]["completion"]
         assert no_step.status_code == 400 and no_step.json()["error"]["param"] == "step"
         first_run = job_record(api, job["id"])["flow_run_id"]
-        fine_tuning = api.openai().fine_tuning.jobs
-        assert fine_tuning.pause(job["id"]).status == "paused"
+        fine_tuning = api.openai().fine_tuning.jobs  # Veri's pause and resume, and OpenAI's, are one mechanism
+        assert client.training_jobs.pause(job["id"])["status"] == "paused"
+        assert fine_tuning.retrieve(job["id"]).status == "paused"
         with pytest.raises(openai.ConflictError, match="not running"):
             fine_tuning.pause(job["id"])
         deadline = time.monotonic() + 120
         while True:  # resumable once the first run has ended
             try:
-                resumed = fine_tuning.resume(job["id"])
+                resumed = client.training_jobs.resume(job["id"])
                 break
-            except openai.ConflictError as e:
-                assert "still stopping" in str(e) and time.monotonic() < deadline, e
+            except ApiError as e:
+                assert e.status == 409 and e.code == "still_stopping" and time.monotonic() < deadline, e
                 time.sleep(1)
-        assert resumed.status in ("queued", "running") and job_record(api, job["id"])["flow_run_id"] != first_run
+        assert resumed["status"] in ("queued", "running") and job_record(api, job["id"])["flow_run_id"] != first_run
         deadline = time.monotonic() + 120
         while client.training_jobs.get(job["id"])["status"] != "running":
             assert time.monotonic() < deadline, client.training_jobs.get(job["id"])["status"]
