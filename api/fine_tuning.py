@@ -12,7 +12,8 @@ A job is a grpoflow spec made from the request (`openai_spec`, the mapping of do
 `grader:` reward, the training file's rows the dataset (its `messages` the prompt, the other fields the grader's
 `item`), and each hyperparameter its grpoflow equivalent (`eval_samples` -> `evaluation.samples`, ...); a field with
 none is a 400 naming it. Its id is grpoflow's job id, so Veri's `/v1/training_jobs/{id}/metrics` and `/model` read
-the same job.
+the same job. The team's webhooks in the operator's policy (`teams.NAME.webhooks`) become the job's, with
+`openai_events: only`: they get the job's end as OpenAI's `fine_tuning.job.succeeded|failed|cancelled` event.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from grpoflow.api.errors import ApiError, not_found
 from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, pause_job, resume_job, start_job
 from grpoflow.api.store import TeamStore, public_file
 from grpoflow.api.training_jobs import Store, fine_tuned_model
+from grpoflow.core.policy import PolicyError, load_policy
 from grpoflow.core.spec import Hyperparameters
 from grpoflow.trainers.metrics import read_metrics
 
@@ -151,6 +153,16 @@ def _hyperparameters(given: dict, rows: int) -> tuple[dict, dict, list[str]]:
     return hp, evaluation, problems
 
 
+def team_webhooks(settings, team: str) -> list[dict]:
+    """The team's webhooks the operator's policy lists (`teams.NAME.webhooks`), as a job's webhooks that get OpenAI's
+    `fine_tuning.job.*` events only: OpenAI's request has no webhook field, and OpenAI's webhooks are the project's."""
+    try:
+        own = load_policy(settings.project).policy.teams.get(team)
+    except PolicyError:
+        return []  # the job's check names the policy's mistake
+    return [{"url": h.url, "secret_env": h.secret_env, "openai_events": "only"} for h in (own.webhooks if own else [])]
+
+
 # --- jobs ------------------------------------------------------------------------------------------------------------
 
 
@@ -197,6 +209,7 @@ async def create(request: Request, body: Annotated[dict, Body()], store: Store) 
     """Starts a reinforcement fine-tuning job from OpenAI's request (a 400 names each field without an equivalent)."""
     settings = request.app.state.settings
     data, problems = openai_spec(body, store)
+    data["webhooks"] = team_webhooks(settings, store.team)
     spec, parent = checked_spec(data, settings, store, problems, REQUEST_NAMES)
     asked = {k: body.get(k) for k in REQUEST_FIELDS}
     record = await start_job(spec, settings, store, parent, openai=asked)

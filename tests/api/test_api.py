@@ -28,6 +28,7 @@ from grpoflow.client import ApiError, Client
 from grpoflow.flows.deployments import PROJECT_DIR
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
 from tests.flows.test_deployments import PREFECT, free_port, start, stop, wait_healthy
+from tests.integrations.test_webhooks import SECRET_ENV, WHSEC, Receiver
 
 RFT_ROWS = PROJECT_DIR / "examples" / "openai-rft" / "train.jsonl"
 GRADER = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
@@ -42,6 +43,7 @@ class Api:
     keys_file: Path
     out: Path
     prefect_url: str
+    hooks: Receiver  # team a's webhook (the policy's teams.a.webhooks)
 
     def openai(self, team: str = "a", key: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or self.keys[team], max_retries=0)
@@ -55,10 +57,12 @@ class Api:
             return len(client.read_flow_runs())
 
 
-def write_policy(path: Path) -> Path:
-    """The tests' policy (tests/conftest.py) with two teams; team b's runs may take 5 steps at most."""
+def write_policy(path: Path, hook_url: str) -> Path:
+    """The tests' policy (tests/conftest.py) with two teams; team a has a webhook, team b's runs may take 5 steps at
+    most."""
     policy = yaml.safe_load(Path(os.environ["GRPOFLOW_POLICY"]).read_text())
-    policy["teams"] = {"a": {}, "b": {"limits": {"max_steps": 5}}}
+    policy["teams"] = {"a": {"webhooks": [{"url": hook_url, "secret_env": SECRET_ENV}]},
+                       "b": {"limits": {"max_steps": 5}}}  # fmt: skip
     path.write_text(yaml.safe_dump(policy))
     return path
 
@@ -85,6 +89,7 @@ def wait_api(url: str, key: str, proc: subprocess.Popen, timeout: float = 120) -
 def api(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api")
     prefect_url = f"http://127.0.0.1:{free_port()}/api"
+    hooks = Receiver()
     env = {
         **os.environ,
         **standin_env(),
@@ -92,7 +97,8 @@ def api(tmp_path_factory):
         "PREFECT_API_URL": prefect_url,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "GRPOFLOW_POLICY": str(write_policy(tmp / "policy.yaml")),
+        "GRPOFLOW_POLICY": str(write_policy(tmp / "policy.yaml", hooks.url)),
+        SECRET_ENV: WHSEC,
         # The job the cancel test stops would train for 100 s.
         "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 1}}}),
     }
@@ -120,9 +126,10 @@ def api(tmp_path_factory):
                    keys_file, "--output-uri", tmp / "out", "--project", PROJECT_DIR]  # fmt: skip
         procs.append(start([str(c) for c in command], env, tmp / "api.log"))
         wait_api(url, keys["a"], procs[-1])
-        yield Api(url, keys, keys_file, tmp / "out", prefect_url)
+        yield Api(url, keys, keys_file, tmp / "out", prefect_url, hooks)
     finally:
         stop(procs)
+        hooks.stop()
 
 
 @pytest.fixture(scope="module")
@@ -349,6 +356,21 @@ def test_a_running_job_is_cancelled(api, finished, tmp_path):
     assert state.is_cancelled(), state
     started_from = yaml.safe_load((api.out / "a" / job["id"] / "spec.yaml").read_text())["base_model"]
     assert started_from == str(api.out / "a" / finished.id / "merged")
+
+
+def test_a_teams_webhook_gets_openais_events_of_the_jobs_openais_client_created(api, finished):
+    """Team a's webhook (the operator's policy) gets the OpenAI job's end as OpenAI's event, signed, and nothing else:
+    no grpoflow event, nothing of the Veri job (cancelled by now) or of team b."""
+    deadline = time.monotonic() + 60
+    while not api.hooks.delivered():
+        assert time.monotonic() < deadline, "no webhook delivery"
+        time.sleep(0.5)
+    time.sleep(1)  # anything else would have come by now: the jobs have ended
+    (request,) = api.hooks.requests
+    event = openai.OpenAI(api_key="unused").webhooks.unwrap(request.body, request.headers, secret=WHSEC)
+    assert event.type == "fine_tuning.job.succeeded" and event.data.id == finished.id
+    spec = yaml.safe_load((api.out / "a" / finished.id / "spec.yaml").read_text())
+    assert spec["webhooks"] == [{"url": api.hooks.url, "secret_env": SECRET_ENV, "openai_events": "only"}]
 
 
 def job_record(api: Api, job_id: str) -> dict:
