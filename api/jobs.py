@@ -56,6 +56,7 @@ class Settings:
     output_uri: Path  # the teams' folders: <output_uri>/<team>/ and <output_uri>/files/<team>/
     deployment: str = "retrain"  # the deployment the teams' own copy
     project: Path = Path(".")  # where the worker runs the flows: its .grpoflow/policy.yaml applies
+    max_upload_bytes: int = 512 * 1024 * 1024  # the largest file POST /v1/files takes
 
 
 # --- a spec in -------------------------------------------------------------------------------------------------------

@@ -53,6 +53,30 @@ def test_a_teams_files_are_its_own(app):
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "purpose"
 
 
+def test_an_upload_past_the_limit_is_refused_and_leaves_no_file(tmp_path):
+    """The upload is streamed to the files folder and refused as soon as it passes the limit (64 bytes here): a 413,
+    and nothing of it left there; one at the limit is taken whole, through OpenAI's client."""
+    keys = tmp_path / "keys.yaml"
+    settings = Settings(keys=keys, output_uri=tmp_path / "out", project=PROJECT_DIR, max_upload_bytes=64)
+    key, client = add_key(keys, "a"), TestClient(create_app(settings))
+    headers, folder = {"Authorization": f"Bearer {key}"}, tmp_path / "out" / "files" / "a"
+    for size in (65, 4 * 2**20):
+        sent = client.post("/v1/files", headers=headers, files={"file": ("t.jsonl", b"x" * size)},
+                           data={"purpose": "fine-tune"})  # fmt: skip
+        assert sent.status_code == 413 and sent.json()["error"]["param"] == "file", sent.text
+        assert list(folder.iterdir()) == []
+    wrong = client.post("/v1/files", headers=headers, files={"file": ("t.jsonl", b"{}")}, data={"purpose": "x"})
+    assert wrong.status_code == 400 and list(folder.iterdir()) == []
+    garbled = client.post("/v1/files", headers={**headers, "content-type": "multipart/form-data; boundary=zz"},
+                          content=b"--zz\r\nnot a part")  # fmt: skip
+    assert garbled.status_code == 400 and list(folder.iterdir()) == []
+    rows = b'{"messages": [{"role": "user", "content": "2+2?"}]}\n'.ljust(64, b" ")
+    uploaded = openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=client, max_retries=0).files
+    made = uploaded.create(file=("rows.jsonl", rows), purpose="fine-tune")
+    assert made.bytes == 64 and (folder / f"{made.id}.jsonl").read_bytes() == rows
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{made.id}.jsonl", f"{made.id}.json"])
+
+
 def test_a_refused_spec_names_every_problem_before_prefect(app):
     client, headers, out = app
     spec = {"name": "Bad Name", "base_model": "builtin:tiny", "dataset": "file-000000000000000000000000",
