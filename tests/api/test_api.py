@@ -9,6 +9,7 @@ cancelled. Every process the test starts is stopped, with its children, at the e
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from tests.flows.test_deployments import PREFECT, free_port, start, stop, wait_h
 from tests.integrations.test_webhooks import SECRET_ENV, WHSEC, Receiver
 
 RFT_ROWS = PROJECT_DIR / "examples" / "openai-rft" / "train.jsonl"
+RFT_GUIDE = PROJECT_DIR / "docs" / "guides" / "from-openai-rft.md"
 GRADER = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
           "reference": "{{ item.reference_answer }}", "operation": "eq"}  # fmt: skip
 pytestmark = pytest.mark.slow
@@ -371,6 +373,20 @@ def test_a_teams_webhook_gets_openais_events_of_the_jobs_openais_client_created(
     assert event.type == "fine_tuning.job.succeeded" and event.data.id == finished.id
     spec = yaml.safe_load((api.out / "a" / finished.id / "spec.yaml").read_text())
     assert spec["webhooks"] == [{"url": api.hooks.url, "secret_env": SECRET_ENV, "openai_events": "only"}]
+
+
+def test_the_rft_guide_runs_as_written(api):
+    """docs/guides/from-openai-rft.md's python blocks, in order, as one script from the project folder, with the two
+    variables it tells the reader to set: its job runs to succeeded, and its grader scores the sample."""
+    blocks = re.findall(r"^```python\n(.*?)^```", RFT_GUIDE.read_text(), re.S | re.M)
+    assert len(blocks) >= 3 and "openai.OpenAI(" in blocks[0]
+    env = {**os.environ, "GRPOFLOW_API_URL": f"{api.url}/v1", "GRPOFLOW_API_KEY": api.keys["a"]}
+    ran = subprocess.run([sys.executable, "-c", "\n".join(blocks)], env=env, cwd=PROJECT_DIR, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert re.fullmatch(r"succeeded ft:builtin:tiny:a:word-problems:word-problems-\S+", lines[0]), ran.stdout
+    assert lines[-1] == "1.0 {'exact': 1.0, 'close': 1.0}"
 
 
 def job_record(api: Api, job_id: str) -> dict:
