@@ -48,7 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
 
 def app_from_env() -> FastAPI:
     """The app of the settings `grpoflow api` put in GRPOFLOW_API_CONFIG (JSON: keys, output_uri, deployment,
-    project)."""
+    project, max_upload_bytes)."""
     config = json.loads(os.environ[API_CONFIG_ENV])
     return create_app(
         Settings(
@@ -56,5 +56,6 @@ def app_from_env() -> FastAPI:
             output_uri=Path(config["output_uri"]).expanduser().resolve(),
             deployment=config.get("deployment") or "retrain",
             project=Path(config.get("project") or ".").resolve(),
+            max_upload_bytes=config.get("max_upload_bytes") or Settings.max_upload_bytes,
         )
     )

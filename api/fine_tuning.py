@@ -12,28 +12,32 @@ A job is a grpoflow spec made from the request (`openai_spec`, the mapping of do
 `grader:` reward, the training file's rows the dataset (its `messages` the prompt, the other fields the grader's
 `item`), and each hyperparameter its grpoflow equivalent (`eval_samples` -> `evaluation.samples`, ...); a field with
 none is a 400 naming it. Its id is grpoflow's job id, so Veri's `/v1/training_jobs/{id}/metrics` and `/model` read
-the same job.
+the same job. The team's webhooks in the operator's policy (`teams.NAME.webhooks`) become the job's, with
+`openai_events: only`: they get the job's end as OpenAI's `fine_tuning.job.succeeded|failed|cancelled` event.
 """
 
 from __future__ import annotations
 
 import math
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Body, File, Form, Request, UploadFile
+from fastapi import APIRouter, Body, Request
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 from grpoflow.api.errors import ApiError, not_found
 from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, pause_job, resume_job, start_job
 from grpoflow.api.store import TeamStore, public_file
 from grpoflow.api.training_jobs import Store, fine_tuned_model
+from grpoflow.core.policy import PolicyError, load_policy
 from grpoflow.core.spec import Hyperparameters
 from grpoflow.trainers.metrics import read_metrics
 
 files = APIRouter(prefix="/v1/files")
 jobs = APIRouter(prefix="/v1/fine_tuning/jobs")
 
-MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 # OpenAI's job statuses for grpoflow's: a job waiting for a person's approval is still running to OpenAI's client.
 STATUSES = {"queued": "queued", "running": "running", "awaiting_approval": "running", "succeeded": "succeeded",
             "failed": "failed", "rejected": "failed", "cancelled": "cancelled", "paused": "paused"}  # fmt: skip
@@ -54,15 +58,84 @@ DEFAULT_GROUP = Hyperparameters.model_fields["rollouts_per_prompt"].default
 # --- files -----------------------------------------------------------------------------------------------------------
 
 
-@files.post("")
-async def upload(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], store: Store) -> dict:
-    """Uploads a file of training rows (multipart: file, purpose=fine-tune)."""
-    if purpose != "fine-tune":
-        raise ApiError(400, f"purpose {purpose!r}: this API takes fine-tune files only", param="purpose")
-    content = await file.read(MAX_UPLOAD_BYTES + 1)
-    if len(content) > MAX_UPLOAD_BYTES:
-        raise ApiError(413, f"file: over {MAX_UPLOAD_BYTES // 2**20} MiB", param="file")
-    return public_file(store.add_file(file.filename or "upload.jsonl", content, purpose))
+UPLOAD_FORM = {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "purpose"], "properties": {
+        "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["fine-tune"]}},
+}}}}  # fmt: skip
+MAX_FIELD_BYTES = 4096  # a form field beside the file (purpose)
+
+
+@files.post("", openapi_extra={"requestBody": UPLOAD_FORM})
+async def upload(request: Request, store: Store) -> dict:
+    """Uploads a file of training rows (multipart: file, purpose=fine-tune), streamed to the team's files folder: never
+    whole in memory, refused (413) as soon as it passes the API's limit, and nothing of it kept when refused."""
+    received = store.upload_path()
+    try:
+        form = await receive_form(request, received, request.app.state.settings.max_upload_bytes)
+        if (purpose := form.get("purpose")) != "fine-tune":
+            raise ApiError(400, f"purpose {purpose!r}: this API takes fine-tune files only", param="purpose")
+        if "filename" not in form:
+            raise ApiError(400, "file: no file part in the form", param="file")
+        return public_file(store.add_file(form["filename"] or "upload.jsonl", received, purpose))
+    finally:
+        received.unlink(missing_ok=True)  # renamed into place once recorded; anything else received goes
+
+
+async def receive_form(request: Request, to: Path, limit: int) -> dict[str, str]:
+    """Reads the multipart body of `request` as it arrives: its `file` part written to `to` (a 413 as soon as it
+    passes `limit` bytes), the other fields kept as text; returns {name: text}, and the file's name as `filename`."""
+    content_type, options = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ApiError(400, "the body must be multipart/form-data: file, and purpose=fine-tune", param="file")
+    fields: dict[str, bytearray] = {}
+    part = {"header": b"", "value": b"", "disposition": b"", "name": ""}
+    written = 0
+    with to.open("wb") as out:
+
+        def on_part_begin() -> None:
+            part.update(header=b"", value=b"", disposition=b"", name="")
+
+        def on_header_field(data: bytes, start: int, end: int) -> None:
+            part["header"] += data[start:end]
+
+        def on_header_value(data: bytes, start: int, end: int) -> None:
+            part["value"] += data[start:end]
+
+        def on_header_end() -> None:
+            if part["header"].lower() == b"content-disposition":
+                part["disposition"] = part["value"]
+            part.update(header=b"", value=b"")
+
+        def on_headers_finished() -> None:
+            _, disposition = parse_options_header(part["disposition"])
+            part["name"] = disposition.get(b"name", b"").decode(errors="replace")
+            if part["name"] == "file":
+                fields["filename"] = bytearray(disposition.get(b"filename", b""))
+
+        def on_part_data(data: bytes, start: int, end: int) -> None:
+            nonlocal written
+            if part["name"] == "file":
+                written += end - start
+                if written > limit:
+                    raise ApiError(413, f"file: over the API's limit of {limit:,} bytes", param="file")
+                out.write(data[start:end])
+                return
+            field = fields.setdefault(part["name"], bytearray())
+            field += data[start:end]
+            if len(field) > MAX_FIELD_BYTES:
+                raise ApiError(400, f"{part['name']}: over {MAX_FIELD_BYTES} bytes", param=part["name"])
+
+        callbacks = {"on_part_begin": on_part_begin, "on_header_field": on_header_field,
+                     "on_header_value": on_header_value, "on_header_end": on_header_end,
+                     "on_headers_finished": on_headers_finished, "on_part_data": on_part_data}  # fmt: skip
+        parser = MultipartParser(options[b"boundary"], callbacks)
+        try:
+            async for chunk in request.stream():
+                parser.write(chunk)
+            parser.finalize()
+        except MultipartParseError as e:
+            raise ApiError(400, f"the multipart body is malformed ({e})", param="file") from None
+    return {name: value.decode(errors="replace") for name, value in fields.items()}
 
 
 @files.get("")
@@ -151,6 +224,16 @@ def _hyperparameters(given: dict, rows: int) -> tuple[dict, dict, list[str]]:
     return hp, evaluation, problems
 
 
+def team_webhooks(settings, team: str) -> list[dict]:
+    """The team's webhooks the operator's policy lists (`teams.NAME.webhooks`), as a job's webhooks that get OpenAI's
+    `fine_tuning.job.*` events only: OpenAI's request has no webhook field, and OpenAI's webhooks are the project's."""
+    try:
+        own = load_policy(settings.project).policy.teams.get(team)
+    except PolicyError:
+        return []  # the job's check names the policy's mistake
+    return [{"url": h.url, "secret_env": h.secret_env, "openai_events": "only"} for h in (own.webhooks if own else [])]
+
+
 # --- jobs ------------------------------------------------------------------------------------------------------------
 
 
@@ -197,6 +280,7 @@ async def create(request: Request, body: Annotated[dict, Body()], store: Store) 
     """Starts a reinforcement fine-tuning job from OpenAI's request (a 400 names each field without an equivalent)."""
     settings = request.app.state.settings
     data, problems = openai_spec(body, store)
+    data["webhooks"] = team_webhooks(settings, store.team)
     spec, parent = checked_spec(data, settings, store, problems, REQUEST_NAMES)
     asked = {k: body.get(k) for k in REQUEST_FIELDS}
     record = await start_job(spec, settings, store, parent, openai=asked)

@@ -23,7 +23,9 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled, Cancelling
 
 from grpoflow.api.errors import ApiError, bad_spec
+from grpoflow.api.graders import endpoint_kwargs
 from grpoflow.api.store import TeamStore
+from grpoflow.core.graders import needs_endpoint
 from grpoflow.core.jobdir import JobDir
 from grpoflow.core.policy import deployment_check
 from grpoflow.core.spec import JobSpec, SpecError, load_spec
@@ -54,6 +56,7 @@ class Settings:
     output_uri: Path  # the teams' folders: <output_uri>/<team>/ and <output_uri>/files/<team>/
     deployment: str = "retrain"  # the deployment the teams' own copy
     project: Path = Path(".")  # where the worker runs the flows: its .grpoflow/policy.yaml applies
+    max_upload_bytes: int = 512 * 1024 * 1024  # the largest file POST /v1/files takes
 
 
 # --- a spec in -------------------------------------------------------------------------------------------------------
@@ -77,6 +80,7 @@ def checked_spec(
             problems.append(f"dataset.uri: no uploaded file {uri!r} (POST /v1/files)")
         else:
             data["dataset"] = {**dataset, "uri": str(store.file_path(record))}
+    problems += _model_grader_endpoints(data, settings)
     parent = parent_job(data.get("base_model"), store.team)
     if parent is not None:
         merged = store.job_dir(parent).merged if store.job(parent) else None
@@ -95,6 +99,25 @@ def checked_spec(
     if problems:
         raise bad_spec(problems, names)
     return spec, parent
+
+
+def _model_grader_endpoints(data: dict, settings: Settings) -> list[str]:
+    """Gives each rewards entry whose grader asks an endpoint (a model grader, cosine) and names none the operator's
+    (the policy's `from_deployments.model_graders`); returns the problem of each such entry when the operator set
+    none."""
+    if not isinstance(rewards := data.get("rewards"), list):
+        return []
+    data["rewards"], problems = list(rewards), []
+    for i, entry in enumerate(rewards):
+        kwargs = entry.get("kwargs") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not needs_endpoint(entry.get("grader")) or "base_url" in (kwargs or {}):
+            continue
+        endpoint, why = endpoint_kwargs(settings)
+        if why:
+            problems.append(f"rewards[{i}].grader: {why}")
+        else:
+            data["rewards"][i] = {**entry, "kwargs": {**(kwargs if isinstance(kwargs, dict) else {}), **endpoint}}
+    return problems
 
 
 def parent_job(model, team: str) -> str | None:

@@ -2,7 +2,8 @@
 
 - `<output_uri>/<team>/.api-jobs/<job_id>.json`: a job the API submitted: its Prefect flow run's id, when it was
   created, and the OpenAI request it came from (for a `/v1/fine_tuning/jobs` job), one file a job, written atomically;
-- `<output_uri>/files/<team>/<file_id>.<ext>` and `<file_id>.json`: an uploaded file and its record.
+- `<output_uri>/files/<team>/<file_id>.<ext>` and `<file_id>.json`: an uploaded file and its record (received into a
+  `.upload-*.part` file beside them, renamed into place once whole).
 
 A team reads only its own folders: an id that is not in them is unknown, whoever else has it.
 """
@@ -71,13 +72,20 @@ class TeamStore:
 
     # --- files
 
-    def add_file(self, filename: str, content: bytes, purpose: str) -> dict:
+    def upload_path(self) -> Path:
+        """A new temporary file in the team's files folder for an upload being received (a dotfile: `files` lists
+        none, and `add_file` renames it into place)."""
+        self.files_root.mkdir(parents=True, exist_ok=True)
+        return self.files_root / f".upload-{secrets.token_hex(8)}.part"
+
+    def add_file(self, filename: str, received: Path, purpose: str) -> dict:
+        """Records the upload `received` (an `upload_path`, complete) as a new file of the team; returns its record."""
         file_id = f"file-{secrets.token_hex(12)}"
         suffix = Path(filename).suffix.lower()
         data = self.files_root / f"{file_id}{suffix if suffix in DATA_SUFFIXES else '.jsonl'}"
-        data.parent.mkdir(parents=True, exist_ok=True)
-        data.write_bytes(content)
-        record = {"id": file_id, "object": "file", "bytes": len(content), "created_at": int(time.time()),
+        size = received.stat().st_size
+        received.replace(data)
+        record = {"id": file_id, "object": "file", "bytes": size, "created_at": int(time.time()),
                   "filename": Path(filename).name, "purpose": purpose, "status": "processed",
                   "expires_at": None, "status_details": None, "path": data.name}  # fmt: skip
         write_json_atomic(self.files_root / f"{file_id}.json", record)

@@ -8,6 +8,8 @@ GET  /v1/training_jobs/{id}/metrics?keys=reward,loss    {"metrics": [{"step", "v
 GET  /v1/training_jobs/{id}/events      {"object": "list", "data": [events.jsonl's records]}
 GET  /v1/training_jobs/{id}/model       {"artifact_type", "files", "merged_files"}
 POST /v1/training_jobs/{id}/cancel
+POST /v1/training_jobs/{id}/pause       a running job's run cancelled, its checkpoints kept: status paused
+POST /v1/training_jobs/{id}/resume      a paused job's new run, from its last checkpoint: queued, then running
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel
 
 from grpoflow.api.errors import ApiError, not_found
-from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, start_job
+from grpoflow.api.jobs import JobState, cancel_job, checked_spec, job_state, pause_job, resume_job, start_job
 from grpoflow.api.store import TeamStore
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.rollouts import rollout_record, select_rollouts
@@ -167,4 +169,18 @@ async def cancel(job_id: str, store: Store) -> dict:
     """Cancels the job (a paused one for good)."""
     state = await _found(store, job_id)
     await cancel_job(state, store)
+    return training_job(await _found(store, job_id), store.team)
+
+
+@router.post("/{job_id}/pause")
+async def pause(job_id: str, store: Store) -> dict:
+    """Pauses a running job (409 else): its run cancelled, its checkpoints kept; status `paused`."""
+    await pause_job(await _found(store, job_id), store)
+    return training_job(await _found(store, job_id), store.team)
+
+
+@router.post("/{job_id}/resume")
+async def resume(request: Request, job_id: str, store: Store) -> dict:
+    """Resumes a paused job (409 else, or `still_stopping` while its run ends): a new run from its last checkpoint."""
+    await resume_job(await _found(store, job_id), request.app.state.settings, store)
     return training_job(await _found(store, job_id), store.team)

@@ -270,6 +270,15 @@ def graders_of(grader: dict) -> list[dict]:
     return [grader, *(subs or {}).values()]
 
 
+def needs_endpoint(grader: Any) -> bool:
+    """Whether `grader` (a multi grader's sub-graders included) sends requests to an endpoint, `kwargs.base_url`: a
+    model grader (score_model, label_model) or a cosine text_similarity."""
+    if not isinstance(grader, dict):
+        return False
+    kinds = {_kwargs_kind(g) for g in graders_of(grader) if isinstance(g, dict)}
+    return bool(kinds & {*MODEL_GRADERS, "cosine"})
+
+
 def _kwargs_problems(grader: dict, kwargs: dict) -> list[tuple[str, str]]:
 
     needs = {_kwargs_kind(g) for g in graders_of(grader) if isinstance(g, dict)} - {None}

@@ -20,6 +20,21 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def parent_of(base_model: str | None) -> str | None:
+    """The job a model starts from when `base_model` is an earlier job's merged model (`<job folder>/merged`, as a
+    warm start from a job's `fine_tuned_model` or `job:<id>` names it): that job's id; None for any other model.
+
+    >>> parent_of("builtin:tiny") is None
+    True
+    """
+    if not isinstance(base_model, str) or "://" in base_model or base_model.startswith("builtin:"):
+        return None
+    folder = Path(base_model).expanduser()
+    if folder.name != "merged" or not (folder.parent / "model.json").is_file():
+        return None
+    return folder.parent.name
+
+
 @dataclass(frozen=True)
 class JobDir:
     """Paths of one job's folder. Every stage reads and writes through these names."""

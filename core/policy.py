@@ -18,12 +18,18 @@ project's own, which lets its deployments run its own rewards, data and graders.
       models: []                    # Hub model ids beside builtin:*, as patterns (Qwen/*)
       webhooks: []                  # hosts a webhook may post to
       secret_env: []                # variables a webhook may sign with
+      model_graders: null           # {base_url, api_key_env}: where a model grader that names no endpoint is sent
     limits: {max_steps: 100000, rollouts_per_prompt: 64, completions_per_step: 1024, max_response_length: 32768,
              tokens_per_step: 8000000}
-    teams: {}                       # name -> {paths: [...], deploy_names: [prefix...], limits: {...}}
+    teams: {}                       # name -> {paths: [...], deploy_names: [prefix...], limits: {...},
+                                    #          webhooks: [{url, secret_env}]}
     run_job_variables: []           # job variables a single run may override
 
 Loopback is never an endpoint: a judge at 127.0.0.1 from a deployment would reach the worker's own services. The
+one exception is the operator's own `model_graders.base_url`: the endpoint the jobs API gives OpenAI's model graders
+(`score_model`, `label_model`, and `cosine`), whose requests name a model but no endpoint; a spec naming that URL, with
+no key variable or its `api_key_env`, is allowed, loopback or not. So is a team's own webhook (`teams.NAME.webhooks`,
+which the jobs API gives the jobs the team creates with OpenAI's client) in that team's runs. The
 `GRPOFLOW_REWARD_MODULES`, `GRPOFLOW_ALLOW_SPEC_CODE` and `GRPOFLOW_DEPLOYED_PATHS` settings of earlier versions no
 longer apply to deployments (a run's job variables could set them); a refusal that one of them would have allowed
 names the policy line that does now. Nothing here imports a reward or reads a dataset: the checks read the spec, the
@@ -91,6 +97,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ModelGraders(_Strict):
+    """The operator's OpenAI-compatible endpoint for the model graders of requests that name none (the jobs API's)."""
+
+    base_url: str = Field(description="The endpoint's /v1 root (http or https; loopback allowed).")
+    api_key_env: str | None = Field(None, description="The variable holding its key (the API's and worker's env).")
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        return _operator_url(url)
+
+
+def _operator_url(url: str) -> str:
+    """An endpoint the operator names: http(s), no credentials in it; loopback allowed (the operator's own)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise ValueError(f"{url!r} is no http(s) URL without credentials (a secret goes in a variable)")
+    return url.rstrip("/")
+
+
 class FromDeployments(_Strict):
     """What a spec that comes from a deployment run may do; every list is empty by default."""
 
@@ -104,6 +130,9 @@ class FromDeployments(_Strict):
     models: list[str] = Field([], description="Hub model ids (patterns) beside builtin:*.")
     webhooks: list[str] = Field([], description="Hosts a webhook may post to.")
     secret_env: list[str] = Field([], description="Variables a webhook may sign with.")
+    model_graders: ModelGraders | None = Field(
+        None, description="Where a model grader that names no endpoint sends its calls: {base_url, api_key_env}."
+    )
 
     @field_validator("endpoints")
     @classmethod
@@ -134,12 +163,27 @@ class Limits(_Strict):
     )
 
 
+class TeamWebhook(_Strict):
+    """A webhook of the team's: the jobs API gives it to every job the team creates with OpenAI's client."""
+
+    url: str = Field(description="http(s) URL receiving OpenAI's fine_tuning.job.* events (loopback allowed).")
+    secret_env: str | None = Field(None, description="The variable (in the worker's env) holding its signing secret.")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        return _operator_url(url)
+
+
 class Team(_Strict):
-    """A team's own folders, deployment-name prefixes and limits (those it sets replace the policy's)."""
+    """A team's own folders, deployment-name prefixes, limits (those it sets replace the policy's) and webhooks."""
 
     paths: list[str] = Field([], description="Folders (or store prefixes) the team's specs may read too.")
     deploy_names: list[str] = Field([], description="Prefixes the team's deploy.name must start with (any: empty).")
     limits: dict[str, int] = Field({}, description="Limits of the team's runs, in place of the policy's.")
+    webhooks: list[TeamWebhook] = Field(
+        [], description="Webhooks getting OpenAI's fine_tuning.job.* events of the jobs OpenAI's client creates."
+    )
 
     @field_validator("limits")
     @classmethod
@@ -305,8 +349,10 @@ class Check:
     # --- where requests go
 
     def urls(self) -> list[str]:
-        problems = []
+        problems, own = [], self.allow.model_graders
         for where, url, key_env in endpoint_urls(self.spec):
+            if own is not None and url.rstrip("/") == own.base_url and key_env in (None, own.api_key_env):
+                continue  # the operator's own endpoint for model graders
             host = host_of(url)
             if is_loopback(host):
                 problems.append(f"{where}: {url} is on loopback, which a deployment's spec never names (the worker's "
@@ -342,8 +388,11 @@ class Check:
         ]
 
     def webhooks(self) -> list[str]:
-        problems = []
+        problems, team = [], self.loaded.policy.teams.get(self.team) if self.team else None
+        own = {(h.url, h.secret_env) for h in (team.webhooks if team else [])}
         for i, hook in enumerate(self.spec.webhooks):
+            if (hook.url.rstrip("/"), hook.secret_env) in own:
+                continue  # the operator's own webhook of the team
             host = host_of(hook.url)
             if host not in [h.lower() for h in self.allow.webhooks]:
                 problems.append(self.refuse(f"webhooks[{i}].url", f"host {host!r} is not an allowed webhook host",

@@ -27,7 +27,7 @@ class ApiError(Exception):
 
 
 class TrainingJobs:
-    """`/v1/training_jobs`: create, get, list, metrics, events, model, cancel."""
+    """`/v1/training_jobs`: create, get, list, metrics, events, model, cancel, pause, resume."""
 
     def __init__(self, http: httpx2.Client):
         self._http = http
@@ -66,6 +66,14 @@ class TrainingJobs:
 
     def cancel(self, job_id: str) -> dict:
         return self._call("POST", f"/{job_id}/cancel")
+
+    def pause(self, job_id: str) -> dict:
+        """Pauses a running job: its run stops, its checkpoints stay; status `paused` (ApiError 409 if not running)."""
+        return self._call("POST", f"/{job_id}/pause")
+
+    def resume(self, job_id: str) -> dict:
+        """Resumes a paused job from its last checkpoint (ApiError 409 `still_stopping` until its run has ended)."""
+        return self._call("POST", f"/{job_id}/resume")
 
 
 class Client:

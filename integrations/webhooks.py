@@ -26,7 +26,8 @@ A webhook with `openai_events: true` also gets a job's end as OpenAI's fine-tuni
 whichever way the job started, so a receiver written for OpenAI's webhooks (`openai.OpenAI().webhooks.unwrap(body,
 headers, secret=...)`) works unchanged: `{"id": "evt_<event id>", "object": "event", "created_at": <unix seconds>,
 "type": "fine_tuning.job.succeeded|failed|cancelled", "data": {"id": "<job id>"}}`, right after grpoflow's own
-event, with its own `webhook-id` (`evt_<event id>`), signed the same way.
+event, with its own `webhook-id` (`evt_<event id>`), signed the same way. One with `openai_events: only` gets those
+events and none of grpoflow's own (the jobs API gives a team's webhooks so to the jobs OpenAI's client creates).
 
 Signing is the `standardwebhooks` package's (the convention's reference implementation). A secret written
 `whsec_<base64>` is the package's own form and signs with the decoded bytes; any other secret signs with its UTF-8
@@ -165,11 +166,14 @@ def deliver(job: JobDir, record: dict) -> None:
     data = {**record["payload"], "job_id": job.job_id}
     body = {"type": record["event"].removeprefix("grpoflow."), "timestamp": record["occurred"], "data": data}
     raw = json.dumps(body, separators=(",", ":")).encode()
-    items = [_Delivery(job, hook, record["id"], body["type"], raw, POLICY) for hook in hooks]
+    items = [_Delivery(job, hook, record["id"], body["type"], raw, POLICY) for hook in hooks
+             if hook.openai_events != "only"]  # fmt: skip
     if (openai := openai_event(job.job_id, record)) is not None:
         raw = json.dumps(openai, separators=(",", ":")).encode()
         asking = [hook for hook in hooks if hook.openai_events]
         items += [_Delivery(job, hook, openai["id"], openai["type"], raw, POLICY) for hook in asking]
+    if not items:
+        return
     _to_outbox(items)
     for item in items:
         _enqueue(item)

@@ -35,7 +35,7 @@ import httpx2
 from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from grpoflow.core.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir, parent_of
 from grpoflow.core.scores import change
 from grpoflow.core.spec import REPO_ID_PATTERN, JobSpec, PublishSpec, load_spec, resolved_dict
 from grpoflow.core.spec.markdown import cell, number, table
@@ -75,7 +75,8 @@ A GRPO fine-tuned {{ what }} of `{{ base }}`, trained with [TRL](https://github.
 - **Dataset:** `{{ dataset }}`
 - **Rewards:** {{ rewards }}
 - **SFT warm-up:** {{ sft }}
-{% if usage %}
+{% if parent %}- **Started from:** job `{{ parent }}` (its merged model: a warm start)
+{% endif %}{% if usage %}
 ## Usage
 
 ```python
@@ -195,6 +196,7 @@ def model_card(job: JobDir, spec: JobSpec, artifact: str, repo_id: str | None = 
         dataset=spec.dataset.uri,
         rewards=", ".join(f"`{r.name}` (weight {r.weight:g})" for r in spec.rewards),
         sft=f"{spec.sft.max_steps} steps" if spec.sft.enabled else "none",
+        parent=parent_of(spec.base_model),
         usage=USAGE[artifact].format(repo_id=repo_id) if repo_id else None,
         hyperparameters=_card_hyperparameters(spec),
         metrics=_card_metrics(job),

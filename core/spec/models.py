@@ -396,10 +396,10 @@ class WebhookSpec(Section):
     secret_env: EnvName | None = Field(
         None, description="Name of the environment variable holding the signing secret (never the secret itself)."
     )
-    openai_events: bool = Field(
+    openai_events: bool | Literal["only"] = Field(
         False,
         description="Also send the job's end as OpenAI's fine-tuning webhook event (fine_tuning.job.succeeded, "
-        "failed or cancelled), for a receiver written for OpenAI's webhooks.",
+        "failed or cancelled), for a receiver written for OpenAI's webhooks; `only`: those events and no other.",
     )
 
     @field_validator("url")

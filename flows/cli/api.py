@@ -49,8 +49,10 @@ def cmd_api(args) -> int:
     if "://" in args.output_uri_api:
         raise UsageError(f"--output-uri {args.output_uri_api}: a local folder (the API keeps its records there)")
     project = Path(args.project).resolve()
+    if args.max_upload_mb < 1:
+        raise UsageError(f"--max-upload-mb {args.max_upload_mb}: at least 1")
     config = {"keys": str(keys), "output_uri": args.output_uri_api, "deployment": args.deployment,
-              "project": str(project)}  # fmt: skip
+              "project": str(project), "max_upload_bytes": args.max_upload_mb * 2**20}  # fmt: skip
     os.environ[API_CONFIG_ENV] = json.dumps(config)
     server, workers = start_if_needed(), []
     try:
@@ -132,6 +134,8 @@ def add_api_command(sub) -> None:
     )
     api.add_argument("--deployment", default="retrain", help="the grpo-pipeline deployment the teams' ones copy")
     api.add_argument("--project", default=".", help="the project folder deployed to a temporary server")
+    api.add_argument("--max-upload-mb", type=int, default=512, metavar="MB",
+                     help="the largest file POST /v1/files takes (default: 512)")  # fmt: skip
     api.set_defaults(func=cmd_api)
     groups = api.add_subparsers(dest="group", metavar="{keys}")
     keys = groups.add_parser("keys", help="the API's keys")

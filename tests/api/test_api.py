@@ -9,6 +9,7 @@ cancelled. Every process the test starts is stopped, with its children, at the e
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -28,8 +29,10 @@ from grpoflow.client import ApiError, Client
 from grpoflow.flows.deployments import PROJECT_DIR
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
 from tests.flows.test_deployments import PREFECT, free_port, start, stop, wait_healthy
+from tests.integrations.test_webhooks import SECRET_ENV, WHSEC, Receiver
 
 RFT_ROWS = PROJECT_DIR / "examples" / "openai-rft" / "train.jsonl"
+RFT_GUIDE = PROJECT_DIR / "docs" / "guides" / "from-openai-rft.md"
 GRADER = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
           "reference": "{{ item.reference_answer }}", "operation": "eq"}  # fmt: skip
 pytestmark = pytest.mark.slow
@@ -42,6 +45,7 @@ class Api:
     keys_file: Path
     out: Path
     prefect_url: str
+    hooks: Receiver  # team a's webhook (the policy's teams.a.webhooks)
 
     def openai(self, team: str = "a", key: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or self.keys[team], max_retries=0)
@@ -55,10 +59,12 @@ class Api:
             return len(client.read_flow_runs())
 
 
-def write_policy(path: Path) -> Path:
-    """The tests' policy (tests/conftest.py) with two teams; team b's runs may take 5 steps at most."""
+def write_policy(path: Path, hook_url: str) -> Path:
+    """The tests' policy (tests/conftest.py) with two teams; team a has a webhook, team b's runs may take 5 steps at
+    most."""
     policy = yaml.safe_load(Path(os.environ["GRPOFLOW_POLICY"]).read_text())
-    policy["teams"] = {"a": {}, "b": {"limits": {"max_steps": 5}}}
+    policy["teams"] = {"a": {"webhooks": [{"url": hook_url, "secret_env": SECRET_ENV}]},
+                       "b": {"limits": {"max_steps": 5}}}  # fmt: skip
     path.write_text(yaml.safe_dump(policy))
     return path
 
@@ -85,6 +91,7 @@ def wait_api(url: str, key: str, proc: subprocess.Popen, timeout: float = 120) -
 def api(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api")
     prefect_url = f"http://127.0.0.1:{free_port()}/api"
+    hooks = Receiver()
     env = {
         **os.environ,
         **standin_env(),
@@ -92,7 +99,8 @@ def api(tmp_path_factory):
         "PREFECT_API_URL": prefect_url,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "GRPOFLOW_POLICY": str(write_policy(tmp / "policy.yaml")),
+        "GRPOFLOW_POLICY": str(write_policy(tmp / "policy.yaml", hooks.url)),
+        SECRET_ENV: WHSEC,
         # The job the cancel test stops would train for 100 s.
         "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 1}}}),
     }
@@ -120,9 +128,10 @@ def api(tmp_path_factory):
                    keys_file, "--output-uri", tmp / "out", "--project", PROJECT_DIR]  # fmt: skip
         procs.append(start([str(c) for c in command], env, tmp / "api.log"))
         wait_api(url, keys["a"], procs[-1])
-        yield Api(url, keys, keys_file, tmp / "out", prefect_url)
+        yield Api(url, keys, keys_file, tmp / "out", prefect_url, hooks)
     finally:
         stop(procs)
+        hooks.stop()
 
 
 @pytest.fixture(scope="module")
@@ -294,8 +303,8 @@ def test_another_team_sees_nothing_of_a_team(api, finished):
 
 def test_a_running_job_is_cancelled(api, finished, tmp_path):
     """A Veri job, started from the OpenAI job's model, trains (slowly: the stand-in's `cancel-me`); its rollouts are
-    read while it runs, it is paused and resumed through OpenAI's client (a new run of the same job), then cancelled
-    through the API, and its flow run ends Cancelled."""
+    read while it runs, it is paused and resumed through grpoflow's client (a new run of the same job; OpenAI's client
+    sees it paused and is refused a second pause and resume), then cancelled, and its flow run ends Cancelled."""
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
     spec = {"name": "cancel-me", "base_model": finished.fine_tuned_model, "dataset": str(data),
             "rewards": [{"name": "exact_answer"}], "evaluation": {"holdout": 2},
@@ -314,19 +323,20 @@ def test_a_running_job_is_cancelled(api, finished, tmp_path):
         assert len(best) == 1 and best[0]["reward"] == 1.0 and best[0]["completion"]
         assert no_step.status_code == 400 and no_step.json()["error"]["param"] == "step"
         first_run = job_record(api, job["id"])["flow_run_id"]
-        fine_tuning = api.openai().fine_tuning.jobs
-        assert fine_tuning.pause(job["id"]).status == "paused"
+        fine_tuning = api.openai().fine_tuning.jobs  # Veri's pause and resume, and OpenAI's, are one mechanism
+        assert client.training_jobs.pause(job["id"])["status"] == "paused"
+        assert fine_tuning.retrieve(job["id"]).status == "paused"
         with pytest.raises(openai.ConflictError, match="not running"):
             fine_tuning.pause(job["id"])
         deadline = time.monotonic() + 120
         while True:  # resumable once the first run has ended
             try:
-                resumed = fine_tuning.resume(job["id"])
+                resumed = client.training_jobs.resume(job["id"])
                 break
-            except openai.ConflictError as e:
-                assert "still stopping" in str(e) and time.monotonic() < deadline, e
+            except ApiError as e:
+                assert e.status == 409 and e.code == "still_stopping" and time.monotonic() < deadline, e
                 time.sleep(1)
-        assert resumed.status in ("queued", "running") and job_record(api, job["id"])["flow_run_id"] != first_run
+        assert resumed["status"] in ("queued", "running") and job_record(api, job["id"])["flow_run_id"] != first_run
         deadline = time.monotonic() + 120
         while client.training_jobs.get(job["id"])["status"] != "running":
             assert time.monotonic() < deadline, client.training_jobs.get(job["id"])["status"]
@@ -348,6 +358,35 @@ def test_a_running_job_is_cancelled(api, finished, tmp_path):
     assert state.is_cancelled(), state
     started_from = yaml.safe_load((api.out / "a" / job["id"] / "spec.yaml").read_text())["base_model"]
     assert started_from == str(api.out / "a" / finished.id / "merged")
+
+
+def test_a_teams_webhook_gets_openais_events_of_the_jobs_openais_client_created(api, finished):
+    """Team a's webhook (the operator's policy) gets the OpenAI job's end as OpenAI's event, signed, and nothing else:
+    no grpoflow event, nothing of the Veri job (cancelled by now) or of team b."""
+    deadline = time.monotonic() + 60
+    while not api.hooks.delivered():
+        assert time.monotonic() < deadline, "no webhook delivery"
+        time.sleep(0.5)
+    time.sleep(1)  # anything else would have come by now: the jobs have ended
+    (request,) = api.hooks.requests
+    event = openai.OpenAI(api_key="unused").webhooks.unwrap(request.body, request.headers, secret=WHSEC)
+    assert event.type == "fine_tuning.job.succeeded" and event.data.id == finished.id
+    spec = yaml.safe_load((api.out / "a" / finished.id / "spec.yaml").read_text())
+    assert spec["webhooks"] == [{"url": api.hooks.url, "secret_env": SECRET_ENV, "openai_events": "only"}]
+
+
+def test_the_rft_guide_runs_as_written(api):
+    """docs/guides/from-openai-rft.md's python blocks, in order, as one script from the project folder, with the two
+    variables it tells the reader to set: its job runs to succeeded, and its grader scores the sample."""
+    blocks = re.findall(r"^```python\n(.*?)^```", RFT_GUIDE.read_text(), re.S | re.M)
+    assert len(blocks) >= 3 and "openai.OpenAI(" in blocks[0]
+    env = {**os.environ, "GRPOFLOW_API_URL": f"{api.url}/v1", "GRPOFLOW_API_KEY": api.keys["a"]}
+    ran = subprocess.run([sys.executable, "-c", "\n".join(blocks)], env=env, cwd=PROJECT_DIR, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert re.fullmatch(r"succeeded ft:builtin:tiny:a:word-problems:word-problems-\S+", lines[0]), ran.stdout
+    assert lines[-1] == "1.0 {'exact': 1.0, 'close': 1.0}"
 
 
 def job_record(api: Api, job_id: str) -> dict:

@@ -2,17 +2,25 @@
 Prefect (keys, files, a refused spec), and the client's imports."""
 
 import ast
+import json
+import os
+import re
 import sys
 from pathlib import Path
 
 import openai
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 
 from grpoflow.api.app import create_app
-from grpoflow.api.jobs import Settings
+from grpoflow.api.errors import ApiError
+from grpoflow.api.jobs import Settings, checked_spec
+from grpoflow.api.store import TeamStore
 from grpoflow.core.apikeys import add_key
+from grpoflow.core.policy import deployment_check
 from grpoflow.flows.deployments import PROJECT_DIR
+from tests.trainers.test_judge import Stub
 
 
 @pytest.fixture
@@ -43,6 +51,30 @@ def test_a_teams_files_are_its_own(app):
     assert client.get("/v1/files", headers=headers["b"]).json()["data"] == []
     wrong = client.post("/v1/files", headers=headers["a"], files={"file": ("t.jsonl", b"{}")}, data={"purpose": "x"})
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "purpose"
+
+
+def test_an_upload_past_the_limit_is_refused_and_leaves_no_file(tmp_path):
+    """The upload is streamed to the files folder and refused as soon as it passes the limit (64 bytes here): a 413,
+    and nothing of it left there; one at the limit is taken whole, through OpenAI's client."""
+    keys = tmp_path / "keys.yaml"
+    settings = Settings(keys=keys, output_uri=tmp_path / "out", project=PROJECT_DIR, max_upload_bytes=64)
+    key, client = add_key(keys, "a"), TestClient(create_app(settings))
+    headers, folder = {"Authorization": f"Bearer {key}"}, tmp_path / "out" / "files" / "a"
+    for size in (65, 4 * 2**20):
+        sent = client.post("/v1/files", headers=headers, files={"file": ("t.jsonl", b"x" * size)},
+                           data={"purpose": "fine-tune"})  # fmt: skip
+        assert sent.status_code == 413 and sent.json()["error"]["param"] == "file", sent.text
+        assert list(folder.iterdir()) == []
+    wrong = client.post("/v1/files", headers=headers, files={"file": ("t.jsonl", b"{}")}, data={"purpose": "x"})
+    assert wrong.status_code == 400 and list(folder.iterdir()) == []
+    garbled = client.post("/v1/files", headers={**headers, "content-type": "multipart/form-data; boundary=zz"},
+                          content=b"--zz\r\nnot a part")  # fmt: skip
+    assert garbled.status_code == 400 and list(folder.iterdir()) == []
+    rows = b'{"messages": [{"role": "user", "content": "2+2?"}]}\n'.ljust(64, b" ")
+    uploaded = openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=client, max_retries=0).files
+    made = uploaded.create(file=("rows.jsonl", rows), purpose="fine-tune")
+    assert made.bytes == 64 and (folder / f"{made.id}.jsonl").read_bytes() == rows
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{made.id}.jsonl", f"{made.id}.json"])
 
 
 def test_a_refused_spec_names_every_problem_before_prefect(app):
@@ -131,10 +163,64 @@ def test_openais_client_validates_a_grader(app):
     with pytest.raises(openai.BadRequestError) as bad:
         graders.validate(grader={**EXACT, "operation": "equals"})
     assert bad.value.body["problems"][0]["param"] == "grader.operation"
-    judge = {"type": "score_model", "name": "judge", "model": "m", "input": [{"role": "user", "content": "Rate"}]}
-    assert graders.validate(grader=judge).grader.name == "judge"  # the object is right; its endpoint is a job's
-    with pytest.raises(openai.BadRequestError, match="grpoflow graders run"):
-        graders.run(grader=judge, model_sample="x")
+    assert graders.validate(grader=JUDGE).grader.name == "judge"  # the object is right; its endpoint the operator's
+    with pytest.raises(openai.BadRequestError, match=re.escape("from_deployments.model_graders: {base_url")):
+        graders.run(grader=JUDGE, model_sample="x")  # the tests' policy sets no endpoint for model graders
+
+
+JUDGE = {"type": "score_model", "name": "judge", "model": "gpt-4o-mini",
+         "input": [{"role": "user", "content": "Rate {{ sample.output_text }} for {{ item.answer }}"}]}  # fmt: skip
+
+
+@pytest.fixture
+def endpoint(monkeypatch, tmp_path):
+    """An OpenAI-compatible server on loopback that answers 0.75, as the operator's endpoint for model graders (the
+    tests' policy with `from_deployments.model_graders`), its key in GRADER_TEST_KEY."""
+    stub = Stub([(200, "0.75", {}, 0.0)])
+    policy = yaml.safe_load(Path(os.environ["GRPOFLOW_POLICY"]).read_text())
+    policy.setdefault("from_deployments", {})["model_graders"] = {"base_url": stub.base_url,
+                                                                  "api_key_env": "GRADER_TEST_KEY"}  # fmt: skip
+    policy["teams"] = {"a": {"paths": [str(tmp_path / "out" / "files" / "a")]}}
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    monkeypatch.setenv("GRPOFLOW_POLICY", str(tmp_path / "policy.yaml"))
+    monkeypatch.setenv("GRADER_TEST_KEY", "sk-grader-test-1")
+    yield stub
+    stub.close()
+
+
+def test_a_model_grader_runs_against_the_operators_endpoint(app, endpoint):
+    ran = openai_client(app).fine_tuning.alpha.graders.run(grader=JUDGE, model_sample="4", item={"answer": "4"})
+    assert ran.reward == 0.75 and ran.metadata.scores == {"judge": 0.75} and not ran.metadata.errors.other_error
+    (sent,) = endpoint.requests
+    assert sent["path"] == "/v1/chat/completions" and sent["body"]["model"] == "gpt-4o-mini"
+    assert sent["headers"]["Authorization"] == "Bearer sk-grader-test-1"
+    assert "Rate 4 for 4" in json.dumps(sent["body"])
+
+
+def test_a_jobs_model_grader_is_sent_to_the_operators_endpoint(app, endpoint, tmp_path, monkeypatch):
+    """The job's spec, as the deployment run gets it: the grader's kwargs name the operator's (loopback) endpoint,
+    which the policy then allows; with no endpoint set, the request is one 400 naming the setting."""
+    data = tmp_path / "out" / "files" / "a" / "rows.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"messages": [{"role": "user", "content": "2+2?"}], "answer": "4"}\n' * 4)
+    store = TeamStore(tmp_path / "out", "a")
+    settings = Settings(keys=tmp_path / "keys.yaml", output_uri=tmp_path / "out", project=PROJECT_DIR)
+    request = {"name": "judged", "base_model": "builtin:tiny", "rewards": [{"grader": JUDGE}],
+               "dataset": {"uri": str(data), "prompt_column": "messages"}}  # fmt: skip
+    spec, _ = checked_spec(request, settings, store)
+    assert spec.rewards[0].kwargs == {"base_url": endpoint.base_url, "api_key_env": "GRADER_TEST_KEY"}
+    assert deployment_check(spec, PROJECT_DIR, "a") == []
+    elsewhere = {**request, "rewards": [{"grader": JUDGE, "kwargs": {"base_url": "http://127.0.0.1:9/v1"}}]}
+    with pytest.raises(ApiError, match="on loopback"):  # the operator's endpoint only, no other loopback URL
+        checked_spec(elsewhere, settings, store)
+    (tmp_path / "none.yaml").write_text("{}")
+    monkeypatch.setenv("GRPOFLOW_POLICY", str(tmp_path / "none.yaml"))
+    client, headers, _ = app
+    rft = {"model": "gpt-4o-mini", "training_file": "file-000000000000000000000000",
+           "method": {"type": "reinforcement", "reinforcement": {"grader": JUDGE}}}  # fmt: skip
+    refused = client.post("/v1/fine_tuning/jobs", headers=headers["a"], json=rft).json()["error"]
+    assert any(p["param"] == "method.reinforcement.grader" and "from_deployments.model_graders" in p["message"]
+               for p in refused["problems"])  # fmt: skip
 
 
 def test_the_policy_turns_api_python_graders_off(app, monkeypatch, tmp_path):

@@ -259,6 +259,31 @@ def test_teams_have_their_own_folders_names_and_limits(project):
     assert deployment_check(spec_of(project, dataset={"uri": "runs/b/job/x.jsonl"}), team="a") != []
 
 
+def test_the_operators_own_endpoint_and_a_teams_own_webhooks_are_allowed(project):
+    """The policy's model_graders endpoint (loopback here) in any deployment's spec, with its key variable only; a
+    team's webhooks (teams.NAME.webhooks) in that team's runs only."""
+    own, hook = "http://127.0.0.1:8000/v1", {"url": "http://127.0.0.1:9000/hook", "secret_env": "HOOK_SECRET"}
+    write_policy(project, {"from_deployments": {"model_graders": {"base_url": own + "/", "api_key_env": "GRADER_KEY"}},
+                           "teams": {"a": {"webhooks": [hook]}, "b": {}}})  # fmt: skip
+    judged = {"grader": {"type": "score_model", "name": "j", "model": "gpt-4o-mini", "input": [
+        {"role": "user", "content": "Rate {{ sample.output_text }}"}]}}  # fmt: skip
+    allowed = spec_of(project, rewards=[{**judged, "kwargs": {"base_url": own, "api_key_env": "GRADER_KEY"}}])
+    assert deployment_check(allowed, team="b") == []
+    for kwargs, refused in (({"base_url": "http://127.0.0.1:8001/v1"}, "on loopback"),
+                            ({"base_url": own, "api_key_env": "OTHER_KEY"}, "OTHER_KEY")):  # fmt: skip
+        problems = deployment_check(spec_of(project, rewards=[{**judged, "kwargs": kwargs}]), team="b")
+        assert any(refused in p for p in problems), problems
+    hooked = spec_of(project, webhooks=[{**hook, "openai_events": "only"}])
+    assert deployment_check(hooked, team="a") == []
+    assert [p.split(":")[0] for p in deployment_check(hooked, team="b")] == [
+        "webhooks[0].url",
+        "webhooks[0].secret_env",
+    ]
+    with pytest.raises(PolicyError, match="no http"):
+        write_policy(project, {"from_deployments": {"model_graders": {"base_url": "http://u:p@judge/v1"}}})
+        load_policy()
+
+
 @pytest.mark.parametrize(
     "host, loopback",
     [

@@ -154,9 +154,9 @@ def isolated(monkeypatch):
 
 @pytest.fixture
 def make_job(tmp_path):
-    def make(*urls: str, secret_env: str | None = SECRET_ENV, openai_events: bool = False) -> JobDir:
+    def make(*urls: str, secret_env: str | None = SECRET_ENV, openai_events: bool | str = False) -> JobDir:
         hooks = [{"url": url, "secret_env": secret_env} if secret_env else {"url": url} for url in urls]
-        hooks = [{**h, "openai_events": True} for h in hooks] if openai_events else hooks
+        hooks = [{**h, "openai_events": openai_events} for h in hooks] if openai_events else hooks
         spec, _ = load_spec(
             {
                 "name": "t",
@@ -272,6 +272,16 @@ def test_openai_events_only_for_a_job_end_and_a_webhook_that_asks(receiver, make
     emit(make_job(r.url), "grpoflow.job.completed", {"status": "completed"})  # the same job, its webhook not asking
     assert webhooks.flush(DRAIN_S)
     assert [json.loads(q.body)["type"] for q in r.requests] == ["job.started", "job.completed"]
+
+
+def test_a_webhook_for_openai_events_only_gets_none_of_grpoflows(receiver, make_job):
+    r = receiver()
+    job = make_job(r.url, openai_events="only")
+    emit(job, "grpoflow.job.started", {"name": "t"})
+    record = emit(job, "grpoflow.job.failed", {"reason": "cancelled"})
+    assert webhooks.flush(DRAIN_S)
+    assert [json.loads(q.body)["type"] for q in r.requests] == ["fine_tuning.job.cancelled"]
+    assert r.ids() == [f"evt_{record['id']}"] and webhooks.undelivered(job) == []
 
 
 KEY = base64.b64encode(b"k" * 25).decode()  # 25 bytes: base64 with "==" padding

@@ -21,6 +21,7 @@ import grpoflow.jobs.publish as publish_module
 from grpoflow.core.jobdir import JobDir
 from grpoflow.core.spec import PublishSpec, load_spec
 from grpoflow.jobs.publish import NO_TOKEN, PublishError, is_user_error, model_card, publish
+from grpoflow.trainers.model.merge import write_model_json
 from tests.hub_server import HubServer
 from tests.publishing import READ_ONLY, REPO, TOKEN, WRONG, assert_no_token_in, make_job
 
@@ -148,6 +149,17 @@ def test_model_card_needs_no_metrics_or_evaluation(tmp_path):
     assert "No training steps were logged." in card.text
     assert "Held-out evaluation" not in card.text
     assert card.data.library_name == "transformers" and "base_model" not in card.data.to_dict()
+
+
+def test_a_warm_started_jobs_card_names_the_job_it_started_from(tmp_path):
+    first = make_job(tmp_path / "first")
+    write_model_json(first)
+    second = make_job(tmp_path / "second", base_model=str(first.merged))
+
+    card = model_card(second, load_spec(second.spec)[0], "merged")
+
+    assert f"- **Started from:** job `{first.job_id}` (its merged model" in card.text
+    assert "Started from" not in model_card(first, load_spec(first.spec)[0], "merged").text
 
 
 # --- mistakes and failures -----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -109,3 +110,16 @@ def test_a_merge_logs_nothing_but_its_work(lora_job):
     assert (lora_job.merged / "model.safetensors").exists()
     output = done.stdout + done.stderr
     assert [noise for noise in MERGE_NOISE if noise in output] == [], output[-2000:]
+
+
+def test_model_json_names_the_job_a_warm_start_came_from(tmp_path):
+    """A job whose base_model is an earlier job's merged model (a warm start) records that job as its parent."""
+    first = JobDir(tmp_path / "first-20261206-000000-000000")
+    shutil.copytree(build_tiny(), first.merged)
+    assert merge.main(str(first.root)) == 0
+    second = JobDir(tmp_path / "second-20261206-000001-000000")
+    shutil.copytree(build_tiny(), second.merged)
+    second.spec.write_text(yaml.safe_dump({"name": "second", "base_model": str(first.merged)}))
+    assert merge.main(str(second.root)) == 0
+    assert json.loads(second.model_json.read_text())["parent"] == first.job_id
+    assert "parent" not in json.loads(first.model_json.read_text())

@@ -13,7 +13,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from grpoflow.core.jobdir import JobDir, replace_dir, write_json_atomic
+import yaml
+
+from grpoflow.core.jobdir import JobDir, parent_of, replace_dir, write_json_atomic
 
 
 def list_files(folder: Path) -> list[str]:
@@ -74,13 +76,17 @@ def save_start_model(start: str, out_dir: Path) -> None:
 
 
 def write_model_json(job: JobDir) -> dict:
-    """Describes the trained artifact as the job folder's model.json: adapter or full, and the files of each."""
+    """Describes the trained artifact as the job folder's model.json: adapter or full, the files of each, and for a
+    job that started from an earlier job's merged model, that job's id (`parent`, read from spec.yaml's base_model)."""
     is_adapter = (job.adapter / "adapter_config.json").exists()
     info = {
         "artifact_type": "adapter" if is_adapter else "full",
         "files": list_files(job.adapter if is_adapter else job.merged),
         "merged_files": list_files(job.merged),
     }
+    spec = yaml.safe_load(job.spec.read_text()) if job.spec.is_file() else None
+    if parent := parent_of((spec or {}).get("base_model")):
+        info["parent"] = parent
     write_json_atomic(job.model_json, info)
     return info
 
