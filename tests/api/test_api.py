@@ -382,7 +382,7 @@ def test_the_rft_guide_runs_as_written(api):
     assert len(blocks) >= 3 and "openai.OpenAI(" in blocks[0]
     env = {**os.environ, "GRPOFLOW_API_URL": f"{api.url}/v1", "GRPOFLOW_API_KEY": api.keys["a"]}
     ran = subprocess.run([sys.executable, "-c", "\n".join(blocks)], env=env, cwd=PROJECT_DIR, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+                         text=True, timeout=400)  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     lines = ran.stdout.splitlines()
     assert re.fullmatch(r"succeeded ft:builtin:tiny:a:word-problems:word-problems-\S+", lines[0]), ran.stdout
