@@ -42,7 +42,8 @@ def suite_problems(spec: JobSpec) -> list[str]:
         if not suite.file.is_file():
             problems.append(f"{where}: {suite.file} is not a file; give the path of the task's Python file")
             continue
-        names = sorted({t.name for t in list_tasks(str(suite.file.resolve()), root_dir=Path.cwd())})
+        file = suite.file.resolve()
+        names = sorted({t.name for t in list_tasks(file.name, root_dir=file.parent)})  # a glob under root_dir
         if suite.task not in names:
             found = ", ".join(names) if names else "none (a task is a function decorated with @task)"
             problems.append(f"{where}: {suite.file} has no task {suite.task!r}; its tasks: {found}")
