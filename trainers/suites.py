@@ -91,14 +91,20 @@ def _evaluate(job: JobDir, spec: JobSpec, side: str, model_path: str) -> list[di
     runs = []
     with get_model(name, model_path=model_path, do_sample=False, dtype=torch_dtype(), memoize=False) as model:
         for suite in spec.evaluation.suites:
-            (log,) = inspect_eval(
-                str(suite.file.resolve()) + "@" + suite.task,
-                model=model,
-                log_dir=str(job.suite_logs),
-                display="none",
-                max_tokens=spec.evaluation.max_new_tokens,
-                seed=spec.hyperparameters.seed,
-            )
+            try:
+                (log,) = inspect_eval(
+                    str(suite.file.resolve()) + "@" + suite.task,
+                    model=model,
+                    log_dir=str(job.suite_logs),
+                    display="none",
+                    max_tokens=spec.evaluation.max_new_tokens,
+                    seed=spec.hyperparameters.seed,
+                )
+            except (
+                Exception
+            ) as e:  # the suite's own code (its dataset, its scorer): its failure is its row's, not the job's
+                runs.append({"samples": 0, "metrics": {}, "log": None, "error": f"{type(e).__name__}: {e}"})
+                continue
             runs.append(_run(job, log))
     return runs
 

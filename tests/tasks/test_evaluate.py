@@ -163,9 +163,12 @@ def write_suite(folder) -> str:
         "from inspect_ai.scorer import includes\n"
         "from inspect_ai.solver import generate\n\n\n"
         "@task\n"
-        "def sums():\n"
-        "    dataset = json_dataset(str(Path(__file__).with_name('sums.jsonl')))\n"
-        "    return Task(dataset=dataset, solver=generate(), scorer=includes())\n"
+        "def sums(data='sums.jsonl'):\n"
+        "    dataset = json_dataset(str(Path(__file__).with_name(data)))\n"
+        "    return Task(dataset=dataset, solver=generate(), scorer=includes())\n\n\n"
+        "@task\n"
+        "def broken():\n"
+        "    return sums('missing.jsonl')\n"
     )
     return f"{folder / 'sums.py'}@sums"
 
@@ -180,11 +183,14 @@ def test_runs_the_suites_on_the_start_and_the_kept_model(make_job, tmp_path):
     from grpoflow.trainers.model.tiny import resolve_model_path
 
     suite = write_suite(tmp_path / "evals")
-    job, spec = make_job("suites", evaluation={"holdout": 4, "suites": [{"inspect": suite}]})
+    broken = suite.replace("@sums", "@broken")  # its dataset is missing: its row says so, the job goes on
+    job, spec = make_job("suites", evaluation={"holdout": 4, "suites": [{"inspect": suite}, {"inspect": broken}]})
     perturbed_tiny(job.merged)  # the kept model: another model than the start (builtin:tiny)
     evaluate(job, spec)
 
-    [entry] = json.loads(job.suites.read_text())["suites"]
+    [entry, failed] = json.loads(job.suites.read_text())["suites"]
+    assert failed["error"].startswith("FileNotFoundError") and "missing.jsonl" in failed["error"]
+    assert failed["metrics"] == [] and failed["logs"] == {"start": None, "kept": None}
     assert entry["suite"] == suite and entry["samples"] == 4 and entry["error"] is None
     [accuracy] = entry["metrics"]
     assert accuracy | {"scorer": "includes", "metric": "accuracy", "start": 0.5, "kept": 0.5} == accuracy
@@ -198,6 +204,7 @@ def test_runs_the_suites_on_the_start_and_the_kept_model(make_job, tmp_path):
     report = job.report.read_text()
     assert "## Evaluation suites\n\n| suite | metric | start | kept | change |" in report
     assert f"| {suite} | includes accuracy | 50.0% | 50.0% | no change |" in report
+    assert f"| {broken} | failed: FileNotFoundError" in report
     with get_client(sync_client=True) as client:
         [artifact] = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(spec, "suites")])), limit=1
