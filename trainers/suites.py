@@ -12,6 +12,7 @@ defines its task (inspect-ai reads the file's `@task` functions without running 
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from grpoflow.core.spec import JobSpec, load_spec
 from grpoflow.trainers.model.load import start_model
 
 EXTRA = "pip install 'grpoflow[evals]'"
+# One job's suites at a time in a process: a sweep's jobs evaluate in threads of one process, and inspect-ai keeps
+# process-wide state (its model registry, the running eval's context).
+_RUNNING = threading.Lock()
 # inspect-ai's metric of a metric's spread (the `± x` beside a score), not a score of its own.
 SPREAD = "stderr"
 
@@ -65,7 +69,8 @@ def run_suites(job: JobDir, spec: JobSpec, start: str) -> dict | None:
     if not spec.evaluation.suites:
         return None
     started = time.monotonic()
-    runs = {side: _evaluate(job, spec, side, model) for side, model in (("start", start), ("kept", str(job.merged)))}
+    with _RUNNING:
+        runs = {side: _evaluate(job, spec, side, m) for side, m in (("start", start), ("kept", str(job.merged)))}
     result = {
         "suites": [
             _compare(suite.inspect, runs["start"][i], runs["kept"][i])
