@@ -105,9 +105,7 @@ def _evaluate(job: JobDir, spec: JobSpec, side: str, model_path: str) -> list[di
                     max_tokens=spec.evaluation.max_new_tokens,
                     seed=spec.hyperparameters.seed,
                 )
-            except (
-                Exception
-            ) as e:  # the suite's own code (its dataset, its scorer): its failure is its row's, not the job's
+            except Exception as e:  # the suite's own code (its dataset, its scorer) failed: its row says so
                 runs.append({"samples": 0, "metrics": {}, "log": None, "error": f"{type(e).__name__}: {e}"})
                 continue
             runs.append(_run(job, log))
