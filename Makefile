@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install.sh
 	# torch first, pinned (an unpinned torch, asked for by trl/peft, would pull a multi-GB CUDA build); then every
 	# other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it). The Dockerfile
 	# installs with the same script.
-	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math,graders,gguf,docs
+	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math,graders,gguf,docs,evals
 	scripts/install_sandbox.sh
 	touch $(STAMP)
 

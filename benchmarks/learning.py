@@ -10,8 +10,11 @@ spec.yaml, the dataset with its held-out split), then `grpoflow.trainers.sft` (w
 `grpoflow.trainers.grpo` as child processes started by `grpoflow.jobs.launch.run_child`, as the pipeline's tasks
 start them. The held-out figures are the training child's own evaluation (`evaluation.json`'s): `before` is the model
 GRPO started from (after SFT when it ran), `after` the GRPO result, the gain after - before. The table gives each
-variant's mean, standard deviation and range over the seeds. It is a benchmark, not a test: the figures are reported,
-never asserted.
+variant's mean, standard deviation and range over the seeds, and the gain's 95% interval: a paired bootstrap over the
+held-out prompts of its seeds pooled (`grpoflow.core.scores.intervals`, the one a job's evaluation.json gives, on each
+prompt's score before and after as `evaluation/step-N.parquet` holds it; each run keeps them, `scores`). It is a
+benchmark, not a test: the figures are reported, never asserted. A result written before runs kept their prompts'
+scores shows "-" for the interval.
 
 The whole benchmark (4 variants x 3 seeds, the demo's 600 SFT and 300 GRPO steps each) takes about half an hour on a
 2-core CPU. `--quick` runs one seed of 20 SFT steps and 3 GRPO steps on 8 held-out prompts: it checks the script.
@@ -22,7 +25,8 @@ The whole benchmark (4 variants x 3 seeds, the demo's 600 SFT and 300 GRPO steps
 SFT; `make demo-real` puts the file in models/) at each seed, through the same stages (the GRPO child, then the merge
 and the held-out evaluation, as a LoRA job's tasks run them). Its table gives, per seed and as mean ± sd with the
 range, the held-out metric before GRPO, after it (the last step), and of the checkpoint `select: best` kept (the
-start model, step 0, when none beat it), the step kept, the gain of the kept model and the wall time (GRPO, merge,
+start model, step 0, when none beat it), the step kept, the gain of the kept model with its 95% interval (per seed over
+its held-out prompts; the mean's over the seeds' prompts pooled) and the wall time (GRPO, merge,
 evaluation): about 17 minutes a seed on 2 shared, busy cores. `--real --quick`
 runs 2 GRPO steps on 4 held-out prompts.
 """
@@ -35,6 +39,8 @@ from pathlib import Path
 import yaml
 
 from benchmarks.common import REPO_ROOT, finish, fmt, markdown_table, parser, seed_major, seeds_of
+
+CONFIDENCE = 0.95
 
 DEMO_SPEC = REPO_ROOT / "examples" / "arithmetic.yaml"
 # variant: the changes to the demo's spec
@@ -89,6 +95,38 @@ def prepare_job(data: dict, root: Path):
     return spec, job
 
 
+def prompt_scores(job, evaluation: dict) -> dict[str, list]:
+    """Each held-out prompt's score before GRPO and of the kept model, in held-out order, as the evaluation kept them
+    (`evaluation/step-0.parquet` and the selected step's; a prompt's score the mean of its completions')."""
+    from grpoflow.trainers.rollouts import read_rows, step_file
+
+    def scores(step: int) -> list:
+        each: dict[int, list] = {}
+        for row in read_rows(step_file(job.evaluation_rollouts, step)):
+            each.setdefault(row["row"], []).append(row["score"])
+        return [_mean(v) for _, v in sorted(each.items())]
+
+    return {"before": scores(0), "after": scores(evaluation["selected_step"] or 0)}
+
+
+def _mean(values: list) -> float | None:
+    scored = [v for v in values if v is not None]
+    return sum(scored) / len(scored) if scored else None
+
+
+def gain_interval(runs: list[dict]) -> str:
+    """The 95% interval of the runs' mean held-out gain: a paired bootstrap over their prompts pooled; "-" when a run
+    kept no prompt scores (a result from before they were kept)."""
+    from grpoflow.core.scores import intervals
+
+    if not runs or any(not r.get("scores") for r in runs):
+        return "-"
+    before = [v for r in runs for v in r["scores"]["before"]]
+    after = [v for r in runs for v in r["scores"]["after"]]
+    low, high = intervals(before, after, CONFIDENCE)["gain"]
+    return f"{fmt(low)} to {fmt(high)}"
+
+
 def run_one(variant: str, seed: int, root: Path, quick: bool) -> dict:
     """One job: SFT (when on) and GRPO children; returns its held-out figures and stage times."""
     from grpoflow.jobs.launch import run_child
@@ -108,6 +146,7 @@ def run_one(variant: str, seed: int, root: Path, quick: bool) -> dict:
         "before": evaluation["before"],
         "after": evaluation["after"],
         "gain": evaluation["after"] - evaluation["before"],
+        "scores": prompt_scores(job, evaluation),
         "sft_s": sft_s,
         "grpo_s": grpo_s,
         "wall_s": time.monotonic() - started,
@@ -156,6 +195,7 @@ def run_real(kind: str, seed: int, root: Path, quick: bool) -> dict:
         "kept_step": evaluation["selected_step"],
         "gain": evaluation["after"] - evaluation["before"],
         "series": evaluation["series"],
+        "scores": prompt_scores(job, evaluation),
         "grpo_s": grpo_s,
         "wall_s": time.monotonic() - started,
     }
@@ -164,16 +204,29 @@ def run_real(kind: str, seed: int, root: Path, quick: bool) -> dict:
 def real_table(runs: list[dict]) -> str:
     """One row per seed, then the mean ± sd and the range of each figure over the seeds."""
     keys = ("before", "last", "kept", "gain", "wall_s")
-    rows = [[r["seed"], *(fmt(r[k]) for k in keys[:3]), r["kept_step"], *(fmt(r[k]) for k in keys[3:])] for r in runs]
+    rows = [
+        [
+            r["seed"],
+            *(fmt(r[k]) for k in keys[:3]),
+            r["kept_step"],
+            fmt(r["gain"]),
+            gain_interval([r]),
+            fmt(r["wall_s"]),
+        ]
+        for r in runs
+    ]
     stats = {k: spread([r[k] for r in runs]) for k in keys}
     mean_sd = [fmt(s["mean"]) if s["sd"] is None else f"{fmt(s['mean'])} ± {fmt(s['sd'])}" for s in stats.values()]
     ranges = [f"{fmt(s['min'])} to {fmt(s['max'])}" for s in stats.values()]
     steps = ", ".join(str(r["kept_step"]) for r in runs)
-    rows += [["mean ± sd", *mean_sd[:3], steps, *mean_sd[3:]], ["range", *ranges[:3], "", *ranges[3:]]]
+    rows += [
+        ["mean ± sd", *mean_sd[:3], steps, mean_sd[3], gain_interval(runs), mean_sd[4]],
+        ["range", *ranges[:3], "", ranges[3], "", ranges[4]],
+    ]
     metric = runs[0]["metric"] if runs else "score"
     headers = [
         "seed", f"held-out {metric} before", "after (last step)", "kept (select: best)", "step kept",
-        "gain (kept - before)", "wall s (GRPO, merge, evaluation)",
+        "gain (kept - before)", f"gain {CONFIDENCE:.0%} CI", "wall s (GRPO, merge, evaluation)",
     ]  # fmt: skip
     return markdown_table(headers, rows)
 
@@ -226,12 +279,16 @@ def table(summary: dict[str, dict], runs: list[dict]) -> str:
     for variant, s in summary.items():
         gains = ", ".join(fmt(r["gain"]) for r in runs if r["variant"] == variant)
         g = s["gain"]
+        mine = [r for r in runs if r["variant"] == variant]
         rows.append(
-            [variant, len(s["seeds"]), mean_sd(s["before"]), mean_sd(s["after"]), mean_sd(g),
+            [variant, len(s["seeds"]), mean_sd(s["before"]), mean_sd(s["after"]), mean_sd(g), gain_interval(mine),
              f"{fmt(g['min'])} to {fmt(g['max'])}", gains]
         )  # fmt: skip
     metric = runs[0]["metric"] if runs else "score"
-    headers = ["variant", "seeds", f"held-out {metric} before (mean ± sd)", "after", "gain", "gain range", "per seed"]
+    headers = [
+        "variant", "seeds", f"held-out {metric} before (mean ± sd)", "after", "gain", f"gain {CONFIDENCE:.0%} CI",
+        "gain range", "per seed",
+    ]  # fmt: skip
     return markdown_table(headers, rows)
 
 

@@ -60,6 +60,8 @@ class JobDir:
     rollouts = property(lambda self: self.root / "rollouts")  # step-NNNNNN.parquet: a kept step's completions
     evaluation_rollouts = property(lambda self: self.root / "evaluation")  # the same for each held-out evaluation
     report = property(lambda self: self.root / "report.md")
+    suites = property(lambda self: self.root / "suites.json")
+    suite_logs = property(lambda self: self.root / "suites")  # inspect-ai's logs of each suite's runs
     training_result = property(lambda self: self.root / "training.json")
     logs = property(lambda self: self.root / "logs")
 
@@ -92,6 +94,11 @@ FILES = {
     "`grpoflow model JOB_ID` prints.",
     "evaluation.json": 'The held-out evaluation: `{"metric", "n", "before", "after", ...}`; before is the '
     "model GRPO started from, after the GRPO result (and the series of scores with evaluation.every).",
+    "suites.json": 'The evaluation suites (evaluation.suites): `{"suites": [{"suite", "samples", "metrics": '
+    '[{"scorer", "metric", "start", "kept", "change"}], "logs", "error"}], "seconds"}`, each inspect-ai metric of the '
+    "model GRPO started from and of the kept model.",
+    "suites/": "inspect-ai's logs of the suites' runs (`.eval` files, one per suite and model): `inspect view "
+    "--log-dir JOB/suites` shows them.",
     "evaluation/": "`step-NNNNNN.parquet`: the held-out completions of each evaluation, with their scores.",
     "rollouts/": "`step-NNNNNN.parquet`: each kept GRPO step's completions with their prompt, every reward's score, "
     "the advantage and the length (rollouts.every); `grpoflow rollouts JOB_ID` reads them.",

@@ -285,8 +285,8 @@ class Check:
         return f"{where}: {what}; the policy ({self.loaded.source}) allows it with `{line}`" + _old_setting(line)
 
     def problems(self) -> list[str]:
-        checks = (self.modules, self.graders, self.trl, self.remote_code, self.urls, self.models, self.files,
-                  self.webhooks, self.limits, self.deploy_name)  # fmt: skip
+        checks = (self.modules, self.suites, self.graders, self.trl, self.remote_code, self.urls, self.models,
+                  self.files, self.webhooks, self.limits, self.deploy_name)  # fmt: skip
         return [problem for check in checks for problem in check()]
 
     # --- code
@@ -309,6 +309,17 @@ class Check:
                 continue
             what = f"module {module!r} is neither the project's own nor an allowed one"
             problems.append(self.refuse(where, what, f"from_deployments.modules: [{module}]"))
+        return problems
+
+    def suites(self) -> list[str]:
+        """An evaluation suite is code: the project's own files only (as modules are the project's own)."""
+        root, problems = self.project.resolve(), []
+        for i, suite in enumerate(self.spec.evaluation.suites):
+            if not (self.project / suite.file).resolve().is_relative_to(root):
+                problems.append(
+                    f"evaluation.suites[{i}].inspect: {suite.file} is outside the project folder ({root}); a "
+                    "deployment's spec runs only the project's own suite files: move it into the project"
+                )
         return problems
 
     def graders(self) -> list[str]:

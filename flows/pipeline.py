@@ -32,7 +32,7 @@ from grpoflow.jobs.canary import wanted as canary_wanted
 from grpoflow.tasks.approval import await_approval
 from grpoflow.tasks.bookkeeping import JobEnding, create_job_task, new_job_id
 from grpoflow.tasks.canary import canary_task
-from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task
+from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task, suite_results
 from grpoflow.tasks.gate import gate_task
 from grpoflow.tasks.ingest import ingest_task
 from grpoflow.tasks.merge import merge_task
@@ -285,7 +285,10 @@ def run_pipeline(
         # --- upload the job folder (remote output_uri) and announce the result
         result = {"job_id": job.job_id, "output_dir": job_location(job, spec), "status": "completed"}
         evaluation = done["evaluate"]
-        end.completed({**result, "evaluation": evaluation, "artifact_type": done["merge"]["artifact_type"]})
+        suites = suite_results(job)
+        end.completed(
+            {**result, "evaluation": evaluation, "suites": suites, "artifact_type": done["merge"]["artifact_type"]}
+        )
     return Completed(message=end.message, data={**result, "evaluation": evaluation, "dataset": done["ingest"]})
 
 

@@ -43,6 +43,7 @@ from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import HealthMonitor, verdict
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.rollouts import highlight_rows
+from grpoflow.trainers.suites import suite_rows
 
 logger = logging.getLogger("grpoflow.artifacts")
 
@@ -144,6 +145,20 @@ def evaluation_artifact(spec: JobSpec, job: JobDir, evaluation: dict | None):
         evaluation_rows(evaluation),
         key=artifact_key(spec, "evaluation"),
         description=f"Held-out evaluation of {job.job_id}",
+    )
+
+
+def suites_artifact(spec: JobSpec, job: JobDir, suites: dict | None):
+    """The evaluation suites (suites.json) as a table artifact (key `<base>-suites`): each inspect-ai metric of the
+    start and the kept model; none when the job ran no suites."""
+    if not suites:
+        return None
+    return _safely(
+        "suites",
+        create_table_artifact,
+        suite_rows(suites),
+        key=artifact_key(spec, "suites"),
+        description=f"Evaluation suites of {job.job_id} (inspect-ai): the model GRPO started from and the kept model",
     )
 
 

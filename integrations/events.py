@@ -153,6 +153,8 @@ EVENTS = {
         {
             **_JOB_END,
             "evaluation": "the held-out evaluation (evaluation.json; `ci`: the scores' and the gain's intervals)",
+            "suites": "the evaluation suites' scores of the start and the kept model (suites.json), or null without "
+            "evaluation.suites",
             "artifact_type": "adapter or full",
         },
     ),

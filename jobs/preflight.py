@@ -7,9 +7,10 @@ config names a causal LM (transformers' table of them, which imports torch, is r
 *ForCausalLM), the architecture's rules read from that config, the tokenizer has a chat template when the prompts need
 one, a local output root can be written and has room for a checkpoint and the trained model, the dataset (and a
 validation set, `evaluation.dataset`) opens and has its columns (checked as the ingest checks it, nothing saved), the
-rewards import and pass the dry run on a few rows, and the tools and environment import and pass theirs on a row. Two
-exceptions, both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU
-to score the sample, and an `llm_judge` calls its endpoint. By hand:
+evaluation suites' files define their inspect-ai tasks (read, not run; the evals extra installed), the rewards import
+and pass the dry run on a few rows, and the tools and environment import and pass theirs on a row. Two exceptions,
+both in the reward dry run: a reward model (`rewards[].model`, its files checked first) is loaded on CPU to score the
+sample, and an `llm_judge` calls its endpoint. By hand:
 
     python -m grpoflow.jobs.preflight examples/arithmetic.yaml
 
@@ -65,6 +66,7 @@ from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, metric_columns, required_columns
 from grpoflow.trainers.rewards.models import reward_model_problem
+from grpoflow.trainers.suites import suite_problems
 
 
 @dataclass
@@ -557,6 +559,11 @@ def check_output_root(p: Preflight) -> list[str]:
     return []
 
 
+def check_suites(p: Preflight) -> list[str]:
+    """`evaluation.suites`: inspect-ai is installed, and each file exists and defines its task."""
+    return suite_problems(p.spec)
+
+
 # In order: a check may use what the ones before it found (the model's folder, the built rewards, the dataset rows).
 CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_model,
@@ -571,6 +578,7 @@ CHECKS: tuple[Callable[[Preflight], list[str]], ...] = (
     check_context_length,
     check_chat_roles,
     check_agents,
+    check_suites,
     check_rewards_dry_run,
 )
 

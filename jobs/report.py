@@ -28,6 +28,7 @@ from grpoflow.trainers.budget import budget_line
 from grpoflow.trainers.health import Alert, verdict
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.rollouts import one_line, prompt_text, shared_system_text, side_by_side
+from grpoflow.trainers.suites import suite_rows
 
 # `grpoflow run` sets this to its start (Unix seconds), so the report's wall time is the one the user waited.
 RUN_STARTED_ENV = "GRPOFLOW_RUN_STARTED"
@@ -260,6 +261,24 @@ def _evaluation(evaluation: dict | None, records: list[dict], plot: Path | None)
     return "\n\n".join(parts)
 
 
+def _suites(job: JobDir) -> str | None:
+    """The "Evaluation suites" section: each inspect-ai metric of the start and the kept model (suites.json); None
+    without suites."""
+    if not job.suites.exists():
+        return None
+    suites = json.loads(job.suites.read_text())
+    rows = [
+        [cell(r["suite"]), cell(r["metric"]), _score(r["start"]), _score(r["kept"]), _change(r["start"], r["kept"])]
+        for r in suite_rows(suites)
+    ]
+    note = (
+        "start: the model GRPO started from; kept: the model this job keeps (merged/), each run through inspect-ai "
+        f"(`evaluation.suites`, greedy) in {number(suites.get('seconds'), 3)} s; its logs: `suites/` (`inspect view "
+        "--log-dir suites`)."
+    )
+    return "## Evaluation suites\n\n" + table(["suite", "metric", "start", "kept", "change"], rows) + "\n\n" + note
+
+
 def pass_line(evaluation: dict) -> str | None:
     """pass@1 and pass@k before and after, e.g. `**pass@k:** pass@1 0.40 -> 0.55, pass@4 0.60 -> 0.75 ...`; None
     without `pass_at_k` (`evaluation.samples` 1)."""
@@ -481,6 +500,7 @@ def write_report(
         *([_times(times)] if times else []),
         _hyperparameters(spec),
         _evaluation(evaluation, records, plot_held_out(evaluation, records, job.root)),
+        *([suites] if (suites := _suites(job)) else []),
         *([writes] if (writes := _writes(job, evaluation)) else []),
         _metrics(records, plots),
         _health(alerts, records),

@@ -1,5 +1,6 @@
-"""Evaluation and report task: held-out before/after scores (`grpoflow.trainers.evaluate`), health verdict, report.md
-with PNG plots (`grpoflow.jobs.report`), and both as Prefect artifacts (`grpoflow.integrations.artifacts`). A GRPO
+"""Evaluation and report task: held-out before/after scores (`grpoflow.trainers.evaluate`), the evaluation suites on
+the start and the kept model (`grpoflow.trainers.suites`), health verdict, report.md with PNG plots
+(`grpoflow.jobs.report`), and all as Prefect artifacts (`grpoflow.integrations.artifacts`). A GRPO
 result that did not beat the start model emits `grpoflow.training.alert` (`no_improvement`)."""
 
 import json
@@ -13,7 +14,7 @@ from grpoflow.core.jobdir import JobDir
 from grpoflow.core.scores import EVAL_SECONDS
 from grpoflow.core.spec import JobSpec
 from grpoflow.core.spec.markdown import number
-from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact, rollouts_artifact
+from grpoflow.integrations.artifacts import evaluation_artifact, report_artifact, rollouts_artifact, suites_artifact
 from grpoflow.integrations.events import emit
 from grpoflow.integrations.job_folders import job_location
 from grpoflow.integrations.stages import cancellable, rerecord, resumable
@@ -26,6 +27,7 @@ from grpoflow.trainers.health import HealthMonitor
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import start_model
 from grpoflow.trainers.rollouts import degenerate_example
+from grpoflow.trainers.suites import run_suites
 
 
 def held_out_seconds(job: JobDir) -> float | None:
@@ -69,18 +71,28 @@ def evaluate_task(
     evaluation = evaluate_and_report(job, spec, sft, training, wall_seconds)
     report_artifact(job, spec, job_location(job, spec))
     evaluation_artifact(spec, job, evaluation)
+    suites_artifact(spec, job, suite_results(job))
     if evaluation and not spec.evaluation.every:  # with every > 0, training showed each evaluation's, the last too
         rollouts_artifact(job, spec, training.get("global_step") or 0)
     return evaluation
 
 
+def suite_results(job: JobDir) -> dict | None:
+    """suites.json (`grpoflow.trainers.suites.run_suites`); None when the job ran no suites."""
+    return json.loads(job.suites.read_text()) if job.suites.exists() else None
+
+
 @resumable(
-    "evaluate", outputs=("report.md",), reads=("ingest", "sft", "merge"), digest=("evaluation.json", "report.md")
+    "evaluate",
+    outputs=("report.md",),
+    reads=("ingest", "sft", "merge"),
+    digest=("evaluation.json", "suites.json", "report.md"),
 )
 def evaluate_and_report(
     job: JobDir, spec: JobSpec, sft: dict | None, training: dict, wall_seconds: float = 0.0
 ) -> dict | None:
-    """Scores the start model and the GRPO result on the held-out prompts, then writes the report.
+    """Scores the start model and the GRPO result on the held-out prompts, runs the evaluation suites on the start
+    and the kept model, then writes the report.
 
     A one-process full fine-tune was already scored by its training child
     (`grpoflow.trainers.grpo.evaluates_in_training`); its `evaluation.json` is then taken as it is.
@@ -113,6 +125,10 @@ def evaluate_and_report(
         )
         if evaluation.get("note"):
             logger.warning("evaluation: %s", evaluation["note"])
+    if spec.evaluation.suites:  # on the kept model: after the held-out scores, which may keep the start
+        suites = run_suites(job, spec, start_model(spec, job))
+        logger.info("evaluation suites: %d run on the start and the kept model in %s s", len(suites["suites"]),
+                    number(suites["seconds"], 3))  # fmt: skip
     alerts = HealthMonitor.for_spec(spec, partial(degenerate_example, job)).check(read_metrics(job.metrics))
     extra = {"resumed_from_checkpoint": training["resumed_from"] or "no"}
     rows = times(sft, training, evaluation, wall_seconds, held_out_seconds(job))

@@ -1,6 +1,6 @@
 """Ingest task: loads and checks the dataset into the job folder (`grpoflow.trainers.dataset`), dry-runs the rewards on
 it (`grpoflow.trainers.rewards`), and emits `grpoflow.dataset.ingested`. A bad dataset or reward ends the task
-`Rejected`."""
+`Rejected`, and so does an evaluation suite that cannot run (`grpoflow.trainers.suites.suite_problems`)."""
 
 import datasets
 from prefect import task
@@ -16,6 +16,7 @@ from grpoflow.trainers.dataset import ValidationSet, ingest_dataset, load_ingest
 from grpoflow.trainers.rewards import RewardError
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import dry_run_job_rewards, metric_columns, required_columns
+from grpoflow.trainers.suites import suite_problems
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=RETRY_DELAY_S, retry_condition_fn=retry_unless_final)
@@ -29,6 +30,8 @@ def ingest_task(job: JobDir, spec: JobSpec):
     (before any model is loaded) whose message says what is wrong, and the flow ends the job the same way.
     """
     datasets.disable_progress_bars()  # per-batch bars drown the flow's log; the event carries the counts
+    if problems := suite_problems(spec):  # a deployment's run had no preflight: found now, not after training
+        return rejected("; ".join(problems))
     try:
         rewards = [
             build_reward(r.name, r.function, r.kwargs, r.model, r.grader, spec.dataset.prompt_column)

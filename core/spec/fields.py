@@ -25,6 +25,8 @@ SLUG_PATTERN = r"^[a-z0-9][a-z0-9-_.]{0,62}$"
 # Spelled without \w so that the UI's JavaScript check and Python's agree (ASCII only).
 FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# An inspect-ai task as its own CLI names one, FILE.py@TASK: a Python file (no "@" in its path) and a task's name.
+SUITE_PATTERN = r"^[^@]+\.py@[A-Za-z_][A-Za-z0-9_]*$"
 # The Hub's rules for each half of owner/name: 1-96 of [A-Za-z0-9_.-], no "--" or "..", no "-" or "." at either end.
 _HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 REPO_ID_PATTERN = rf"^(?!.*(?:--|\.\.)){_HUB_PART}/{_HUB_PART}$"
@@ -126,6 +128,7 @@ Slug = _matching(
     SLUG_PATTERN, "must be 1-63 lowercase letters, digits, '-', '_' or '.', starting with one of the first two"
 )
 FunctionRef = _matching(FUNCTION_PATTERN, "must be 'package.module:callable' (a dotted module path, a colon, a name)")
+SuiteRef = _matching(SUITE_PATTERN, "must be 'FILE.py@TASK' (a Python file, '@', the name of a task in it)")
 EnvName = _matching(ENV_NAME_PATTERN, "must be an environment variable name (letters, digits, '_'; no leading digit)")
 RepoId = _matching(
     REPO_ID_PATTERN,

@@ -44,6 +44,7 @@ from grpoflow.core.spec.rules import (
     model_name,
     rule_problems,
 )
+from grpoflow.core.spec.suites import SuiteSpec
 from grpoflow.core.spec.trl_fields import trl_fields
 from grpoflow.core.uris import (
     OBJECT_STORES,
@@ -317,6 +318,11 @@ class EvaluationSpec(Section):
         "paired bootstrap over the held-out prompts (the same resampled prompts for both models, a fixed seed: the "
         "same scores give the same interval), in evaluation.json, the report, the run's message and the gate's "
         "verdict; null: no interval.",
+    )
+    suites: list[SuiteSpec] = Field(
+        [],
+        description="inspect-ai tasks run after the held-out evaluation on the model GRPO started from and on the "
+        "kept model, each metric of both in suites.json and the report (greedy, up to max_new_tokens per answer).",
     )
     gate: GateSpec = Field(
         GateSpec(),

@@ -65,6 +65,10 @@ def test_quick_mode_runs_the_stages_and_reports_every_figure(tmp_path):
     assert (run["loss_type"], run["sft"], run["n"], run["metric"]) == ("grpo", True, 8, "exact_answer")
     assert run["sft_s"] > 0 and run["grpo_s"] > 0
     assert run["gain"] == pytest.approx(run["after"] - run["before"])
+    # Each held-out prompt's score before and after, as evaluation/step-N.parquet keeps them: the interval's input.
+    assert len(run["scores"]["before"]) == len(run["scores"]["after"]) == 8
+    assert sum(run["scores"]["after"]) / 8 - sum(run["scores"]["before"]) / 8 == pytest.approx(run["gain"])
+    assert " to " in data["table"].splitlines()[2].split(" | ")[5]  # the gain's interval, not "-"
     assert set(data["summary"]["grpo"]) == {"seeds", "before", "after", "gain"}
 
 
@@ -92,9 +96,40 @@ def test_real_table_gives_each_seed_then_mean_spread_and_range():
     ]  # fmt: skip
     table_lines = real_table(runs).splitlines()
     assert "held-out numeric_match before" in table_lines[0] and "kept (select: best)" in table_lines[0]
-    assert table_lines[2].startswith("| 42 | 0.2 | 0.3 | 0.4 | 30 | 0.2 | 900 |")
-    assert table_lines[4] == "| mean ± sd | 0.2 ± 0 | 0.2 ± 0.141 | 0.3 ± 0.141 | 30, 0 | 0.1 ± 0.141 | 950 ± 70.7 |"
-    assert table_lines[5].startswith("| range | 0.2 to 0.2 | 0.1 to 0.3 | 0.2 to 0.4 |  | 0 to 0.2 |")
+    # No prompt scores kept (a result from before they were): no interval, "-".
+    assert table_lines[2].startswith("| 42 | 0.2 | 0.3 | 0.4 | 30 | 0.2 | - | 900 |")
+    assert (
+        table_lines[4] == "| mean ± sd | 0.2 ± 0 | 0.2 ± 0.141 | 0.3 ± 0.141 | 30, 0 | 0.1 ± 0.141 | - | 950 ± 70.7 |"
+    )
+    assert table_lines[5].startswith("| range | 0.2 to 0.2 | 0.1 to 0.3 | 0.2 to 0.4 |  | 0 to 0.2 |  |")
+
+
+def test_the_gain_interval_is_the_paired_bootstrap_over_the_seeds_prompts():
+    """Each seed's row: the paired interval over its own prompts; the mean's: over the seeds' prompts pooled."""
+    from benchmarks.learning import real_table
+    from grpoflow.core.scores import intervals
+
+    first = {"before": [0, 0, 1, 0] * 10, "after": [1, 0, 1, 1] * 10}  # 40 prompts: 0.25 -> 0.75
+    second = {"before": [0, 1] * 20, "after": [0, 1] * 20}  # no change on any prompt
+    runs = [
+        {"seed": s, "metric": "numeric_match", "before": 0.0, "last": 0.0, "kept": 0.0, "kept_step": 0, "gain": 0.0,
+         "wall_s": 1.0, "scores": scores}
+        for s, scores in [(42, first), (43, second)]
+    ]  # fmt: skip
+    rows = [line.split(" | ") for line in real_table(runs).splitlines()]
+    column = rows[0].index("gain 95% CI")
+
+    def interval(*each):
+        low, high = intervals([v for s in each for v in s["before"]], [v for s in each for v in s["after"]])["gain"]
+        return f"{low:.3g} to {high:.3g}"
+
+    assert rows[2][column] == interval(first) and float(interval(first).split()[0]) > 0.3  # +0.5: clear of 0
+    assert rows[3][column] == "0 to 0"  # the same score on every prompt: no doubt at all
+    assert rows[4][column] == interval(first, second)
+    low, high = map(float, rows[4][column].split(" to "))
+    assert 0 < low < 0.25 < high  # pooled: +0.25 (a quarter of the 80 prompts went 0 -> 1), narrower than +/- 0.25
+    runs[1].pop("scores")  # one seed without its prompts' scores: no pooled interval
+    assert real_table(runs).splitlines()[4].split(" | ")[column] == "-"
 
 
 @pytest.mark.slow
@@ -112,4 +147,5 @@ def test_real_quick_trains_merges_and_scores_the_real_model(tmp_path):
     assert (run["seed"], run["n"], run["metric"], data["max_steps"]) == (42, 4, "numeric_match", 2)
     assert [point["step"] for point in run["series"]] == [0, 1, 2]  # scored before, and at each step (every: 1)
     assert run["kept_step"] in (0, 1, 2) and run["gain"] == pytest.approx(run["kept"] - run["before"])
+    assert len(run["scores"]["before"]) == len(run["scores"]["after"]) == 4
     assert "| 42 |" in data["table"] and "| mean ± sd |" in data["table"]

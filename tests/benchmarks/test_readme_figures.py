@@ -50,3 +50,44 @@ def test_a_typed_figure_is_found_and_rewritten(tmp_path, monkeypatch, capsys):
     assert main(["--check"]) == 1 and main([]) == 0
     filled = f"<!-- results: learning-real.json -->\n{result_table('learning-real.json')}\n<!-- /results -->\n"
     assert page.read_text() == filled
+
+
+def test_the_learning_tables_give_each_gains_interval_or_say_why_not():
+    """Each row's gain has its 95% interval where the runs kept their prompts' scores; "-" where they did not, which
+    the README says under the table."""
+    readme = (PAGES[0]).read_text()
+    for name in ("learning.json", "learning-real.json"):
+        result = json.loads((RESULTS_DIR / name).read_text())
+        header, _, *rows = result["table"].splitlines()
+        column = header.split(" | ").index("gain 95% CI")
+        cells = [row.split(" | ")[column] for row in rows if not row.startswith("| range")]
+        if all(run.get("scores") for run in result["runs"]):
+            assert all(" to " in cell for cell in cells)
+        else:
+            assert set(cells) == {"-"}
+            after = readme.split(f"<!-- results: {name} -->", 1)[1].split("<!-- /results -->", 1)[1]
+            assert after.lstrip().startswith('"gain 95% CI":') and '"-": the committed runs predate' in after
+
+
+def test_a_rerun_that_kept_its_prompts_scores_puts_the_intervals_on_the_page(tmp_path, monkeypatch):
+    from benchmarks.learning import real_table
+
+    result = json.loads((RESULTS_DIR / "learning-real.json").read_text())
+    for run in result["runs"]:  # 40 prompts each, as many right as the run's scores say; none lost by training
+        right = (round(run["before"] * 40), round(run["kept"] * 40))
+        run["scores"] = {
+            side: [1.0] * k + [0.0] * (40 - k) for side, k in zip(("before", "after"), right, strict=True)
+        }
+    result["table"] = real_table(result["runs"])
+    (tmp_path / "learning-real.json").write_text(json.dumps(result))
+    page = tmp_path / "README.md"
+    page.write_text("<!-- results: learning-real.json -->\n<!-- /results -->\n")
+    monkeypatch.setattr("benchmarks.readme.PAGES", [page])
+    monkeypatch.setattr("benchmarks.readme.REPO_ROOT", tmp_path)
+    monkeypatch.setattr("benchmarks.readme.RESULTS_DIR", tmp_path)
+    assert main([]) == 0
+    header, _, *rows = page.read_text().splitlines()[1:-1]
+    column = header.split(" | ").index("gain 95% CI")
+    seeds = [row.split(" | ")[column] for row in rows[:3]]
+    assert all(0 < float(cell.split(" to ")[0]) for cell in seeds)  # +0.25 to +0.43 on 40 prompts: clear of 0
+    assert " to " in rows[3].split(" | ")[column] and rows[3].startswith("| mean ± sd")

@@ -132,6 +132,9 @@ ATTACKS = [
         ["evaluation.dataset.uri"],
         "paths: [s3://someone]",
     ),
+    # an evaluation suite is code: the project's own file only (its folder's, read where the spec is)
+    ({"evaluation": {"suites": [{"inspect": "evals/sums.py@sums"}]}}, [], None),
+    ({"evaluation": {"suites": [{"inspect": "/tmp/evil.py@sums"}]}}, ["evaluation.suites[0].inspect"], None),
     # a model source, and code by name
     ({"base_model": "attacker/evil-model"}, ["base_model"], "models: [attacker/evil-model]"),
     ({"rewards": [{"name": "r", "function": "os:system"}]}, ["rewards[0].function"], "modules: [os]"),

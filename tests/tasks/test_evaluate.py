@@ -145,3 +145,75 @@ def test_select_best_keeps_the_start_that_no_checkpoint_beat(make_job):
     message = completed_message(job, spec, evaluation)
     assert f"(no change); {evaluation['note']}; " in message and "best at step" not in message
     assert message.endswith(f"; not promoted: {decision['reason']}")
+
+
+# --- evaluation.suites: inspect-ai tasks on the start and the kept model
+
+
+def write_suite(folder) -> str:
+    """An inspect-ai task on a local dataset of 4 samples, scored by `includes()`: two targets are empty (every answer
+    includes them), two no model writes; so accuracy is 0.5 for any model, whatever it answers."""
+    folder.mkdir()
+    rows = [{"input": f"What is {i}+{i}?", "target": "" if i % 2 else "no-model-writes-this"} for i in range(4)]
+    (folder / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "sums.py").write_text(
+        "from pathlib import Path\n"
+        "from inspect_ai import Task, task\n"
+        "from inspect_ai.dataset import json_dataset\n"
+        "from inspect_ai.scorer import includes\n"
+        "from inspect_ai.solver import generate\n\n\n"
+        "@task\n"
+        "def sums(data='sums.jsonl'):\n"
+        "    dataset = json_dataset(str(Path(__file__).with_name(data)))\n"
+        "    return Task(dataset=dataset, solver=generate(), scorer=includes())\n\n\n"
+        "@task\n"
+        "def broken():\n"
+        "    return sums('missing.jsonl')\n"
+    )
+    return f"{folder / 'sums.py'}@sums"
+
+
+@pytest.mark.slow
+def test_runs_the_suites_on_the_start_and_the_kept_model(make_job, tmp_path):
+    from inspect_ai.log import read_eval_log
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from grpoflow.integrations.artifacts import artifact_key
+    from grpoflow.trainers.model.tiny import resolve_model_path
+
+    suite = write_suite(tmp_path / "evals")
+    broken = suite.replace("@sums", "@broken")  # its dataset is missing: its row says so, the job goes on
+    # holdout 0: no held-out scores to take first (the suites run with or without them)
+    job, spec = make_job("suites", evaluation={"holdout": 0, "suites": [{"inspect": suite}, {"inspect": broken}]})
+    perturbed_tiny(job.merged)  # the kept model: another model than the start (builtin:tiny)
+    evaluate(job, spec)
+
+    [entry, failed] = json.loads(job.suites.read_text())["suites"]
+    assert failed["error"].startswith("FileNotFoundError") and "missing.jsonl" in failed["error"]
+    assert failed["metrics"] == [] and failed["logs"] == {"start": None, "kept": None}
+    assert entry["suite"] == suite and entry["samples"] == 4 and entry["error"] is None
+    [accuracy] = entry["metrics"]
+    assert accuracy | {"scorer": "includes", "metric": "accuracy", "start": 0.5, "kept": 0.5} == accuracy
+    assert accuracy["change"] == 0.0
+    # Each model ran through inspect-ai's hf/ provider, loaded from its own folder.
+    for side, folder in (("start", resolve_model_path("builtin:tiny")), ("kept", str(job.merged))):
+        log = read_eval_log(str(job.root / entry["logs"][side]), header_only=True)
+        assert log.status == "success" and log.eval.model == f"hf/{job.job_id}/{side}"
+        assert log.eval.model_args["model_path"] == folder
+    # The report's table and the artifact's.
+    report = job.report.read_text()
+    assert "## Evaluation suites\n\n| suite | metric | start | kept | change |" in report
+    assert f"| {suite} | includes accuracy | 50.0% | 50.0% | no change |" in report
+    assert f"| {broken} | failed: FileNotFoundError" in report
+    with get_client(sync_client=True) as client:
+        [artifact] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(spec, "suites")])), limit=1
+        )
+    assert json.loads(artifact.data)[0] == {
+        "suite": suite,
+        "metric": "includes accuracy",
+        "start": 0.5,
+        "kept": 0.5,
+        "change": 0.0,
+    }
