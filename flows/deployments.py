@@ -88,11 +88,17 @@ def server_calls(url: str):
     except PrefectHTTPStatusError as e:
         if e.response.status_code not in BUSY_CODES:
             raise
-        raise DeploymentError(
-            f"the Prefect server at {url} is busy (HTTP {e.response.status_code} {e.response.reason_phrase}) after "
-            f"{PREFECT_CLIENT_MAX_RETRIES.value()} retries (PREFECT_CLIENT_MAX_RETRIES); try again, and for many "
-            "runs at once give the server PostgreSQL (PREFECT_API_DATABASE_CONNECTION_URL) rather than SQLite"
-        ) from None
+        raise DeploymentError(busy_message(url, e.response)) from None
+
+
+def busy_message(url: str, response: httpx.Response) -> str:
+    """What a command or the jobs API says of a Prefect server that still answered `response` (one of `BUSY_CODES`)
+    once Prefect's client had retried."""
+    return (
+        f"the Prefect server at {url} is busy (HTTP {response.status_code} {response.reason_phrase}) after "
+        f"{PREFECT_CLIENT_MAX_RETRIES.value()} retries (PREFECT_CLIENT_MAX_RETRIES); try again, and for many "
+        "runs at once give the server PostgreSQL (PREFECT_API_DATABASE_CONNECTION_URL) rather than SQLite"
+    )
 
 
 # --- apply -----------------------------------------------------------------------------------------------------------
