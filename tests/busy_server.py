@@ -26,6 +26,8 @@ class Answers(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body.encode())
 
+    do_PATCH = do_GET
+
     def log_message(self, *args):
         pass
 

@@ -13,6 +13,7 @@ anything is sent. Every scenario is started up front, so the training runs (one 
 queue) and the watcher's runs overlap. Every process the test starts is stopped, with its children, at the end.
 """
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,7 +43,7 @@ import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterId
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Cancelling
 from standardwebhooks import Webhook
 
@@ -120,7 +122,6 @@ def test_server_commands_need_a_server(tmp_path):
 def test_a_busy_server_is_retried_with_backoff(statuses, retries, answered):
     """grpoflow's calls go through Prefect's client, which retries 429 and 503 with exponential backoff and jitter
     (PREFECT_CLIENT_MAX_RETRIES times); what is left after that is one message, not a traceback."""
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
     from grpoflow.flows.deployments import DeploymentError, server_calls
 
@@ -139,6 +140,26 @@ def test_a_busy_server_is_retried_with_backoff(statuses, retries, answered):
     if not answered:
         assert str(failed.value).startswith(f"the Prefect server at {url} is busy (HTTP 503 Service Unavailable)")
         assert "PREFECT_CLIENT_MAX_RETRIES" in str(failed.value) and "re-apply" not in str(failed.value)
+
+
+def test_a_run_the_busy_server_created_is_submitted_even_unrenamed():
+    """A server still busy for the rename that follows a run's creation: the run exists, so `submit` returns it named
+    after its job (the name its flow takes when it starts) rather than failing, which would have the user submit the
+    same job twice."""
+    from prefect.client.schemas.objects import FlowRun
+
+    from grpoflow.flows.deployments import name_after_job
+
+    created = FlowRun(id=uuid.uuid4(), name="random-name", flow_id=uuid.uuid4(), expected_start_time=datetime.now(UTC))
+
+    async def rename():
+        async with get_client() as client:
+            return await name_after_job(client, created, "busy")
+
+    with answering(503, 503, 503) as (url, times):
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_CLIENT_MAX_RETRIES: 1}):
+            renamed = asyncio.run(rename())
+    assert len(times) == 2 and renamed.id == created.id and renamed.name.startswith("busy-")
 
 
 @pytest.mark.parametrize("command", ["apply", "submit"])
@@ -1221,7 +1242,7 @@ def test_submissions_at_once_all_become_runs(request, server, tmp_path):
     with temporary_settings({PREFECT_API_URL: stack.api_url}), training_paused():
         procs = [subprocess.Popen(command, env=stack.env, cwd=PROJECT_DIR, **pipes) for _ in range(SUBMISSIONS)]
         ended = [p.communicate(timeout=600) for p in procs]
-        runs = [r for r in runs_of("grpo-pipeline/retrain") if r.name.startswith(f"{name}-")]
+        runs = [r for r in runs_of("grpo-pipeline/retrain") if (r.parameters["spec"] or {}).get("name") == name]
         with get_client(sync_client=True) as client:
             for flow_run in runs:  # none is to train: the queue is resumed without them
                 client.delete_flow_run(flow_run.id)
