@@ -23,7 +23,8 @@ INSTALL_HINT = "install PostgreSQL: `make install` as root (Debian/Ubuntu), or `
 def postgres_bin(program: str) -> str:
     """The path of one of PostgreSQL's server programs (`initdb`, `pg_ctl`, `createdb`): Debian keeps them in
     /usr/lib/postgresql/<version>/bin, off PATH; the newest version there, else PATH's."""
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{program}"), key=lambda p: int(Path(p).parts[4]))
+    found = glob.glob(f"/usr/lib/postgresql/*/bin/{program}")
+    found.sort(key=lambda p: [int(n) for n in Path(p).parts[4].split(".")])
     path = found[-1] if found else shutil.which(program)
     if path is None:
         raise RuntimeError(f"PostgreSQL's {program} was not found: {INSTALL_HINT}")

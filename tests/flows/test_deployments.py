@@ -6,7 +6,9 @@
 (b) `prefect event emit grpoflow.dataset.landed` with a dataset `uri` and a small `spec` starts `on-new-data` on it;
 (c) a file dropped into a watched folder, and one put into an S3 bucket (moto's server on loopback; spec, dataset and
     job folder all on S3), each lead to exactly one completed pipeline run, and a further watcher pass emits nothing;
-(d) the nightly deployment carries its cron schedule.
+(d) the nightly deployment carries its cron schedule;
+(e) a team's server on PostgreSQL (a real one on loopback: tests/postgres_server.py) runs a submitted job, and 16
+    submissions at once become 16 runs there and on SQLite.
 
 Those are marked slow; the fast tests check that the server commands reject a bad spec or a missing server before
 anything is sent. Every scenario is started up front, so the training runs (one at a time: the pool's `training`
