@@ -7,13 +7,15 @@ TORCH_VERSION ?= 2.13.0
 
 .PHONY: install constraints demo demo-real docs docs-serve test test-fast lint format bench clean
 
-$(STAMP): pyproject.toml constraints.txt scripts/install.sh
+$(STAMP): pyproject.toml constraints.txt scripts/install.sh scripts/install_postgres.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, pinned (an unpinned torch, asked for by trl/peft, would pull a multi-GB CUDA build); then every
 	# other package at the version the tests ran on (constraints.txt; `make constraints` rewrites it). The Dockerfile
-	# installs with the same script.
+	# installs with the same script. Then the programs the tests need beside Python's: bubblewrap (the graders' sandbox)
+	# and PostgreSQL (a team's Prefect server), installed with apt-get where this runs as root.
 	TORCH_VERSION=$(TORCH_VERSION) scripts/install.sh $(PY) dev,qlora,math,graders,gguf,docs,evals
 	scripts/install_sandbox.sh
+	scripts/install_postgres.sh
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,11 +6,15 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prefect.exceptions import PrefectHTTPStatusError
+from prefect.settings import PREFECT_API_URL
 from starlette.exceptions import HTTPException
+
+from grpoflow.flows.deployments import BUSY_CODES, busy_message
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                409: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
-               502: "server_error"}  # fmt: skip
+               502: "server_error", 503: "server_error"}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -64,4 +68,19 @@ async def validation_error(request: Request, error: RequestValidationError) -> J
     return await api_error(request, bad_spec(problems))
 
 
-HANDLERS = {ApiError: api_error, HTTPException: http_error, RequestValidationError: validation_error}
+async def prefect_error(request: Request, error: PrefectHTTPStatusError) -> JSONResponse:
+    """An answer of the Prefect server that no route expects: 503 for one still busy after Prefect's client retried
+    (SQLite's "database is locked"; OpenAI's client retries a 503 in turn), else 502, never a 500 traceback."""
+    status, url = error.response.status_code, PREFECT_API_URL.value() or str(error.request.url)
+    if status in BUSY_CODES:
+        return await api_error(request, ApiError(503, busy_message(url, error.response), code="server_busy"))
+    message = f"the Prefect server at {url} answered HTTP {status} {error.response.reason_phrase}"
+    return await api_error(request, ApiError(502, message, code="prefect_error"))
+
+
+HANDLERS = {
+    ApiError: api_error,
+    HTTPException: http_error,
+    RequestValidationError: validation_error,
+    PrefectHTTPStatusError: prefect_error,
+}

@@ -88,11 +88,17 @@ def server_calls(url: str):
     except PrefectHTTPStatusError as e:
         if e.response.status_code not in BUSY_CODES:
             raise
-        raise DeploymentError(
-            f"the Prefect server at {url} is busy (HTTP {e.response.status_code} {e.response.reason_phrase}) after "
-            f"{PREFECT_CLIENT_MAX_RETRIES.value()} retries (PREFECT_CLIENT_MAX_RETRIES); try again, and for many "
-            "runs at once give the server PostgreSQL (PREFECT_API_DATABASE_CONNECTION_URL) rather than SQLite"
-        ) from None
+        raise DeploymentError(busy_message(url, e.response)) from None
+
+
+def busy_message(url: str, response: httpx.Response) -> str:
+    """What a command or the jobs API says of a Prefect server that still answered `response` (one of `BUSY_CODES`)
+    once Prefect's client had retried."""
+    return (
+        f"the Prefect server at {url} is busy (HTTP {response.status_code} {response.reason_phrase}) after "
+        f"{PREFECT_CLIENT_MAX_RETRIES.value()} retries (PREFECT_CLIENT_MAX_RETRIES); try again, and for many "
+        "runs at once give the server PostgreSQL (PREFECT_API_DATABASE_CONNECTION_URL) rather than SQLite"
+    )
 
 
 # --- apply -----------------------------------------------------------------------------------------------------------
@@ -369,7 +375,13 @@ async def name_after_job(client, flow_run, name: str):
     """Renames a flow run just created to the job id its flow will take when it starts (`new_job_id` from the run's
     id and expected start time: `grpo_pipeline`'s `job_run_name`); returns the run with that name."""
     job_id = new_job_id(name, flow_run.id, flow_run.expected_start_time)
-    await client.update_flow_run(flow_run.id, name=job_id)
+    try:
+        await client.update_flow_run(flow_run.id, name=job_id)
+    except PrefectHTTPStatusError as e:
+        # Still busy after the client's retries: the run exists, and failing now would have the user submit it again
+        # (two runs); it takes the name when its flow starts
+        if e.response.status_code not in BUSY_CODES:
+            raise
     return flow_run.model_copy(update={"name": job_id})
 
 

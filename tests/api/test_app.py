@@ -12,6 +12,7 @@ import openai
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from grpoflow.api.app import create_app
 from grpoflow.api.errors import ApiError
@@ -20,6 +21,7 @@ from grpoflow.api.store import TeamStore
 from grpoflow.core.apikeys import add_key
 from grpoflow.core.policy import deployment_check
 from grpoflow.flows.deployments import PROJECT_DIR
+from tests.busy_server import answering
 from tests.trainers.test_judge import Stub
 
 
@@ -87,6 +89,21 @@ def test_a_refused_spec_names_every_problem_before_prefect(app):
         p["param"] for p in response.json()["error"]["problems"]
     }
     assert not (out / "a").exists()
+
+
+def test_a_prefect_server_still_busy_after_the_retries_is_a_503(app):
+    """Prefect's server answers 503 ("database is locked") however often it is asked: Prefect's client retries it
+    (PREFECT_CLIENT_MAX_RETRIES, here 1), then the API answers 503 in OpenAI's shape, which OpenAI's client retries in
+    turn; never a 500."""
+    client, headers, out = app
+    TeamStore(out, "a").add_job("busy-20261206-000000-abcdef", "00000000-0000-4000-8000-000000000000")
+    with answering(*[503] * 5) as (url, times):
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_CLIENT_MAX_RETRIES: 1}):
+            response = client.get("/v1/training_jobs/busy-20261206-000000-abcdef", headers=headers["a"])
+    assert response.status_code == 503 and len(times) == 2, response.text
+    error = response.json()["error"]
+    assert error["code"] == "server_busy" and error["type"] == "server_error"
+    assert error["message"].startswith(f"the Prefect server at {url} is busy (HTTP 503 Service Unavailable) after 1 ")
 
 
 def test_the_client_imports_only_httpx2():

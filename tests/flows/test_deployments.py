@@ -6,13 +6,16 @@
 (b) `prefect event emit grpoflow.dataset.landed` with a dataset `uri` and a small `spec` starts `on-new-data` on it;
 (c) a file dropped into a watched folder, and one put into an S3 bucket (moto's server on loopback; spec, dataset and
     job folder all on S3), each lead to exactly one completed pipeline run, and a further watcher pass emits nothing;
-(d) the nightly deployment carries its cron schedule.
+(d) the nightly deployment carries its cron schedule;
+(e) a team's server on PostgreSQL (a real one on loopback: tests/postgres_server.py) runs a submitted job, and 16
+    submissions at once become 16 runs there and on SQLite.
 
 Those are marked slow; the fast tests check that the server commands reject a bad spec or a missing server before
 anything is sent. Every scenario is started up front, so the training runs (one at a time: the pool's `training`
 queue) and the watcher's runs overlap. Every process the test starts is stopped, with its children, at the end.
 """
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -28,6 +31,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +45,7 @@ import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterId
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Cancelling
 from standardwebhooks import Webhook
 
@@ -48,7 +53,9 @@ from grpoflow.flows.cli import main
 from grpoflow.flows.deployments import PROJECT_DIR
 from grpoflow.flows.watch import EVENT
 from grpoflow.trainers.metrics import read_metrics
+from tests.busy_server import answering
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
+from tests.postgres_server import postgres
 from tests.prefect_form import form_parameters
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -106,41 +113,6 @@ def test_server_commands_need_a_server(tmp_path):
             assert code == 2 and "PREFECT_API_URL is not set" in err
 
 
-class Answers(http.server.BaseHTTPRequestHandler):
-    """A loopback HTTP server's handler that answers each request with the next status of `statuses` (then 200),
-    noting when each came: a Prefect server busy for a while."""
-
-    statuses: list[int] = []
-    times: list[float] = []
-
-    def do_GET(self):
-        type(self).times.append(time.monotonic())
-        status = type(self).statuses.pop(0) if type(self).statuses else 200
-        body = json.dumps("Hello, Marvin!" if status == 200 else {"exception_message": "Service Unavailable"})
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args):
-        pass
-
-
-@contextlib.contextmanager
-def answering(*statuses: int):
-    """A loopback server answering `statuses` in turn, then 200; yields its API URL and the times of the requests."""
-    handler = type("Busy", (Answers,), {"statuses": list(statuses), "times": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/api", handler.times
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.parametrize(
     "statuses, retries, answered",
     [
@@ -152,7 +124,6 @@ def answering(*statuses: int):
 def test_a_busy_server_is_retried_with_backoff(statuses, retries, answered):
     """grpoflow's calls go through Prefect's client, which retries 429 and 503 with exponential backoff and jitter
     (PREFECT_CLIENT_MAX_RETRIES times); what is left after that is one message, not a traceback."""
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
     from grpoflow.flows.deployments import DeploymentError, server_calls
 
@@ -171,6 +142,26 @@ def test_a_busy_server_is_retried_with_backoff(statuses, retries, answered):
     if not answered:
         assert str(failed.value).startswith(f"the Prefect server at {url} is busy (HTTP 503 Service Unavailable)")
         assert "PREFECT_CLIENT_MAX_RETRIES" in str(failed.value) and "re-apply" not in str(failed.value)
+
+
+def test_a_run_the_busy_server_created_is_submitted_even_unrenamed():
+    """A server still busy for the rename that follows a run's creation: the run exists, so `submit` returns it named
+    after its job (the name its flow takes when it starts) rather than failing, which would have the user submit the
+    same job twice."""
+    from prefect.client.schemas.objects import FlowRun
+
+    from grpoflow.flows.deployments import name_after_job
+
+    created = FlowRun(id=uuid.uuid4(), name="random-name", flow_id=uuid.uuid4(), expected_start_time=datetime.now(UTC))
+
+    async def rename():
+        async with get_client() as client:
+            return await name_after_job(client, created, "busy")
+
+    with answering(503, 503, 503) as (url, times):
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_CLIENT_MAX_RETRIES: 1}):
+            renamed = asyncio.run(rename())
+    assert len(times) == 2 and renamed.id == created.id and renamed.name.startswith("busy-")
 
 
 @pytest.mark.parametrize("command", ["apply", "submit"])
@@ -258,16 +249,14 @@ class Stack:
         return subprocess.run(command, env=self.env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, s3_env):
-    tmp = tmp_path_factory.mktemp("stack")
+def stack_env(tmp: Path, s3_env: dict, **more: str) -> dict:
+    """The environment of a stack's server, worker and commands, its state under `tmp`; `more` on top."""
     (tmp / "worker-tmp").mkdir()
-    api_url = f"http://127.0.0.1:{free_port()}/api"
-    env = {
+    return {
         **os.environ,
         **s3_env,
         "PREFECT_HOME": str(tmp / "prefect-home"),
-        "PREFECT_API_URL": api_url,
+        "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",  # default 10: each pickup would wait that long
         "GRPOFLOW_WATCH_STATE_DIR": str(tmp / "watch-state"),
@@ -285,7 +274,15 @@ def stack(tmp_path_factory, s3_env):
         # The job the cancel test stops trains slowly (200 s if nothing stopped it); the others at once.
         # The jobs of test_submit_wait_exits_as_grpoflow_run_would stop at their first step as the real child stops.
         "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 0.5}, **ENDINGS}}),
+        **more,
     }
+
+
+@contextlib.contextmanager
+def running_stack(tmp: Path, env: dict) -> Iterator[Stack]:
+    """`prefect server start` (its database as `env` says), `grpoflow deployments apply`, `prefect worker start`;
+    every process stopped on leaving."""
+    api_url = env["PREFECT_API_URL"]
     procs = []
     try:
         server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", api_url.split(":")[2][:-4]], env,
@@ -314,6 +311,25 @@ def stack(tmp_path_factory, s3_env):
             yield stack
     finally:
         stop(procs)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, s3_env):
+    """grpoflow on a Prefect server as `prefect server start` makes it: SQLite, in the server's PREFECT_HOME."""
+    tmp = tmp_path_factory.mktemp("stack")
+    with running_stack(tmp, stack_env(tmp, s3_env)) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def pg_stack(tmp_path_factory, s3_env):
+    """grpoflow on a team's Prefect server: its database a real PostgreSQL (tests/postgres_server.py), as the Prefect
+    guide sets it up with PREFECT_API_DATABASE_CONNECTION_URL."""
+    tmp = tmp_path_factory.mktemp("pg-stack")
+    with postgres() as database:
+        env = stack_env(tmp, s3_env, PREFECT_API_DATABASE_CONNECTION_URL=database)
+        with running_stack(tmp, env) as stack:
+            yield stack
 
 
 # --- talking to the server -----------------------------------------------------------------------------------------
@@ -1174,7 +1190,19 @@ def test_a_grader_flooding_its_output_costs_the_flow_nothing(stack, tmp_path):
     assert 0 < peak < 1_000_000_000, peak  # the flow process and the grader's, never the gigabyte
 
 
-# --- many submissions at once --------------------------------------------------------------------------------------
+# --- many submissions at once, and a team's server on PostgreSQL --------------------------------------------------
+
+
+@contextlib.contextmanager
+def training_paused():
+    """The pool's `training` queue paused for the block: what is submitted meanwhile stays scheduled."""
+    with get_client(sync_client=True) as client:
+        queue = client.read_work_queue_by_name("training", work_pool_name="grpo-gpu")
+        client.update_work_queue(queue.id, is_paused=True)
+        try:
+            yield
+        finally:
+            client.update_work_queue(queue.id, is_paused=False)
 
 
 @pytest.fixture(scope="module")
@@ -1197,23 +1225,44 @@ def applied(tmp_path_factory):
         stop([server])
 
 
-SUBMISSIONS = 8
+SUBMISSIONS = 16
 
 
 @pytest.mark.slow
-def test_submissions_at_once_all_become_runs(applied, tmp_path):
-    """`grpoflow submit` SUBMISSIONS times at once on a SQLite server, whose writes then meet "database is locked"
-    (a 503, which Prefect's client retries): every one exits 0, and the server holds that many runs."""
+@pytest.mark.parametrize("server", ["applied", "pg_stack"])  # SQLite, as `prefect server start` makes it; PostgreSQL
+def test_submissions_at_once_all_become_runs(request, server, tmp_path):
+    """`grpoflow submit` SUBMISSIONS times at once: every one exits 0, and the server holds that many runs, on either
+    database. On SQLite the writes meet "database is locked" (a 503, which Prefect's client retries). The pool's
+    training queue is paused meanwhile (the PostgreSQL stack has a worker), and the runs are deleted after."""
+    stack, name = request.getfixturevalue(server), f"many-{server.replace('_', '-')}"
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
     spec = tmp_path / "many.yaml"
-    spec.write_text(yaml.safe_dump(small_spec("many", str(data), str(tmp_path / "runs"))))
+    spec.write_text(yaml.safe_dump(small_spec(name, str(data), str(tmp_path / "runs"))))
     # Without the preflight (model and dataset checks, seconds of CPU each): what is tested is the server's writes.
     command = [sys.executable, "-m", "grpoflow.flows.cli", "submit", str(spec), "--json", "--no-preflight"]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    procs = [subprocess.Popen(command, env=applied.env, cwd=PROJECT_DIR, **pipes) for _ in range(SUBMISSIONS)]
-    ended = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0] * SUBMISSIONS, [err for _, err in ended]
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), training_paused():
+        procs = [subprocess.Popen(command, env=stack.env, cwd=PROJECT_DIR, **pipes) for _ in range(SUBMISSIONS)]
+        ended = [p.communicate(timeout=600) for p in procs]
+        runs = [r for r in runs_of("grpo-pipeline/retrain") if (r.parameters["spec"] or {}).get("name") == name]
+        with get_client(sync_client=True) as client:
+            for flow_run in runs:  # none is to train: the queue is resumed without them
+                client.delete_flow_run(flow_run.id)
+    assert [p.returncode for p in procs] == [0] * SUBMISSIONS, [err for _, err in ended if err]
     submitted = {json.loads(out)["flow_run_id"] for out, _ in ended}
-    with temporary_settings({PREFECT_API_URL: applied.api_url}):
-        runs = runs_of("grpo-pipeline/retrain")
     assert len(submitted) == SUBMISSIONS and {str(r.id) for r in runs} == submitted
+    assert all(r.state.is_scheduled() for r in runs)  # the paused queue kept them from the worker
+
+
+@pytest.mark.slow
+def test_a_run_completes_on_postgresql(pg_stack, tmp_path):
+    """A job submitted to a team's server on PostgreSQL runs end to end on its worker (the stand-in child): `grpoflow
+    submit --wait` exits 0 with the run Completed, and the job folder holds its steps and its completed event."""
+    data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
+    spec = tmp_path / "team.yaml"
+    spec.write_text(yaml.safe_dump(small_spec("team", str(data), str(tmp_path / "runs"))))
+    # Without the preflight (model and dataset checks, seconds of CPU): the worker's run checks the same
+    waited = pg_stack.cli("grpoflow", "submit", spec, "--wait", "--no-preflight", timeout=RUN_TIMEOUT_S)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert waited.stdout.splitlines()[-1].startswith("flow run team-") and ": Completed (" in waited.stdout
+    assert_trained(only_job(tmp_path / "runs"), str(data))
