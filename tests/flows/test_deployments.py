@@ -640,7 +640,9 @@ def test_every_run_is_named_after_its_job(stack, scenarios, tmp_path):
 @pytest.mark.slow
 def test_cancel_from_the_ui(stack, tmp_path):
     """Cancel, as the UI's button does it (the flow run set Cancelling) while GRPO trains: training stops, no
-    process of the run is left, and the flow run and the train task end Cancelled, not Crashed."""
+    process of the run is left, and the flow run and the train task end Cancelled, not Crashed. The run is Cancelled
+    within seconds of its processes ending: it stayed Cancelling 25-45 s more (here: gone after 8 s, Cancelled after
+    41 s) while the worker imported the flow again in a new process to run on_cancellation hooks it has none of."""
     spec = small_spec("cancel-me", str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"))
     spec["hyperparameters"]["max_steps"] = 400  # 0.5 s a step (the stack's stand-in request for this job)
     with get_client(sync_client=True) as client:
@@ -658,10 +660,20 @@ def test_cancel_from_the_ui(stack, tmp_path):
         assert processes, "no training child found"
         cancelled_at = time.monotonic()
         client.set_flow_run_state(flow_run.id, Cancelling(message="cancelled from the UI"))
-    flow_run = wait_final(flow_run.id, timeout=120)
-    took = time.monotonic() - cancelled_at
+        # The run's processes end, then its state: within seconds of each other (it stayed Cancelling 25-45 s).
+        gone_at = None
+        while not (state := client.read_flow_run(flow_run.id).state).is_final():
+            if gone_at is None and not [p for p in (*processes, flow_process) if p.is_running()]:
+                gone_at = time.monotonic()
+            assert time.monotonic() - cancelled_at < 120, f"still {state.name} 120 s after the cancel"
+            time.sleep(0.2)
+    done_at = time.monotonic()
+    flow_run = wait_final(flow_run.id, timeout=10)
     assert flow_run.state.is_cancelled(), flow_run.state
-    assert took < 30, f"Cancelled {took:.0f} s after the cancel"
+    gone_at = gone_at or done_at
+    took = f"processes gone {gone_at - cancelled_at:.1f} s, Cancelled {done_at - cancelled_at:.1f} s after the cancel"
+    print(f"cancel: {took}")
+    assert done_at - gone_at < 15, took
     with get_client(sync_client=True) as client:
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run.id]}))
     states = {t.name.rsplit("-", 1)[0]: t.state.type.value for t in tasks}
