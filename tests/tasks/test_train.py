@@ -16,7 +16,7 @@ import torch
 from grpoflow.core.errors import EXIT_RECORD, ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.core.jobdir import JobDir
 from grpoflow.tasks.train import train_task
-from grpoflow.trainers.grpo import intact_checkpoint
+from grpoflow.trainers.grpo import checkpoint_step, intact_checkpoint
 from grpoflow.trainers.metrics import read_events, read_metrics
 from tests.integrations.test_artifacts import flow_run_artifacts, flow_run_logs
 
@@ -172,9 +172,9 @@ def test_a_full_disk_at_a_checkpoint_leaves_no_torn_checkpoint_and_fails_once(ma
     assert "output_uri: cannot write into " in str(failure) and "the disk is full" in str(failure), failure
     log = (job.logs / "train.log").read_text()
     assert child_starts(job) == 1, log
-    checkpoints = sorted(job.checkpoints.iterdir(), key=lambda p: int(p.name.rsplit("-", 1)[-1]))
+    checkpoints = sorted(job.checkpoints.glob("checkpoint-*"), key=checkpoint_step)
     assert checkpoints and all(intact_checkpoint(p) for p in checkpoints), [list(p.iterdir()) for p in checkpoints]
-    torn = int(checkpoints[-1].name.rsplit("-", 1)[-1]) + 1
+    torn = checkpoint_step(checkpoints[-1]) + 1
     assert f"grpoflow: removing torn checkpoint checkpoint-{torn}\n" in log, log[-3000:]
     record = json.loads((job.root / EXIT_RECORD).read_text())  # written after the removal, on the freed space
     assert (
