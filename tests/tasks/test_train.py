@@ -223,9 +223,10 @@ def test_a_fault_in_a_reward_ends_training_once(make_job, standin, reward, healt
 def test_slow_steps_complete_the_stall_watchdog_counts_the_first_step(make_job, standin):
     """The issue's run of 70-second steps with stall_min_seconds 30 (the default stall_factor, 10), scaled by 1/20:
     3.5 s steps and a 1.5 s floor. After step 1 the limit is 10 x step 1's own 3.5 s (from the child's "step 1:
-    generating" line), not the floor, whose twice (3 s, 60 s unscaled) stopped the run as hung at step 2 (it did on a
-    busy machine: a step 1 of 328 s against the 120 s floor). The model load before step 1 (2 s, over the floor too)
-    is not a step: it trips nothing."""
+    generating" line), not the floor: the old rule raised a stall alert 1.5 s into step 2 and stopped the run as hung
+    at twice that (3 s here, 60 s unscaled; on a busy machine a step 1 of 328 s met the 120 s floor). With the old
+    rule this test fails on the alert, if not on the stop. The model load before step 1 (2 s, over the floor too) is
+    not a step: it trips nothing."""
     standin(grpo={"step_seconds": 3.5, "load_seconds": 2})
     health = {"stall_min_seconds": 1.5}
     job, spec = make_job("slow-steps", hyperparameters={**FAST, "max_steps": 2}, evaluation={"holdout": 0},
