@@ -27,7 +27,7 @@ from grpoflow.core.jobdir import JobDir
 from grpoflow.core.spec import JobSpec, SpecError, load_spec
 from grpoflow.flows.admission import admission_problems, team_spec
 from grpoflow.integrations.job_folders import BadJobReference, job_location, resume_problem
-from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
+from grpoflow.integrations.stages import REJECTED, StageRecord, end_cancelled, rejected
 from grpoflow.jobs.canary import wanted as canary_wanted
 from grpoflow.tasks.approval import await_approval
 from grpoflow.tasks.bookkeeping import JobEnding, create_job_task, new_job_id
@@ -278,7 +278,8 @@ def run_pipeline(
                 return end.rejected(state.message, keep=stage.keeps_rejected)
             if state.is_cancelled():  # the flow run was cancelled while the stage worked (the UI's Cancel)
                 end.cancelled(state.message)
-                # On to Prefect's own end of a cancelled run (the engine sets it Cancelled, no traceback logged).
+                end_cancelled(state.message)  # now, not after the worker has imported the flow again (end_cancelled)
+                # On to Prefect's own end of a cancelled run (no traceback logged).
                 raise TerminationSignal(signal.SIGTERM)
             done[stage.name] = state.result()  # a failed stage raises here, and the job ends failed
 

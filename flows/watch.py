@@ -10,10 +10,13 @@ emitted before, an event with resource `grpoflow.dataset.<uri>` and payload `{"u
 How it runs, deployed (`watch-new-data/watch`): one flow run an hour, which keeps looking every `poll_seconds` (30)
 for `watch_minutes` (55): a file is announced within about half a minute of settling, and the runs list holds 24
 watcher runs a day (not 720, as a 2-minute schedule made), each with a state message that sums up its looks. The
-deployment's `concurrency_limit: 1` keeps a late run from overlapping the next; the 5 minutes between a run's end
-and the next start cost at most that much latency. `watch_minutes=0` makes a run one look (the CLI's default): the
-`watch-new-data/look` deployment, unscheduled and without that limit, so that a look outside the schedule runs at
-once instead of waiting for the hour-long run (its looks take the same state's lock in turn).
+work pool's `watch` queue (concurrency limit 1) keeps a late run from overlapping the next; the 5 minutes between a
+run's end and the next start cost at most that much latency. A queue's limit holds no lease, so a running watcher
+outlives a restart of the server (a deployment's `concurrency_limit` makes Prefect renew a lease every 225 s, and a
+restarted server, whose leases live in memory, refused it: the run ended Crashed). `watch_minutes=0` makes a run one
+look (the CLI's default): the `watch-new-data/look` deployment, unscheduled and on the pool's `default` queue, so
+that a look outside the schedule runs at once instead of waiting for the hour-long run (its looks take the same
+state's lock in turn).
 
 Guarantees:
 - Complete files are announced by the look that sees them: a file whose size and version (ETag on object stores,

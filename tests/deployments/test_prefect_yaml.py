@@ -84,14 +84,17 @@ def test_schedules(deployments):
     [watch] = deployments["watch-new-data/watch"]["schedules"]
     assert IntervalSchedule(interval=watch["interval"]).interval.total_seconds() == 3600
     watcher = deployments["watch-new-data/watch"]
-    assert watcher["concurrency_limit"] == 1  # two looks at once could race
+    # One hourly run at a time, by its queue's limit (deployments/work-pools/pools.yaml): a deployment's
+    # concurrency_limit holds a lease that a restarted server forgets, and Prefect then crashes the running watcher.
+    assert "concurrency_limit" not in watcher and watcher["work_pool"]["work_queue_name"] == "watch"
     # Each hourly run keeps looking for 55 minutes (24 runs a day in the list), its state in the project folder.
     params = watcher["parameters"]
     assert params["watch_minutes"] == 55 and params["state_dir"] == ".grpoflow/watch-state"
-    # A look outside the schedule is a deployment of its own: no concurrency_limit to wait behind the hourly run,
-    # the same state (and so the same lock), no schedule.
+    # A look outside the schedule is a deployment of its own: another queue, not to wait behind the hourly run, the
+    # same state (and so the same lock), no schedule.
     look = deployments["watch-new-data/look"]
     assert "concurrency_limit" not in look and "schedules" not in look
+    assert look["work_pool"]["work_queue_name"] == "default"
     shared = {k: v for k, v in params.items() if k not in ("watch_minutes", "poll_seconds")}
     assert look["parameters"] == {**shared, "watch_minutes": 0}
 

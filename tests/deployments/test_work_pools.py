@@ -68,6 +68,7 @@ def pod_spec(manifest: dict) -> dict:
 def test_pools_file(pools):
     assert pools["grpo-gpu"]["type"] == "process" and pools["grpo-gpu"]["base_job_template"] is None
     assert {"name": "training", "concurrency_limit": 1} in pools["grpo-gpu"]["queues"]  # one GPU job at a time
+    assert {"name": "watch", "concurrency_limit": 1} in pools["grpo-gpu"]["queues"]  # one hourly watcher at a time
     assert pools["grpo-k8s"]["type"] == "kubernetes"
     for pool in pools.values():
         template = locked_template(pool["base_job_template"] or asyncio.run(default_template(pool["type"])))

@@ -238,6 +238,18 @@ class Stack:
     applied: str = ""  # what `grpoflow deployments apply` printed
     applied_at: datetime | None = None
     first_watch_runs: list = field(default_factory=list)
+    procs: list = field(default_factory=list)  # the server first, then the worker: what the fixture stops
+
+    def stop_server(self) -> None:
+        stop([self.procs[0]])
+
+    def start_server(self) -> None:
+        """Starts the stopped Prefect server again on the same port and database (its PREFECT_HOME), as an operator's
+        restart or an upgrade does."""
+        port = self.api_url.split(":")[2][:-4]
+        self.procs[0] = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", port], self.env,
+                              self.tmp / "server-restarted.log")  # fmt: skip
+        wait_healthy(self.api_url, self.procs[0])
 
     def cli(self, *argv, timeout: float = 300) -> subprocess.CompletedProcess:
         """A command typed in a shell with PREFECT_API_URL set, e.g. `grpoflow submit ...`."""
@@ -289,7 +301,7 @@ def running_stack(tmp: Path, env: dict) -> Iterator[Stack]:
                        tmp / "server.log")  # fmt: skip
         procs.append(server)
         wait_healthy(api_url, server)
-        stack = Stack(env, api_url, tmp)
+        stack = Stack(env, api_url, tmp, procs=procs)
         applied = stack.cli("grpoflow", "deployments", "apply")
         assert applied.returncode == 0, applied.stdout + applied.stderr
         stack.applied, stack.applied_at = applied.stdout, datetime.now(UTC)
@@ -396,7 +408,7 @@ def look_found(flow_run_id) -> str:
 
 
 def start_look(uri: str, spec: str, state_dir: Path, settle_seconds: float, deployment: str = "watch-new-data/watch"):
-    """Starts one run of `deployment` (the hourly watcher, or `look`, which has no concurrency limit) on `uri` that
+    """Starts one run of `deployment` (the hourly watcher, or `look`, which is not on its limited queue) on `uri` that
     looks once; returns its flow run's id."""
     parameters = {
         "uri": uri,
@@ -644,7 +656,9 @@ def test_every_run_is_named_after_its_job(stack, scenarios, tmp_path):
 @pytest.mark.slow
 def test_cancel_from_the_ui(stack, tmp_path):
     """Cancel, as the UI's button does it (the flow run set Cancelling) while GRPO trains: training stops, no
-    process of the run is left, and the flow run and the train task end Cancelled, not Crashed."""
+    process of the run is left, and the flow run and the train task end Cancelled, not Crashed. The run is Cancelled
+    within seconds of its processes ending: it stayed Cancelling 25-45 s more (here: gone after 8 s, Cancelled after
+    41 s) while the worker imported the flow again in a new process to run on_cancellation hooks it has none of."""
     spec = small_spec("cancel-me", str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"))
     spec["hyperparameters"]["max_steps"] = 400  # 0.5 s a step (the stack's stand-in request for this job)
     with get_client(sync_client=True) as client:
@@ -662,16 +676,27 @@ def test_cancel_from_the_ui(stack, tmp_path):
         assert processes, "no training child found"
         cancelled_at = time.monotonic()
         client.set_flow_run_state(flow_run.id, Cancelling(message="cancelled from the UI"))
-    flow_run = wait_final(flow_run.id, timeout=120)
-    took = time.monotonic() - cancelled_at
+        # The run's processes end and its state turns Cancelled within seconds of each other (it stayed Cancelling
+        # 25-45 s after the processes had gone).
+        gone_at = None
+        while not (state := client.read_flow_run(flow_run.id).state).is_final():
+            if gone_at is None and not [p for p in (*processes, flow_process) if p.is_running()]:
+                gone_at = time.monotonic()
+            assert time.monotonic() - cancelled_at < 120, f"still {state.name} 120 s after the cancel"
+            time.sleep(0.2)
+    done_at = time.monotonic()
+    _, alive = psutil.wait_procs([*processes, flow_process], timeout=30)
+    assert alive == [], alive  # no process of the run is left
+    gone_at = gone_at or time.monotonic()
+    flow_run = wait_final(flow_run.id, timeout=10)
     assert flow_run.state.is_cancelled(), flow_run.state
-    assert took < 30, f"Cancelled {took:.0f} s after the cancel"
+    took = f"processes gone {gone_at - cancelled_at:.1f} s, Cancelled {done_at - cancelled_at:.1f} s after the cancel"
+    print(f"cancel: {took}")
+    assert done_at - gone_at < 15, took
     with get_client(sync_client=True) as client:
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run.id]}))
     states = {t.name.rsplit("-", 1)[0]: t.state.type.value for t in tasks}
     assert states["train"] == "CANCELLED" and "CRASHED" not in states.values(), states
-    _, alive = psutil.wait_procs([*processes, flow_process], timeout=30)
-    assert alive == [], alive
     steps = [r["step"] for r in read_metrics(job / "metrics.jsonl")]
     assert steps and steps[-1] < 400
     ends = [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
@@ -1032,7 +1057,7 @@ def test_submit_wait_exits_as_grpoflow_run_would(stack, tmp_path, name, code, er
 @pytest.mark.slow
 def test_one_look_does_not_wait_for_the_hourly_watcher(stack, tmp_path):
     """`prefect deployment run watch-new-data/look` while an hour-long `watch` run looks at the same folder: the
-    look runs at once (the watcher's concurrency_limit of 1 would hold a second `watch` run until the first ended),
+    look runs at once (the watcher's queue, limited to 1, would hold a second `watch` run until the first ended),
     announces the file, and the hourly run, sharing its state, does not announce it again."""
     incoming, state = tmp_path / "incoming", str(tmp_path / "state")
     incoming.mkdir()
@@ -1188,6 +1213,55 @@ def test_a_grader_flooding_its_output_costs_the_flow_nothing(stack, tmp_path):
             time.sleep(0.2)
     assert state.is_completed(), state.message
     assert 0 < peak < 1_000_000_000, peak  # the flow process and the grader's, never the gigabyte
+
+
+# --- the platform around a run (issue 51) --------------------------------------------------------------------------
+
+
+def settled_file(path: Path) -> Path:
+    write_jsonl(path, arithmetic_rows(4))
+    os.utime(path, (time.time() - 60, time.time() - 60))  # settled already
+    return path
+
+
+def wait_landed(path: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while len(landed_events(str(path))) != 1:
+        assert time.monotonic() < deadline, f"{path.name} not announced after {timeout} s"
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_the_watcher_outlives_a_server_restart(stack, tmp_path):
+    """The hourly watcher's run while the Prefect server is stopped and started again (same port, same database):
+    the run goes on, and announces the file dropped while the server was down and the one dropped after, once each.
+    It ended Crashed ("Concurrency lease renewal failed"): the deployment's concurrency_limit made Prefect hold a lease
+    for the run, renewed every 225 s, which the restarted server (its leases live in memory) no longer knew. The
+    hourly runs are now kept one at a time by their work queue's limit, which holds no lease."""
+    incoming, state = tmp_path / "incoming", str(tmp_path / "state")
+    incoming.mkdir()
+    hourly = {"uri": str(incoming), "state_dir": state, "settle_seconds": 1, "watch_minutes": 10, "poll_seconds": 1}
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run_from_deployment(deployment_id("watch-new-data/watch"), parameters=hourly)
+        deadline = time.monotonic() + 120
+        while not (running := client.read_flow_run(run.id).state).is_running():
+            assert time.monotonic() < deadline, f"the watcher's run never started: {running}"
+            time.sleep(0.5)
+    assert running.state_details.deployment_concurrency_lease_id is None  # nothing the server can forget
+    try:
+        wait_landed(settled_file(incoming / "before.jsonl"))
+        stack.stop_server()
+        settled_file(incoming / "during.jsonl")
+        time.sleep(3)  # a few looks while the server is down
+        stack.start_server()
+        wait_landed(settled_file(incoming / "after.jsonl"))
+        wait_landed(incoming / "during.jsonl")
+        with get_client(sync_client=True) as client:
+            assert client.read_flow_run(run.id).state.is_running()
+        assert [len(landed_events(str(incoming / f))) for f in ("before.jsonl", "during.jsonl")] == [1, 1]
+    finally:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run.id, Cancelling(), force=True)
 
 
 # --- many submissions at once, and a team's server on PostgreSQL --------------------------------------------------

@@ -13,10 +13,10 @@ import psutil
 import pytest
 import torch
 
-from grpoflow.core.errors import ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
+from grpoflow.core.errors import EXIT_RECORD, ChildEndedEarly, RewardFailed, TrainingSetupError, TrainingStopped
 from grpoflow.core.jobdir import JobDir
 from grpoflow.tasks.train import train_task
-from grpoflow.trainers.grpo import intact_checkpoint
+from grpoflow.trainers.grpo import checkpoint_step, intact_checkpoint
 from grpoflow.trainers.metrics import read_events, read_metrics
 from tests.integrations.test_artifacts import flow_run_artifacts, flow_run_logs
 
@@ -145,6 +145,45 @@ def run_train(job: JobDir, spec, expected: type[Exception]) -> Exception:
     return train()
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 7 MB tmpfs mounted as the jobs' output folder (tmp_path/runs): room for the dataset and one checkpoint of
+    builtin:tiny's full fine-tune (weights and optimizer state, about 4 MB), not two."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(runs)], check=True)
+    try:
+        yield runs
+    finally:
+        subprocess.run(["umount", "--lazy", str(runs)], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_full_disk_at_a_checkpoint_leaves_no_torn_checkpoint_and_fails_once(make_job, small_disk):
+    """The disk fills while the real child saves its second checkpoint: the child removes that torn checkpoint before
+    it writes anything else, saying its whole name (the log said "removing torn checkpoint checkpoint", and
+    checkpoint-10 stayed), and the task fails once with the setup problem, no retry (it was retried twice, each
+    failing in seconds). What is left is the intact checkpoint a resume goes on from."""
+    job, spec = make_job("full-disk", hyperparameters={**FAST, "max_steps": 6}, checkpoint_every=1,
+                         evaluation={"holdout": 0})  # fmt: skip
+    assert job.root.is_relative_to(small_disk)
+    failure = run_train(job, spec, TrainingSetupError)
+    assert "output_uri: cannot write into " in str(failure) and "the disk is full" in str(failure), failure
+    log = (job.logs / "train.log").read_text()
+    assert child_starts(job) == 1, log
+    checkpoints = sorted(job.checkpoints.glob("checkpoint-*"), key=checkpoint_step)
+    assert checkpoints and all(intact_checkpoint(p) for p in checkpoints), [list(p.iterdir()) for p in checkpoints]
+    torn = checkpoint_step(checkpoints[-1]) + 1
+    assert f"grpoflow: removing torn checkpoint checkpoint-{torn}\n" in log, log[-3000:]
+    record = json.loads((job.root / EXIT_RECORD).read_text())  # written after the removal, on the freed space
+    assert (
+        record["code"] == 2
+        and record["message"].startswith("output_uri: cannot write into ")
+        and record["message"] in str(failure)
+    )
+
+
 @pytest.mark.usefixtures("prefect_server")
 @pytest.mark.parametrize(
     "reward, health, expected, message",
@@ -181,14 +220,18 @@ def test_a_fault_in_a_reward_ends_training_once(make_job, standin, reward, healt
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_the_stall_watchdog_counts_the_first_step(make_job, standin):
-    """Steps of 3 s each on a busy machine, a 1 s floor and stall_factor 2: after step 1 the limit is 2 x step 1's
-    own 3 s (from the child's "step 1: generating" line), not the floor, whose twice (2 s) stopped the run as hung at
-    step 2. The model load before step 1 (2 s, over the floor too) is not a step: it trips nothing."""
-    standin(grpo={"step_seconds": 3, "load_seconds": 2})
-    health = {"stall_factor": 2, "stall_min_seconds": 1}
-    job, spec = make_job("slow-steps", hyperparameters={**FAST, "max_steps": 3}, evaluation={"holdout": 0},
+def test_slow_steps_complete_the_stall_watchdog_counts_the_first_step(make_job, standin):
+    """The issue's run of 70-second steps with stall_min_seconds 30 (the default stall_factor, 10), scaled by 1/20:
+    3.5 s steps and a 1.5 s floor. After step 1 the limit is 10 x step 1's own 3.5 s (from the child's "step 1:
+    generating" line), not the floor: the old rule raised a stall alert 1.5 s into step 2 and stopped the run as hung
+    at twice that (3 s here, 60 s unscaled; on a busy machine a step 1 of 328 s met the 120 s floor). With the old
+    rule this test fails on the alert, if not on the stop. The model load before step 1 (2 s, over the floor too) is
+    not a step: it trips nothing."""
+    standin(grpo={"step_seconds": 3.5, "load_seconds": 2})
+    health = {"stall_min_seconds": 1.5}
+    job, spec = make_job("slow-steps", hyperparameters={**FAST, "max_steps": 2}, evaluation={"holdout": 0},
                          health=health)  # fmt: skip
+    assert spec.health.stall_factor == 10  # the default, as in the issue's run
     from prefect import flow
 
     @flow
@@ -196,8 +239,9 @@ def test_the_stall_watchdog_counts_the_first_step(make_job, standin):
         return train_task(job, spec)
 
     summary = train()
-    assert summary["global_step"] == 3 and summary["alerts"] == []
+    assert summary["global_step"] == 2 and summary["alerts"] == []
     assert [e["event"] for e in events(job) if e["event"] == "grpoflow.training.alert"] == []
+    assert child_starts(job) == 1
 
 
 @pytest.mark.usefixtures("prefect_server")
