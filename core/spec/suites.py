@@ -12,7 +12,7 @@ class SuiteSpec(Section):
     """One evaluation suite: an inspect-ai task, scored on the start model and on the kept model."""
 
     inspect: SuiteRef = Field(
-        description="An inspect-ai task, FILE.py@TASK: a Python file (relative to the folder grpoflow runs in, as "
+        description="An inspect-ai task, FILE@TASK: a Python file (relative to the folder grpoflow runs in, as "
         "dataset paths are) and the name of an @task function in it, whose dataset is local (e.g. a JSONL file "
         "beside it: nothing is downloaded). Needs the evals extra (pip install grpoflow[evals]).",
     )
