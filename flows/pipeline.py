@@ -26,6 +26,7 @@ from grpoflow.core.errors import ChildEndedEarly, ChildFailed, RewardFailed, Tra
 from grpoflow.core.jobdir import JobDir
 from grpoflow.core.spec import JobSpec, SpecError, load_spec
 from grpoflow.flows.admission import admission_problems, team_spec
+from grpoflow.flows.output import survive_closed_output
 from grpoflow.integrations.job_folders import BadJobReference, job_location, resume_problem
 from grpoflow.integrations.stages import REJECTED, StageRecord, rejected
 from grpoflow.jobs.canary import wanted as canary_wanted
@@ -92,6 +93,8 @@ class UnloggedParameters(logging.Filter):
 
 logging.getLogger("prefect.flow_runs").addFilter(NamedFailures())
 logging.getLogger("prefect.flows").addFilter(UnloggedParameters())
+# A worker that dies closes the pipes it read this process's output from: the run goes on (flows/output.py).
+survive_closed_output()
 
 
 def _always(spec: JobSpec, done: dict) -> bool:
