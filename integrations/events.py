@@ -163,6 +163,15 @@ EVENTS = {
             "error": "the message (its last 2000 characters)",
         },
     ),
+    "grpoflow.job.resumed": EventKind(
+        "a run that ended Crashed (its process or machine lost) was resumed by grpo-pipeline/resume, in the run "
+        "named `<job id>-resume-<resume>`",
+        {
+            "resume": "which automatic resume of the job this is (1, 2, ...)",
+            "max_resumes": "GRPOFLOW_AUTO_RESUME, the most a job gets",
+            "checkpoint": "the newest training checkpoint it goes on from (`checkpoint-N`), or null",
+        },
+    ),
     "grpoflow.dataset.landed": EventKind(
         "the data watcher saw a new file version (resource `grpoflow.dataset.<uri>`); the on-new-data deployment's "
         "trigger starts a run with it",

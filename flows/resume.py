@@ -1,0 +1,115 @@
+"""`grpo-pipeline/resume`: a run of grpoflow's deployments that ends `Crashed` (its process killed, its machine lost)
+is resumed from its last checkpoint, at most `GRPOFLOW_AUTO_RESUME` times per job (default 2).
+
+The deployment's trigger (deployments/prefect.yaml) starts this flow on each `prefect.flow-run.Crashed` event of a
+`grpo-pipeline` run. It starts a run of the crashed run's own deployment with the same parameters and the job's id as
+`job_id` (what `grpoflow submit --resume` does), named `<job id>-resume-<n>`; that run emits `grpoflow.job.resumed`
+once it holds the job, and the stages skip what the job's folder shows done, training going on from its newest
+checkpoint. A job resumed that many times is left `Crashed`, and this flow's log says so. By hand:
+
+    prefect deployment run grpo-pipeline/resume --param flow_run=<crashed flow run id>
+"""
+
+import os
+import re
+from uuid import UUID
+
+from prefect import flow, get_client, get_run_logger
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterState, FlowRunFilterStateType
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Completed
+
+AUTO_RESUME_ENV = "GRPOFLOW_AUTO_RESUME"
+DEFAULT_AUTO_RESUME = 2
+LIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED, StateType.CANCELLING]
+
+
+def max_resumes() -> int:
+    """`GRPOFLOW_AUTO_RESUME`: how many times one job is resumed after a crash (0: never)."""
+    value = os.environ.get(AUTO_RESUME_ENV, str(DEFAULT_AUTO_RESUME))
+    try:
+        return max(int(value), 0)
+    except ValueError:
+        raise ValueError(f"{AUTO_RESUME_ENV}={value!r}: a whole number of resumes, e.g. 2 (0: never)") from None
+
+
+def resume_name(job_id: str, n: int) -> str:
+    """The name of the `n`-th automatic resume of `job_id`'s run."""
+    return f"{job_id}-resume-{n}"
+
+
+def resume_number(run_name: str | None, job_id: str) -> int | None:
+    """`n` when `run_name` is `resume_name(job_id, n)`, else None."""
+    found = re.fullmatch(re.escape(job_id) + r"-resume-(\d+)", run_name or "")
+    return int(found[1]) if found else None
+
+
+def _run_id(flow_run: str) -> UUID:
+    return UUID(flow_run.removeprefix("prefect.flow-run."))
+
+
+@flow(name="grpo-pipeline", flow_run_name="resume {flow_run}")
+def resume_crashed(flow_run: str) -> str:
+    """Resumes the job of the crashed `grpo-pipeline` run `flow_run` from its last checkpoint, within the bound.
+
+    Args:
+        flow_run (`str`): the crashed flow run's id (or its event resource id, `prefect.flow-run.<id>`).
+    """
+    logger = get_run_logger()
+    with get_client(sync_client=True) as client:
+        crashed = client.read_flow_run(_run_id(flow_run))
+        if why := _not_resumed(client, crashed):
+            logger.info("flow run %s (%s): nothing to resume: %s", crashed.name, crashed.id, why)
+            return Completed(message=why, name="NotResumed")
+        job_id = crashed.parameters.get("job_id") or crashed.name  # the pipeline names its run after its job
+        done = _resumes_so_far(client, crashed.deployment_id, job_id)
+        if done >= (limit := max_resumes()):
+            message = (
+                f"job {job_id} crashed again and stays Crashed: it was resumed {done} times already, the most "
+                f"{AUTO_RESUME_ENV}={limit} allows; `grpoflow submit SPEC --resume {job_id}` goes on from its last "
+                "checkpoint"
+            )
+            logger.error("%s", message)
+            return Completed(message=message, name="ResumeLimit")
+        resumed = client.create_flow_run_from_deployment(
+            crashed.deployment_id,
+            parameters={**crashed.parameters, "job_id": job_id},
+            name=resume_name(job_id, done + 1),
+            tags=crashed.tags,
+            job_variables=crashed.job_variables or None,
+            idempotency_key=f"grpoflow-resume-{crashed.id}",  # one resume per crash, however often the trigger fires
+        )
+    logger.info("job %s: flow run %s crashed; resumed as %s (%d of %d)", job_id, crashed.name, resumed.name, done + 1,
+                limit)  # fmt: skip
+    return resumed.name
+
+
+def _not_resumed(client, crashed) -> str | None:
+    """Why `crashed` is not for this flow to resume, else None."""
+    if crashed.state is None or crashed.state.type != StateType.CRASHED:
+        return f"it is {crashed.state.name if crashed.state else 'without a state'} now, not Crashed"
+    if crashed.deployment_id is None:
+        return "it is no deployment's run (`grpoflow run` resumes with --resume)"
+    try:
+        deployment = client.read_deployment(crashed.deployment_id)
+    except ObjectNotFound:
+        return "its deployment is gone"
+    if deployment.entrypoint and deployment.entrypoint.endswith(":resume_crashed"):
+        return "it is a run of grpo-pipeline/resume itself"
+    job_id = crashed.parameters.get("job_id") or crashed.name
+    # A resume started by hand (`--resume`, which sets the earlier run Crashed once it holds the job) already runs it.
+    live = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(like_=job_id), state=FlowRunFilterState(type=FlowRunFilterStateType(any_=LIVE))
+        )
+    )
+    if others := [r.name for r in live if r.id != crashed.id and r.name.startswith(job_id)]:
+        return f"job {job_id} runs again already ({', '.join(others)})"
+    return None
+
+
+def _resumes_so_far(client, deployment_id, job_id: str) -> int:
+    """How many automatic resumes of `job_id` were started (its runs named `<job id>-resume-<n>`)."""
+    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"{job_id}-resume-")))
+    return len({resume_number(r.name, job_id) for r in runs} - {None})
