@@ -3,7 +3,7 @@ is resumed from its last checkpoint, at most `GRPOFLOW_AUTO_RESUME` times per jo
 
 The deployment's trigger (deployments/prefect.yaml) starts this flow on each `prefect.flow-run.Crashed` event of a
 `grpo-pipeline` run. It starts a run of the crashed run's own deployment with the same parameters and the job's id as
-`job_id` (what `grpoflow submit --resume` does), named `<job id>-resume-<n>`; that run emits `grpoflow.job.resumed`
+`job_id` (the retrain form's field: a resume), named `<job id>-resume-<n>`; that run emits `grpoflow.job.resumed`
 once it holds the job, and the stages skip what the job's folder shows done, training going on from its newest
 checkpoint. A job resumed that many times is left `Crashed`, and this flow's log says so. By hand:
 
@@ -67,8 +67,8 @@ def resume_crashed(flow_run: str) -> str:
         if done >= (limit := max_resumes()):
             message = (
                 f"job {job_id} crashed again and stays Crashed: it was resumed {done} times already, the most "
-                f"{AUTO_RESUME_ENV}={limit} allows; `grpoflow submit SPEC --resume {job_id}` goes on from its last "
-                "checkpoint"
+                f"{AUTO_RESUME_ENV}={limit} allows; a run of its deployment with job_id {job_id} (the form's field), "
+                f"or `grpoflow run SPEC --resume {job_id}`, goes on from its last checkpoint"
             )
             logger.error("%s", message)
             return Completed(message=message, name="ResumeLimit")
