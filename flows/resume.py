@@ -18,7 +18,7 @@ from prefect import flow, get_client, get_run_logger
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterState, FlowRunFilterStateType
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
-from prefect.states import Completed
+from prefect.states import Completed, State
 
 AUTO_RESUME_ENV = "GRPOFLOW_AUTO_RESUME"
 DEFAULT_AUTO_RESUME = 2
@@ -50,13 +50,17 @@ def _run_id(flow_run: str) -> UUID:
 
 
 @flow(name="grpo-pipeline", flow_run_name="resume {flow_run}")
-def resume_crashed(flow_run: str) -> str:
+def resume_crashed(flow_run: str | None = None) -> str | State:
     """Resumes the job of the crashed `grpo-pipeline` run `flow_run` from its last checkpoint, within the bound.
 
     Args:
-        flow_run (`str`): the crashed flow run's id (or its event resource id, `prefect.flow-run.<id>`).
+        flow_run (`str`, *optional*): the crashed flow run's id (or its event resource id, `prefect.flow-run.<id>`),
+            which the trigger passes; without one there is nothing to resume.
     """
     logger = get_run_logger()
+    if not flow_run:
+        logger.info("no flow run given: nothing to resume (the trigger passes the crashed run)")
+        return Completed(message="no flow run given", name="NotResumed")
     with get_client(sync_client=True) as client:
         crashed = client.read_flow_run(_run_id(flow_run))
         if why := _not_resumed(client, crashed):
