@@ -50,7 +50,7 @@ def _run_id(flow_run: str) -> UUID:
 
 
 @flow(name="grpo-pipeline", flow_run_name="resume {flow_run}")
-def resume_crashed(flow_run: str | None = None) -> str | State:
+def resume_crashed(flow_run: str | None = None) -> State:
     """Resumes the job of the crashed `grpo-pipeline` run `flow_run` from its last checkpoint, within the bound.
 
     Args:
@@ -84,9 +84,9 @@ def resume_crashed(flow_run: str | None = None) -> str | State:
             job_variables=crashed.job_variables or None,
             idempotency_key=f"grpoflow-resume-{crashed.id}",  # one resume per crash, however often the trigger fires
         )
-    logger.info("job %s: flow run %s crashed; resumed as %s (%d of %d)", job_id, crashed.name, resumed.name, done + 1,
-                limit)  # fmt: skip
-    return resumed.name
+    message = f"job {job_id} resumed as {resumed.name} ({done + 1} of {limit}) after flow run {crashed.name} crashed"
+    logger.info("%s", message)
+    return Completed(message=message)
 
 
 def _not_resumed(client, crashed) -> str | None:

@@ -87,7 +87,7 @@ ENDINGS = {
 # The jobs of the worker-death and crash tests: GRPO slow enough to kill the worker in the middle of; a flow run
 # killed (with its training child) after GRPO's checkpoint-2, once or every time.
 CRASHES = {
-    "outlive": {"grpo": {"step_seconds": 1.0}},
+    "outlive": {"grpo": {"step_seconds": 0.5}},
     "crash-once": {"grpo": {"crash_at": 2, "crashes": 1, "kill": "flow"}},
     "crash-always": {"grpo": {"crash_at": 2, "kill": "flow"}},
 }
@@ -1273,7 +1273,7 @@ def test_a_worker_killed_mid_grpo_ends_no_run(stack, tmp_path, hooks):
             tags=retrain.tags,
         )
         run = client.create_flow_run_from_deployment(doomed, parameters={"spec": crash_spec("outlive", tmp_path,
-                                                                                             hooks, 12)})  # fmt: skip
+                                                                                             hooks, 10)})  # fmt: skip
     worker = start([PREFECT, "worker", "start", "--pool", "doomed"], stack.env, tmp_path / "worker.log")
     new_worker = None
     try:
@@ -1291,7 +1291,7 @@ def test_a_worker_killed_mid_grpo_ends_no_run(stack, tmp_path, hooks):
         assert final.state.is_completed(), final.state.message
         assert final.name.startswith("outlive-") and "resume" not in final.name
         job = metrics()[0].parent
-        assert_each_once(job, hooks, 12)
+        assert_each_once(job, hooks, 10)
     finally:
         stop([worker, *([new_worker] if new_worker else [])])
 
@@ -1341,7 +1341,8 @@ def test_a_crashed_run_is_resumed_within_the_bound(stack, tmp_path, hooks):
 
     once = job_ids["crash-once"]
     assert state_names(once) == [f"{once} Crashed", f"{once}-resume-1 Completed"]
-    assert answered[once].state.name == "Completed" and answered[once].state.result() == f"{once}-resume-1"
+    assert answered[once].state.name == "Completed"
+    assert answered[once].state.message.startswith(f"job {once} resumed as {once}-resume-1 (1 of 1)")
     events = assert_each_once(tmp_path / "crash-once" / "runs" / once, hooks, 4)
     [resumed] = [r for r in events if r["event"] == "grpoflow.job.resumed"]
     assert resumed["payload"] == {"resume": 1, "max_resumes": 1, "checkpoint": "checkpoint-2"}
