@@ -5,7 +5,8 @@ The deployment's trigger (deployments/prefect.yaml) starts this flow on each `pr
 `grpo-pipeline` run. It starts a run of the crashed run's own deployment with the same parameters and the job's id as
 `job_id` (the retrain form's field: a resume), named `<job id>-resume-<n>`; that run emits `grpoflow.job.resumed`
 once it holds the job, and the stages skip what the job's folder shows done, training going on from its newest
-checkpoint. A job resumed that many times is left `Crashed`, and this flow's log says so. By hand:
+checkpoint. A job resumed that many times is left `Crashed`: this flow's log says so, and the job ends with
+`grpoflow.job.failed` (reason `crashed`). By hand:
 
     prefect deployment run grpo-pipeline/resume --param flow_run=<crashed flow run id>
 """
@@ -19,6 +20,11 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, Flo
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Completed, State
+
+from grpoflow.integrations import webhooks
+from grpoflow.integrations.events import emit
+from grpoflow.integrations.job_folders import BadJobReference, UnknownJob, find_job
+from grpoflow.tasks.bookkeeping import WEBHOOK_FLUSH_S
 
 AUTO_RESUME_ENV = "GRPOFLOW_AUTO_RESUME"
 DEFAULT_AUTO_RESUME = 2
@@ -75,6 +81,7 @@ def resume_crashed(flow_run: str | None = None) -> State:
                 f"or `grpoflow run SPEC --resume {job_id}`, goes on from its last checkpoint"
             )
             logger.error("%s", message)
+            _announce_given_up(job_id, message)
             return Completed(message=message, name="ResumeLimit")
         resumed = client.create_flow_run_from_deployment(
             crashed.deployment_id,
@@ -111,6 +118,19 @@ def _not_resumed(client, crashed) -> str | None:
     if others := [r.name for r in live if r.id != crashed.id and r.name.startswith(job_id)]:
         return f"job {job_id} runs again already ({', '.join(others)})"
     return None
+
+
+def _announce_given_up(job_id: str, message: str) -> None:
+    """Ends the job failed (`grpoflow.job.failed`, reason `crashed`; its webhooks too) where its folder is found on
+    this machine (the job index: `grpoflow metrics JOB_ID` finds it the same way); nothing had announced its end."""
+    try:
+        job, _ = find_job(job_id)
+    except (UnknownJob, BadJobReference) as e:
+        get_run_logger().warning("job %s: no grpoflow.job.failed sent, no folder of it here: %s", job_id, e)
+        return
+    webhooks.resend(job)  # what the crashed runs left undelivered, first, in order
+    emit(job, "grpoflow.job.failed", {"reason": "crashed", "error": message[-2000:]})
+    webhooks.flush(timeout=WEBHOOK_FLUSH_S)
 
 
 def _resumes_so_far(client, deployment_id, job_id: str) -> int:

@@ -159,7 +159,8 @@ EVENTS = {
     "grpoflow.job.failed": EventKind(
         "the job ended without completing",
         {
-            "reason": "`rejected` (bad input), `cancelled`, or the failure's exception class",
+            "reason": "`rejected` (bad input), `cancelled`, `crashed` (its runs crashed more often than "
+            "GRPOFLOW_AUTO_RESUME resumes), or the failure's exception class",
             "error": "the message (its last 2000 characters)",
         },
     ),

@@ -1198,29 +1198,32 @@ def test_a_grader_flooding_its_output_costs_the_flow_nothing(stack, tmp_path):
 
 @dataclass
 class Hooks:
-    """A webhook receiver on loopback: the event ids it was sent, in order."""
+    """A webhook receiver on loopback: the (event id, job id) of each delivery, in order."""
 
     url: str
-    ids: list
+    sent: list
+
+    def ids(self, job: Path) -> list[str]:
+        return [event_id for event_id, job_id in self.sent if job_id == job.name]
 
     def events(self, job: Path) -> list[dict]:
         """The job's events.jsonl, once the receiver has each of its events (the deliveries end with the job)."""
         deadline = time.monotonic() + 60
         while True:
             records = [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
-            if set(self.ids) >= {r["id"] for r in records} or time.monotonic() > deadline:
+            if set(self.ids(job)) >= {r["id"] for r in records} or time.monotonic() > deadline:
                 return records
             time.sleep(0.2)
 
 
 @pytest.fixture
 def hooks():
-    ids = []
+    sent = []
 
     class Receiver(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
-            self.rfile.read(int(self.headers["content-length"]))
-            ids.append(self.headers["webhook-id"])  # the event's id, the same on every retry and resend
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            sent.append((self.headers["webhook-id"], body["data"]["job_id"]))  # the id: the same on every resend
             self.send_response(204)
             self.end_headers()
 
@@ -1229,7 +1232,7 @@ def hooks():
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield Hooks(f"http://127.0.0.1:{server.server_port}/hook", ids)
+    yield Hooks(f"http://127.0.0.1:{server.server_port}/hook", sent)
     server.shutdown()
 
 
@@ -1245,7 +1248,7 @@ def assert_each_once(job: Path, hooks: Hooks, steps: int) -> list[dict]:
     assert [r["step"] for r in read_metrics(job / "metrics.jsonl")] == list(range(1, steps + 1))
     events = hooks.events(job)
     ids = [r["id"] for r in events]
-    assert len(set(ids)) == len(ids) and sorted(hooks.ids) == sorted(ids), (ids, hooks.ids)
+    assert len(set(ids)) == len(ids) and sorted(hooks.ids(job)) == sorted(ids), (ids, hooks.ids(job))
     assert [r["event"] for r in events].count("grpoflow.job.completed") == 1
     assert "grpoflow.job.failed" not in [r["event"] for r in events]
     return events
@@ -1353,6 +1356,13 @@ def test_a_crashed_run_is_resumed_within_the_bound(stack, tmp_path, hooks):
     message = answered[f"{always}-resume-1"].state.message
     assert f"job {always} crashed again" in message and "GRPOFLOW_AUTO_RESUME=1" in message
     assert f"--resume {always}" in message
+    # and the job ends failed, as nothing else would say (events.jsonl, its webhook, once each)
+    job = tmp_path / "crash-always" / "runs" / always
+    events = hooks.events(job)
+    ids = [r["id"] for r in events]
+    assert len(set(ids)) == len(ids) and sorted(hooks.ids(job)) == sorted(ids), (ids, hooks.ids(job))
+    [failed] = [r["payload"] for r in events if r["event"] == "grpoflow.job.failed"]
+    assert failed["reason"] == "crashed" and failed["error"] == message
 
 
 def job_id_of(flow_run_id, name: str) -> str:
