@@ -26,6 +26,9 @@ from grpoflow.core.errors import ChildEndedEarly, ChildFailed, RewardFailed, Tra
 from grpoflow.core.jobdir import JobDir
 from grpoflow.core.spec import JobSpec, SpecError, load_spec
 from grpoflow.flows.admission import admission_problems, team_spec
+from grpoflow.flows.output import survive_closed_output
+from grpoflow.flows.resume import max_resumes, resume_number
+from grpoflow.integrations.events import emit
 from grpoflow.integrations.job_folders import BadJobReference, job_location, resume_problem
 from grpoflow.integrations.stages import REJECTED, StageRecord, end_cancelled, rejected
 from grpoflow.jobs.canary import wanted as canary_wanted
@@ -92,6 +95,8 @@ class UnloggedParameters(logging.Filter):
 
 logging.getLogger("prefect.flow_runs").addFilter(NamedFailures())
 logging.getLogger("prefect.flows").addFilter(UnloggedParameters())
+# A worker that dies closes the pipes it read this process's output from: the run goes on (flows/output.py).
+survive_closed_output()
 
 
 def _always(spec: JobSpec, done: dict) -> bool:
@@ -197,18 +202,20 @@ def checked_spec(spec: JobSpec | dict) -> JobSpec | State:
 
 
 def job_run_name() -> str:
-    """The flow run's name: its job id, as the flow derives it below (or the resumed job's)."""
+    """The flow run's name: its job id, as the flow derives it below (or the resumed job's); an automatic resume
+    keeps the name `grpo-pipeline/resume` gave it (`<job id>-resume-<n>`)."""
     parameters = FlowRunContext.get().parameters
-    return parameters.get("job_id") or new_job_id(
-        spec_name(parameters["spec"]), flow_run.id, flow_run.scheduled_start_time
-    )
+    if (job_id := parameters.get("job_id")) and resume_number(flow_run.name, job_id):
+        return flow_run.name
+    return job_id or new_job_id(spec_name(parameters["spec"]), flow_run.id, flow_run.scheduled_start_time)
 
 
 def name_flow_run(job_id: str) -> None:
     """Names this flow run after its job, whichever flow runs the pipeline: `grpo_pipeline`'s own runs are named so
     from the start (`job_run_name`); a run of `grpo_pipeline_from_file` (nightly, on-new-data) learns its job id only
-    once the spec is loaded, and would keep Prefect's random name (`private-pelican`) otherwise."""
-    if flow_run.id is None or flow_run.name == job_id:
+    once the spec is loaded, and would keep Prefect's random name (`private-pelican`) otherwise. An automatic
+    resume's name (`<job id>-resume-<n>`) stays."""
+    if flow_run.id is None or flow_run.name == job_id or resume_number(flow_run.name, job_id):
         return
     with get_client(sync_client=True) as client:
         client.update_flow_run(flow_run.id, name=job_id)
@@ -264,6 +271,8 @@ def run_pipeline(
     job = created.result()
     name_flow_run(job.job_id)
     get_run_logger().info("job %s in %s", job.job_id, job.root)
+    if n := resume_number(flow_run.name, job.job_id):  # started by grpo-pipeline/resume after a crash
+        announce_resume(job, n)
     with JobEnding(job, spec, resumed=job_id is not None) as end:
         done = {"started": started}
         for stage in STAGES:
@@ -291,6 +300,17 @@ def run_pipeline(
             {**result, "evaluation": evaluation, "suites": suites, "artifact_type": done["merge"]["artifact_type"]}
         )
     return Completed(message=end.message, data={**result, "evaluation": evaluation, "dataset": done["ingest"]})
+
+
+def announce_resume(job: JobDir, n: int) -> None:
+    """Emits `grpoflow.job.resumed`: this run is the `n`-th automatic resume of `job` after a crash."""
+    steps = [int(p.name.split("-")[1]) for p in job.checkpoints.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+    checkpoint = f"checkpoint-{max(steps)}" if steps else None
+    emit(job, "grpoflow.job.resumed", {"resume": n, "max_resumes": max_resumes(), "checkpoint": checkpoint})
+    get_run_logger().warning(
+        "job %s: resumed after a crash (%d of %d automatic resumes), from %s",
+        job.job_id, n, max_resumes(), checkpoint or "its start",
+    )  # fmt: skip
 
 
 def resumable(spec: JobSpec, job_id: str) -> str | None:

@@ -32,6 +32,7 @@ def grpo_pipeline_from_file(
     dataset_uri: OptionalUrl = None,
     default_spec: Url = DEFAULT_SPEC,
     team: str | None = None,
+    job_id: str | None = None,
 ) -> dict:
     """Runs the GRPO pipeline on the spec file `spec` (else `default_spec`), with `dataset_uri` as its dataset.
 
@@ -40,6 +41,8 @@ def grpo_pipeline_from_file(
         dataset_uri (`str`, *optional*): becomes the spec's `dataset.uri` (the event payload's `uri`).
         default_spec (`str`, *optional*, defaults to `"deployments/default-spec.yaml"`): the deployment's own spec.
         team (`str`, *optional*): the deployment's team (`grpo_pipeline`'s).
+        job_id (`str`, *optional*): resume this existing job, started from the same spec and dataset
+            (`grpo-pipeline/resume` sets it after a crash).
     """
     logger = get_run_logger()
     source = spec or default_spec
@@ -59,4 +62,4 @@ def grpo_pipeline_from_file(
     logger.info("spec %s, dataset %s", source, job_spec.dataset.uri)
     # The pipeline's tasks run in this flow run; a nested run of the same flow would only add noise. A dataset from the
     # event (on-new-data) puts `new-data` in the job id, and so in the run's name.
-    return run_pipeline(job_spec, team=team, started_by=NEW_DATA if dataset_uri else None)
+    return run_pipeline(job_spec, job_id, team=team, started_by=NEW_DATA if dataset_uri else None)

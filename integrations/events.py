@@ -161,8 +161,18 @@ EVENTS = {
     "grpoflow.job.failed": EventKind(
         "the job ended without completing",
         {
-            "reason": "`rejected` (bad input), `cancelled`, or the failure's exception class",
+            "reason": "`rejected` (bad input), `cancelled`, `crashed` (its runs crashed more often than "
+            "GRPOFLOW_AUTO_RESUME resumes), or the failure's exception class",
             "error": "the message (its last 2000 characters)",
+        },
+    ),
+    "grpoflow.job.resumed": EventKind(
+        "a run that ended Crashed (its process or machine lost) was resumed by grpo-pipeline/resume, in the run "
+        "named `<job id>-resume-<resume>`",
+        {
+            "resume": "which automatic resume of the job this is (1, 2, ...)",
+            "max_resumes": "GRPOFLOW_AUTO_RESUME, the most a job gets",
+            "checkpoint": "the newest training checkpoint it goes on from (`checkpoint-N`), or null",
         },
     ),
     "grpoflow.dataset.landed": EventKind(

@@ -101,6 +101,12 @@ SETTINGS = {
     "GRPOFLOW_HTTP_MAX_RESPONSE_MB": Setting(
         "10", "The largest reply an outbound request reads, in MB (10**6 bytes); a larger one is an error."
     ),
+    # --- crashed runs
+    "GRPOFLOW_AUTO_RESUME": Setting(
+        "2",
+        "How many times grpo-pipeline/resume resumes one job whose deployment run ended Crashed (its process or "
+        "machine lost), each from the job's last checkpoint; 0: never. Read by the worker running that deployment.",
+    ),
     # --- timing
     "GRPOFLOW_RETRY_DELAY_S": Setting("5", "Seconds a pipeline task waits before a retry."),
     "GRPOFLOW_REWARD_DRY_RUN_TIMEOUT": Setting(

@@ -26,6 +26,8 @@ training produces is tested with the real children (tests/trainers, tests/flows/
     {"crash_at": 2, "crashes": 1}               killed (SIGKILL, as by the OOM killer) after step 2 (or the first
                                                 step after it, resuming), the first `crashes` attempts (default:
                                                 every attempt)
+    {"crash_at": 2, "kill": "flow"}             the same, and its parent (the flow run's process) is killed first, as
+                                                when the machine is lost: the flow run ends Crashed
     {"exit_at": 2, "exit_code": 3, "message": "reward 'r' failed at step 2"}
                                                 stops on purpose as the real child does (exit 2, 3 or 4, recorded)
     {"hang_at": 2}                              stops stepping after step 2 until it is signalled
@@ -158,6 +160,8 @@ def fault(job: JobDir, stage: str, step: int, asked: dict) -> int | None:
         if crashed < asked.get("crashes", sys.maxsize):
             marker.write_text(str(crashed + 1))
             print(f"the training child is killed at step {step}", flush=True)
+            if asked.get("kill") == "flow":
+                os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
     if step == asked.get("exit_at"):
         message = asked.get("message", f"the stand-in stops at step {step}")

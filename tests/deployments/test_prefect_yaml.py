@@ -58,6 +58,7 @@ def test_design_deployments(deployments):
         "grpo-pipeline/nightly-k8s",
         "grpo-pipeline/on-new-data-k8s",
         "grpo-sweep/sweep",  # one retrain run per combination of a grid (flows/sweep.py)
+        "grpo-pipeline/resume",  # a crashed run's job resumed from its last checkpoint (flows/resume.py)
     }
     assert all(d["enforce_parameter_schema"] for d in deployments.values())
 
@@ -242,6 +243,42 @@ def test_trigger_parameters(deployments, payload, expected):
     rendered = hydrate(parameters, context)
     assert rendered == expected
     jsonschema.validate({**deployment["parameters"], **rendered}, schema_of(deployment))
+
+
+def crashed(flow_name: str) -> ReceivedEvent:
+    """The event Prefect's server emits when a run of `flow_name` ends Crashed (its related resources as it sets
+    them: the flow, by name, among them)."""
+    run_id, flow_id = uuid.uuid4(), uuid.uuid4()
+    return ReceivedEvent(
+        occurred=datetime.now(UTC),
+        event="prefect.flow-run.Crashed",
+        resource={"prefect.resource.id": f"prefect.flow-run.{run_id}", "prefect.resource.name": "a-run"},
+        related=[
+            {
+                "prefect.resource.id": f"prefect.flow.{flow_id}",
+                "prefect.resource.role": "flow",
+                "prefect.resource.name": flow_name,
+            },
+            {"prefect.resource.id": "prefect.tag.grpoflow", "prefect.resource.role": "tag"},
+        ],  # fmt: skip
+        id=uuid.uuid4(),
+    )
+
+
+def test_crashed_pipeline_runs_start_the_resume(deployments):
+    """grpo-pipeline/resume's trigger covers a crashed grpo-pipeline run, not another flow's, and passes the run on."""
+    deployment = deployments["grpo-pipeline/resume"]
+    [trigger] = deployment["triggers"]
+    model = DeploymentEventTrigger.model_validate({k: v for k, v in trigger.items() if k != "type"})
+    covering = EventTrigger.model_validate(model.model_dump(exclude={"parameters", "job_variables"}))
+    event = crashed("grpo-pipeline")
+    assert covering.covers(event) and not covering.covers(crashed("grpo-sweep"))
+    parameters = dict(trigger["parameters"])
+    RunDeployment._upgrade_v1_templates(parameters)
+    context = HydrationContext(raise_on_error=True, render_jinja=True, jinja_context={"event": event})
+    rendered = hydrate(parameters, context)
+    assert rendered == {"flow_run": event.resource.id}
+    jsonschema.validate(rendered, schema_of(deployment))
 
 
 def test_the_sweep_form(deployments):

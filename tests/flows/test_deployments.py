@@ -43,8 +43,15 @@ import pytest
 import s3fs
 import yaml
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import DeploymentFilter, FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterId
-from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterId,
+    FlowRunFilterName,
+)
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Cancelling
 from standardwebhooks import Webhook
@@ -81,6 +88,15 @@ def small_spec(name: str, dataset_uri: str, output_uri: str) -> dict:
 ENDINGS = {
     "setup-problem": {"grpo": {"exit_at": 1, "exit_code": 2, "message": "trl 0.0 is too old for this spec"}},
     "diverges": {"grpo": {"exit_at": 1, "exit_code": 4, "message": "loss is nan at step 1"}},
+}
+
+
+# The jobs of the worker-death and crash tests: GRPO slow enough to kill the worker in the middle of; a flow run
+# killed (with its training child) after GRPO's checkpoint-2, once or every time.
+CRASHES = {
+    "outlive": {"grpo": {"step_seconds": 0.5}},
+    "crash-once": {"grpo": {"crash_at": 2, "crashes": 1, "kill": "flow"}},
+    "crash-always": {"grpo": {"crash_at": 2, "kill": "flow"}},
 }
 
 
@@ -285,7 +301,10 @@ def stack_env(tmp: Path, s3_env: dict, **more: str) -> dict:
         **standin_env(),
         # The job the cancel test stops trains slowly (200 s if nothing stopped it); the others at once.
         # The jobs of test_submit_wait_exits_as_grpoflow_run_would stop at their first step as the real child stops.
-        "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 0.5}, **ENDINGS}}),
+        "GRPOFLOW_STANDIN": json.dumps({"jobs": {"cancel-me": {"step_seconds": 0.5}, **ENDINGS, **CRASHES}}),
+        # One automatic resume per crashed job, not the default two: test_a_crashed_run_is_resumed_within_the_bound
+        # then sees the bound after one resume.
+        "GRPOFLOW_AUTO_RESUME": "1",
         **more,
     }
 
@@ -1213,6 +1232,188 @@ def test_a_grader_flooding_its_output_costs_the_flow_nothing(stack, tmp_path):
             time.sleep(0.2)
     assert state.is_completed(), state.message
     assert 0 < peak < 1_000_000_000, peak  # the flow process and the grader's, never the gigabyte
+
+
+# --- a worker's death, a crashed run ------------------------------------------------------------------------------
+
+
+@dataclass
+class Hooks:
+    """A webhook receiver on loopback: the (event id, job id) of each delivery, in order."""
+
+    url: str
+    sent: list
+
+    def ids(self, job: Path) -> list[str]:
+        return [event_id for event_id, job_id in self.sent if job_id == job.name]
+
+    def events(self, job: Path) -> list[dict]:
+        """The job's events.jsonl, once the receiver has each of its events (the deliveries end with the job)."""
+        deadline = time.monotonic() + 60
+        while True:
+            records = [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
+            if set(self.ids(job)) >= {r["id"] for r in records} or time.monotonic() > deadline:
+                return records
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def hooks():
+    sent = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            sent.append((self.headers["webhook-id"], body["data"]["job_id"]))  # the id: the same on every resend
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield Hooks(f"http://127.0.0.1:{server.server_port}/hook", sent)
+    server.shutdown()
+
+
+def crash_spec(name: str, tmp_path: Path, hooks: Hooks, max_steps: int) -> dict:
+    spec = small_spec(name, str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"))
+    spec["hyperparameters"]["max_steps"] = max_steps
+    return spec | {"checkpoint_every": 2, "webhooks": [{"url": hooks.url}]}
+
+
+def assert_each_once(job: Path, hooks: Hooks, steps: int) -> list[dict]:
+    """Every step in metrics.jsonl once (none before the last checkpoint redone), every event in events.jsonl once,
+    and each delivered to the webhook once; returns the events."""
+    assert [r["step"] for r in read_metrics(job / "metrics.jsonl")] == list(range(1, steps + 1))
+    events = hooks.events(job)
+    ids = [r["id"] for r in events]
+    assert len(set(ids)) == len(ids) and sorted(hooks.ids(job)) == sorted(ids), (ids, hooks.ids(job))
+    assert [r["event"] for r in events].count("grpoflow.job.completed") == 1
+    assert "grpoflow.job.failed" not in [r["event"] for r in events]
+    return events
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_grpo_ends_no_run(stack, tmp_path, hooks):
+    """The process worker SIGKILLed while its run trains, then a new worker started: the run, whose console went to
+    the dead worker through a pipe, goes on with its training child and ends Completed, each step and event once. (It
+    ended Crashed, "Execution was aborted by Python system exit call", at its first console line after the kill.)"""
+    with get_client(sync_client=True) as client:  # a pool of its own, so no other test's run lands on this worker
+        grpo_gpu = client.read_work_pool("grpo-gpu")
+        with contextlib.suppress(ObjectAlreadyExists):
+            client.create_work_pool(WorkPoolCreate(name="doomed", type="process",
+                                                   base_job_template=grpo_gpu.base_job_template))  # fmt: skip
+        retrain = client.read_deployment_by_name("grpo-pipeline/retrain")
+        doomed = client.create_deployment(
+            flow_id=retrain.flow_id,
+            name="retrain-doomed",
+            work_pool_name="doomed",
+            entrypoint=retrain.entrypoint,
+            path=retrain.path,
+            pull_steps=retrain.pull_steps,
+            parameter_openapi_schema=retrain.parameter_openapi_schema,
+            tags=retrain.tags,
+        )
+        run = client.create_flow_run_from_deployment(doomed, parameters={"spec": crash_spec("outlive", tmp_path,
+                                                                                             hooks, 10)})  # fmt: skip
+    worker = start([PREFECT, "worker", "start", "--pool", "doomed"], stack.env, tmp_path / "worker.log")
+    new_worker = None
+    try:
+        metrics = lambda: list((tmp_path / "runs").glob("outlive-*/metrics.jsonl"))  # noqa: E731
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (metrics() and len(metrics()[0].read_text().splitlines()) >= 2):
+            assert time.monotonic() < deadline and worker.poll() is None, (tmp_path / "worker.log").read_text()
+            time.sleep(0.2)
+        children = flow_run_processes(run.id)
+        worker.kill()  # SIGKILL: the worker's end of the run's stdout and stderr pipes closes with it
+        worker.wait()
+        new_worker = start([PREFECT, "worker", "start", "--pool", "doomed"], stack.env, tmp_path / "worker2.log")
+        assert len(children) >= 2 and all(p.is_running() for p in children)  # the flow run's process, its child
+        final = wait_final(run.id)
+        assert final.state.is_completed(), final.state.message
+        assert final.name.startswith("outlive-") and "resume" not in final.name
+        job = metrics()[0].parent
+        assert_each_once(job, hooks, 10)
+    finally:
+        stop([worker, *([new_worker] if new_worker else [])])
+
+
+def state_names(job_id: str) -> list[str]:
+    return sorted(f"{r.name} {r.state.name}" for r in job_runs(job_id))
+
+
+def job_runs(job_id: str) -> list:
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id)))
+    return [r for r in runs if r.name.startswith(job_id)]
+
+
+def wait_resumes(job_ids: list[str], timeout: float = RUN_TIMEOUT_S) -> dict:
+    """grpo-pipeline/resume's runs, by the name of the crashed run each answered, once every run of these jobs has
+    ended and each crashed one has been answered."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = [r for job_id in job_ids for r in job_runs(job_id)]
+        resumes = {
+            r.parameters["flow_run"].removeprefix("prefect.flow-run."): r for r in runs_of("grpo-pipeline/resume")
+        }
+        crashed = {str(r.id): r.name for r in runs if r.state.is_crashed()}
+        answered = {name: resumes[i] for i, name in crashed.items() if i in resumes and resumes[i].state.is_final()}
+        if crashed and len(answered) == len(crashed) and all(r.state.is_final() for r in runs):
+            return answered
+        assert time.monotonic() < deadline, ([(r.name, r.state.name) for r in runs], list(resumes))
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_a_crashed_run_is_resumed_within_the_bound(stack, tmp_path, hooks):
+    """A run killed with its training child after GRPO's checkpoint-2, as when its machine is lost, ends Crashed;
+    grpo-pipeline/resume then resumes its job from that checkpoint as `<job id>-resume-1`, which completes with no
+    step before the checkpoint redone, `grpoflow.job.resumed` and every event once. A job whose every run is killed
+    is resumed GRPOFLOW_AUTO_RESUME times (1 in this stack) and then left Crashed, the resume's log saying why."""
+    runs = {}
+    with get_client(sync_client=True) as client:
+        retrain = client.read_deployment_by_name("grpo-pipeline/retrain")
+        for name in ("crash-once", "crash-always"):
+            (tmp_path / name).mkdir()
+            spec = crash_spec(name, tmp_path / name, hooks, 4)
+            runs[name] = client.create_flow_run_from_deployment(retrain.id, parameters={"spec": spec})
+    job_ids = {name: job_id_of(run.id, name) for name, run in runs.items()}
+    answered = wait_resumes(list(job_ids.values()))
+
+    once = job_ids["crash-once"]
+    assert state_names(once) == [f"{once} Crashed", f"{once}-resume-1 Completed"]
+    assert answered[once].state.name == "Completed"
+    assert answered[once].state.message.startswith(f"job {once} resumed as {once}-resume-1 (1 of 1)")
+    events = assert_each_once(tmp_path / "crash-once" / "runs" / once, hooks, 4)
+    [resumed] = [r for r in events if r["event"] == "grpoflow.job.resumed"]
+    assert resumed["payload"] == {"resume": 1, "max_resumes": 1, "checkpoint": "checkpoint-2"}
+
+    always = job_ids["crash-always"]
+    assert state_names(always) == [f"{always} Crashed", f"{always}-resume-1 Crashed"]
+    assert answered[f"{always}-resume-1"].state.name == "ResumeLimit"
+    message = answered[f"{always}-resume-1"].state.message
+    assert f"job {always} crashed again" in message and "GRPOFLOW_AUTO_RESUME=1" in message
+    assert f"--resume {always}" in message
+    # and the job ends failed, as nothing else would say (events.jsonl, its webhook, once each)
+    job = tmp_path / "crash-always" / "runs" / always
+    events = hooks.events(job)
+    ids = [r["id"] for r in events]
+    assert len(set(ids)) == len(ids) and sorted(hooks.ids(job)) == sorted(ids), (ids, hooks.ids(job))
+    [failed] = [r["payload"] for r in events if r["event"] == "grpoflow.job.failed"]
+    assert failed["reason"] == "crashed" and failed["error"] == message
+
+
+def job_id_of(flow_run_id, name: str) -> str:
+    """The job id a run of retrain for the spec `name` takes: its name, once its flow has started."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    with get_client(sync_client=True) as client:
+        while not (run := client.read_flow_run(flow_run_id)).name.startswith(f"{name}-"):
+            assert time.monotonic() < deadline, run.state
+            time.sleep(0.5)
+    return run.name
 
 
 # --- the platform around a run (issue 51) --------------------------------------------------------------------------
