@@ -610,11 +610,14 @@ class JobSpec(Section):
     )
 
     @property
-    def evaluation_reward(self) -> RewardSpec:
-        """The reward that scores the held-out prompts: `evaluation.metric`'s own entry, or the job reward it names."""
+    def evaluation_reward(self) -> RewardSpec | None:
+        """The reward that scores the held-out prompts: `evaluation.metric`'s own entry, or the job reward it names;
+        None when it names the environment (its `get_reward()` scores the held-out rollouts)."""
         metric = self.evaluation.metric
         if isinstance(metric, RewardSpec):
             return metric
+        if self.environment and metric == function_name(self.environment):
+            return None
         return next(r for r in self.rewards if r.name == (metric or self.rewards[0].name))
 
     @property

@@ -542,7 +542,10 @@ def _reward_problems(data: dict) -> list[str]:
             "rewards: every weight is 0, so every completion's reward is 0 and GRPO has nothing to learn from; give "
             "at least one reward a non-zero weight"
         )
-    return problems + _metric_problems(_section(data, "evaluation").get("metric"), names, builtins)
+    metric, environment = _section(data, "evaluation").get("metric"), data.get("environment")
+    if isinstance(environment, str) and metric == function_name(environment):
+        return problems  # the environment's get_reward(), named as training logs it (rewards/<name>/mean)
+    return problems + _metric_problems(metric, names, builtins)
 
 
 def _bare_name(entry: Any) -> Any:
@@ -571,7 +574,8 @@ def _metric_problems(metric: Any, names: list[str], builtins: list[str] | None) 
     if isinstance(metric, str) and names and metric not in names:
         return [
             f"evaluation.metric: {metric!r} is not one of this spec's rewards: {', '.join(dict.fromkeys(names))} "
-            "(or give the metric as a reward entry of its own: {name: ...} or {function: ...})"
+            "(or the environment's name, or give the metric as a reward entry of its own: {name: ...} or "
+            "{function: ...})"
         ]
     if not isinstance(metric, dict) or _bare_name(metric) in names:
         return []  # a job reward's name alone is that reward (`metric_by_name`)

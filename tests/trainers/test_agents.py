@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from datasets import load_from_disk
 
 from grpoflow.core.errors import SetupError
 from grpoflow.core.jobdir import JobDir
@@ -32,9 +33,11 @@ from grpoflow.trainers.agents import (
     trl_template,
 )
 from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.evaluate import score
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.model.load import load_tokenizer
+from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
+from grpoflow.trainers.rollouts import as_text, read_rows, step_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agents.yaml"
@@ -446,6 +449,21 @@ def recorded_tool_use(completions: list, note: list, **kwargs) -> list[float]:
     return tool_use_reward(completions)
 
 
+HELD_OUT = []  # (completion, note, environment) for each held-out rollout that read_note_answered scored
+
+
+def tool_answered(completion: list, tool: str, answer: str) -> bool:
+    """Whether `tool` ran in the rollout `completion` and answered `answer`."""
+    return any(m["role"] == "tool" and m["name"] == tool and m["content"] == answer for m in completion)
+
+
+def read_note_answered(completions: list, note: list, environments: list, **kwargs) -> list[float]:
+    """A held-out metric: 1.0 when the rollout read the note and the tool answered with its row's note, recording
+    what it was passed."""
+    HELD_OUT.extend(zip(completions, note, environments, strict=True))
+    return [float(tool_answered(c, "read_note", n)) for c, n in zip(completions, note, strict=True)]
+
+
 @pytest.mark.slow
 def test_example_calls_tools_after_the_warm_up(tmp_path):
     # The example as `grpoflow run` trains it, at its smallest (80 warm-up steps: after 60 no call parses yet, after
@@ -453,13 +471,18 @@ def test_example_calls_tools_after_the_warm_up(tmp_path):
     # as the rollout will be, then GRPO with the tools and the environment handed to TRL. The warmed-up model writes
     # tool calls that TRL parses and runs (tools/call_frequency), and the tool's answer is fed back into the rollout:
     # read_note's answer is the row's own note, which only the environment, reset with that row, could give.
+    # The held-out prompts are scored multi-turn too, during training (evaluation.every) and before/after, with the
+    # same tools and a Locker reset with each held-out row.
     ROLLOUTS.clear()
+    HELD_OUT.clear()
     rewards = [{"function": f"{__name__}:recorded_tool_use"}]
-    spec, _ = load_spec(example(tmp_path, rewards=rewards, sft={"max_steps": 80}, hyperparameters={"max_steps": 1}))
+    evaluation = {"holdout": 2, "every": 1, "metric": {"function": f"{__name__}:read_note_answered"}}
+    changes = {"sft": {"max_steps": 80}, "hyperparameters": {"max_steps": 1}, "evaluation": evaluation}
+    spec, _ = load_spec(example(tmp_path, rewards=rewards, **changes))
     job = JobDir(tmp_path / "runs" / "lockers-20261201-000000-abcdef")
     job.root.mkdir(parents=True)
     job.spec.write_text(to_yaml(spec))
-    ingest_dataset(spec.dataset.uri, job.dataset, prompt_column="prompt", holdout=0, seed=spec.hyperparameters.seed)
+    ingest_dataset(spec.dataset.uri, job.dataset, prompt_column="prompt", holdout=2, seed=spec.hyperparameters.seed)
     assert sft.main(str(job.root)) == 0
     assert grpo.main(str(job.root)) == 0
 
@@ -476,3 +499,22 @@ def test_example_calls_tools_after_the_warm_up(tmp_path):
     # The trained model keeps the tool-calling template, and the parser, it was trained with.
     tokenizer = load_tokenizer(str(job.merged))
     assert tokenizer.chat_template == TOOL_CHAT_TEMPLATE and tokenizer.response_template is not None
+
+    # Held-out evaluation at step 1: rollouts in which the model's calls ran, the read_note answer each held-out row's
+    # own note (only a Locker reset with that row could give it), scored from that answer, and kept whole.
+    held_out = load_from_disk(str(job.dataset))["eval"]
+    assert [(c, n) for c, n, _ in HELD_OUT] and [n for _, n, _ in HELD_OUT] == held_out["note"]
+    assert all(isinstance(env, Locker) and env.note == n for _, n, env in HELD_OUT)
+    read = [c for c, n, _ in HELD_OUT if tool_answered(c, "read_note", n)]
+    assert read and all(m["role"] in ("assistant", "tool") for c in read for m in c), HELD_OUT
+    rows = read_rows(step_file(job.evaluation_rollouts, 1))
+    assert [r["completion"] for r in rows] == [as_text(c, chat_as_json=False) for c, _, _ in HELD_OUT]
+    assert values["eval/read_note_answered"] == pytest.approx(len(read) / len(HELD_OUT))
+
+    # Scored by the environment (metric: Locker), a rollout scores 1.0 exactly when unlock answered "unlocked".
+    locker = load_spec({**yaml.safe_load(job.spec.read_text()), "evaluation": {**evaluation, "metric": "Locker"}})[0]
+    per_prompt = []
+    score(str(job.merged), prepare_prompts(held_out, "prompt", None), locker, keep_at=(job, 9), per_prompt=per_prompt)
+    kept = [r["completion"] for r in read_rows(step_file(job.evaluation_rollouts, 9))]
+    opened = [float(c.startswith("[{") and tool_answered(json.loads(c), "unlock", "unlocked")) for c in kept]
+    assert per_prompt == [float(o) for o in opened]
