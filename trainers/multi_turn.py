@@ -73,7 +73,8 @@ def tool_rollouts(model, tokenizer, prompts: list, rows: list[dict], spec: JobSp
     tokenizer = tool_tokenizer(tokenizer, spec.base_model)
     template = rollout_chat_template(tokenizer)
     budget = spec.evaluation.max_new_tokens
-    limit = spec.trl.get("max_tool_calling_iterations") or sys.maxsize
+    limit = spec.trl.get("max_tool_calling_iterations")
+    limit = sys.maxsize if limit is None else limit  # TRL's default: no limit
     positions = getattr(model.config, "max_position_embeddings", None) or sys.maxsize
     rollouts = [_start(p, row, agents, tokenizer, template) for p, row in zip(prompts, rows, strict=True)]
     active, turns = list(rollouts), 0
