@@ -37,6 +37,7 @@ from grpoflow.trainers.evaluate import score
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
+from grpoflow.trainers.multi_turn import environment_name, is_multi_turn
 from grpoflow.trainers.rollouts import as_text, read_rows, step_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,12 +178,22 @@ def test_parseable_templates_are_trls():
             {"tools": [], "environment": None, "sft": {"enabled": False}},
             "trl.max_tool_calling_iterations: applies only with tools or environment",
         ),
+        (  # the held-out metric may be the environment's get_reward(), by the name training logs it under
+            {"evaluation": {"holdout": 8, "metric": "Lockers"}},
+            "'Lockers' is not one of this spec's rewards: tool_use_reward (or the environment, Locker, or give",
+        ),
     ],
 )
 def test_spec_rules(tmp_path, changes, message):
     with pytest.raises(SpecError) as caught:
         load_spec(example(tmp_path, **changes))
     assert message in str(caught.value)
+
+
+def test_the_environment_can_be_the_held_out_metric(tmp_path):
+    spec, _ = load_spec(example(tmp_path, evaluation={"holdout": 8, "metric": "Locker"}))
+    assert spec.evaluation.metric_name == "Locker" and spec.evaluation_reward is None
+    assert environment_name(spec) == "Locker" and is_multi_turn(spec)
 
 
 def test_example_passes_preflight(tmp_path):
