@@ -76,7 +76,7 @@ def tool_rollouts(model, tokenizer, prompts: list, rows: list[dict], spec: JobSp
     limit = spec.trl.get("max_tool_calling_iterations")
     limit = sys.maxsize if limit is None else limit  # TRL's default: no limit
     positions = getattr(model.config, "max_position_embeddings", None) or sys.maxsize
-    rollouts = [_start(p, row, agents, tokenizer, template) for p, row in zip(prompts, rows, strict=True)]
+    rollouts = [start_rollout(p, row, agents, tokenizer, template) for p, row in zip(prompts, rows, strict=True)]
     active, turns = list(rollouts), 0
     while active:
         for rollout, ids in zip(active, _generate(model, tokenizer, active, budget, sampling), strict=True):
@@ -93,7 +93,7 @@ def tool_rollouts(model, tokenizer, prompts: list, rows: list[dict], spec: JobSp
     return rollouts
 
 
-def _start(prompt: list, row: dict, agents: dict, tokenizer, template: str | None) -> Rollout:
+def start_rollout(prompt: list, row: dict, agents: dict, tokenizer, template: str | None) -> Rollout:
     """A rollout's environment built and reset with its row, its tools and its prompt's token ids."""
     environment, tools = None, list(agents.get("tools") or [])
     if (factory := agents.get("environment_factory")) is not None:
@@ -138,7 +138,7 @@ def _answer(rollout: Rollout, tokenizer, template: str | None, budget: int, posi
     False (nothing appended) when they would not fit in the budget or the model's positions: the rollout ends."""
     run = _run(rollout)
     answers = [{"role": "tool", "name": name, "content": content} for name, content in map(run, rollout.calls)]
-    suffix = _tool_suffix_ids(tokenizer, template, answers)
+    suffix = tool_suffix_ids(tokenizer, template, answers)
     length = len(rollout.completion_ids) + len(suffix)
     if length > budget or len(rollout.prompt_ids) + length >= positions:
         return False
@@ -168,7 +168,7 @@ def _run(rollout: Rollout):
     return run
 
 
-def _tool_suffix_ids(tokenizer, template: str | None, answers: list[dict]) -> list[int]:
+def tool_suffix_ids(tokenizer, template: str | None, answers: list[dict]) -> list[int]:
     """The tokens after an assistant turn that called tools: the tools' answers and the next generation prompt, cut
     from a rendered dummy conversation at its end-of-turn token, as TRL's trainer cuts them."""
     call = [{"type": "function", "function": {"name": answers[0]["name"], "arguments": {}}}]

@@ -37,7 +37,7 @@ from grpoflow.trainers.evaluate import score
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
-from grpoflow.trainers.multi_turn import environment_name, is_multi_turn
+from grpoflow.trainers.multi_turn import environment_name, is_multi_turn, start_rollout, tool_suffix_ids
 from grpoflow.trainers.rollouts import as_text, read_rows, step_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -402,6 +402,11 @@ def test_sft_rows_are_the_rollout_token_for_token(tmp_path, template):
     assert trainer.chat_template == chat_template
     trainer._batch_environments = [None]
     [prompt_ids], _, _ = trainer._tokenize_prompts([ROW["prompt"]])
+    # A held-out rollout (trainers/multi_turn.py) starts from the same prompt tokens, with the same tools.
+    agents = {"tools": [calculator], "environment_factory": Locker}
+    held_out = start_rollout(ROW["prompt"], ROW, agents, tokenizer, chat_template)
+    assert held_out.prompt_ids == list(prompt_ids)
+    assert [t.__name__ for t in held_out.tools] == [t.__name__ for t in trainer.tools]
     expected, mask = list(prompt_ids), [0] * len(prompt_ids)
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
@@ -416,6 +421,7 @@ def test_sft_rows_are_the_rollout_token_for_token(tmp_path, template):
             expected, mask = expected + generated, mask + [1] * len(generated)
         elif messages[i - 1]["role"] == "assistant":
             suffix = trainer._get_tool_suffix_ids([m for m in messages[i:] if m["role"] == "tool"][:1])
+            assert tool_suffix_ids(tokenizer, chat_template, [messages[i]]) == suffix  # and held-out rollouts'
             expected, mask = expected + suffix, mask + [0] * len(suffix)
     assert row["input_ids"] == expected
     assert row["labels"] == [t if m else -100 for t, m in zip(expected, mask, strict=True)]
