@@ -517,16 +517,22 @@ def test_example_calls_tools_after_the_warm_up(tmp_path):
     tokenizer = load_tokenizer(str(job.merged))
     assert tokenizer.chat_template == TOOL_CHAT_TEMPLATE and tokenizer.response_template is not None
 
-    # Held-out evaluation at step 1: rollouts in which the model's calls ran, the read_note answer each held-out row's
-    # own note (only a Locker reset with that row could give it), scored from that answer, and kept whole.
+    # Held-out evaluation, multi-turn each time: at step 1 during training (evaluation.every), then before and after
+    # (evaluation.json), on the 2 held-out rows. The model's calls ran, read_note answered each row's own note (only a
+    # Locker reset with that row could give it), the metric scored from that answer, and the rollouts are kept whole.
     held_out = load_from_disk(str(job.dataset))["eval"]
-    assert [(c, n) for c, n, _ in HELD_OUT] and [n for _, n, _ in HELD_OUT] == held_out["note"]
+    assert [n for _, n, _ in HELD_OUT] == held_out["note"] * 3
     assert all(isinstance(env, Locker) and env.note == n for _, n, env in HELD_OUT)
     read = [c for c, n, _ in HELD_OUT if tool_answered(c, "read_note", n)]
     assert read and all(m["role"] in ("assistant", "tool") for c in read for m in c), HELD_OUT
-    rows = read_rows(step_file(job.evaluation_rollouts, 1))
-    assert [r["completion"] for r in rows] == [as_text(c, chat_as_json=False) for c, _, _ in HELD_OUT]
-    assert values["eval/read_note_answered"] == pytest.approx(len(read) / len(HELD_OUT))
+    during, before, after = HELD_OUT[:2], HELD_OUT[2:4], HELD_OUT[4:]
+    for step, scored in ((0, before), (1, after)):
+        rows = read_rows(step_file(job.evaluation_rollouts, step))
+        assert [r["completion"] for r in rows] == [as_text(c, chat_as_json=False) for c, _, _ in scored]
+    mean = lambda scored: sum(tool_answered(c, "read_note", n) for c, n, _ in scored) / len(scored)  # noqa: E731
+    assert values["eval/read_note_answered"] == pytest.approx(mean(during))
+    evaluation = json.loads(job.evaluation.read_text())
+    assert [evaluation["before"], evaluation["after"]] == pytest.approx([mean(before), mean(after)])
 
     # Scored by the environment (metric: Locker), a rollout scores 1.0 exactly when unlock answered "unlocked".
     locker = load_spec({**yaml.safe_load(job.spec.read_text()), "evaluation": {**evaluation, "metric": "Locker"}})[0]
