@@ -529,15 +529,25 @@ def test_example_calls_tools_after_the_warm_up(tmp_path):
     for step, scored in ((0, before), (1, after)):
         rows = read_rows(step_file(job.evaluation_rollouts, step))
         assert [r["completion"] for r in rows] == [as_text(c, chat_as_json=False) for c, _, _ in scored]
-    mean = lambda scored: sum(tool_answered(c, "read_note", n) for c, n, _ in scored) / len(scored)  # noqa: E731
-    assert values["eval/read_note_answered"] == pytest.approx(mean(during))
-    evaluation = json.loads(job.evaluation.read_text())
-    assert [evaluation["before"], evaluation["after"]] == pytest.approx([mean(before), mean(after)])
+    means = [sum(tool_answered(c, "read_note", n) for c, n, _ in scored) / 2 for scored in (during, before, after)]
+    result = json.loads(job.evaluation.read_text())
+    assert [values["eval/read_note_answered"], result["before"], result["after"]] == pytest.approx(means)
 
-    # Scored by the environment (metric: Locker), a rollout scores 1.0 exactly when unlock answered "unlocked".
+    # Scored by the environment (metric: Locker): its get_reward() after each rollout, 1.0 only where the model called
+    # unlock with the row's code (the call runs even when its answer no longer fits the rollout, as in training).
     locker = load_spec({**yaml.safe_load(job.spec.read_text()), "evaluation": {**evaluation, "metric": "Locker"}})[0]
     per_prompt = []
     score(str(job.merged), prepare_prompts(held_out, "prompt", None), locker, keep_at=(job, 9), per_prompt=per_prompt)
     kept = [r["completion"] for r in read_rows(step_file(job.evaluation_rollouts, 9))]
-    opened = [float(c.startswith("[{") and tool_answered(json.loads(c), "unlock", "unlocked")) for c in kept]
-    assert per_prompt == [float(o) for o in opened]
+    calls = [
+        [t["function"] for m in json.loads(c) for t in m.get("tool_calls") or []] if c[:2] == "[{" else []
+        for c in kept
+    ]
+    unlocked = [
+        {"name": "unlock", "arguments": {"code": code}} in called
+        for called, code in zip(calls, held_out["code"], strict=True)
+    ]
+    assert set(per_prompt) <= {0.0, 1.0} and all(u for p, u in zip(per_prompt, unlocked, strict=True) if p), (
+        per_prompt,
+        kept,
+    )
