@@ -286,7 +286,8 @@ class EvaluationSpec(Section):
         None,
         description="What scores the held-out completions: a job reward by name, or one entry in the rewards' form "
         "(name | function | model, with kwargs) scored on the held-out prompts only and never trained on, so that "
-        "a reward that can be gamed is checked by one that cannot; default: the first reward.",
+        "a reward that can be gamed is checked by one that cannot; or the environment's class name (its get_reward() "
+        "after each held-out rollout); default: the first reward.",
         json_schema_extra=_metric_form,
     )
     every: Int = Field(
