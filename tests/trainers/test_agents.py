@@ -521,7 +521,7 @@ def test_example_calls_tools_after_the_warm_up(tmp_path):
     # (evaluation.json), on the 2 held-out rows. The model's calls ran, read_note answered each row's own note (only a
     # Locker reset with that row could give it), the metric scored from that answer, and the rollouts are kept whole.
     held_out = load_from_disk(str(job.dataset))["eval"]
-    assert [n for _, n, _ in HELD_OUT] == held_out["note"] * 3
+    assert [n for _, n, _ in HELD_OUT] == list(held_out["note"]) * 3
     assert all(isinstance(env, Locker) and env.note == n for _, n, env in HELD_OUT)
     read = [c for c, n, _ in HELD_OUT if tool_answered(c, "read_note", n)]
     assert read and all(m["role"] in ("assistant", "tool") for c in read for m in c), HELD_OUT
