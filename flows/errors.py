@@ -106,6 +106,11 @@ COMMAND_EXITS = {
         EXIT_REJECTED: f"{UNKNOWN_JOB}, a job without per-prompt held-out scores, jobs of different metrics or "
         "sharing no held-out prompt",
     },
+    "sweep compare": {
+        EXIT_OK: "printed",
+        EXIT_REJECTED: "an unknown sweep, --baseline or job, fewer than two completed jobs with per-prompt held-out "
+        "scores, jobs of different metrics or sharing no held-out prompt",
+    },
     "webhooks retry": {
         EXIT_OK: "none left undelivered",
         EXIT_FAILED: "some still undelivered",

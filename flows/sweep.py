@@ -446,3 +446,45 @@ def grpo_sweep(
     if failed:
         return Failed(message=f"{failed} of {len(rows)} jobs failed; {summary}", data=result)
     return Completed(message=f"{len(rows)} jobs completed; {summary}", data=result)
+
+
+# --- a sweep's jobs side by side (`grpoflow sweep compare SWEEP_ID`) -------------------------------------------------
+
+
+def read_sweep(roots: list[str], sweep_id: str) -> dict:
+    """`sweep.json` of `sweep_id` (what `write_report` wrote), from the first of the output `roots` that has it;
+    `UsageError` naming where it looked when none has."""
+    from grpoflow.flows.errors import UsageError
+
+    for root in roots:
+        record = _read_json(join(report_dir(root, sweep_id), "sweep.json"))
+        if record is not None:
+            return record
+    raise UsageError(
+        f"sweep compare: no sweep {sweep_id!r} under {', '.join(roots)} (sweeps/<sweep_id>/sweep.json, as `grpoflow "
+        "sweep` writes it); pass the sweep id it printed, and --output-uri when its jobs went elsewhere"
+    )
+
+
+def compared_jobs(record: dict, baseline: str | None = None) -> tuple[list[str], list[str]]:
+    """The jobs of a sweep's `record` that `grpoflow sweep compare` puts side by side, and a line for each left out:
+    those that completed with a held-out evaluation, in grid order, `baseline` first when given (`UsageError` when it
+    is not one of them)."""
+    from grpoflow.flows.errors import UsageError
+
+    rows = record.get("jobs") or []
+    kept = [r["job_id"] for r in rows if r.get("status") == "completed" and r.get("evaluation")]
+    left_out = [
+        f"job {r['index']} ({r.get('job_id') or 'never started'}): "
+        + (r.get("status") if r.get("status") != "completed" else "no held-out evaluation")
+        for r in rows
+        if r.get("job_id") not in kept
+    ]
+    if baseline is not None:
+        if baseline not in kept:
+            raise UsageError(
+                f"sweep compare: --baseline {baseline!r} is not one of sweep {record.get('sweep_id')}'s completed, "
+                f"scored jobs: {', '.join(kept) or 'none'}"
+            )
+        kept = [baseline, *(job_id for job_id in kept if job_id != baseline)]
+    return kept, left_out

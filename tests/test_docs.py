@@ -136,7 +136,7 @@ def test_cli_page_has_every_command_option_and_exit_code():
 
     page = gen.cli_reference()
     top = _help([])
-    commands = re.search(r"\{([a-z0-9,-]+)\}", top).group(1).split(",")  # argparse's own list of the commands
+    commands = re.search(r"\{([a-z0-9, -]+)\}", top).group(1).split(",")  # argparse's own list of the commands
     for command in commands:
         help_text = _help([command])
         groups = re.search(r"^positional arguments:\n\s+\{([a-z0-9,-]+)\}", help_text, re.M)

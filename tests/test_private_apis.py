@@ -20,7 +20,7 @@ not listed; each row here is a debt to pay off, and there are to be at most 12 o
 | accelerate, trl | `--config_file trl/accelerate_configs/{fsdp2,zero2,zero3}.yaml` (files TRL ships, found without importing TRL) and `Accelerator.distributed_type` / `is_fsdp2` / `state.deepspeed_plugin.zero_stage` | the sharded strategies' launch, and the check of what really runs | `accelerate_config`, `child_command` (jobs/launch.py), `applied_strategy` (trainers/grpo.py) |
 | trl | `GRPOTrainer.reward_func_names`, the list its metrics are named from (`rewards/<name>/mean`) | a reward model's metric carries the spec's name, not its path | `main` (trainers/grpo.py) |
 | trl | `trl/chat_templates/*.jinja`, the templates TRL can parse tool calls from | a tool run's template, read without importing TRL | `trl_template` (trainers/agents.py) |
-| trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py) |
+| trl | `trl.chat_template_utils.qwen3_template` (the response schema TRL attaches to Qwen2.5/Qwen3 tokenizers), `is_chat_template_prefix_preserving`, `get_training_chat_template`, `parse_response(tokenizer, ids, prefix, tools)` | builtin:tiny's compact tool template parses calls with Qwen's schema; the SFT warm-up renders rollouts with the template GRPOTrainer renders them with; held-out rollouts parse the model's turns as GRPOTrainer does | `tool_tokenizer`, `rollout_chat_template` (trainers/agents.py), `tool_rollouts` (trainers/multi_turn.py) |
 """
 
 import inspect
@@ -288,6 +288,12 @@ def test_trl_qwen_response_template_and_training_template_helpers():
     assert isinstance(chat_template_utils.qwen3_template, dict) and chat_template_utils.qwen3_template
     assert callable(chat_template_utils.is_chat_template_prefix_preserving)
     assert callable(chat_template_utils.get_training_chat_template)
+    assert list(inspect.signature(chat_template_utils.parse_response).parameters) == [
+        "tokenizer",
+        "ids",
+        "prefix",
+        "tools",
+    ]
 
 
 def test_the_table_holds_at_most_twelve_debts():

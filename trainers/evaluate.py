@@ -21,6 +21,7 @@ import json
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from grpoflow.core.jobdir import JobDir, write_json_atomic
@@ -31,9 +32,10 @@ from grpoflow.trainers.health import Alert
 from grpoflow.trainers.metrics import read_metrics
 from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts, start_model
 from grpoflow.trainers.model.merge import save_start_model, write_model_json
+from grpoflow.trainers.multi_turn import environment_name, is_multi_turn, tool_rollouts
 from grpoflow.trainers.rewards.build import build_reward
 from grpoflow.trainers.rewards.dry_run import call_reward, trl_columns
-from grpoflow.trainers.rollouts import prompt_text, write_held_out
+from grpoflow.trainers.rollouts import as_text, prompt_text, write_held_out
 
 # One model load at a time in a process: a sweep's jobs evaluate in threads of one process, and neither transformers'
 # lazy imports nor `from_pretrained`'s meta-device initialisation is safe to run in two threads at once.
@@ -71,48 +73,60 @@ def generate(
         seed (`int`, *optional*, defaults to 0): the sampling's seed, on a forked RNG: the same completions each
             time, and the caller's random state (training's, between evaluations) untouched.
     """
-    import torch
-
     if isinstance(model, str):
         model, tokenizer = load_for_generation(model)
+    conversational = bool(prompts) and isinstance(prompts[0], list)
+    completions = []
+    sampling = sampling_args(samples, samples)
+    with generation_mode(model, tokenizer, samples, seed):
+        for i in range(0, len(prompts), batch_size):
+            batch = prompts[i : i + batch_size]
+            if conversational:
+                batch = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch]
+            enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not conversational)
+            enc = enc.to(model.device)
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
+            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            completions += [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+    return completions
+
+
+def sampling_args(samples: int, per_call: int = 1) -> dict:
+    """`generate`'s keyword arguments for `evaluation.samples`: greedy for 1; else sampled at temperature 1 (the
+    model's own top-k/top-p left out), `per_call` completions of each input."""
+    if samples == 1:
+        return {"do_sample": False}
+    return {"do_sample": True, "num_return_sequences": per_call, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
+
+@contextmanager
+def generation_mode(model, tokenizer, samples: int, seed: int):
+    """The model in eval mode, without gradients, its tokenizer padding on the left, and with `samples` above 1 the
+    sampling seeded on a forked RNG; all as it was afterwards."""
+    import torch
+
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     was_training = model.training
     model.eval()
-    conversational = bool(prompts) and isinstance(prompts[0], list)
-    completions = []
-    sampling = {"do_sample": False}
-    if samples > 1:
-        sampling = {"do_sample": True, "num_return_sequences": samples, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
     devices = [model.device.index or 0] if model.device.type == "cuda" else []
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=samples > 1):
             if samples > 1:
                 torch.manual_seed(seed)
-            for i in range(0, len(prompts), batch_size):
-                batch = prompts[i : i + batch_size]
-                if conversational:
-                    batch = [
-                        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch
-                    ]
-                enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not conversational)
-                enc = enc.to(model.device)
-                out = model.generate(
-                    **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
-                )
-                texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-                completions += [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+            yield
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)
-    return completions
 
 
 SAMPLES = 5  # held-out completions of the GRPO result kept in evaluation.json (shown before an approval)
 
 
 def metric_reward(spec: JobSpec):
-    """The callable of `evaluation.metric`: a job reward, or the metric's own entry."""
-    entry = spec.evaluation_reward
+    """The callable of `evaluation.metric`: a job reward, or the metric's own entry; None when the metric is the
+    environment's `get_reward()`."""
+    if (entry := spec.evaluation_reward) is None:
+        return None
     return build_reward(
         entry.name, entry.function, entry.kwargs, entry.model, entry.grader, spec.dataset.prompt_column
     )
@@ -138,21 +152,26 @@ def score(
     `evaluation/step-<NNNNNN>.parquet` (`grpoflow.trainers.rollouts.write_held_out`). Each prompt's score (None: not
     scored) is appended to `per_prompt`, and the list of its completions' scores to `per_sample`, when given.
     """
-    reward = reward or metric_reward(spec)
-    n = spec.evaluation.samples
+    if isinstance(model, str):
+        model, tokenizer = load_for_generation(model)
+    n, seed = spec.evaluation.samples, spec.hyperparameters.seed
     prompts = [p for p in eval_rows["prompt"] for _ in range(n)]
     rows = eval_rows.select([i for i in range(len(eval_rows)) for _ in range(n)]) if n > 1 else eval_rows
-    completions = generate(
-        model,
-        list(eval_rows["prompt"]),
-        spec.evaluation.max_new_tokens,
-        tokenizer=tokenizer,
-        samples=n,
-        seed=spec.hyperparameters.seed,
-    )
-    if tokenizer is None:
-        tokenizer = load_tokenizer(model)
-    values = reward_values(reward, prompts, completions, rows, tokenizer)
+    ids = environments = None
+    if is_multi_turn(spec):  # rollouts with the job's tools and environment, as in training
+        with generation_mode(model, tokenizer, n, seed):
+            rollouts = tool_rollouts(model, tokenizer, prompts, list(rows), spec, sampling_args(n))
+        prompts, completions = [r.prompt for r in rollouts], [r.messages for r in rollouts]
+        ids = [r.completion_ids for r in rollouts]
+        environments = [r.environment for r in rollouts] if spec.environment else None
+    else:
+        completions = generate(
+            model, list(eval_rows["prompt"]), spec.evaluation.max_new_tokens, tokenizer=tokenizer, samples=n, seed=seed
+        )
+    if spec.evaluation.metric_name == environment_name(spec):  # the environment's own reward, as training logs it
+        values = [environment.get_reward() for environment in environments]
+    else:
+        values = reward_values(reward or metric_reward(spec), prompts, completions, rows, tokenizer, ids, environments)
     if keep_at is not None:
         write_held_out(*keep_at, prompts, completions, values, samples=n)
     each = [values[i : i + n] for i in range(0, len(values), n)]
@@ -163,7 +182,7 @@ def score(
         per_prompt += means
     if samples is not None:
         samples += [
-            {"prompt": prompt_text(p), "completion": c[-1]["content"] if isinstance(c, list) else c, "score": v}
+            {"prompt": prompt_text(p), "completion": as_text(c, chat_as_json=False), "score": v}
             for p, c, v in list(zip(prompts, completions, values, strict=True))[::n][:SAMPLES]
         ]
     return _mean(means)
@@ -174,13 +193,15 @@ def _mean(values: list) -> float | None:
     return sum(scored) / len(scored) if scored else None
 
 
-def reward_values(reward, prompts: list, completions: list, rows, tokenizer) -> list:
-    """`reward` on `completions` of `rows`' prompts, called as in training: the other columns, `completion_ids` from
-    `tokenizer`, TRL's logging hooks (see `grpoflow.trainers.rewards.call_reward`)."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+def reward_values(reward, prompts: list, completions: list, rows, tokenizer, ids=None, environments=None) -> list:
+    """`reward` on `completions` of `rows`' prompts, called as in training: the other columns, `completion_ids` (from
+    `tokenizer` unless given), the rollouts' `environments` when the job has one, TRL's logging hooks (see
+    `grpoflow.trainers.rewards.call_reward`)."""
+    if ids is None:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     columns = trl_columns({c: list(rows[c]) for c in rows.column_names})
-    return call_reward(reward, prompts, completions, ids, columns)
+    return call_reward(reward, prompts, completions, ids, columns, environments)
 
 
 def score_series(job: JobDir, spec: JobSpec, before: float | None, after: float | None, training: dict) -> list:

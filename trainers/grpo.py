@@ -338,7 +338,8 @@ def main(job_root: str) -> int:
     if spec.evaluation.every:
         if "eval" not in splits:
             raise SetupError(
-                "evaluation.every: the dataset/ folder has no held-out split (evaluation.holdout gave none)"
+                "evaluation.every: the dataset/ folder has no held-out split (neither evaluation.holdout nor "
+                "evaluation.dataset gave one); set evaluation.holdout above 0 or give evaluation.dataset"
             )
         held_out = prepare_prompts(splits["eval"], spec.dataset.prompt_column, hp.system_prompt)
 

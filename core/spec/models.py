@@ -287,7 +287,8 @@ class EvaluationSpec(Section):
         None,
         description="What scores the held-out completions: a job reward by name, or one entry in the rewards' form "
         "(name | function | model, with kwargs) scored on the held-out prompts only and never trained on, so that "
-        "a reward that can be gamed is checked by one that cannot; default: the first reward.",
+        "a reward that can be gamed is checked by one that cannot; or the environment's class name (its get_reward() "
+        "after each held-out rollout); default: the first reward.",
         json_schema_extra=_metric_form,
     )
     every: Int = Field(
@@ -616,11 +617,14 @@ class JobSpec(Section):
     )
 
     @property
-    def evaluation_reward(self) -> RewardSpec:
-        """The reward that scores the held-out prompts: `evaluation.metric`'s own entry, or the job reward it names."""
+    def evaluation_reward(self) -> RewardSpec | None:
+        """The reward that scores the held-out prompts: `evaluation.metric`'s own entry, or the job reward it names;
+        None when it names the environment (its `get_reward()` scores the held-out rollouts)."""
         metric = self.evaluation.metric
         if isinstance(metric, RewardSpec):
             return metric
+        if self.environment and metric == function_name(self.environment):
+            return None
         return next(r for r in self.rewards if r.name == (metric or self.rewards[0].name))
 
     @property

@@ -542,7 +542,11 @@ def _reward_problems(data: dict) -> list[str]:
             "rewards: every weight is 0, so every completion's reward is 0 and GRPO has nothing to learn from; give "
             "at least one reward a non-zero weight"
         )
-    return problems + _metric_problems(_section(data, "evaluation").get("metric"), names, builtins)
+    metric, environment = _section(data, "evaluation").get("metric"), data.get("environment")
+    environment = function_name(environment) if isinstance(environment, str) else None
+    if environment is not None and metric == environment:
+        return problems  # the environment's get_reward(), named as training logs it (rewards/<name>/mean)
+    return problems + _metric_problems(metric, names, builtins, environment)
 
 
 def _bare_name(entry: Any) -> Any:
@@ -566,12 +570,16 @@ def metric_by_name(data: Any) -> Any:
     return {**data, "evaluation": {**evaluation, "metric": name}}
 
 
-def _metric_problems(metric: Any, names: list[str], builtins: list[str] | None) -> list[str]:
-    """`evaluation.metric`: a job reward's name, or an entry of its own whose name no reward of the job has."""
+def _metric_problems(
+    metric: Any, names: list[str], builtins: list[str] | None, environment: str | None = None
+) -> list[str]:
+    """`evaluation.metric`: a job reward's name (or the `environment`'s), or an entry of its own whose name no reward
+    of the job has."""
     if isinstance(metric, str) and names and metric not in names:
+        scored_by = f"or the environment, {environment}, " if environment else ""
         return [
             f"evaluation.metric: {metric!r} is not one of this spec's rewards: {', '.join(dict.fromkeys(names))} "
-            "(or give the metric as a reward entry of its own: {name: ...} or {function: ...})"
+            f"({scored_by}or give the metric as a reward entry of its own: {{name: ...}} or {{function: ...}})"
         ]
     if not isinstance(metric, dict) or _bare_name(metric) in names:
         return []  # a job reward's name alone is that reward (`metric_by_name`)

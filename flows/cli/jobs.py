@@ -1,9 +1,10 @@
-"""`grpoflow jobs`, `metrics`, `model`, `rollouts`, `compare` and `webhooks retry`: a job's results read back.
+"""`grpoflow jobs`, `metrics`, `model`, `rollouts`, `compare`, `sweep compare`, `webhooks retry`: results read back.
 
 grpoflow jobs
 grpoflow metrics JOB_ID --keys reward,reward_std --json
 grpoflow rollouts JOB_ID --last --worst 5
 grpoflow compare JOB_ID JOB_ID --json
+grpoflow sweep compare SWEEP_ID --baseline JOB_ID
 """
 
 import argparse
@@ -29,6 +30,9 @@ from grpoflow.flows.errors import (
     Failed,
     UsageError,
 )
+
+# The command `grpoflow sweep compare ...` runs; `main` reads those two words as this one (`sweep SPEC` runs a sweep).
+SWEEP_COMPARE = "sweep compare"
 
 
 def cmd_jobs(args) -> int:
@@ -211,6 +215,30 @@ def cmd_compare(args) -> int:
     return EXIT_OK
 
 
+def cmd_sweep_compare(args) -> int:
+    """`grpoflow sweep compare SWEEP_ID`: `compare` of the sweep's completed jobs (sweep.json), in grid order, the
+    first or `--baseline` the baseline; the jobs left out are named on stderr."""
+    from grpoflow.flows.sweep import compared_jobs, read_sweep
+    from grpoflow.jobs.compare import NotComparable, compare, compare_table
+
+    record = read_sweep(roots_to_search(args), args.sweep_id)
+    job_ids, left_out = compared_jobs(record, args.baseline)
+    for line in left_out:
+        print(f"sweep compare: left out {line}", file=sys.stderr)
+    if len(job_ids) < 2:
+        raise NotComparable(
+            f"sweep {args.sweep_id} has {len(job_ids)} completed job with held-out scores; comparing needs two"
+        )
+    jobs = []
+    for job_id in job_ids:
+        job, location = find_args_job(args, job_id)
+        _fetch_folder(job, location, job.evaluation_rollouts.name)
+        jobs.append(job)
+    result = compare(jobs, args.confidence)
+    print(json.dumps(result) if args.json else compare_table(result))
+    return EXIT_OK
+
+
 def _confidence(text: str) -> float:
     """argparse type of --confidence: a number in (0, 1)."""
     try:
@@ -242,6 +270,20 @@ def _add_compare_command(sub) -> None:
     )
     _hidden_output_uri(compare)
     compare.set_defaults(func=cmd_compare)
+    # `sweep compare` (main() reads `grpoflow sweep compare ...` as this command; `sweep SPEC` runs a sweep)
+    sweep = sub.add_parser(
+        SWEEP_COMPARE,
+        help="held-out scores of a sweep's jobs side by side, each against the first (or --baseline)",
+        description="grpoflow compare on a sweep's completed jobs (its sweep.json), in grid order: the held-out "
+        "prompts they share, each job's score with its bootstrap interval, each job's gain against the baseline with "
+        "its paired interval.",
+    )
+    sweep.add_argument("sweep_id", metavar="SWEEP_ID", help="the sweep's id, as `grpoflow sweep` printed it")
+    sweep.add_argument("--baseline", metavar="JOB_ID", help="the job compared with (default: the sweep's first)")
+    sweep.add_argument("--confidence", type=_confidence, default=0.95, help="the intervals' coverage (default: 0.95)")
+    sweep.add_argument("--json", action="store_true", help="print what compare --json prints")
+    _hidden_output_uri(sweep)
+    sweep.set_defaults(func=cmd_sweep_compare)
 
 
 def cmd_model(args) -> int:

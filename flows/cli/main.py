@@ -18,6 +18,7 @@ from grpoflow.flows.cli.common import (
     _spec_arguments,
 )
 from grpoflow.flows.cli.jobs import (
+    SWEEP_COMPARE,
     _add_compare_command,
     _add_rollouts_command,
     _add_webhooks_command,
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     started, args = time.time(), None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(two_word_commands(sys.argv[1:] if argv is None else argv))
         args.started = started
         with command_line():  # the user's own command: its specs may name any module (core/trust.py)
             return args.func(args)
@@ -122,6 +123,16 @@ def main(argv=None) -> int:
         if code == EXIT_REJECTED and getattr(args, "json", False):  # a script reading stdout gets an answer too
             print(json.dumps({"status": "rejected", "problems": getattr(e, "problems", None) or [str(e)]}))
         return code
+
+
+def two_word_commands(argv: list) -> list:
+    """`argv` with `sweep compare` as the one command it is (argparse reads `sweep compare` as `sweep` of a spec file
+    named compare, unless there is such a file)."""
+    argv = [str(a) for a in argv]
+    at = argv.index("sweep") if "sweep" in argv else -1
+    if at >= 0 and argv[at + 1 : at + 2] == ["compare"] and not os.path.isfile("compare"):
+        return [*argv[:at], SWEEP_COMPARE, *argv[at + 2 :]]
+    return argv
 
 
 def _stdout_gone() -> bool:

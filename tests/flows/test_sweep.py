@@ -10,8 +10,10 @@ from prefect.artifacts import Artifact
 from prefect.utilities.callables import parameter_schema
 
 from grpoflow.core.spec import SpecError
+from grpoflow.flows.errors import UsageError
 from grpoflow.flows.sweep import (
     best_row,
+    compared_jobs,
     grid_overrides,
     grpo_sweep,
     new_sweep_id,
@@ -130,6 +132,29 @@ def row(index, status="completed", before=0.25, after=0.5, job_id=None):
 def test_best_job(rows, best):
     found = best_row(rows)
     assert (found["job_id"] if found else None) == best
+
+
+def unscored(index):
+    return {**row(index), "evaluation": None}
+
+
+@pytest.mark.parametrize(
+    "rows, baseline, jobs, left_out",
+    [
+        ([row(1), row(2), row(3)], None, ["s-1", "s-2", "s-3"], []),  # every job, in grid order
+        ([row(1), row(2), row(3)], "s-3", ["s-3", "s-1", "s-2"], []),  # --baseline first, the rest in grid order
+        ([row(1, "failed"), row(2), row(3)], None, ["s-2", "s-3"], ["job 1 (s-1): failed"]),  # only completed jobs
+        ([row(1), unscored(2)], None, ["s-1"], ["job 2 (s-2): no held-out evaluation"]),  # only scored ones
+        ([row(1), {**row(2, "failed"), "job_id": None}], None, ["s-1"], ["job 2 (never started): failed"]),
+    ],
+)
+def test_sweep_compare_takes_the_completed_scored_jobs(rows, baseline, jobs, left_out):
+    assert compared_jobs({"sweep_id": "s", "jobs": rows}, baseline) == (jobs, left_out)
+
+
+def test_sweep_compare_baseline_must_be_a_compared_job():
+    with pytest.raises(UsageError, match="--baseline 's-1' is not one of sweep s's completed, scored jobs: s-2"):
+        compared_jobs({"sweep_id": "s", "jobs": [row(1, "failed"), row(2)]}, "s-1")
 
 
 def test_report_table_marks_the_best_and_the_failed():
@@ -320,6 +345,16 @@ def test_sweep_a_failed_job_fails_its_row_not_the_sweep(make_spec, tmp_path, mon
     assert [c["status"].split(" ")[0] for c in cells] == ["completed", "completed", "failed"]
     assert [c["rank"] for c in cells] == ["1", "1" if tied else "2", "—"]
     assert [c["job"] for c in cells] == [rows[0]["job_id"], rows[2]["job_id"], rows[1]["job_id"]]
+    # `grpoflow sweep compare`: the completed jobs as `grpoflow compare` puts them side by side, the failed one named.
+    completed = [rows[0]["job_id"], rows[2]["job_id"]]
+    code, out, err = cli("sweep", "compare", summary["sweep_id"], "--json")
+    assert code == 0, err
+    assert json.loads(out) == json.loads(cli("compare", *completed, "--json")[1])
+    assert f"left out job 2 ({rows[1]['job_id']}): failed" in err
+    code, out, err = cli("sweep", "compare", summary["sweep_id"], "--baseline", completed[1], "--json")
+    assert code == 0 and json.loads(out)["jobs"] == completed[::-1], err
+    code, out, err = cli("sweep", "compare", "sw-sweep-20261206-000000-abcdef")
+    assert code == 2 and "no sweep 'sw-sweep-20261206-000000-abcdef' under" in err
     # `grpoflow jobs` still lists the jobs, not the sweeps folder
     code, out, _ = cli("jobs", "--json")
     assert code == 0 and {j["job_id"] for j in json.loads(out)["jobs"]} >= {rows[0]["job_id"], rows[2]["job_id"]}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from datasets import load_from_disk
 
 from grpoflow.core.errors import SetupError
 from grpoflow.core.jobdir import JobDir
@@ -32,9 +33,12 @@ from grpoflow.trainers.agents import (
     trl_template,
 )
 from grpoflow.trainers.dataset import ingest_dataset
+from grpoflow.trainers.evaluate import score
 from grpoflow.trainers.metrics import read_metrics
-from grpoflow.trainers.model.load import load_tokenizer
+from grpoflow.trainers.model.load import load_tokenizer, prepare_prompts
 from grpoflow.trainers.model.tiny import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_tiny
+from grpoflow.trainers.multi_turn import environment_name, is_multi_turn, start_rollout, tool_suffix_ids
+from grpoflow.trainers.rollouts import as_text, read_rows, step_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agents.yaml"
@@ -174,12 +178,22 @@ def test_parseable_templates_are_trls():
             {"tools": [], "environment": None, "sft": {"enabled": False}},
             "trl.max_tool_calling_iterations: applies only with tools or environment",
         ),
+        (  # the held-out metric may be the environment's get_reward(), by the name training logs it under
+            {"evaluation": {"holdout": 8, "metric": "Lockers"}},
+            "'Lockers' is not one of this spec's rewards: tool_use_reward (or the environment, Locker, or give",
+        ),
     ],
 )
 def test_spec_rules(tmp_path, changes, message):
     with pytest.raises(SpecError) as caught:
         load_spec(example(tmp_path, **changes))
     assert message in str(caught.value)
+
+
+def test_the_environment_can_be_the_held_out_metric(tmp_path):
+    spec, _ = load_spec(example(tmp_path, evaluation={"holdout": 8, "metric": "Locker"}))
+    assert spec.evaluation.metric_name == "Locker" and spec.evaluation_reward is None
+    assert environment_name(spec) == "Locker" and is_multi_turn(spec)
 
 
 def test_example_passes_preflight(tmp_path):
@@ -388,6 +402,11 @@ def test_sft_rows_are_the_rollout_token_for_token(tmp_path, template):
     assert trainer.chat_template == chat_template
     trainer._batch_environments = [None]
     [prompt_ids], _, _ = trainer._tokenize_prompts([ROW["prompt"]])
+    # A held-out rollout (trainers/multi_turn.py) starts from the same prompt tokens, with the same tools.
+    agents = {"tools": [calculator], "environment_factory": Locker}
+    held_out = start_rollout(ROW["prompt"], ROW, agents, tokenizer, chat_template)
+    assert held_out.prompt_ids == list(prompt_ids)
+    assert [t.__name__ for t in held_out.tools] == [t.__name__ for t in trainer.tools]
     expected, mask = list(prompt_ids), [0] * len(prompt_ids)
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
@@ -402,6 +421,7 @@ def test_sft_rows_are_the_rollout_token_for_token(tmp_path, template):
             expected, mask = expected + generated, mask + [1] * len(generated)
         elif messages[i - 1]["role"] == "assistant":
             suffix = trainer._get_tool_suffix_ids([m for m in messages[i:] if m["role"] == "tool"][:1])
+            assert tool_suffix_ids(tokenizer, chat_template, [messages[i]]) == suffix  # and held-out rollouts'
             expected, mask = expected + suffix, mask + [0] * len(suffix)
     assert row["input_ids"] == expected
     assert row["labels"] == [t if m else -100 for t, m in zip(expected, mask, strict=True)]
@@ -446,6 +466,21 @@ def recorded_tool_use(completions: list, note: list, **kwargs) -> list[float]:
     return tool_use_reward(completions)
 
 
+HELD_OUT = []  # (completion, note, environment) for each held-out rollout that read_note_answered scored
+
+
+def tool_answered(completion: list, tool: str, answer: str) -> bool:
+    """Whether `tool` ran in the rollout `completion` and answered `answer`."""
+    return any(m["role"] == "tool" and m["name"] == tool and m["content"] == answer for m in completion)
+
+
+def read_note_answered(completions: list, note: list, environments: list, **kwargs) -> list[float]:
+    """A held-out metric: 1.0 when the rollout read the note and the tool answered with its row's note, recording
+    what it was passed."""
+    HELD_OUT.extend(zip(completions, note, environments, strict=True))
+    return [float(tool_answered(c, "read_note", n)) for c, n in zip(completions, note, strict=True)]
+
+
 @pytest.mark.slow
 def test_example_calls_tools_after_the_warm_up(tmp_path):
     # The example as `grpoflow run` trains it, at its smallest (80 warm-up steps: after 60 no call parses yet, after
@@ -453,13 +488,18 @@ def test_example_calls_tools_after_the_warm_up(tmp_path):
     # as the rollout will be, then GRPO with the tools and the environment handed to TRL. The warmed-up model writes
     # tool calls that TRL parses and runs (tools/call_frequency), and the tool's answer is fed back into the rollout:
     # read_note's answer is the row's own note, which only the environment, reset with that row, could give.
+    # The held-out prompts are scored multi-turn too, during training (evaluation.every) and before/after, with the
+    # same tools and a Locker reset with each held-out row.
     ROLLOUTS.clear()
+    HELD_OUT.clear()
     rewards = [{"function": f"{__name__}:recorded_tool_use"}]
-    spec, _ = load_spec(example(tmp_path, rewards=rewards, sft={"max_steps": 80}, hyperparameters={"max_steps": 1}))
+    evaluation = {"holdout": 2, "every": 1, "metric": {"function": f"{__name__}:read_note_answered"}}
+    changes = {"sft": {"max_steps": 80}, "hyperparameters": {"max_steps": 1}, "evaluation": evaluation}
+    spec, _ = load_spec(example(tmp_path, rewards=rewards, **changes))
     job = JobDir(tmp_path / "runs" / "lockers-20261201-000000-abcdef")
     job.root.mkdir(parents=True)
     job.spec.write_text(to_yaml(spec))
-    ingest_dataset(spec.dataset.uri, job.dataset, prompt_column="prompt", holdout=0, seed=spec.hyperparameters.seed)
+    ingest_dataset(spec.dataset.uri, job.dataset, prompt_column="prompt", holdout=2, seed=spec.hyperparameters.seed)
     assert sft.main(str(job.root)) == 0
     assert grpo.main(str(job.root)) == 0
 
@@ -476,3 +516,38 @@ def test_example_calls_tools_after_the_warm_up(tmp_path):
     # The trained model keeps the tool-calling template, and the parser, it was trained with.
     tokenizer = load_tokenizer(str(job.merged))
     assert tokenizer.chat_template == TOOL_CHAT_TEMPLATE and tokenizer.response_template is not None
+
+    # Held-out evaluation, multi-turn each time: at step 1 during training (evaluation.every), then before and after
+    # (evaluation.json), on the 2 held-out rows. The model's calls ran, read_note answered each row's own note (only a
+    # Locker reset with that row could give it), the metric scored from that answer, and the rollouts are kept whole.
+    held_out = load_from_disk(str(job.dataset))["eval"]
+    assert [n for _, n, _ in HELD_OUT] == list(held_out["note"]) * 3
+    assert all(isinstance(env, Locker) and env.note == n for _, n, env in HELD_OUT)
+    read = [c for c, n, _ in HELD_OUT if tool_answered(c, "read_note", n)]
+    assert read and all(m["role"] in ("assistant", "tool") for c in read for m in c), HELD_OUT
+    during, before, after = HELD_OUT[:2], HELD_OUT[2:4], HELD_OUT[4:]
+    for step, scored in ((0, before), (1, after)):
+        rows = read_rows(step_file(job.evaluation_rollouts, step))
+        assert [r["completion"] for r in rows] == [as_text(c, chat_as_json=False) for c, _, _ in scored]
+    means = [sum(tool_answered(c, "read_note", n) for c, n, _ in scored) / 2 for scored in (during, before, after)]
+    result = json.loads(job.evaluation.read_text())
+    assert [values["eval/read_note_answered"], result["before"], result["after"]] == pytest.approx(means)
+
+    # Scored by the environment (metric: Locker): its get_reward() after each rollout, 1.0 only where the model called
+    # unlock with the row's code (the call runs even when its answer no longer fits the rollout, as in training).
+    locker = load_spec({**yaml.safe_load(job.spec.read_text()), "evaluation": {**evaluation, "metric": "Locker"}})[0]
+    per_prompt = []
+    score(str(job.merged), prepare_prompts(held_out, "prompt", None), locker, keep_at=(job, 9), per_prompt=per_prompt)
+    kept = [r["completion"] for r in read_rows(step_file(job.evaluation_rollouts, 9))]
+    calls = [
+        [t["function"] for m in json.loads(c) for t in m.get("tool_calls") or []] if c[:2] == "[{" else []
+        for c in kept
+    ]
+    unlocked = [
+        {"name": "unlock", "arguments": {"code": code}} in called
+        for called, code in zip(calls, held_out["code"], strict=True)
+    ]
+    assert set(per_prompt) <= {0.0, 1.0} and all(u for p, u in zip(per_prompt, unlocked, strict=True) if p), (
+        per_prompt,
+        kept,
+    )

@@ -421,6 +421,21 @@ def test_a_setup_problem_exits_2_before_training(make_job, capsys):
     assert not job.metrics.exists() and not job.training_result.exists()
 
 
+def test_scoring_during_training_without_a_held_out_split_names_both_ways_to_one(make_job, capsys):
+    from datasets import DatasetDict, load_from_disk
+
+    job, _ = make_job("noeval", evaluation={"every": 1})
+    # A job folder ingested without its held-out split.
+    DatasetDict({"train": load_from_disk(str(job.dataset))["train"]}).save_to_disk(str(job.root / "train-only"))
+    shutil.rmtree(job.dataset)
+    (job.root / "train-only").rename(job.dataset)
+    assert grpo.cli([str(job.root)]) == 2
+    err = capsys.readouterr().err
+    assert "evaluation.every: the dataset/ folder has no held-out split" in err
+    assert "evaluation.holdout" in err and "evaluation.dataset" in err
+    assert not job.metrics.exists()
+
+
 # --- crash safety (slow) -------------------------------------------------------------------------------------------
 
 

@@ -73,7 +73,9 @@ def _first_problem(reward: Callable, rows: list[tuple[dict, int]], prompt_column
     return None
 
 
-def call_reward(reward: Callable, prompts: list, completions: list, completion_ids: list, columns: dict) -> Any:
+def call_reward(
+    reward: Callable, prompts: list, completions: list, completion_ids: list, columns: dict, environments=None
+) -> Any:
     """Calls `reward` with what TRL's GRPOTrainer passes it, outside a trainer, and awaits an `async def` reward.
 
     Args:
@@ -81,13 +83,17 @@ def call_reward(reward: Callable, prompts: list, completions: list, completion_i
         prompts (`list`), completions (`list`), completion_ids (`list[list[int]]`): one entry per completion.
         columns (`dict[str, list]`): the other dataset columns, one value per completion (TRL leaves out the prompt,
             `completion` and `completion_ids`; see `trl_columns`).
+        environments (`list`, *optional*): the rollouts' environment instances, passed as TRL passes them (not
+            copied: a reward reads their state).
 
     Returns:
         What the reward returned: a list with one float (or None) per completion, unless it is broken.
     """
     arguments = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
+    shared = {"environments": environments} if environments is not None else {}
     result = reward(
         **own_copies(arguments),  # its own copies, as in training: what it changes no other reward sees
+        **shared,
         trainer_state=None,  # no trainer outside training
         log_extra=lambda column, values: None,
         log_metric=lambda name, value: None,
@@ -201,7 +207,8 @@ def required_columns(spec, rewards: list[Callable]) -> dict[str, str]:
 def metric_columns(spec) -> dict[str, str]:
     """Columns the held-out metric (`evaluation.metric`) reads besides the prompt, each with the reason: what a
     validation set (`evaluation.dataset`) must have. Raises `RewardError` when the metric does not build."""
-    entry = spec.evaluation_reward
+    if (entry := spec.evaluation_reward) is None:  # the environment's get_reward(): no column of its own
+        return {}
     metric = build_reward(
         entry.name, entry.function, entry.kwargs, entry.model, entry.grader, spec.dataset.prompt_column
     )
