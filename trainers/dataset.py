@@ -4,9 +4,9 @@ Sources: a local path, `file://`, `s3://bucket/key` (anything fsspec opens, with
 `hf://datasets/<repo>[/<split>]`. Files are JSON Lines / JSON, CSV or Parquet (optionally compressed: `.jsonl.gz`);
 a local folder written by `datasets`' `save_to_disk` (a Dataset, or a DatasetDict's `split`, default `train`) is read
 with `datasets.load_from_disk`; a local Parquet file of up to `PARQUET_IN_MEMORY_BYTES` decoded is read whole by
-Arrow (as `pandas.read_parquet` reads it). Every other source goes through `datasets.load_dataset`; checks run on the Arrow
-table with `pyarrow.compute`, never row by row: a million short rows take one to two seconds. Only when the loader
-fails is the file read again, line by line, to name the lines at fault.
+Arrow (as `pandas.read_parquet` reads it). Every other source goes through `datasets.load_dataset`. Checks run on
+the Arrow table with `pyarrow.compute`, never row by row: a million short rows take a fraction of a second. Only when
+the loader fails is the file read again, line by line, to name the lines at fault.
 
 Pure functions, no Prefect: `tasks/ingest.py` wraps `ingest_dataset` in a Prefect task. By hand:
 
