@@ -130,7 +130,7 @@ def summary_rows(name: str, r: dict) -> list[list]:
                     s["vs_pandas"],
                     f">= {vs_pandas(t, f)}",
                     s["target_met"]["vs_pandas"],
-                ],  # noqa: E501
+                ],
             ]
         return rows
     if name == "cost_growth":
