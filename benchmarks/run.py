@@ -110,7 +110,7 @@ def summary_rows(name: str, r: dict) -> list[list]:
         cost = r["median_canary_seconds"]
         return [*rows, [name, "seconds the canary adds to a job (median, tiny model)", cost, "report", ""]]
     if name == "real_vs_trl":
-        s = r["in_process"]["sides"]["grpoflow (LoRA, no checkpoint within the run)"]
+        s = r["in_process"]["sides"]["grpoflow"]
         label = f"steps/s vs TRL (CPU time), SmolLM2-135M-Instruct LoRA, {r['steps']} steps x {r['repeats']} pairs"
         return [[name, label, ranged(s), f">= {r['target_ratio']}", r["target_met"]]]
     if name == "skip_zero_variance":
