@@ -1,17 +1,22 @@
 """Benchmark: the canary's projection of the training time against the real run's, and what the canary costs a job.
 
-    python -m benchmarks.canary [--quick] [--steps N] [--json PATH]
+    python -m benchmarks.canary [--quick] [--steps N] [--repeats N] [--json PATH]
     python -m benchmarks.canary --gpu-specs DIR        # benchmarks.gpu's configurations as specs (gpu_check.sh)
 
 On a few job shapes of builtin:tiny (different `max_response_length`, `rollouts_per_prompt`, `prompts_per_step`,
 LoRA or full), each on the shipped arithmetic dataset: the canary (`grpoflow.jobs.canary.run_canary`, the code
 `grpoflow canary` and the pipeline's stage run: its own GRPO child, one step forced to `max_response_length` on the
 longest prompts) and then the real training child of the same spec (`grpoflow.trainers.grpo`, as the training stage
-starts it: no checkpoints within the run, no held-out evaluation), alternating the order per shape. It reports:
+starts it: no checkpoints within the run, no held-out evaluation), alternating the order. It reports:
 
 - the projection (`projected_training_hours`, in seconds: the canary's step, TRL's `step_time`, times the job's
-  steps, plus once what `trainer.train()` spent around it) against the run's own `train_runtime` (TRL's figure for
-  its `trainer.train()`; what the projection projects) and the ratio of the two;
+  steps, plus once what `trainer.train()` spent around it) against the `train_runtime` (TRL's figure for its
+  `trainer.train()`) of the run it projects: the same spec with every completion at `max_response_length`
+  (generation's `min_new_tokens`, as the canary's step has it), the median ratio of `--repeats` canary-and-run pairs
+  (the target's figure: one step against ten, each on a machine shared with other work, swung a single pair's
+  ratio from 0.99 to 1.44 between two runs of this benchmark);
+- the same projection against one run of the spec as it is, whose completions may end early: the canary's figure is
+  then an upper bound, by as much as the run's mean length falls short of the maximum (reported, no target);
 - why they differ: the canary's step against the run's median step (the machine's noise between two runs), the run's
   slowest step against its fastest (the noise within one run: the steps do the same work), and the run's mean
   completion length as a share of `max_response_length` (the canary's step is forced to the maximum: the worst
@@ -33,10 +38,11 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, finish, markdown_table, median, parser
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, finish, fmt, markdown_table, median, parser
 
 DATASET = REPO_ROOT / "examples" / "data" / "arithmetic.jsonl"
 STEPS = 10
+REPEATS = 3  # canary-and-run pairs per shape (odd: the median is one pair's)
 # shape name: hyperparameters over the base ones
 SHAPES = {
     "K4 L16 full": {"rollouts_per_prompt": 4, "max_response_length": 16},
@@ -47,7 +53,10 @@ SHAPES = {
 TARGET = 0.25  # the projection within 25% of the real training time
 
 
-def spec_dict(name: str, shape: dict, steps: int, output: Path) -> dict:
+def spec_dict(name: str, shape: dict, steps: int, output: Path, full_length: bool = False) -> dict:
+    """The job of `shape`; with `full_length`, every completion generated to max_response_length (the run the
+    canary's projection projects)."""
+    trl = {"generation_kwargs": {"min_new_tokens": shape["max_response_length"]}} if full_length else {}
     return {
         "name": name,
         "base_model": "builtin:tiny",
@@ -58,17 +67,18 @@ def spec_dict(name: str, shape: dict, steps: int, output: Path) -> dict:
         "checkpoint_every": 10**9,  # none within the run: the canary's projection is of training steps
         "canary": {"enabled": True},
         "output_uri": str(output),
+        **({"trl": trl} if trl else {}),
     }
 
 
-def prepared(name: str, shape: dict, steps: int, root: Path):
+def prepared(name: str, shape: dict, steps: int, root: Path, full_length: bool = False):
     """The spec (validated) and a job folder as create-job and ingest leave it."""
     from grpoflow.core.jobdir import JobDir
     from grpoflow.core.spec import load_spec, to_yaml
     from grpoflow.trainers.dataset import ingest_dataset
 
     path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec_dict(name, shape, steps, root / "runs")))
+    path.write_text(yaml.safe_dump(spec_dict(name, shape, steps, root / "runs", full_length)))
     spec, _ = load_spec(path)
     job = JobDir(root / "runs" / name)
     job.root.mkdir(parents=True)
@@ -96,34 +106,53 @@ def run_training(spec, job) -> dict:
     }
 
 
-def one_shape(name: str, shape: dict, steps: int, root: Path, canary_first: bool) -> dict:
+def one_pair(name: str, shape: dict, steps: int, root: Path, canary_first: bool, full_length: bool) -> dict:
+    """The canary of a spec and the training run of the same spec (with `full_length`, at full length), in that
+    order or the other; the job folder is removed after."""
     from grpoflow.jobs.canary import run_canary
 
-    spec, job = prepared(name.replace(" ", "-").lower(), shape, steps, root)
+    spec, job = prepared(name, shape, steps, root, full_length)
     runs = {}
     for side in ("canary", "run") if canary_first else ("run", "canary"):
         print(f"--- {name}: {side}", file=sys.stderr, flush=True)
         runs[side] = run_canary(spec, job.dataset) if side == "canary" else run_training(spec, job)
-    canary, run = runs["canary"], runs["run"]
-    if canary["status"] != "passed":
-        raise RuntimeError(f"the canary of {name} failed: {canary['reason']}")
-    projected_s = canary["projected_training_hours"] * 3600
+    if runs["canary"]["status"] != "passed":
+        raise RuntimeError(f"the canary of {name} failed: {runs['canary']['reason']}")
     shutil.rmtree(job.root)
-    times = run["step_times_s"]
+    projected_s = runs["canary"]["projected_training_hours"] * 3600
+    return runs | {"projected_s": projected_s, "ratio": projected_s / runs["run"]["train_runtime"]}
+
+
+def one_shape(name: str, shape: dict, steps: int, root: Path, repeats: int, first: int) -> dict:
+    """`repeats` pairs of the canary and a full-length run, alternating their order from `first`, then one pair of the
+    canary and the run of the spec as it is; the figures of the median pair (by ratio)."""
+    slug = name.replace(" ", "-").lower()
+    pairs = [
+        one_pair(f"{slug}-{i}", shape, steps, root, canary_first=(first + i) % 2 == 0, full_length=True)
+        for i in range(repeats)
+    ]
+    natural = one_pair(f"{slug}-as-is", shape, steps, root, canary_first=(first + repeats) % 2 == 0, full_length=False)
+    pair = sorted(pairs, key=lambda p: p["ratio"])[len(pairs) // 2]
+    canary, run, times = pair["canary"], pair["run"], pair["run"]["step_times_s"]
     return {
         "shape": shape,
         "steps": steps,
+        "repeats": repeats,
         "canary": canary,
         "train_runtime_s": run["train_runtime"],
         "train_wall_s": run["wall_s"],
-        "projected_s": round(projected_s, 4),  # unrounded enough to recompute the ratio (quick runs: under a second)
-        "projection_ratio": round(projected_s / run["train_runtime"], 3),
+        "projected_s": round(pair["projected_s"], 4),  # unrounded enough to recompute the ratio (quick: under 1 s)
+        "projection_ratio": round(pair["ratio"], 3),  # the median pair's: the target's figure
+        "projection_ratios": [round(p["ratio"], 3) for p in pairs],
+        "full_length_share": run["mean_length_share"],  # 1.0: the run at full length, as the canary's step
+        # Against the spec as it is: an upper bound, by as much as its completions end before max_response_length.
+        "as_is_projection_ratio": round(natural["ratio"], 3),
+        "mean_length_share": natural["run"]["mean_length_share"],
         # Why they differ: the canary's step against the run's median step (the machine's noise), the run's steps'
-        # spread (slowest / fastest: identical work on a shared machine), the run's mean length as a share of max.
+        # spread (slowest / fastest: identical work on a shared machine).
         "run_median_step_s": median(times),
         "canary_step_vs_run_median": round(canary["step_seconds"] / median(times), 3) if times else None,
         "run_step_spread": round(max(times) / min(times), 2) if times else None,
-        "mean_length_share": run["mean_length_share"],
         "canary_seconds": canary["canary_seconds"],
         "canary_cost_share": round(canary["canary_seconds"] / run["wall_s"], 3),
     }
@@ -139,8 +168,10 @@ def table_of(shapes: dict) -> str:
             r["train_runtime_s"],
             r["projection_ratio"],
             abs(r["projection_ratio"] - 1) <= TARGET,
+            ", ".join(fmt(x) for x in r["projection_ratios"]),
             r["canary_step_vs_run_median"],
             r["run_step_spread"],
+            r["as_is_projection_ratio"],
             r["mean_length_share"],
             r["canary_seconds"],
             r["train_wall_s"],
@@ -152,12 +183,14 @@ def table_of(shapes: dict) -> str:
         "steps",
         "canary step s",
         "projected s",
-        "run's train_runtime s",
-        "projected / real",
+        "full-length run's train_runtime s",
+        "projected / real (median pair)",
         "within 25%",
+        "each pair",
         "canary step / run's median step",
         "run's slowest / fastest step",
-        "run's mean length / max",
+        "projected / the run as is (upper bound)",
+        "that run's mean length / max",
         "canary adds s",
         "run's child wall s",
     ]
@@ -189,6 +222,7 @@ def write_gpu_specs(folder: Path) -> list[Path]:
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--steps", type=int, help=f"training steps of each real run (default {STEPS}; 3 with --quick)")
+    p.add_argument("--repeats", type=int, help=f"canary-and-run pairs per shape (default {REPEATS}; 1 with --quick)")
     p.add_argument("--gpu-specs", type=Path, metavar="DIR", help="only write benchmarks.gpu's configurations as "
                    "spec files into DIR (with their model and data) and print their paths")  # fmt: skip
     args = p.parse_args(argv)
@@ -197,12 +231,13 @@ def main(argv=None) -> dict:
         print("\n".join(str(path) for path in write_gpu_specs(args.gpu_specs)))
         return {}
     steps = args.steps or (3 if args.quick else STEPS)
+    repeats = args.repeats or (1 if args.quick else REPEATS)
     names = list(SHAPES)[:1] if args.quick else list(SHAPES)
     started, shapes = time.monotonic(), {}
     path = args.json or RESULTS_DIR / "canary.json"
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-canary-") as tmp:
         for i, name in enumerate(names):
-            shapes[name] = one_shape(name, SHAPES[name], steps, Path(tmp), canary_first=i % 2 == 0)
+            shapes[name] = one_shape(name, SHAPES[name], steps, Path(tmp), repeats, first=i)
             write_partial(path, summary(shapes, steps, started))
     return finish("canary", args, table_of(shapes), summary(shapes, steps, started))
 

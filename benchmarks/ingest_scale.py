@@ -23,7 +23,11 @@ from benchmarks.common import alternate, bench_env, finish, markdown_table, medi
 
 TARGET_ROWS_PER_S = 500_000
 TARGET_PEAK_RSS_MB = 600
-TARGET_VS_PANDAS = 2.5
+# rows/s against pandas, by source. JSONL: pandas' `read_json` parses in Python-heavy code, Arrow's JSON reader does
+# not. Parquet: `pandas.read_parquet` *is* Arrow's reader (the one grpoflow's ingest uses for such a file), so the
+# most an ingest that reads, checks and saves the same rows can be is about as fast: 1.0, not the 2.5 of JSONL (the
+# target both formats had until 2026-12-06, which no Parquet ingest could meet).
+TARGET_VS_PANDAS = {"jsonl": 2.5, "parquet": 1.0}
 
 
 def write_sources(root: Path, rows: int) -> dict[str, Path]:
@@ -133,7 +137,7 @@ def main(argv=None) -> dict:
                 "target_met": {
                     "rows_per_s": s["rows_per_s"] >= TARGET_ROWS_PER_S,
                     "peak_rss_mb": s["peak_rss_mb"] <= TARGET_PEAK_RSS_MB,
-                    "vs_pandas": ratio >= TARGET_VS_PANDAS,
+                    "vs_pandas": ratio >= TARGET_VS_PANDAS[fmt],
                 },
                 "runs": runs,
             }
@@ -155,7 +159,8 @@ def main(argv=None) -> dict:
     )
     table += (
         f"\n\nTargets (grpoflow): >= {TARGET_ROWS_PER_S:,} rows/s, <= {TARGET_PEAK_RSS_MB} MB peak RSS, "
-        f">= {TARGET_VS_PANDAS}x pandas; {rows:,} rows."
+        f">= {TARGET_VS_PANDAS['jsonl']}x pandas on JSONL and {TARGET_VS_PANDAS['parquet']}x on Parquet (pandas' "
+        f"Parquet reader is Arrow's own); {rows:,} rows."
     )
     return finish(
         "ingest_scale",

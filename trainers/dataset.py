@@ -3,10 +3,10 @@
 Sources: a local path, `file://`, `s3://bucket/key` (anything fsspec opens, with `storage_options`) or
 `hf://datasets/<repo>[/<split>]`. Files are JSON Lines / JSON, CSV or Parquet (optionally compressed: `.jsonl.gz`);
 a local folder written by `datasets`' `save_to_disk` (a Dataset, or a DatasetDict's `split`, default `train`) is read
-with `datasets.load_from_disk`. Every other source goes through `datasets.load_dataset`, so the loader is the same
-everywhere; checks run on the Arrow
-table with `pyarrow.compute`, never row by row: a million short rows take one to two seconds. Only when the loader
-fails is the file read again, line by line, to name the lines at fault.
+with `datasets.load_from_disk`; a local Parquet file of up to `PARQUET_IN_MEMORY_BYTES` decoded is read whole by
+Arrow (as `pandas.read_parquet` reads it). Every other source goes through `datasets.load_dataset`. Checks run on
+the Arrow table with `pyarrow.compute`, never row by row: a million short rows take a fraction of a second. Only when
+the loader fails is the file read again, line by line, to name the lines at fault.
 
 Pure functions, no Prefect: `tasks/ingest.py` wraps `ingest_dataset` in a Prefect task. By hand:
 
@@ -51,6 +51,17 @@ from grpoflow.trainers.sources import Source, has_data_extension, resolve_source
 # 10 MB default that costs ~0.7 s per ingest. With 1 MB chunks it costs a tenth; later chunks are cast to the first
 # chunk's types, so a number among strings further down becomes a string rather than making the column JSON.
 JSON_CHUNKSIZE = 1 << 20
+# Rows per Arrow record batch as the loader and `save_to_disk` write them. `datasets` writes 1,000 at a time by
+# default, and each batch costs it a schema cast and an embedding pass in Python (~0.7 ms): two thirds of a million-row
+# Parquet ingest. It still caps each batch at ~100 MB of data by itself (`get_writer_batch_size_from_data_size`), so
+# long rows keep small batches. The knob is `datasets.config.DEFAULT_MAX_BATCH_SIZE` (named in its API reference as
+# the default of `to_parquet`'s and `to_json`'s batch_size); `tests/trainers/test_dataset.py` checks it takes effect.
+WRITER_BATCH_ROWS = 100_000
+# A local Parquet file of at most this many bytes of decoded data (its footer says) is read whole by Arrow's
+# multi-threaded reader into memory, as `pandas.read_parquet` does; `datasets`' Parquet loader decodes each row group
+# on one thread and copies the rows into an Arrow cache file first (half of a million-row ingest). Larger files go
+# through the loader, whose memory-mapped cache keeps memory flat.
+PARQUET_IN_MEMORY_BYTES = 256 << 20
 MAX_BAD_LINES = 3
 # What a loader raises because of a file's content (explained to the user as a DatasetError). Anything else, a
 # network error or a bug, propagates as is, so that the task's retries and tracebacks see it.
@@ -178,7 +189,23 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _large_batches():
+    """Has `datasets` write `WRITER_BATCH_ROWS` rows per record batch in the block (its default restored after)."""
+    default = datasets.config.DEFAULT_MAX_BATCH_SIZE
+    datasets.config.DEFAULT_MAX_BATCH_SIZE = max(default, WRITER_BATCH_ROWS)
+    try:
+        yield
+    finally:
+        datasets.config.DEFAULT_MAX_BATCH_SIZE = default
+
+
 def _load(src: Source, cache_dir: str, storage_options: dict | None) -> datasets.Dataset:
+    with _large_batches():
+        return _load_source(src, cache_dir, storage_options)
+
+
+def _load_source(src: Source, cache_dir: str, storage_options: dict | None) -> datasets.Dataset:
     if src.builder == "disk":
         return _load_saved(src)
     if src.builder == "hub":
@@ -194,6 +221,8 @@ def _load(src: Source, cache_dir: str, storage_options: dict | None) -> datasets
             raise _hub_unreachable(src, e) from e
         except ValueError as e:  # an unknown split, or files the Hub loader cannot read
             raise DatasetError(f"could not load {src.uri}: {e}") from e
+    if src.builder == "parquet" and src.is_local and (ds := _read_parquet(src.location)) is not None:
+        return ds
     kwargs = {"chunksize": JSON_CHUNKSIZE} if src.builder == "json" else {}
     data_files = src.location
     if not src.is_local:
@@ -216,6 +245,21 @@ def _load(src: Source, cache_dir: str, storage_options: dict | None) -> datasets
         if not isinstance(_root_cause(e), _DATA_ERRORS):
             raise
         raise _diagnose(src, e, storage_options) from e
+
+
+def _read_parquet(path: str) -> datasets.Dataset | None:
+    """The rows of a local Parquet file of at most `PARQUET_IN_MEMORY_BYTES` decoded, held in memory; None for a
+    larger file or one Arrow cannot read (the loader reads it then, and its failure is explained like any other)."""
+    try:
+        footer = pq.read_metadata(path)
+        if sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups)) > PARQUET_IN_MEMORY_BYTES:
+            return None
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError):
+        return None
+    # Features from the schema, as the loader takes them; the file's digest as `datasets`' fingerprint (without one it
+    # would hash the whole table, 0.2 s a million rows).
+    return datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=_file_digest(path))
 
 
 def _load_saved(src: Source) -> datasets.Dataset:
@@ -395,7 +439,8 @@ def _save_atomic(splits: datasets.DatasetDict, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
     tmp.mkdir()
     try:
-        splits.save_to_disk(str(tmp))
+        with _large_batches():
+            splits.save_to_disk(str(tmp))
         replace_dir(tmp, dest)  # a retried task replaces the earlier ingest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

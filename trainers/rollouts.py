@@ -84,7 +84,9 @@ def write_rows(path: Path, columns: dict[str, list]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        pq.write_table(pa.table(columns), tmp)
+        # No dictionary pages or column statistics: a step's few rows gain nothing from them, and they were a fifth of
+        # the write (~0.2 ms a step, beside training on the same cores).
+        pq.write_table(pa.table(columns), tmp, use_dictionary=False, write_statistics=False)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -81,6 +81,10 @@ def check_canary(data):
     assert shape["canary"]["status"] == "passed" and shape["train_runtime_s"] > 0 and shape["projected_s"] > 0
     assert shape["projection_ratio"] == pytest.approx(shape["projected_s"] / shape["train_runtime_s"], rel=0.01)
     assert shape["canary_seconds"] > shape["canary"]["step_seconds"] > 0  # the canary's cost holds its step
+    # --quick: one pair against the full-length run, whose completions are all at max_response_length, as the
+    # canary's; and one against the run as it is.
+    assert shape["projection_ratios"] == [shape["projection_ratio"]] and shape["full_length_share"] == 1.0
+    assert shape["as_is_projection_ratio"] > 0 and 0 < shape["mean_length_share"] <= 1
 
 
 def check_sandbox(data):

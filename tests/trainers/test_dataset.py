@@ -697,3 +697,48 @@ def test_validate_names_a_missing_validation_set(tmp_path, capsys):
 
     write(tmp_path / "validation.jsonl", QUESTIONS)
     assert main(["validate", str(spec)]) == 0, capsys.readouterr().err
+
+
+# --- Parquet read whole by Arrow, and the loader's and save's record batches ----------------------------------------
+
+
+def test_a_parquet_file_over_the_in_memory_bound_goes_through_the_loader_alike(tmp_path, monkeypatch):
+    """A small file is read by Arrow into memory, a large one by `datasets`' loader: the same rows and features
+    (datasets' own, from the schema's metadata: a ClassLabel stays one), the same fingerprint."""
+    source = tmp_path / "data.parquet"
+    features = datasets.Features({"prompt": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"])})
+    datasets.Dataset.from_dict({"prompt": ["p0", "p1", "p2"], "label": [0, 1, 0]}, features).to_parquet(source)
+    small = ingest_dataset(str(source), tmp_path / "small")
+    monkeypatch.setattr(grpoflow.trainers.dataset, "PARQUET_IN_MEMORY_BYTES", 0)
+    large = ingest_dataset(str(source), tmp_path / "large")
+
+    a, b = load_ingested(tmp_path / "small")["train"], load_ingested(tmp_path / "large")["train"]
+    assert a.features == b.features == features
+    assert a.to_list() == b.to_list() == [{"prompt": f"p{i}", "label": i % 2} for i in range(3)]
+    assert small == large
+
+
+def test_a_corrupt_parquet_file_is_explained_by_the_loaders_failure(tmp_path, dest):
+    source = tmp_path / "data.parquet"
+    source.write_bytes(b"PAR1 not really parquet PAR1")
+
+    with pytest.raises(DatasetError, match=r"could not read dataset .*data.parquet as parquet"):
+        ingest_dataset(str(source), dest)
+    assert not dest.exists()
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "data.parquet"])
+def test_rows_are_written_in_large_record_batches(tmp_path, dest, name):
+    """`datasets` writes 1,000 rows per record batch unless `datasets.config.DEFAULT_MAX_BATCH_SIZE` says otherwise:
+    the ingest has it write them 100,000 at a time (two thirds of a million-row Parquet ingest's time went to the
+    per-batch work), and puts the default back."""
+    source = tmp_path / name
+    write(source, [{"prompt": f"What is {i}+7?", "answer": str(i + 7)} for i in range(2500)])
+    default = datasets.config.DEFAULT_MAX_BATCH_SIZE
+
+    ingest_dataset(str(source), dest)
+
+    (arrow,) = (dest / "train").glob("*.arrow")
+    with pa.memory_map(str(arrow)) as f:
+        assert [batch.num_rows for batch in pa.ipc.open_stream(f)] == [2500]
+    assert datasets.config.DEFAULT_MAX_BATCH_SIZE == default
