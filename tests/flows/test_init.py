@@ -147,8 +147,10 @@ def test_a_project_with_its_own_tasks_flows_and_trainers_validates_and_loads_eve
         "grpoflow.flows.triggered:grpo_pipeline_from_file",
         "grpoflow.flows.watch:watch_new_data",
         "grpoflow.flows.sweep:grpo_sweep",
+        "grpoflow.flows.resume:resume_crashed",
     }
     assert flows["grpoflow.flows.pipeline:grpo_pipeline"] == "grpo-pipeline"
+    assert flows["grpoflow.flows.resume:resume_crashed"] == "grpo-pipeline"  # grpo-pipeline/resume
 
 
 def test_only_grpoflow_is_a_top_level_name_from_a_users_folder(tmp_path):
