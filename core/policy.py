@@ -314,13 +314,27 @@ class Check:
     def suites(self) -> list[str]:
         """An evaluation suite is code: the project's own files only (as modules are the project's own)."""
         root, problems = self.project.resolve(), []
+        # What teams and runs write (the data folders, the job folders with their uploads) is not the project's code,
+        # even inside the project folder.
+        written = [r for r in [*self.read_roots(), self._output_root()] if isinstance(r, Path)]
         for i, suite in enumerate(self.spec.evaluation.suites):
-            if not (self.project / suite.file).resolve().is_relative_to(root):
+            where, file = f"evaluation.suites[{i}].inspect", (self.project / suite.file).resolve()
+            if not file.is_relative_to(root):
                 problems.append(
-                    f"evaluation.suites[{i}].inspect: {suite.file} is outside the project folder ({root}); a "
-                    "deployment's spec runs only the project's own suite files: move it into the project"
+                    f"{where}: {suite.file} is outside the project folder ({root}); a deployment's spec runs only "
+                    "the project's own suite files: move it into the project"
+                )
+            elif folder := next((r for r in written if file.is_relative_to(r)), None):
+                problems.append(
+                    f"{where}: {suite.file} is in {folder}, a folder data and jobs are written to, not the project's "
+                    "code; a deployment's spec runs only suite files the project ships"
                 )
         return problems
+
+    def _output_root(self) -> Path | None:
+        if url_scheme(self.spec.output_uri) not in LOCAL_SCHEMES:
+            return None
+        return _root(file_path(self.spec.output_uri), self.project)
 
     def graders(self) -> list[str]:
         places = spec_code(self.spec)

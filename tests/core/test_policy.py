@@ -135,6 +135,10 @@ ATTACKS = [
     # an evaluation suite is code: the project's own file only (its folder's, read where the spec is)
     ({"evaluation": {"suites": [{"inspect": "evals/sums.py@sums"}]}}, [], None),
     ({"evaluation": {"suites": [{"inspect": "/tmp/evil.py@sums"}]}}, ["evaluation.suites[0].inspect"], None),
+    # nor a file in a folder data, uploads or jobs are written to, though inside the project (a team's upload, a
+    # dropped file)
+    ({"evaluation": {"suites": [{"inspect": "data/evil.py@sums"}]}}, ["evaluation.suites[0].inspect"], None),
+    ({"evaluation": {"suites": [{"inspect": "runs/files/a/evil.py@t"}]}}, ["evaluation.suites[0].inspect"], None),
     # a model source, and code by name
     ({"base_model": "attacker/evil-model"}, ["base_model"], "models: [attacker/evil-model]"),
     ({"rewards": [{"name": "r", "function": "os:system"}]}, ["rewards[0].function"], "modules: [os]"),
