@@ -201,25 +201,16 @@ def _add_rollouts_command(sub) -> None:
 def cmd_compare(args) -> int:
     """`grpoflow compare JOB_ID JOB_ID...`: the jobs' held-out scores side by side on the prompts they share, each
     later job's gain against the first with its paired interval (jobs/compare.py); `--json` for scripts."""
-    from grpoflow.jobs.compare import compare, compare_table
-
     if len(args.job_ids) < 2 or len(set(args.job_ids)) < len(args.job_ids):
         raise UsageError(f"compare: name two or more different jobs (got {' '.join(args.job_ids)})")
-    jobs = []
-    for job_id in args.job_ids:
-        job, location = find_args_job(args, job_id)
-        _fetch_folder(job, location, job.evaluation_rollouts.name)
-        jobs.append(job)
-    result = compare(jobs, args.confidence)
-    print(json.dumps(result) if args.json else compare_table(result))
-    return EXIT_OK
+    return _print_comparison(args, args.job_ids)
 
 
 def cmd_sweep_compare(args) -> int:
     """`grpoflow sweep compare SWEEP_ID`: `compare` of the sweep's completed jobs (sweep.json), in grid order, the
     first or `--baseline` the baseline; the jobs left out are named on stderr."""
     from grpoflow.flows.sweep import compared_jobs, read_sweep
-    from grpoflow.jobs.compare import NotComparable, compare, compare_table
+    from grpoflow.jobs.compare import NotComparable
 
     record = read_sweep(roots_to_search(args), args.sweep_id)
     job_ids, left_out = compared_jobs(record, args.baseline)
@@ -229,6 +220,13 @@ def cmd_sweep_compare(args) -> int:
         raise NotComparable(
             f"sweep {args.sweep_id} has {len(job_ids)} completed job with held-out scores; comparing needs two"
         )
+    return _print_comparison(args, job_ids)
+
+
+def _print_comparison(args, job_ids: list[str]) -> int:
+    """`compare`'s table (or --json) of `job_ids`, each job's held-out rollouts fetched where its folder is remote."""
+    from grpoflow.jobs.compare import compare, compare_table
+
     jobs = []
     for job_id in job_ids:
         job, location = find_args_job(args, job_id)
