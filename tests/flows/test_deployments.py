@@ -1073,6 +1073,17 @@ def test_submit_wait_exits_as_grpoflow_run_would(stack, tmp_path, name, code, er
     assert ENDINGS[name]["grpo"]["message"] in waited.stdout and waited.stderr == ""
 
 
+def start_hourly_watcher(parameters: dict):
+    """A run of watch-new-data/watch with `parameters`, once it is running (its flow run as then read)."""
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run_from_deployment(deployment_id("watch-new-data/watch"), parameters=parameters)
+        deadline = time.monotonic() + 120
+        while not (run := client.read_flow_run(run.id)).state.is_running():
+            assert time.monotonic() < deadline, f"the hourly watcher's run never started: {run.state}"
+            time.sleep(0.5)
+    return run
+
+
 @pytest.mark.slow
 def test_one_look_does_not_wait_for_the_hourly_watcher(stack, tmp_path):
     """`prefect deployment run watch-new-data/look` while an hour-long `watch` run looks at the same folder: the
@@ -1081,12 +1092,7 @@ def test_one_look_does_not_wait_for_the_hourly_watcher(stack, tmp_path):
     incoming, state = tmp_path / "incoming", str(tmp_path / "state")
     incoming.mkdir()
     hourly = {"uri": str(incoming), "state_dir": state, "settle_seconds": 1, "watch_minutes": 3, "poll_seconds": 2}
-    with get_client(sync_client=True) as client:
-        long_run = client.create_flow_run_from_deployment(deployment_id("watch-new-data/watch"), parameters=hourly)
-        deadline = time.monotonic() + 120
-        while not client.read_flow_run(long_run.id).state.is_running():
-            assert time.monotonic() < deadline, "the hourly watcher's run never started"
-            time.sleep(0.5)
+    long_run = start_hourly_watcher(hourly)
     write_jsonl(incoming / "prompts.jsonl", arithmetic_rows(4))
     os.utime(incoming / "prompts.jsonl", (time.time() - 60, time.time() - 60))  # settled already
     # The way the README gave before: a one-look run of `watch` itself, which the deployment's limit holds back.
@@ -1442,13 +1448,8 @@ def test_the_watcher_outlives_a_server_restart(stack, tmp_path):
     incoming, state = tmp_path / "incoming", str(tmp_path / "state")
     incoming.mkdir()
     hourly = {"uri": str(incoming), "state_dir": state, "settle_seconds": 1, "watch_minutes": 10, "poll_seconds": 1}
-    with get_client(sync_client=True) as client:
-        run = client.create_flow_run_from_deployment(deployment_id("watch-new-data/watch"), parameters=hourly)
-        deadline = time.monotonic() + 120
-        while not (running := client.read_flow_run(run.id).state).is_running():
-            assert time.monotonic() < deadline, f"the watcher's run never started: {running}"
-            time.sleep(0.5)
-    assert running.state_details.deployment_concurrency_lease_id is None  # nothing the server can forget
+    run = start_hourly_watcher(hourly)
+    assert run.state.state_details.deployment_concurrency_lease_id is None  # nothing the server can forget
     try:
         wait_landed(settled_file(incoming / "before.jsonl"))
         stack.stop_server()
