@@ -63,6 +63,7 @@ UPLOAD_FORM = {"required": True, "content": {"multipart/form-data": {"schema": {
         "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["fine-tune"]}},
 }}}}  # fmt: skip
 MAX_FIELD_BYTES = 4096  # a form field beside the file (purpose)
+MAX_PARTS = 8  # file, purpose and a few a client may add
 
 
 @files.post("", openapi_extra={"requestBody": UPLOAD_FORM})
@@ -89,14 +90,18 @@ async def receive_form(request: Request, to: Path, limit: int) -> dict[str, str]
         raise ApiError(400, "the body must be multipart/form-data: file, and purpose=fine-tune", param="file")
     fields: dict[str, bytearray] = {}
     part = {"header": b"", "value": b"", "disposition": b"", "name": ""}
-    written = 0
+    written = parts = 0
     with to.open("wb") as out:
 
         def on_part_begin() -> None:
+            nonlocal parts
+            parts += 1
+            if parts > MAX_PARTS:
+                raise ApiError(400, f"the form has over {MAX_PARTS} parts: file, and purpose=fine-tune", param="file")
             part.update(header=b"", value=b"", disposition=b"", name="")
 
         def on_header_field(data: bytes, start: int, end: int) -> None:
-            part["header"] += data[start:end]
+            part["header"] += data[start:end]  # python-multipart bounds a header's size
 
         def on_header_value(data: bytes, start: int, end: int) -> None:
             part["value"] += data[start:end]

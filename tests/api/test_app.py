@@ -72,6 +72,16 @@ def test_an_upload_past_the_limit_is_refused_and_leaves_no_file(tmp_path):
     garbled = client.post("/v1/files", headers={**headers, "content-type": "multipart/form-data; boundary=zz"},
                           content=b"--zz\r\nnot a part")  # fmt: skip
     assert garbled.status_code == 400 and list(folder.iterdir()) == []
+    # what is not the file is bounded too: a part's headers (by python-multipart), the number of parts
+    boundary = b"multipart/form-data; boundary=zz"
+    long_header = (
+        b"--zz\r\nContent-Disposition: form-data; name=purpose; x=" + b"a" * 10_000 + b"\r\n\r\nfine-tune\r\n"
+    )
+    many = b"".join(b"--zz\r\nContent-Disposition: form-data; name=f%d\r\n\r\nv\r\n" % i for i in range(100))
+    for body, said in ((long_header + b"--zz--\r\n", "Maximum header size"), (many + b"--zz--\r\n", "over 8 parts")):
+        refused = client.post("/v1/files", headers={**headers, "content-type": boundary.decode()}, content=body)
+        assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+        assert list(folder.iterdir()) == []
     rows = b'{"messages": [{"role": "user", "content": "2+2?"}]}\n'.ljust(64, b" ")
     uploaded = openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=client, max_retries=0).files
     made = uploaded.create(file=("rows.jsonl", rows), purpose="fine-tune")
