@@ -127,7 +127,7 @@ def test_the_filter_kills_a_syscall_of_another_architecture_and_is_none_for_an_u
 
 MEMORY_HOGS = """
 import subprocess, sys
-HOG = "import time; block = bytearray(b'x') * (1536 * 1024 * 1024); time.sleep(8)"  # 1.5 GiB, each page written
+HOG = "import time; block = bytearray(b'x') * (1536 * 1024 * 1024); time.sleep(600)"  # 1.5 GiB, each page written
 def grade(sample, item):
     hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(3)]
     return float(sum(hog.wait() == 0 for hog in hogs))
@@ -143,9 +143,9 @@ def test_the_sandbox_as_a_whole_is_held_to_its_memory_cap(monkeypatch):
         pytest.skip(f"no sandbox-wide cap here: {cap['why']}")
     assert cap["total_mb"] == cap["per_process_mb"] == 2048, cap
     started = time.monotonic()
-    [graded] = run(MEMORY_HOGS, ["x"], timeout_s=30)
+    [graded] = run(MEMORY_HOGS, ["x"], timeout_s=900)
     assert graded.score is None and "memory cap, 2048 MiB for all its processes" in graded.error, graded
-    assert time.monotonic() - started < 8  # stopped whole at once, not left to sleep out
+    assert time.monotonic() - started < 300  # stopped whole at once, not left to sleep out (600 s) or time out
     left = list(Path(cap["why"].rsplit(" at ", 1)[1]).glob("grpoflow-sandbox-*"))
     assert left == []  # its cgroup is removed after the call
 
