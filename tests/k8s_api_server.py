@@ -11,7 +11,8 @@ torch-distributed runtime: creating a TrainJob starts `trainer.numNodes` pods at
 true: the TrainJob is `Suspended`, as Kueue holds it, until `admit(name)`), each the trainer's `command` + `args` in a
 process tree of its own (`python` is this interpreter, the working folder the repository: the image's), with the
 trainer's `env` and the runtime patches' (values; `secretKeyRef` from `secrets`, as the kubelet resolves it), the torch
-runtime's PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR (127.0.0.1) and PET_MASTER_PORT, and none of
+runtime's PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR (127.0.0.1) and PET_MASTER_PORT (with the
+canary's PET_MASTER_PORT + 1, reserved for the TrainJob by `tests/ports.py` until the server stops), and none of
 this process's AWS_*, KUBECONFIG or GRPOFLOW_* variables. A PersistentVolumeClaim mounted by the patches is one folder
 shared by every node: the mount path itself (the flow run's pod mounts it at the same path). The TrainJob fails
 (condition Failed; the other pods stopped) once a pod exits non-zero, and completes once every pod exited 0. Deleting
@@ -19,12 +20,12 @@ it kills its pods. `kill(name, index)` SIGKILLs a pod's whole tree, as a node lo
 on that node over the runtime's (a wrong PET_MASTER_PORT: a node that cannot reach the others).
 """
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +36,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import psutil
+
+from tests.ports import reserve_ports
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_GRACE_S = 10.0  # terminationGracePeriodSeconds' default is 30; a test waits less
@@ -214,6 +217,7 @@ class KubeApiServer:
         self.static_pods: dict[tuple[str, str], dict] = {}  # pods with no process: the flow run's own, say
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.RLock()
+        self.ports = contextlib.ExitStack()  # each TrainJob's rendezvous ports, held until the server stops
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.kubeconfig = root / "kubeconfig"
@@ -239,6 +243,7 @@ class KubeApiServer:
         for pods in self.pods.values():
             for pod in pods:
                 pod.stop()
+        self.ports.close()
 
     # --- what a test does besides the API -------------------------------------------------------------------------
 
@@ -276,7 +281,7 @@ class KubeApiServer:
     # --- Kubeflow Trainer's controller ------------------------------------------------------------------------------
 
     def _start(self, key: tuple[str, str]) -> None:
-        body, root, port = self.trainjobs[key], self.root / "pods", _free_port()
+        body, root, port = self.trainjobs[key], self.root / "pods", self.ports.enter_context(reserve_ports())
         nodes = range(body["spec"]["trainer"].get("numNodes", 1))
         self.pods[key] = [
             Pod(body, i, root, self.secrets, port, self.pull_error, self.node_env.get(i, {})) for i in nodes
@@ -390,12 +395,6 @@ class KubeApiServer:
         if log and pod.proc is None:
             return 400, _status_body(400, "BadRequest", f'container in pod "{name}" is waiting to start')
         return 200, pod.log.read_text(errors="replace") if log else pod.to_dict()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _status_body(code: int, reason: str, message: str) -> dict:
