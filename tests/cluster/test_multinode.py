@@ -17,6 +17,7 @@ from grpoflow.core.jobdir import JobDir
 from grpoflow.jobs.launch import Machines, accelerate_command, child_command
 from grpoflow.tasks.train import train_task
 from grpoflow.trainers.metrics import read_events, read_metrics
+from tests.conftest import standin_env
 from tests.integrations.test_artifacts import flow_run_logs
 from tests.k8s_api_server import KubeApiServer, wait_for
 
@@ -119,7 +120,7 @@ def test_train_task_runs_the_training_as_a_trainjob(make_job, bucket, cluster):
     assert_cleaned_up(cluster, trainjobs=1)
 
 
-STEPS = 40
+STEPS = 16  # a checkpoint every 4: node 1 is killed at the first one seen, 12 steps before the end
 
 
 @pytest.mark.slow
@@ -167,7 +168,11 @@ def test_a_killed_node_fails_the_attempt_and_the_retry_resumes(make_job, bucket,
 @pytest.mark.usefixtures("prefect_server")
 def test_a_reward_that_fails_on_the_nodes_is_not_retried(make_job, bucket, cluster):
     """A reward raising at training step 3 on every rank: the nodes exit 3 (the child's record), the task raises
-    RewardFailed naming the reward and the step, and creates no second TrainJob."""
+    RewardFailed naming the reward and the step, and creates no second TrainJob. The nodes run the stand-in child,
+    which calls the reward through the real child's guard and records its exit as the real child does: what is tested
+    is how a node's exit ends the task (the real child's guard: tests/trainers/test_reward_faults.py)."""
+    for node in range(SPEC["distributed"]["num_machines"]):
+        cluster.node_env[node] = standin_env()
     rewards = [{"name": "mine", "function": "tests.bad_inputs.rewards.from_step3:raises_reward"}]
     job, spec = make_job("fault", output_uri=f"s3://{bucket}/runs", rewards=rewards, **SPEC)
     state = run_train_task(job, spec)
