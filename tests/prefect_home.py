@@ -37,8 +37,11 @@ def migrated_database() -> Path:
 
 
 def prefect_home(home: Path) -> str:
-    """Makes `home` a new Prefect home holding a copy of the migrated database (Prefect's default place for it,
-    `<PREFECT_HOME>/prefect.db`); returns its path, for PREFECT_HOME."""
+    """Makes `home` a Prefect home holding a copy of the migrated database (Prefect's default place for it,
+    `<PREFECT_HOME>/prefect.db`) unless it has a database already (a server may be using it); returns its path, for
+    PREFECT_HOME."""
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(migrated_database(), home / "prefect.db")
+    if not (home / "prefect.db").exists():
+        shutil.copyfile(migrated_database(), home / "prefect.db.partial")
+        os.replace(home / "prefect.db.partial", home / "prefect.db")
     return str(home)
