@@ -2,10 +2,12 @@
 
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -18,6 +20,16 @@ def check_job_id(job_id: str) -> str:
     if not isinstance(job_id, str) or "/" in job_id or "\\" in job_id or job_id in ("", ".", ".."):
         raise ValueError(f"not a job id: {job_id!r}")
     return job_id
+
+
+def new_job_id(name: str, run_id: str | None = None, started: datetime | None = None) -> str:
+    """`<name>-<UTC time>-<6 hex>`: sortable by time, unique even for two runs started in the same second.
+
+    Given the flow run's id and start time, the id is the same on every retry of that flow run, so a retried flow
+    finds its own job folder and skips the stages it already completed.
+    """
+    suffix = str(run_id).replace("-", "")[:6] if run_id else secrets.token_hex(3)
+    return f"{name}-{(started or datetime.now(UTC)).astimezone(UTC):%Y%m%d-%H%M%S}-{suffix}"
 
 
 def parent_of(base_model: str | None) -> str | None:

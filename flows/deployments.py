@@ -35,8 +35,8 @@ from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES
 from prefect.utilities.urls import url_for
 
+from grpoflow.core.jobdir import new_job_id
 from grpoflow.core.spec import JobSpec
-from grpoflow.tasks.bookkeeping import new_job_id
 
 # grpoflow's own checkout, a project too (its prefect.yaml is under deployments/); `apply` deploys the current folder.
 PROJECT_DIR = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 from grpoflow.core.errors import ChildEndedEarly, ChildFailed, RewardFailed, TrainingSetupError, TrainingStopped
-from grpoflow.core.jobdir import JobDir
+from grpoflow.core.jobdir import JobDir, new_job_id
 from grpoflow.core.spec import JobSpec, SpecError, load_spec
 from grpoflow.flows.admission import admission_problems, team_spec
 from grpoflow.flows.output import survive_closed_output
@@ -33,7 +33,7 @@ from grpoflow.integrations.job_folders import BadJobReference, job_location, res
 from grpoflow.integrations.stages import REJECTED, StageRecord, end_cancelled, rejected
 from grpoflow.jobs.canary import wanted as canary_wanted
 from grpoflow.tasks.approval import await_approval
-from grpoflow.tasks.bookkeeping import JobEnding, create_job_task, new_job_id
+from grpoflow.tasks.bookkeeping import JobEnding, create_job_task
 from grpoflow.tasks.canary import canary_task
 from grpoflow.tasks.evaluate import evaluate_and_report, evaluate_task, suite_results
 from grpoflow.tasks.gate import gate_task

@@ -4,9 +4,7 @@ local staging folder, see `grpoflow.integrations.storage`)."""
 
 import json
 import logging
-import secrets
 import shutil
-from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import get_client, get_run_logger, task
@@ -15,7 +13,7 @@ from prefect.exceptions import ObjectNotFound, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, State
 
-from grpoflow.core.jobdir import JobDir, remember, write_text_atomic
+from grpoflow.core.jobdir import JobDir, new_job_id, remember, write_text_atomic
 from grpoflow.core.spec import JobSpec, to_yaml
 from grpoflow.integrations import webhooks
 from grpoflow.integrations.artifacts import completed_message
@@ -35,16 +33,6 @@ WEBHOOK_FLUSH_S = 10.0
 # Which flow run runs the job, and in which process (`record_flow_run`).
 FLOW_RUN_FILE = "flow_run.json"
 _this_process_runs: dict[str, str] = {}  # flow run id -> job id
-
-
-def new_job_id(name: str, run_id: str | None = None, started: datetime | None = None) -> str:
-    """`<name>-<UTC time>-<6 hex>`: sortable by time, unique even for two runs started in the same second.
-
-    Given the flow run's id and start time, the id is the same on every retry of that flow run, so a retried flow
-    finds its own job folder and skips the stages it already completed.
-    """
-    suffix = str(run_id).replace("-", "")[:6] if run_id else secrets.token_hex(3)
-    return f"{name}-{(started or datetime.now(UTC)).astimezone(UTC):%Y%m%d-%H%M%S}-{suffix}"
 
 
 @task(name="create-job")

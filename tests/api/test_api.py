@@ -30,6 +30,7 @@ from grpoflow.flows.deployments import PROJECT_DIR
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
 from tests.flows.test_deployments import PREFECT, free_port, start, stop, wait_healthy
 from tests.integrations.test_webhooks import SECRET_ENV, WHSEC, Receiver
+from tests.prefect_home import prefect_home
 
 RFT_ROWS = PROJECT_DIR / "examples" / "openai-rft" / "train.jsonl"
 RFT_GUIDE = PROJECT_DIR / "docs" / "guides" / "from-openai-rft.md"
@@ -95,7 +96,7 @@ def api(tmp_path_factory):
     env = {
         **os.environ,
         **standin_env(),
-        "PREFECT_HOME": str(tmp / "prefect-home"),
+        "PREFECT_HOME": prefect_home(tmp / "prefect-home"),  # its database migrated
         "PREFECT_API_URL": prefect_url,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",

@@ -13,13 +13,14 @@ import pytest
 
 from grpoflow.flows.deployments import PROJECT_DIR
 from tests.flows.test_deployments import free_port
+from tests.prefect_home import prefect_home
 
 pytestmark = pytest.mark.slow
 
 
 def test_alone_it_brings_its_own_server_and_worker_and_takes_them_down(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env |= {"PREFECT_HOME": prefect_home(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     grpoflow = [sys.executable, "-m", "grpoflow.flows.cli", "api"]
     keys = tmp_path / "keys.yaml"
     made = subprocess.run([*grpoflow, "keys", "add", "--team", "a", "--keys", keys], env=env, capture_output=True,

@@ -12,6 +12,7 @@ import pytest
 
 from grpoflow.core.jobdir import JobDir
 from grpoflow.trainers.metrics import read_events, read_metrics
+from tests.prefect_home import prefect_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("standin")]
 
@@ -49,7 +50,7 @@ def test_two_runs_at_once(make_spec, tmp_path):
 def test_two_resumes_of_one_job_at_once(make_spec, tmp_path):
     spec = make_spec("resumed-twice", hyperparameters={"rollouts_per_prompt": 2, "max_response_length": 4})
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env["PREFECT_HOME"] = prefect_home(tmp_path / "prefect-home")  # its database migrated: the resumes are tested
     first = subprocess.run(
         [sys.executable, "-m", "grpoflow.flows.cli", "run", str(spec), "--json"],
         capture_output=True,

@@ -64,6 +64,7 @@ from tests.busy_server import answering
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
 from tests.postgres_server import postgres
 from tests.prefect_form import form_parameters
+from tests.prefect_home import prefect_home
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 CANARY_HF_TOKEN = "hf_canaryWorkerTokenQ7x2Lm9"
@@ -283,7 +284,8 @@ def stack_env(tmp: Path, s3_env: dict, **more: str) -> dict:
     return {
         **os.environ,
         **s3_env,
-        "PREFECT_HOME": str(tmp / "prefect-home"),
+        # A migrated SQLite database to start from (what the PostgreSQL stack, its database elsewhere, leaves unread)
+        "PREFECT_HOME": prefect_home(tmp / "prefect-home"),
         "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",  # default 10: each pickup would wait that long
@@ -1487,7 +1489,7 @@ def applied(tmp_path_factory):
     what is submitted stays scheduled."""
     tmp = tmp_path_factory.mktemp("applied")
     api_url = f"http://127.0.0.1:{free_port()}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": api_url,
+    env = {**os.environ, "PREFECT_HOME": prefect_home(tmp / "prefect-home"), "PREFECT_API_URL": api_url,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
     server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", api_url.split(":")[2][:-4]], env,
                    tmp / "server.log")  # fmt: skip

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests.conftest import arithmetic_rows, write_jsonl
+from tests.prefect_home import prefect_home
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,7 @@ def spec_file(tmp_path: Path, max_steps: int = STEPS, webhook: str | None = None
 
 def run_env(tmp_path: Path, api_url: str | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONUNBUFFERED="1")
+    env.update(PREFECT_HOME=prefect_home(tmp_path / "prefect-home"), PYTHONUNBUFFERED="1")  # its database migrated
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env

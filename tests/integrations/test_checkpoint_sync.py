@@ -34,6 +34,7 @@ from grpoflow.integrations.checkpoint_sync import (
 )
 from grpoflow.trainers.metrics import read_metrics
 from tests.conftest import cli
+from tests.prefect_home import prefect_home
 from tests.tasks.test_train import training_child
 
 
@@ -316,7 +317,7 @@ def test_a_store_outage_mid_run_starts_no_second_server_and_delays_no_exit(bucke
     )
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_HOME": prefect_home(tmp_path / "prefect-home"),  # its database migrated
         storage.STAGING_ENV: str(tmp_path / "staging"),
         # Each request fails at once while the store is down (botocore's own retries would outlast a short outage):
         # the thread's next rounds retry, and say so in the run's log, from the thread.

@@ -12,10 +12,11 @@ from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventResourceFilter
 from prefect.exceptions import TerminationSignal
 
+from grpoflow.core.jobdir import new_job_id
 from grpoflow.core.spec import load_spec
 from grpoflow.integrations.job_folders import job_dir
 from grpoflow.integrations.stages import REJECTED
-from grpoflow.tasks.bookkeeping import JobEnding, create_job_task, new_job_id
+from grpoflow.tasks.bookkeeping import JobEnding, create_job_task
 from grpoflow.trainers.metrics import read_events
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
