@@ -132,14 +132,13 @@ def main(job_root: str) -> int:
     spec, _ = load_spec(job.spec)
     check_accelerators(spec)  # what GRPO will need, before a warm-up that would be for nothing
 
-    # --- model, tokenizer and data
+    # --- data, model and tokenizer (TRL after them: its import, ~10 CPU s, waits for no missing dataset or model)
     from datasets import load_from_disk
-    from trl import SFTTrainer
 
+    rows = load_from_disk(str(job.dataset))["train"]
     model_path = resolve_model_path(spec.base_model)
     check_model(model_path)
     tokenizer = load_tokenizer(model_path)
-    rows = load_from_disk(str(job.dataset))["train"]
     if agents := agent_args(spec):  # GRPO's tool rollouts: the warm-up renders its rows as they will be
         tokenizer = tool_tokenizer(tokenizer, spec.base_model)
         try:
@@ -150,6 +149,8 @@ def main(job_root: str) -> int:
         dataset = sft_dataset(rows, spec)
         check_chat_template(tokenizer, dataset, spec.hyperparameters.system_prompt, spec.base_model)
     say_phase(f"loading the model {model_path} ({weights_size(model_path)})")
+    from trl import SFTTrainer
+
     trainer = SFTTrainer(
         model=model_path,
         args=sft_config(spec, job.sft_checkpoints),

@@ -3,7 +3,8 @@ built offline from its transformers config (tests/architectures.py), with its fa
 
 Fast: the default targets are every attention and MLP projection (a hand-written list per architecture), a missing
 name is rejected naming the modules the model has, and a real PEFT wrap puts adapters on exactly those modules.
-Slow: a 2-step LoRA GRPO run of every architecture through the real training child, then the merge: every adapted
+Slow: a 2-step LoRA GRPO run of every architecture through the training child's entry (`grpo.cli`; in this process,
+which imports TRL once, but for one architecture run as the real child process), then the merge: every adapted
 projection's merged weight moved, and merged/ loads and generates; a full fine-tune of a representative subset.
 QLoRA (bitsandbytes' NF4 runs on CPU too) on one architecture per tokenizer kind.
 """
@@ -260,13 +261,16 @@ def test_a_missing_target_fails_the_training_child_as_a_setup_problem(make_job, 
     assert not job.metrics.exists() and not job.training_result.exists()
 
 
-# --- slow: real 2-step GRPO runs through the training child, then the merge -----------------------------------------
+# --- slow: real 2-step GRPO runs through the training child's entry, then the merge --------------------------------
 
-# Each training child spends ~10 s importing torch, transformers and TRL on a CPU, so the slow part trains LoRA on
-# eleven architectures (the others get the fast PEFT wrap above; Mistral is Llama's layout), a mixture of experts,
-# and the full fine-tune and QLoRA on a subset: Conv1D (GPT-2), fused qkv + gate_up (Phi-3), Llama-style with a
-# SentencePiece tokenizer.
+# Each training child spends ~10 CPU s importing torch, transformers and TRL, so the runs go through the child's entry
+# (`grpo.cli`, what `python -m grpoflow.trainers.grpo` calls) in this process, which pays that once; one architecture
+# (CHILD) runs as the real child process, as the training task starts it. The slow part trains LoRA on eleven
+# architectures (the others get the fast PEFT wrap above; Mistral is Llama's layout), a mixture of experts, and the
+# full fine-tune and QLoRA on a subset: Conv1D (GPT-2), fused qkv + gate_up (Phi-3), Llama-style with a SentencePiece
+# tokenizer.
 SLOW_LORA = ["gpt2", "gpt_neox", "falcon", "phi", "phi3", "opt", "llama", "gemma", "gemma2", "qwen2", "qwen3"]
+CHILD = "qwen2"  # builtin:tiny's family
 FULL_SUBSET = ["gpt2", "phi3", "gemma2"]
 QLORA_SUBSET = ["gpt2", "llama"]  # bitsandbytes' NF4 runs on CPU: a Conv1D model and a Linear one
 
@@ -298,22 +302,23 @@ def grpo_job(tmp_path: Path, name: str, **hyperparameters) -> JobDir:
     return job
 
 
-def train_child(job: JobDir) -> tuple[dict, str]:
-    """Runs `python -m grpoflow.trainers.grpo JOB` as the training task does; returns training.json and the child's
-    log."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def train_child(job: JobDir, capsys, in_process: bool = True) -> tuple[dict, str]:
+    """Runs the training child's entry on JOB: `grpo.cli` in this process, or with `in_process=False` the real
+    `python -m grpoflow.trainers.grpo JOB` as the training task does; returns training.json and the child's log."""
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpoflow.trainers.grpo", str(job.root)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    print(f"{job.root.name}: training child {time.monotonic() - started:.1f} s")
+    if in_process:
+        capsys.readouterr()
+        code = grpo.cli([str(job.root)])
+        out, err = capsys.readouterr()
+    else:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        command = [sys.executable, "-m", "grpoflow.trainers.grpo", str(job.root)]
+        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert code == 0, out[-3000:] + err[-3000:]
+    print(f"{job.root.name}: training {'in process' if in_process else 'child'} {time.monotonic() - started:.1f} s")
     assert [r["step"] for r in read_metrics(job.metrics)] == [1, 2]
-    return json.loads(job.training_result.read_text()), proc.stdout
+    return json.loads(job.training_result.read_text()), out
 
 
 def generates(folder: Path) -> None:
@@ -330,9 +335,9 @@ def adapted_weights(adapter: Path) -> set[str]:
     return {f"{module}.weight" for module in modules}
 
 
-def check_lora_run(tmp_path: Path, name: str, expected: list[str], **hyperparameters) -> str:
+def check_lora_run(tmp_path: Path, capsys, name: str, expected: list[str], **hyperparameters) -> str:
     job = grpo_job(tmp_path, name, lora_rank=4, **hyperparameters)
-    result, log = train_child(job)
+    result, log = train_child(job, capsys, in_process=name != CHILD)
     assert result["lora_target_modules"] == expected  # what the report shows
     assert f"grpoflow: phase: LoRA adapters on {', '.join(expected)}\n" in log
     # The phases outside the steps, which the training task shows while no step comes.
@@ -355,15 +360,15 @@ def check_lora_run(tmp_path: Path, name: str, expected: list[str], **hyperparame
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, expected", [p for p in EXPECTED if p.values[0] in SLOW_LORA])
-def test_lora_grpo_trains_every_projection_and_merges(tmp_path, name, expected):
-    check_lora_run(tmp_path, name, expected)
+def test_lora_grpo_trains_every_projection_and_merges(tmp_path, capsys, name, expected):
+    check_lora_run(tmp_path, capsys, name, expected)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FULL_SUBSET)
-def test_full_finetune_trains_and_loads(tmp_path, name):
+def test_full_finetune_trains_and_loads(tmp_path, capsys, name):
     job = grpo_job(tmp_path, name)
-    result, _ = train_child(job)
+    result, _ = train_child(job, capsys)
     assert result["lora_target_modules"] is None and result["trainable_parameters"] == result["total_parameters"]
     base, trained = load_file(tiny_model(name) / "model.safetensors"), load_file(job.merged / "model.safetensors")
     projections = {f"{m}.weight" for m in linear_leaves(AutoModelForCausalLM.from_pretrained(tiny_model(name)))}
@@ -373,17 +378,17 @@ def test_full_finetune_trains_and_loads(tmp_path, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", QLORA_SUBSET)
-def test_qlora_grpo_trains_and_merges(tmp_path, name):
+def test_qlora_grpo_trains_and_merges(tmp_path, capsys, name):
     pytest.importorskip("bitsandbytes")
     expected = next(p.values[1] for p in EXPECTED if p.values[0] == name)
-    log = check_lora_run(tmp_path, name, expected, load_in_4bit=True)
+    log = check_lora_run(tmp_path, capsys, name, expected, load_in_4bit=True)
     assert "loaded in 4-bit: True" in log  # NF4 on CPU: bitsandbytes' CPU backend
 
 
 @pytest.mark.slow
-def test_moe_lora_grpo_trains_the_experts_and_merges(tmp_path):
+def test_moe_lora_grpo_trains_the_experts_and_merges(tmp_path, capsys):
     job = grpo_job(tmp_path, "qwen3_moe", lora_rank=4)
-    result, log = train_child(job)
+    result, log = train_child(job, capsys)
     assert result["lora_target_modules"] == ATTENTION and result["lora_target_parameters"] == EXPERTS
     assert "(PEFT target_parameters); not adapted: gate.weight (name them in lora_target_modules" in log
 

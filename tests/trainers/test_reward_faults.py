@@ -3,12 +3,18 @@ the train task runs it): a reward that returns NaN, inf, too few values or a str
 hangs at step 3 stops the child with exit code 3 (`RewardFailed`) naming the reward and the step; a reward calling
 `os._exit(0)` is a `ChildEndedEarly`, not a missing file. The rewards are in tests/bad_inputs/rewards/from_step3.py.
 Beside them a reward writes to a buffered file it never flushes (tests/trainers/buffered_reward.py): a child that
-stops with exit code 3 still ends the ordinary way, and every line it wrote is in the file."""
+stops with exit code 3 still ends the ordinary way, and every line it wrote is in the file.
+Each bad value a reward returns goes through the child's entry (`grpo.cli`) in this process, which imports TRL once:
+the value's message and exit code 3 are the guard's; what the child process adds (`run_child`'s `RewardFailed`, one
+start in train.log, the buffered writes surviving the exit) is the same for every fault, shown by the raising one."""
+
+import json
 
 import pytest
 
-from grpoflow.core.errors import ChildEndedEarly, RewardFailed
+from grpoflow.core.errors import EXIT_RECORD, REWARD_FAILED_EXIT, ChildEndedEarly, RewardFailed
 from grpoflow.jobs.launch import run_child
+from grpoflow.trainers import grpo
 
 FAULTY = "tests.bad_inputs.rewards.from_step3"
 LOGGED = {"name": "logged", "function": "tests.trainers.buffered_reward:logged_reward"}
@@ -33,20 +39,28 @@ def faulty_job(make_job, name: str, reward: str, **changes):
             "text_reward",
             "reward 'mine' returned str 'good' at position 0, expected a float or None at training step 3",
         ),
-        ("raises_reward", "reward 'mine' raised KeyError: 'solution' at training step 3"),
     ],
 )
-def test_a_bad_reward_stops_training_at_its_step(make_job, reward, expect, tmp_path, monkeypatch):
+def test_a_bad_value_stops_training_at_its_step(make_job, reward, expect, capsys):
+    job, _ = faulty_job(make_job, reward.removesuffix("_reward"), reward)
+    assert grpo.cli([str(job.root)]) == REWARD_FAILED_EXIT  # what run_child turns into RewardFailed
+    record = json.loads((job.root / EXIT_RECORD).read_text())
+    assert record["code"] == REWARD_FAILED_EXIT and record["message"].startswith(expect)
+    assert f"grpoflow: {expect}" in capsys.readouterr().err
+    assert not job.training_result.exists()
+
+
+def test_a_raising_reward_stops_the_child_at_its_step(make_job, tmp_path, monkeypatch):
     reward_log = tmp_path / "reward.log"
     monkeypatch.setenv("GRPOFLOW_TEST_REWARD_LOG", str(reward_log))  # read by the child's import of the module
-    job, _ = faulty_job(make_job, reward.removesuffix("_reward"), reward)
+    job, _ = faulty_job(make_job, "raises", "raises_reward")
     with pytest.raises(RewardFailed) as failed:
         run_child("grpoflow.trainers.grpo", job, 1, "train.log", result=job.training_result)
+    expect = "reward 'mine' raised KeyError: 'solution' at training step 3"
     assert str(failed.value).startswith(expect) and "traceback in" in str(failed.value)
     log = (job.logs / "train.log").read_text()
     assert log.count("grpoflow: grpoflow.trainers.grpo started") == 1
-    if reward == "raises_reward":  # the user's traceback is in the log, down to their line
-        assert "Traceback" in log and 'raise KeyError("solution")' in log
+    assert "Traceback" in log and 'raise KeyError("solution")' in log  # the user's traceback, down to their line
     assert not job.training_result.exists()
     # The buffered writes of the steps before the failure survived the child's end (0 bytes through os._exit).
     steps = {line.split(":")[0] for line in reward_log.read_text().splitlines()}
