@@ -61,3 +61,25 @@ def postgres() -> Iterator[str]:
         with contextlib.suppress(AssertionError):  # not started: nothing to stop
             run("pg_ctl", "stop", "--wait", "--pgdata", str(data), "--mode", "fast")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# `make test-postgres` sets it: the Prefect stacks of tests/flows/test_deployments.py and tests/api/test_api.py then
+# run on PostgreSQL instead of SQLite, as a team's server does (`make test` runs them on SQLite, and the concurrent
+# submissions and one whole run on PostgreSQL as well).
+DATABASE_ENV = "GRPOFLOW_TESTS_PREFECT_DATABASE"
+DATABASES = ("sqlite", "postgresql")
+
+
+@contextlib.contextmanager
+def chosen_database() -> Iterator[dict[str, str]]:
+    """The settings of a test stack's Prefect server for the database GRPOFLOW_TESTS_PREFECT_DATABASE names: none for
+    SQLite (the default: the server's own file in its PREFECT_HOME), PREFECT_API_DATABASE_CONNECTION_URL of a
+    PostgreSQL started for the block for `postgresql`."""
+    chosen = os.environ.get(DATABASE_ENV) or "sqlite"
+    if chosen not in DATABASES:
+        raise ValueError(f"{DATABASE_ENV}={chosen!r}: choose one of {', '.join(DATABASES)}")
+    if chosen == "sqlite":
+        yield {}
+        return
+    with postgres() as database:
+        yield {"PREFECT_API_DATABASE_CONNECTION_URL": database}

@@ -6,6 +6,7 @@ nothing, a missing or wrong key is 401, another team sees none of it (404 for ev
 cancelled. Every process the test starts is stopped, with its children, at the end.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from grpoflow.flows.deployments import PROJECT_DIR
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
 from tests.flows.test_deployments import PREFECT, free_port, start, stop, wait_healthy
 from tests.integrations.test_webhooks import SECRET_ENV, WHSEC, Receiver
+from tests.postgres_server import chosen_database
 from tests.prefect_home import prefect_home
 
 RFT_ROWS = PROJECT_DIR / "examples" / "openai-rft" / "train.jsonl"
@@ -93,9 +95,11 @@ def api(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api")
     prefect_url = f"http://127.0.0.1:{free_port()}/api"
     hooks = Receiver()
+    database = contextlib.ExitStack()  # SQLite in its PREFECT_HOME; PostgreSQL under `make test-postgres`
     env = {
         **os.environ,
         **standin_env(),
+        **database.enter_context(chosen_database()),
         "PREFECT_HOME": prefect_home(tmp / "prefect-home"),  # its database migrated
         "PREFECT_API_URL": prefect_url,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -133,6 +137,7 @@ def api(tmp_path_factory):
     finally:
         stop(procs)
         hooks.stop()
+        database.close()
 
 
 @pytest.fixture(scope="module")

