@@ -21,9 +21,8 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpoflow-tests-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 # The migrated Prefect database the tests' new Prefect homes start from (tests/prefect_home.py): set in the controller,
 # before the xdist workers start, so they share one.
-os.environ.setdefault(
-    "TESTS_MIGRATED_PREFECT_DB", os.path.join(tempfile.mkdtemp(prefix="grpoflow-tests-db-"), "prefect.db")
-)
+if "TESTS_MIGRATED_PREFECT_DB" not in os.environ:  # the workers inherit the controller's
+    os.environ["TESTS_MIGRATED_PREFECT_DB"] = os.path.join(tempfile.mkdtemp(prefix="grpoflow-tests-db-"), "prefect.db")
 # The tests' jobs are indexed apart from the user's (`grpoflow.core.jobdir`).
 os.environ["GRPOFLOW_JOB_INDEX"] = tempfile.mkdtemp(prefix="grpoflow-tests-job-index-")
 # The flows the tests call, and the test stacks' workers, run specs as a deployment's, under this policy: any path,
