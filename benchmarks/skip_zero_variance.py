@@ -12,6 +12,12 @@ steps, never generation or scoring (they decide whether a step is skipped). With
 share f of a step's time spent in forward, backward and optimizer, the speed-up is at most 1 / (1 - z f). The table
 reports f, measured as 1 - (step time with every step skipped) / (step time with none), on each shape.
 
+The targets judge the skip itself: grpoflow with the skip on against grpoflow with it off (the same trainer
+otherwise; grpoflow against TRL is benchmark 1's subject, reported here beside it). Where half the groups have zero
+variance, the skip must buy at least three quarters of what its bound allows on that shape, 1 + 0.75 (bound - 1)
+(1.31 on the long-prompt shape, about 1.08 on the demo shape, where training is a sixth of a step); where nothing is
+skippable, it must cost nothing: at least 0.98, the noise of this box's pairs.
+
 Ratios are steps per CPU-second of `Trainer.train` (see `trainer_vs_trl.train_cpu_seconds`), with the wall-time
 ratio beside them. Each run is 10 steps, so its fixed costs (trainer setup, the checkpoint Trainer writes at the end)
 weigh on both f and the ratios: a long run gains a little more than these figures.
@@ -21,10 +27,12 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import finish, markdown_table, paired_ratio, parser, pin_threads
-from benchmarks.trainer_vs_trl import NO_CHECKPOINTS, compare, shaped_workload, with_range
+from benchmarks.trainer_vs_trl import NO_CHECKPOINTS, compare, paired_range, shaped_workload, with_range
 
-TARGET_ZERO_VARIANCE = 1.3  # grpoflow+skip vs TRL, where at least half the groups have zero variance
-TARGET_ELSEWHERE = 0.97  # the same as benchmark 1: no slower than TRL where nothing is skipped
+# grpoflow+skip vs grpoflow: where at least half the groups have zero variance, this share of the gain the bound
+# allows; where none has, no slower (within the noise of a pair on this box).
+TARGET_SHARE_OF_BOUND = 0.75
+TARGET_NOTHING_SKIPPED = 0.98
 # Checkpoints cost the same with or without skipping, and are benchmark 1's subject: none within these runs.
 SKIP = {"extra_hyperparameters": {"skip_zero_variance_groups": True}, **NO_CHECKPOINTS}
 
@@ -40,7 +48,7 @@ def training_share(root: Path, shape: str, steps: int, repeats: int) -> float | 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
     pin_threads()
-    steps, repeats = (2, 1) if args.quick else (10, 5)
+    steps, repeats = (2, 1) if args.quick else (10, 7)
     rows, workloads = [], {}
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         root = Path(tmp)
@@ -52,12 +60,19 @@ def main(argv=None) -> dict:
                 result = compare(w, root, repeats, variants={"grpoflow": NO_CHECKPOINTS, "grpoflow+skip": SKIP})
                 s = result["sides"]
                 skip, plain = s["grpoflow+skip"], s["grpoflow"]
-                target = TARGET_ZERO_VARIANCE if share >= 0.5 else TARGET_ELSEWHERE
                 # z: the share of steps actually skipped, measured (one prompt per step: the share of ungraded
                 # prompts, when each of their groups really had zero variance).
                 z = skip["skipped_share"] or 0.0
                 bound = 1 / (1 - z * f) if f is not None else None
+                if share >= 0.5:
+                    target = round(1 + TARGET_SHARE_OF_BOUND * (bound - 1), 3) if bound else 1.0
+                else:
+                    target = TARGET_NOTHING_SKIPPED
                 runs = result["runs"]
+                skip_vs_grpoflow = paired_ratio(
+                    [r["cpu_steps_per_s"] for r in runs["grpoflow+skip"]],
+                    [r["cpu_steps_per_s"] for r in runs["grpoflow"]],
+                )
                 workloads[name] = {
                     "shape": shape,
                     "zero_variance_share_of_prompts": share,
@@ -66,14 +81,13 @@ def main(argv=None) -> dict:
                     # CPU time is the figure judged (see trainer_vs_trl.train_cpu_seconds); wall time beside it.
                     "skip_vs_trl": skip["cpu_steps_per_s_ratio"],
                     "skip_vs_trl_wall": skip["steps_per_s_ratio"],
-                    "skip_vs_grpoflow": paired_ratio(
-                        [r["cpu_steps_per_s"] for r in runs["grpoflow+skip"]],
-                        [r["cpu_steps_per_s"] for r in runs["grpoflow"]],
-                    ),
+                    # The figure judged: the skip on against off, both grpoflow (the range of the pairs beside).
+                    "skip_vs_grpoflow": skip_vs_grpoflow,
+                    "skip_vs_grpoflow_range": paired_range(runs["grpoflow+skip"], runs["grpoflow"], "cpu_steps_per_s"),
                     "grpoflow_vs_trl": plain["cpu_steps_per_s_ratio"],
                     "skipped_share": skip["skipped_share"],
                     "target": target,
-                    "target_met": skip["cpu_steps_per_s_ratio"] >= target,
+                    "target_met": skip_vs_grpoflow >= target,
                     **result,
                 }
                 row = workloads[name]
@@ -81,10 +95,10 @@ def main(argv=None) -> dict:
                     [
                         name,
                         row["skipped_share"],
-                        with_range(row["skip_vs_trl"], skip["cpu_steps_per_s_ratio_range"]),
+                        with_range(row["skip_vs_grpoflow"], row["skip_vs_grpoflow_range"]),
                         f">= {target}",
+                        with_range(row["skip_vs_trl"], skip["cpu_steps_per_s_ratio_range"]),
                         with_range(row["skip_vs_trl_wall"], skip["steps_per_s_ratio_range"]),
-                        row["skip_vs_grpoflow"],
                         row["grpoflow_vs_trl"],
                         f,
                         bound,
@@ -94,10 +108,10 @@ def main(argv=None) -> dict:
         [
             "workload",
             "steps skipped",
-            "grpoflow+skip vs TRL (CPU) [range of pairs]",
+            "grpoflow+skip vs grpoflow (CPU) [range of pairs]",
             "target",
+            "grpoflow+skip vs TRL (CPU) [range of pairs]",
             "same, wall time",
-            "grpoflow+skip vs grpoflow (CPU)",
             "grpoflow vs TRL (CPU)",
             "f: train share of a step",
             "bound 1/(1-z f)",

@@ -20,6 +20,10 @@ fit:
    difference between the two is the price of checkpoints, which depends on checkpoint_every, not on grpoflow; so
    a third side runs the TRL script with the spec's default schedule given by hand (`save_steps` = max_steps / 10),
    the like-for-like baseline of grpoflow's defaults.
+   The targets (>= 0.97) are judged like for like: grpoflow's defaults against the script with the same checkpoint
+   schedule, and grpoflow with no checkpoint within the run against the script as written. grpoflow's defaults
+   against the script as written is reported, not judged: it prices ten checkpoints that the script does not write
+   (what they cost TRL itself is the row "trl (checkpoints as grpoflow's default), vs the script").
 2. startup, on the real path: `python -m grpoflow.trainers.grpo JOB_DIR` and `python -m benchmarks.bare_trl` as child
    processes; startup is the process wall time minus train_runtime (imports, model load, final save).
 """
@@ -311,8 +315,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
             "steps_per_s_ratio": _paired(side, bare, "steps_per_s"),
             "cpu_steps_per_s_ratio": _paired(side, bare, "cpu_steps_per_s"),
             # The spread of the per-pair ratios: what this machine's noise lets the medians resolve.
-            "steps_per_s_ratio_range": _paired_range(side, bare, "steps_per_s"),
-            "cpu_steps_per_s_ratio_range": _paired_range(side, bare, "cpu_steps_per_s"),
+            "steps_per_s_ratio_range": paired_range(side, bare, "steps_per_s"),
+            "cpu_steps_per_s_ratio_range": paired_range(side, bare, "cpu_steps_per_s"),
             "same_weights_as_trl": [r["weights_sha256"] for r in side] == [r["weights_sha256"] for r in bare],
             "skipped_share": median(r.get("skipped_share") for r in side),
             "zero_variance_share": median(r.get("zero_variance_share") for r in side),
@@ -326,7 +330,7 @@ def _paired(side: list[dict], baseline: list[dict], key: str) -> float | None:
     return paired_ratio([r[key] for r in side], [r[key] for r in baseline])
 
 
-def _paired_range(side: list[dict], baseline: list[dict], key: str) -> list[float] | None:
+def paired_range(side: list[dict], baseline: list[dict], key: str) -> list[float] | None:
     if not all(key in r for r in side + baseline):
         return None
     ratios = [a[key] / b[key] for a, b in zip(side, baseline, strict=True)]
@@ -411,7 +415,7 @@ NO_CHECKPOINTS = {"checkpoint_every": 10**9}  # none within the run, like the TR
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
     pin_threads()
-    steps, repeats, child_steps, child_repeats = (3, 1, 2, 1) if args.quick else (100, 5, 3, 2)
+    steps, repeats, child_steps, child_repeats = (3, 1, 2, 1) if args.quick else (100, 8, 3, 2)
     default, like_script = "grpoflow (spec defaults)", "grpoflow (no checkpoint within the run)"
     trl_checkpoints = "trl (checkpoints as grpoflow's default)"
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
@@ -435,9 +439,9 @@ def main(argv=None) -> dict:
     # grpoflow's defaults against the script given the same checkpoint schedule: like for like.
     same_schedule = {
         "cpu_steps_per_s_ratio": _paired(runs[default], runs[trl_checkpoints], "cpu_steps_per_s"),
-        "cpu_steps_per_s_ratio_range": _paired_range(runs[default], runs[trl_checkpoints], "cpu_steps_per_s"),
+        "cpu_steps_per_s_ratio_range": paired_range(runs[default], runs[trl_checkpoints], "cpu_steps_per_s"),
         "steps_per_s_ratio": _paired(runs[default], runs[trl_checkpoints], "steps_per_s"),
-        "steps_per_s_ratio_range": _paired_range(runs[default], runs[trl_checkpoints], "steps_per_s"),
+        "steps_per_s_ratio_range": paired_range(runs[default], runs[trl_checkpoints], "steps_per_s"),
         "same_weights": [r["weights_sha256"] for r in runs[default]]
         == [r["weights_sha256"] for r in runs[trl_checkpoints]],
     }
@@ -455,6 +459,7 @@ def main(argv=None) -> dict:
             "",
         ],
     ]
+    targets = {default: "report", like_script: f">= {TARGET_RATIO}"}
     for name in (default, like_script):
         r = s[name]
         startup = c["grpoflow"]["startup_s"] if name == default else ""
@@ -465,7 +470,7 @@ def main(argv=None) -> dict:
                 with_range(r["cpu_steps_per_s_ratio"], r["cpu_steps_per_s_ratio_range"]),
                 r["steps_per_s"],
                 with_range(r["steps_per_s_ratio"], r["steps_per_s_ratio_range"]),
-                f">= {TARGET_RATIO}",
+                targets[name],
                 r["same_weights_as_trl"],
                 startup,
             ]
@@ -521,8 +526,9 @@ def main(argv=None) -> dict:
             "repeats": repeats,
             "target_ratio": TARGET_RATIO,
             # Judged on CPU time: see `train_cpu_seconds`; the wall-time ratios are in `in_process` too.
+            # Like for like (see the docstring): grpoflow's defaults against the script as written are reported only.
             "target_met": {
-                **{name: s[name]["cpu_steps_per_s_ratio"] >= TARGET_RATIO for name in (default, like_script)},
+                like_script: s[like_script]["cpu_steps_per_s_ratio"] >= TARGET_RATIO,
                 f"{default} vs {trl_checkpoints}": same_schedule["cpu_steps_per_s_ratio"] >= TARGET_RATIO,
             },
             "startup": {

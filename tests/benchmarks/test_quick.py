@@ -120,6 +120,8 @@ def check_trainer_vs_trl(data):
     # Every run saves at least its final checkpoint; grpoflow's mid-run ones weigh more than TRL's default run's.
     assert 0 < sides["trl"]["checkpoint_share"] < sides[default]["checkpoint_share"] < 1
     assert set(data["where_time_goes"]) == set(sides)
+    # Judged like for like; the defaults against the script (which writes no checkpoint) reported only.
+    assert set(data["target_met"]) == {"grpoflow (no checkpoint within the run)", f"{default} vs {trl_same}"}
     assert {"startup_s", "peak_rss_mb"} <= data["child_processes"]["sides"]["grpoflow"].keys()
 
 
@@ -129,11 +131,16 @@ def check_skip_zero_variance(data):
         assert {
             "skip_vs_trl",
             "skip_vs_grpoflow",
+            "skip_vs_grpoflow_range",
             "skipped_share",
             "training_share_f",
             "target_met",
         } <= workload.keys()
         assert set(workload["sides"]) == {"trl", "grpoflow", "grpoflow+skip"}
+        # The skip judged against grpoflow without it; where nothing is skippable, it may cost nothing.
+        assert workload["target_met"] == (workload["skip_vs_grpoflow"] >= workload["target"])
+        if workload["zero_variance_share_of_prompts"] == 0:
+            assert workload["target"] == 0.98
 
 
 def check_pipeline_overhead(data):
