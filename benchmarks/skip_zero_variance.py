@@ -15,12 +15,16 @@ reports f, measured as 1 - (step time with every step skipped) / (step time with
 The targets judge the skip itself: grpoflow with the skip on against grpoflow with it off (the same trainer
 otherwise; grpoflow against TRL is benchmark 1's subject, reported here beside it). Where half the groups have zero
 variance, the skip must buy at least three quarters of what its bound allows on that shape, 1 + 0.75 (bound - 1)
-(1.31 on the long-prompt shape, about 1.08 on the demo shape, where training is a sixth of a step); where nothing is
-skippable, it must cost nothing: at least 0.98, the noise of this box's pairs.
+(about 1.4 on the long-prompt shape, 1.1 on the demo shape, where training is a fifth to a quarter of a step). Where
+nothing is skippable, the skip must cost nothing: what it adds to a step is one check of the step's advantages (a
+count of the non-zero ones, agreed by every process), and its share of `Trainer.train`'s CPU time, timed inside each
+run, must stay under 1%; whole-run pairs, which scatter by 5-10% here, cannot resolve a cost that small (their ratio
+is reported beside it).
 
 Ratios are steps per CPU-second of `Trainer.train` (see `trainer_vs_trl.train_cpu_seconds`), with the wall-time
-ratio beside them. Each run is 10 steps, so its fixed costs (trainer setup, the checkpoint Trainer writes at the end)
-weigh on both f and the ratios: a long run gains a little more than these figures.
+ratio beside them. Each run is 30 steps (at 10, the demo shape's runs were a second of training, and the pairs
+scattered 0.91-1.0 around a skip that costs a tensor count per step), so its fixed costs (trainer setup, the
+checkpoint Trainer writes at the end) weigh a little on both f and the ratios: a long run gains a little more.
 """
 
 import tempfile
@@ -32,7 +36,7 @@ from benchmarks.trainer_vs_trl import NO_CHECKPOINTS, compare, paired_range, sha
 # grpoflow+skip vs grpoflow: where at least half the groups have zero variance, this share of the gain the bound
 # allows; where none has, no slower (within the noise of a pair on this box).
 TARGET_SHARE_OF_BOUND = 0.75
-TARGET_NOTHING_SKIPPED = 0.98
+TARGET_CHECK_SHARE = 0.01  # where nothing is skippable: the check's share of Trainer.train's CPU time, at most
 # Checkpoints cost the same with or without skipping, and are benchmark 1's subject: none within these runs.
 SKIP = {"extra_hyperparameters": {"skip_zero_variance_groups": True}, **NO_CHECKPOINTS}
 
@@ -48,7 +52,7 @@ def training_share(root: Path, shape: str, steps: int, repeats: int) -> float | 
 def main(argv=None) -> dict:
     args = parser(__doc__).parse_args(argv)
     pin_threads()
-    steps, repeats = (2, 1) if args.quick else (10, 7)
+    steps, repeats = (2, 1) if args.quick else (30, 7)
     rows, workloads = [], {}
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         root = Path(tmp)
@@ -64,15 +68,18 @@ def main(argv=None) -> dict:
                 # prompts, when each of their groups really had zero variance).
                 z = skip["skipped_share"] or 0.0
                 bound = 1 / (1 - z * f) if f is not None else None
-                if share >= 0.5:
-                    target = round(1 + TARGET_SHARE_OF_BOUND * (bound - 1), 3) if bound else 1.0
-                else:
-                    target = TARGET_NOTHING_SKIPPED
                 runs = result["runs"]
                 skip_vs_grpoflow = paired_ratio(
                     [r["cpu_steps_per_s"] for r in runs["grpoflow+skip"]],
                     [r["cpu_steps_per_s"] for r in runs["grpoflow"]],
                 )
+                check_share = skip["skip_check_share"]
+                if share >= 0.5:
+                    target = round(1 + TARGET_SHARE_OF_BOUND * (bound - 1), 3) if bound else 1.0
+                    judged, met = f">= {target}", skip_vs_grpoflow >= target
+                else:
+                    target = TARGET_CHECK_SHARE
+                    judged, met = f"check <= {target:.0%} of the step", check_share <= target
                 workloads[name] = {
                     "shape": shape,
                     "zero_variance_share_of_prompts": share,
@@ -86,8 +93,12 @@ def main(argv=None) -> dict:
                     "skip_vs_grpoflow_range": paired_range(runs["grpoflow+skip"], runs["grpoflow"], "cpu_steps_per_s"),
                     "grpoflow_vs_trl": plain["cpu_steps_per_s_ratio"],
                     "skipped_share": skip["skipped_share"],
+                    # The check's share of Trainer.train's CPU time in the skipping runs (median).
+                    "skip_check_share": check_share,
+                    # What is judged: skip_vs_grpoflow where half the groups can be skipped, else skip_check_share.
+                    "judged": "skip_vs_grpoflow" if share >= 0.5 else "skip_check_share",
                     "target": target,
-                    "target_met": skip_vs_grpoflow >= target,
+                    "target_met": met,
                     **result,
                 }
                 row = workloads[name]
@@ -96,7 +107,8 @@ def main(argv=None) -> dict:
                         name,
                         row["skipped_share"],
                         with_range(row["skip_vs_grpoflow"], row["skip_vs_grpoflow_range"]),
-                        f">= {target}",
+                        check_share,
+                        judged,
                         with_range(row["skip_vs_trl"], skip["cpu_steps_per_s_ratio_range"]),
                         with_range(row["skip_vs_trl_wall"], skip["steps_per_s_ratio_range"]),
                         row["grpoflow_vs_trl"],
@@ -109,6 +121,7 @@ def main(argv=None) -> dict:
             "workload",
             "steps skipped",
             "grpoflow+skip vs grpoflow (CPU) [range of pairs]",
+            "the skip's check: share of Trainer.train (CPU)",
             "target",
             "grpoflow+skip vs TRL (CPU) [range of pairs]",
             "same, wall time",

@@ -84,9 +84,11 @@ def shaped_workload(name: str, shape: str, root: Path, steps: int, zero_variance
 @contextlib.contextmanager
 def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None):
     """Appends the process CPU time of every `Trainer.train` call made inside to `record`; with `parts`, also adds
-    the CPU seconds spent inside `Trainer._save_checkpoint` ("checkpoint_cpu_s") and `GRPOTrainer.log`
+    the CPU seconds spent inside `Trainer._save_checkpoint` ("checkpoint_cpu_s"), `GRPOTrainer.log`
     ("logging_cpu_s": TRL's metric averaging and every callback's `on_log`, grpoflow's metrics.jsonl writer
-    included) to it.
+    included), the zero-variance trainer's check of a step's advantages ("skip_check_cpu_s"), and generation,
+    the reward calls and the loss's forward pass (`GRPOTrainer._generate`, `_calculate_rewards`, `compute_loss`:
+    "generation_cpu_s", "rewards_cpu_s", "loss_cpu_s"; none of these seven nests in another) to it.
 
     Both sides train through `transformers.Trainer.train` (GRPOTrainer does not override it), so the hook costs them
     the same. On a machine shared with other work, wall time swung by ±25% between identical runs and the CPU time
@@ -97,7 +99,26 @@ def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None
     from transformers import Trainer
     from trl import GRPOTrainer
 
-    targets = {"train": Trainer, "_save_checkpoint": Trainer, "log": GRPOTrainer}
+    from grpoflow.trainers.zero_variance import ZeroVarianceSkippingGRPOTrainer
+
+    targets = {
+        "train": Trainer,
+        "_save_checkpoint": Trainer,
+        "log": GRPOTrainer,
+        "_no_signal": ZeroVarianceSkippingGRPOTrainer,
+        "_generate": GRPOTrainer,
+        "_calculate_rewards": GRPOTrainer,
+        "compute_loss": GRPOTrainer,
+    }
+    keys = {
+        "train": None,
+        "_save_checkpoint": "checkpoint_cpu_s",
+        "log": "logging_cpu_s",
+        "_no_signal": "skip_check_cpu_s",
+        "_generate": "generation_cpu_s",
+        "_calculate_rewards": "rewards_cpu_s",
+        "compute_loss": "loss_cpu_s",
+    }
     originals = {name: getattr(cls, name) for name, cls in targets.items()}
 
     def timed(name, key):
@@ -116,9 +137,8 @@ def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None
 
         return wrapper
 
-    Trainer.train = timed("train", None)
-    Trainer._save_checkpoint = timed("_save_checkpoint", "checkpoint_cpu_s")
-    GRPOTrainer.log = timed("log", "logging_cpu_s")
+    for name, cls in targets.items():
+        setattr(cls, name, timed(name, keys[name]))
     try:
         yield
     finally:
@@ -245,11 +265,36 @@ def run_bare(w: Workload, root: Path, tag: str, launcher: list[str] | None) -> d
 
 
 def _shares(parts: dict[str, float], train_cpu_s: float) -> dict[str, float]:
-    """Checkpoint saving and logging as shares of the run's `Trainer.train` CPU time (0 when never called)."""
+    """Checkpoint saving, logging and the skip's check as shares of the run's `Trainer.train` CPU time (0 when never
+    called)."""
     return {
         "checkpoint_share": parts.get("checkpoint_cpu_s", 0.0) / train_cpu_s,
         "logging_share": parts.get("logging_cpu_s", 0.0) / train_cpu_s,
+        "skip_check_share": parts.get("skip_check_cpu_s", 0.0) / train_cpu_s,
+        "parts_cpu_s": dict(parts),
     }
+
+
+# The parts of a step `train_cpu_seconds` times, as the per-step table names them.
+STEP_PARTS = {
+    "generation": "generation_cpu_s",
+    "rewards": "rewards_cpu_s",
+    "loss (forward)": "loss_cpu_s",
+    "logging": "logging_cpu_s",
+    "checkpoints": "checkpoint_cpu_s",
+}
+
+
+def step_parts_ms(runs: list[dict]) -> dict[str, float]:
+    """CPU milliseconds per step in each of `STEP_PARTS` and in the rest of `Trainer.train` (backward, optimizer,
+    the loop), median over `runs` (in-process runs only)."""
+    per_run = []
+    for r in runs:
+        ms = {name: r["parts_cpu_s"].get(key, 0.0) / r["steps"] * 1000 for name, key in STEP_PARTS.items()}
+        ms["the rest"] = r["train_cpu_s"] / r["steps"] * 1000 - sum(ms.values())
+        ms["all of Trainer.train"] = r["train_cpu_s"] / r["steps"] * 1000
+        per_run.append(ms)
+    return {name: median(m[name] for m in per_run) for name in per_run[0]}
 
 
 # --- comparing -------------------------------------------------------------------------------------------------------
@@ -300,6 +345,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         "cpu_steps_per_s",
         "checkpoint_share",
         "logging_share",
+        "skip_check_share",
         "tokens_per_s",
         "train_runtime_s",
         "startup_s",
@@ -516,6 +562,12 @@ def main(argv=None) -> dict:
         ],
         share_rows,
     )
+    by_part = {name: step_parts_ms(side) for name, side in runs.items()}
+    columns = list(next(iter(by_part.values())))
+    table += "\n\n" + markdown_table(
+        ["side: CPU ms per step (median of runs) in", *columns],
+        [[name, *(ms[c] for c in columns)] for name, ms in by_part.items()],
+    )
     return finish(
         "trainer_vs_trl",
         args,
@@ -538,6 +590,7 @@ def main(argv=None) -> dict:
             },
             "in_process": in_process,
             "where_time_goes": shares,
+            "step_parts_ms": by_part,
             "child_processes": children,
         },
     )
