@@ -120,12 +120,12 @@ def check_trainer_vs_trl(data):
     # Every run saves at least its final checkpoint; grpoflow's mid-run ones weigh more than TRL's default run's.
     assert 0 < sides["trl"]["checkpoint_share"] < sides[default]["checkpoint_share"] < 1
     assert set(data["where_time_goes"]) == set(sides)
-    # Where a step's CPU goes, part by part, on every side: generation and the loss's forward pass are timed, and
-    # the parts add up to the whole.
+    # Where a step's CPU goes, part by part, on every side: generation, the rewards and the loss's forward pass are
+    # timed, and no timed part nests in another (counted twice, they would leave nothing for the backward pass and
+    # the optimizer, "the rest").
     for ms in data["step_parts_ms"].values():
         assert ms["generation"] > 0 and ms["loss (forward)"] > 0 and ms["rewards"] > 0
-        parts = sum(v for k, v in ms.items() if k != "all of Trainer.train")
-        assert parts == pytest.approx(ms["all of Trainer.train"], rel=0.2)  # medians of runs: close, not equal
+        assert 0 < ms["the rest"] < ms["all of Trainer.train"]
     # Judged like for like; the defaults against the script (which writes no checkpoint) reported only.
     assert set(data["target_met"]) == {"grpoflow (no checkpoint within the run)", f"{default} vs {trl_same}"}
     assert {"startup_s", "peak_rss_mb"} <= data["child_processes"]["sides"]["grpoflow"].keys()
