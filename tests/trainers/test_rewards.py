@@ -622,6 +622,38 @@ def test_each_reward_sees_its_own_copy_of_the_completions():
     assert kwargs["completions"] == ["3", "5"]
 
 
+def test_a_guarded_reward_runs_on_one_daemon_thread_that_a_hang_replaces_and_dropping_it_ends():
+    import gc
+    import time
+
+    from grpoflow.trainers.rewards.build import guarded_reward
+
+    release = threading.Event()
+    seen: list[threading.Thread] = []
+
+    def slow_once(completions, **kwargs):
+        seen.append(threading.current_thread())
+        if len(seen) == 2:
+            release.wait(10)  # the second call hangs past the timeout
+        return [1.0] * len(completions)
+
+    guarded = guarded_reward(slow_once, "slow_once", timeout_s=0.5)
+    kwargs = {"completions": ["a"], "trainer_state": None}
+    assert guarded(**kwargs) == [1.0]
+    with pytest.raises(RewardError, match="did not return within 0.5 s"):
+        guarded(**kwargs)
+    release.set()
+    assert guarded(**kwargs) == [1.0]  # a fresh thread: the hung one is not waited on
+    assert seen[0] is seen[1] and seen[2] is not seen[0]  # one thread for the calls, not one per call
+    assert all(t.daemon and t.name == "reward-slow_once" for t in seen)
+    del guarded
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(t.is_alive() for t in seen) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.is_alive() for t in seen)
+
+
 def test_the_spec_knows_the_built_in_rewards_by_their_names():
     from grpoflow.core.catalog import BUILTIN_REWARDS
     from grpoflow.trainers.rewards.builtin import REWARDS

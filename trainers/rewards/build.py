@@ -10,10 +10,12 @@ import inspect
 import math
 import numbers
 import os
+import queue
 import sys
 import threading
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from grpoflow.trainers.rewards import TRL_ARGUMENTS, RewardError
 from grpoflow.trainers.rewards.builtin import REWARDS
@@ -242,6 +244,41 @@ def own_copies(kwargs: dict) -> dict:
     return {key: copy.deepcopy(value) if isinstance(value, list) else value for key, value in kwargs.items()}
 
 
+class _Raised(NamedTuple):
+    error: BaseException
+
+
+class _RewardWorker:
+    """One daemon thread that runs a reward's calls one at a time, so that each call can time out without a thread
+    started per call (a tenth of a millisecond of CPU each step, more in waiting). A daemon, as in the dry run: a hung
+    reward cannot be killed, and must not keep the child alive. The thread ends once the worker is dropped."""
+
+    def __init__(self, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # one call at a time, so that no call's timeout counts another's
+        threading.Thread(target=self._serve, args=(self._calls,), name=f"reward-{name}", daemon=True).start()
+        weakref.finalize(self, self._calls.put, None)
+
+    @staticmethod
+    def _serve(calls: queue.SimpleQueue) -> None:
+        while (item := calls.get()) is not None:
+            call, answer = item
+            try:
+                answer.put(call())
+            except BaseException as exc:  # sys.exit() in a reward too: reported, not a silent end
+                answer.put(_Raised(exc))
+
+    def run(self, call: Callable[[], Any], timeout_s: float) -> Any:
+        """`call()`'s value, or `_Raised` with what it raised; `TimeoutError` when it takes over `timeout_s`."""
+        with self._lock:
+            answer: queue.SimpleQueue = queue.SimpleQueue()
+            self._calls.put((call, answer))
+            try:
+                return answer.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError from None
+
+
 def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
     """Training's wrapper of a built reward: each call runs with a timeout and its output is checked as in the dry
     run, so a reward that raises, hangs, or returns NaN, inf, a wrong count or a non-number stops training with a
@@ -277,26 +314,20 @@ def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
             return check(values, kwargs)
 
     else:
+        worker: list[_RewardWorker] = []
 
         def guarded(*args, **kwargs):
-            outcome: dict[str, Any] = {}
-
-            def call() -> None:
-                try:
-                    outcome["value"] = reward(*args, **own_copies(kwargs))
-                except BaseException as exc:  # sys.exit() in a reward too: reported, not a silent end
-                    outcome["error"] = exc
-
-            # A daemon thread, as in the dry run: a hung reward cannot be killed, and must not keep the child alive.
-            thread = threading.Thread(target=call, name=f"reward-{name}", daemon=True)
-            thread.start()
-            thread.join(timeout_s)
-            if thread.is_alive():
-                raise fail(f"did not return within {timeout_s:g} s", kwargs)
-            if "error" in outcome:
-                exc = outcome["error"]
+            if not worker:
+                worker.append(_RewardWorker(name))
+            try:
+                outcome = worker[0].run(lambda: reward(*args, **own_copies(kwargs)), timeout_s)
+            except TimeoutError as exc:
+                worker.clear()  # its thread is stuck in the hung call: a later call gets a fresh one
+                raise fail(f"did not return within {timeout_s:g} s", kwargs) from exc
+            if isinstance(outcome, _Raised):
+                exc = outcome.error
                 raise fail(f"raised {type(exc).__name__}: {exc}", kwargs, exc)
-            return check(outcome["value"], kwargs)
+            return check(outcome, kwargs)
 
     guarded.__name__ = guarded.__qualname__ = name
     guarded.__wrapped__ = reward
