@@ -302,16 +302,18 @@ class _Writer(threading.Thread):
         super().__init__(name="grpoflow-rollouts", daemon=True)
         self.jobs: queue.Queue = queue.Queue()
         self.seconds = 0.0  # spent writing, beside training
+        self.cpu_seconds = 0.0  # this thread's CPU time in them: a cost of the run that no step's timing shows
         self.start()
 
     def run(self) -> None:
         while True:
             path, columns = self.jobs.get()
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 write_or_say(path, columns)
             finally:
                 self.seconds += time.perf_counter() - started
+                self.cpu_seconds += time.thread_time() - cpu
                 self.jobs.task_done()
 
     def drain(self) -> None:
@@ -341,7 +343,7 @@ def rollouts_callback(job: JobDir, spec):
     must be set to the trainer once it is built (the callback reads the trainer's logged generation).
 
     `.summary()` says what it kept and what it cost: files, seconds in the training loop (the files written there
-    included), seconds the thread spent writing beside it.
+    included), seconds the thread spent writing beside it and the CPU seconds it used.
     """
     from transformers import TrainerCallback
 
@@ -387,11 +389,12 @@ def rollouts_callback(job: JobDir, spec):
 
         def summary(self) -> dict:
             self.drain()
-            written = self.writer.seconds if self.writer else 0.0
+            writer = self.writer
             return {
                 "files": self.files,
                 "loop_seconds": round(self.loop_seconds, 4),
-                "write_seconds": round(written, 4),
+                "write_seconds": round(writer.seconds if writer else 0.0, 4),
+                "write_cpu_seconds": round(writer.cpu_seconds if writer else 0.0, 4),
             }
 
     return _RolloutsCallback()

@@ -112,20 +112,32 @@ def check_trainer_vs_trl(data):
     default, trl_same = "grpoflow (spec defaults)", "trl (checkpoints as grpoflow's default)"
     assert set(sides) == {"trl", trl_same, default, "grpoflow (no checkpoint within the run)"}
     for name, side in sides.items():
-        assert SIDE_FIGURES | {"checkpoint_share", "logging_share"} <= side.keys()
+        assert SIDE_FIGURES | {"checkpoint_share", "logging_share", "own_share"} <= side.keys()
+        assert side["checkpoint_share"] + side["logging_share"] < side["own_share"] < 1
         if not name.startswith("trl"):
             assert {"steps_per_s_ratio", "cpu_steps_per_s_ratio", "same_weights_as_trl"} <= side.keys()
     like_for_like = sides[default]["vs_trl_same_checkpoints"]
     assert like_for_like["cpu_steps_per_s_ratio"] > 0 and like_for_like["same_weights"] is True
     # Every run saves at least its final checkpoint; grpoflow's mid-run ones weigh more than TRL's default run's.
     assert 0 < sides["trl"]["checkpoint_share"] < sides[default]["checkpoint_share"] < 1
-    assert set(data["where_time_goes"]) == set(sides)
+    shares = data["where_time_goes"]
+    assert set(shares) == set(sides)
+    # Judged by the within-run shares, like for like: the defaults against TRL with their checkpoint schedule.
+    assert data["judged_by"] == "where_time_goes"
+    assert (
+        shares[default]["baseline"] == trl_same
+        and shares["grpoflow (no checkpoint within the run)"]["baseline"] == "trl"
+    )
+    assert data["target_met"][f"{default} vs {trl_same}"] == (shares[default]["implied"] >= data["target_ratio"])
     # Where a step's CPU goes, part by part, on every side: generation, the rewards and the loss's forward pass are
     # timed, and no timed part nests in another (counted twice, they would leave nothing for the backward pass and
     # the optimizer, "the rest").
     for ms in data["step_parts_ms"].values():
-        assert ms["generation"] > 0 and ms["loss (forward)"] > 0 and ms["rewards"] > 0
+        assert ms["generation"] > 0 and ms["loss (forward)"] > 0 and ms["rewards"] > 0 and ms["other callbacks"] > 0
         assert 0 < ms["the rest"] < ms["all of Trainer.train"]
+    # The rollouts' writer thread's CPU is timed (quick runs write every file in the loop: a checkpoint every step).
+    writer = {name: ms["rollouts writer (thread)"] for name, ms in data["step_parts_ms"].items()}
+    assert writer["trl"] == 0 and writer[default] >= 0
     # Judged like for like; the defaults against the script (which writes no checkpoint) reported only.
     assert set(data["target_met"]) == {"grpoflow (no checkpoint within the run)", f"{default} vs {trl_same}"}
     assert {"startup_s", "peak_rss_mb"} <= data["child_processes"]["sides"]["grpoflow"].keys()

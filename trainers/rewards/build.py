@@ -241,7 +241,21 @@ def own_copies(kwargs: dict) -> dict:
     """A reward's keyword arguments with every list (completions, prompts, completion_ids, the dataset's columns) its
     own deep copy: TRL hands every reward the same lists, and a reward that changed them in place (stripping each
     completion, say) would change what every reward after it scores."""
-    return {key: copy.deepcopy(value) if isinstance(value, list) else value for key, value in kwargs.items()}
+    return {key: _own_copy(value) if isinstance(value, list) else value for key, value in kwargs.items()}
+
+
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def _own_copy(values: list) -> list:
+    """A deep copy of `values`, made without `copy.deepcopy` for the common shapes: a list of strings or numbers
+    (completions, text prompts, a column) and a list of such lists (completion_ids), which deepcopy walked one item at
+    a time (0.15 ms a call for 16 short completions; most of a reward's call)."""
+    if all(isinstance(v, _IMMUTABLE) for v in values):
+        return values.copy()
+    if all(type(v) is list and all(isinstance(x, _IMMUTABLE) for x in v) for v in values):
+        return [v.copy() for v in values]
+    return copy.deepcopy(values)
 
 
 class _Raised(NamedTuple):
