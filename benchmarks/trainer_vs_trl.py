@@ -24,6 +24,15 @@ fit:
    schedule, and grpoflow with no checkpoint within the run against the script as written. grpoflow's defaults
    against the script as written is reported, not judged: it prices ten checkpoints that the script does not write
    (what they cost TRL itself is the row "trl (checkpoints as grpoflow's default), vs the script").
+   They are judged by the steps/s that each run's own time shares imply (`where_time_goes`): every part of a step
+   where grpoflow's code runs or asks TRL for more than the script does (checkpoint saves, logging every step, the
+   reward calls, the other callbacks, the skip's check, and the CPU of the thread that writes the rollouts files) is
+   timed inside the run, and the rest (generation, the loss, the backward pass, the optimizer) is TRL's
+   and torch's own computation on both sides, the same one (the weights' checksums must match). The pairs' ratios
+   are reported beside: on this 2-core box the CPU time of one side's identical runs scattered by 25% (6.1 to 10.4
+   steps per CPU second in one round), so the pairs' median of two runs of the same code moved from 0.964 to 0.908
+   between reruns, across a 3% target either way. What the shares cannot see is a setting that slows TRL's own
+   computation without changing its result; the per-part table (generation, loss, the rest) and the pairs show that.
 2. startup, on the real path: `python -m grpoflow.trainers.grpo JOB_DIR` and `python -m benchmarks.bare_trl` as child
    processes; startup is the process wall time minus train_runtime (imports, model load, final save).
 """
@@ -34,6 +43,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,6 +91,22 @@ def shaped_workload(name: str, shape: str, root: Path, steps: int, zero_variance
     return Workload(name, dataset, rollouts_per_prompt=k, max_response_length=length, max_steps=steps, **kw)
 
 
+# grpoflow's thread that writes the rollouts files beside training (grpoflow.trainers.rollouts): its CPU time is its
+# own part ("writer_cpu_s", which the thread measures), not that of whichever part it ran beside.
+BACKGROUND_THREADS = ("grpoflow-rollouts",)
+
+
+def _foreground_cpu_s() -> float:
+    """The process's CPU seconds less those of `BACKGROUND_THREADS` (read from each thread's own CPU clock). The
+    reward calls' worker thread is not among them: the loop waits for each call, which is part of the rewards' time."""
+    background = 0.0
+    for thread in threading.enumerate():
+        if thread.name in BACKGROUND_THREADS and thread.ident is not None:
+            with contextlib.suppress(OSError):  # ended since
+                background += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return time.process_time() - background
+
+
 @contextlib.contextmanager
 def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None):
     """Appends the process CPU time of every `Trainer.train` call made inside to `record`; with `parts`, also adds
@@ -89,7 +115,8 @@ def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None
     included), the zero-variance trainer's check of a step's advantages ("skip_check_cpu_s"), generation,
     the reward calls and the loss's forward pass (`GRPOTrainer._generate`, `_calculate_rewards`, `compute_loss`:
     "generation_cpu_s", "rewards_cpu_s", "loss_cpu_s") and the callbacks' other events (on_step_end, on_save, ...:
-    "callbacks_cpu_s"; none of these eight nests in another) to it.
+    "callbacks_cpu_s"; none of these eight nests in another) to it: the process's CPU seconds in each, less those
+    of grpoflow's background writer thread (`_foreground_cpu_s`), whose own are added by `run_project`.
 
     Both sides train through `transformers.Trainer.train` (GRPOTrainer does not override it), so the hook costs them
     the same. On a machine shared with other work, wall time swung by ±25% between identical runs and the CPU time
@@ -126,12 +153,14 @@ def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None
     def timed(name, key):
         original = originals[name]
 
+        clock = time.process_time if key is None else _foreground_cpu_s
+
         def wrapper(self, *args, **kwargs):
-            started = time.process_time()
+            started = clock()
             try:
                 return original(self, *args, **kwargs)
             finally:
-                elapsed = time.process_time() - started
+                elapsed = clock() - started
                 if key is None:
                     record.append(elapsed)
                 elif parts is not None:
@@ -143,12 +172,12 @@ def train_cpu_seconds(record: list[float], parts: dict[str, float] | None = None
         # The callbacks' other events (on_log runs inside `log`, timed there): on_step_end, on_save, ...
         if event == "on_log":
             return call_event(self, event, *args, **kwargs)
-        started = time.process_time()
+        started = _foreground_cpu_s()
         try:
             return call_event(self, event, *args, **kwargs)
         finally:
             if parts is not None:
-                parts["callbacks_cpu_s"] = parts.get("callbacks_cpu_s", 0.0) + time.process_time() - started
+                parts["callbacks_cpu_s"] = parts.get("callbacks_cpu_s", 0.0) + _foreground_cpu_s() - started
 
     call_event = CallbackHandler.call_event
     for name, cls in targets.items():
@@ -216,7 +245,7 @@ def run_project(template, root: Path, tag: str, launcher: list[str] | None) -> d
         with output_to(job.root / "run.log"), train_cpu_seconds(cpu, parts):
             train_in_process(str(job.root))
         result = json.loads(job.training_result.read_text())
-        # The rollouts' background writer: its CPU time counts in whichever part ran beside it, and again here.
+        # The rollouts' background writer: its CPU time, which the parts' clock leaves out (`_foreground_cpu_s`).
         parts["writer_cpu_s"] = result["rollouts"].get("write_cpu_seconds", 0.0)
         child = {"train_cpu_s": cpu[0], **_shares(parts, cpu[0])}
     else:
@@ -298,8 +327,7 @@ OWN_PARTS = (
 
 def _shares(parts: dict[str, float], train_cpu_s: float) -> dict[str, float]:
     """Checkpoint saving, logging and the skip's check as shares of the run's `Trainer.train` CPU time (0 when never
-    called), and `OWN_PARTS` together ("own_share"; the rollouts writer's CPU is counted twice there, once in the part
-    that ran beside it: an upper bound)."""
+    called), and `OWN_PARTS` together ("own_share")."""
     return {
         "checkpoint_share": parts.get("checkpoint_cpu_s", 0.0) / train_cpu_s,
         "logging_share": parts.get("logging_cpu_s", 0.0) / train_cpu_s,
@@ -322,8 +350,7 @@ STEP_PARTS = {
 
 def step_parts_ms(runs: list[dict]) -> dict[str, float]:
     """CPU milliseconds per step in each of `STEP_PARTS` and in the rest of `Trainer.train` (backward, optimizer,
-    the loop), and the rollouts writer thread's (inside the others: process CPU time while it ran), median over `runs`
-    (in-process runs only)."""
+    the loop), and the rollouts writer thread's, median over `runs` (in-process runs only)."""
     per_run = []
     for r in runs:
         ms = {name: r["parts_cpu_s"].get(key, 0.0) / r["steps"] * 1000 for name, key in STEP_PARTS.items()}
