@@ -92,7 +92,8 @@ FILES = {
     "`reward_std`, `loss`, `completions/mean_length`, `entropy`, and `kl` exactly when kl_coef > 0; plus every metric "
     "TRL logs and `eval/METRIC` at each held-out evaluation.",
     "checkpoints/": "Training checkpoints (`checkpoint-N/`); a retried or resumed training stage goes on from the "
-    "newest intact one.",
+    "newest intact one. Their trainer_state.json keeps the latest step's record in `log_history`: metrics.jsonl is "
+    "the history.",
     "training.json": "What the training stage ended with: the artifact, steps, the selected step, times, the LoRA "
     "targets and parameter counts.",
     "budget.json": "The training seconds spent so far (budget.max_training_hours), which resumed attempts add to; "
