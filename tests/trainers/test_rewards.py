@@ -654,6 +654,22 @@ def test_a_guarded_reward_runs_on_one_daemon_thread_that_a_hang_replaces_and_dro
     assert not any(t.is_alive() for t in seen)
 
 
+def test_a_guarded_reward_called_in_a_forked_child_starts_its_own_thread():
+    import multiprocessing
+
+    from grpoflow.trainers.rewards.build import guarded_reward
+
+    guarded = guarded_reward(lambda completions, **kwargs: [2.0] * len(completions), "twice", timeout_s=5)
+    assert guarded(completions=["a"], trainer_state=None) == [2.0]  # the parent's worker thread is running
+    context = multiprocessing.get_context("fork")
+    answers = context.SimpleQueue()
+    # The forked child has the worker, not its thread: without one of its own the call would time out.
+    child = context.Process(target=lambda: answers.put(guarded(completions=["a", "b"], trainer_state=None)))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0 and answers.get() == [2.0, 2.0]
+
+
 def test_the_spec_knows_the_built_in_rewards_by_their_names():
     from grpoflow.core.catalog import BUILTIN_REWARDS
     from grpoflow.trainers.rewards.builtin import REWARDS

@@ -268,6 +268,7 @@ class _RewardWorker:
     reward cannot be killed, and must not keep the child alive. The thread ends once the worker is dropped."""
 
     def __init__(self, name: str):
+        self.pid = os.getpid()  # a forked child has the worker but not its thread: it starts its own
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # one call at a time, so that no call's timeout counts another's
         threading.Thread(target=self._serve, args=(self._calls,), name=f"reward-{name}", daemon=True).start()
@@ -331,8 +332,8 @@ def guarded_reward(reward: Callable, name: str, timeout_s: float) -> Callable:
         worker: list[_RewardWorker] = []
 
         def guarded(*args, **kwargs):
-            if not worker:
-                worker.append(_RewardWorker(name))
+            if not worker or worker[0].pid != os.getpid():
+                worker[:] = [_RewardWorker(name)]
             try:
                 outcome = worker[0].run(lambda: reward(*args, **own_copies(kwargs)), timeout_s)
             except TimeoutError as exc:
