@@ -622,6 +622,19 @@ def test_each_reward_sees_its_own_copy_of_the_completions():
     assert kwargs["completions"] == ["3", "5"]
 
 
+def test_own_copies_copy_every_level_a_reward_could_change():
+    from grpoflow.trainers.rewards.build import own_copies
+
+    chat = [[{"role": "assistant", "content": "4"}]]
+    kwargs = {"completions": ["4"], "completion_ids": [[7, 8]], "chat": chat, "trainer_state": None}
+    copied = own_copies(kwargs)
+    copied["completions"][0] = "x"
+    copied["completion_ids"][0].append(9)  # a list of token lists: each inner list is the reward's own
+    copied["chat"][0][0]["content"] = "x"  # anything else: deep-copied
+    assert kwargs == {"completions": ["4"], "completion_ids": [[7, 8]], "chat": chat, "trainer_state": None}
+    assert chat == [[{"role": "assistant", "content": "4"}]]
+
+
 def test_a_guarded_reward_runs_on_one_daemon_thread_that_a_hang_replaces_and_dropping_it_ends():
     import gc
     import time
