@@ -43,6 +43,13 @@ class ChildPhases:
             self._show(text, time.monotonic())
         self.pending = []
 
+    def stepped(self, step: int, total: int) -> None:
+        """Step `step` of `total` is shown: the phase before it is over, and until the child's next phase line what
+        lasts is the time after it (a beat after the last step says "after step 5/5: 15 s so far", not the phase
+        before step 1)."""
+        now = time.monotonic()
+        self.phase, self.said, self.phase_started = f"after step {step}/{total}", now, now
+
     def _show(self, text: str, now: float) -> None:
         self.phase, self.said, self.phase_started = text, now, now
         self.note(f"{self.stage}: {text}")

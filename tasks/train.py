@@ -86,6 +86,8 @@ class ProgressWatcher:
                 stop = self._handle(record) or stop
                 self.last_step = record["step"]
         stop = stop or self._child_diverged(diverged) or self._watch_stall(self.last_step - before)
+        if self.last_step > before and self.last_step_at is not None:  # this child's steps (the watchdog's clock)
+            self.phases.stepped(self.last_step, self.spec.hyperparameters.max_steps)
         # Then those after them (the final save), and how long a phase outside the steps lasts.
         self.phases.poll(self.last_step, self._stepping())
         return stop

@@ -77,6 +77,25 @@ def test_a_long_phase_says_how_long_it_lasts_but_not_between_steps(log_file, mon
     assert len(notes) == 3
 
 
+def test_after_the_last_step_the_beat_counts_from_it_not_from_the_phase_before_step_1(log_file, monkeypatch):
+    # A beat between the last step's line and the final save's said "step 1: generating ...: 4 s so far".
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.3)
+    notes = []
+    phases = ChildPhases(log_file, notes.append, "training")
+    with log_file.open("a") as f:
+        f.write(f"{PHASE_MARK}model loaded in 1.5 s; step 1: generating 4 completions\n")
+    phases.poll(stepping=False)
+    time.sleep(0.4)
+    phases.stepped(5, 5)
+    phases.poll(shown_step=5, stepping=False)  # the phase before step 1 is over: no beat of it
+    assert notes == ["training: starting the child process (importing torch, transformers and TRL)"] + [
+        "training: model loaded in 1.5 s; step 1: generating 4 completions"
+    ]
+    time.sleep(0.4)
+    phases.poll(shown_step=5, stepping=False)
+    assert len(notes) == 3 and notes[-1].startswith("training: after step 5/5: ") and notes[-1].endswith(" s so far")
+
+
 def test_say_phase_prints_from_the_main_process_only(capsys, monkeypatch):
     say_phase("loading the model /m")
     monkeypatch.setenv("RANK", "1")
