@@ -27,6 +27,7 @@ class SFTWatcher:
     def poll(self) -> None:
         if self.last_step == 0:  # the phases before the first step come before it
             self.phases.poll()
+        before = self.last_step
         for record in read_metrics(self.path):
             if record["step"] > self.last_step:
                 step, values = record["step"], record["values"]
@@ -34,6 +35,8 @@ class SFTWatcher:
                     step, sft_line(step, self.total, values, self.rate.seconds_per_step(step, values))
                 )
                 self.last_step = step
+        if self.last_step > before:  # the phase before the first step is over: a beat counts from the last step
+            self.phases.stepped(self.last_step, self.total)
         if self.last_step:
             self.phases.poll(stepping=self.last_step < self.total)  # SFT logs every few steps: not held back
 

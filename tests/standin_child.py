@@ -20,6 +20,8 @@ training produces is tested with the real children (tests/trainers, tests/flows/
     {"load_seconds": 2}                         the model load (between the real child's phase lines "loading the
                                                 model ..." and "model loaded ...; step 1: generating ...") takes this
                                                 long (default 0)
+    {"save_seconds": 1}                         the SFT child's end of training before its save phase line takes
+                                                this long (default 0)
     {"budget_stop_at": 2}                       budget.max_training_hours (which the spec must set) is reached after
                                                 step 2: training stops at that step's checkpoint, as the real child's
                                                 `BudgetCallback` stops it, and training.json says `stopped_by: budget`
@@ -293,6 +295,8 @@ def sft(job: JobDir, spec) -> int:
     asked = request("sft", spec.name)
     path = job.root / "sft_metrics.jsonl"
     path.unlink(missing_ok=True)  # it keeps no checkpoint: a start is from step 0, as the real child's without one
+    say_phase(f"loading the model {spec.base_model} (the stand-in's)")  # the real child's phase lines, in its order
+    say_phase(f"model loaded; training {spec.sft.max_steps} steps")
     for step in range(1, spec.sft.max_steps + 1):
         time.sleep(asked.get("step_seconds", 0.02))
         values = {"loss": round(2.0 / step, 6), "learning_rate": spec.sft.learning_rate, **asked.get("values", {})}
@@ -300,6 +304,8 @@ def sft(job: JobDir, spec) -> int:
             f.write(json.dumps({"step": step, "values": values}) + "\n")
         if (code := fault(job, "sft", step, asked)) is not None:
             return code
+    time.sleep(asked.get("save_seconds", 0))
+    say_phase(f"saving the warmed-up weights to {job.sft.name}/")
     staging = job.root / ".sft-staging"
     shutil.rmtree(staging, ignore_errors=True)
     copy_model(resolve_model_path(spec.base_model), staging)

@@ -29,8 +29,13 @@ def test_the_warm_up_writes_sft_and_announces_it(make_job):
     assert summary["steps"] == 2 and summary["model_dir"] == "sft" and isinstance(summary["final_loss"], float)
 
 
-def test_the_warm_up_shows_its_progress(make_job, standin):
+def test_the_warm_up_shows_its_progress(make_job, standin, monkeypatch):
     # The task's lines from the child's sft_metrics.jsonl: the stand-in child writes it (the real one: the test above).
+    # A beat every 0.3 s without a line, 1.2 s between the last step and the save (the task polls every 0.5 s).
+    from grpoflow.integrations import heartbeat
+
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.3)
+    standin(sft={"save_seconds": 1.2})
     job, spec = make_job("warm", sft={**WARM_UP, "max_steps": 4}, evaluation={"holdout": 0})
     state = flow(lambda: sft_task(job, spec))(return_state=True)
     assert state.is_completed()
@@ -39,6 +44,11 @@ def test_the_warm_up_shows_its_progress(make_job, standin):
     lines = [m for m in flow_run_logs(state.state_details.flow_run_id) if m.startswith("sft step")]
     assert [int(re.match(r"sft step +(\d+)/4 ", m).group(1)) for m in lines] == [1, 2, 3, 4]
     assert all(re.fullmatch(r"sft step \d/4  loss \d+\.\d{4}  lr \S+  \S+ s/step  ETA \S+", m) for m in lines)
+    # After the last step the phase before the first is over: a beat counts from the step, then the save's line.
+    told = [m for m in flow_run_logs(state.state_details.flow_run_id) if m.startswith(("SFT warm-up: ", "sft step"))]
+    after = told[told.index(lines[-1]) + 1 :]
+    save = after.index("SFT warm-up: saving the warmed-up weights to sft/")
+    assert save and all(re.fullmatch(r"SFT warm-up: after step 4/4: \d+ s so far", m) for m in after[:save]), told
 
     progress = flow_run_artifacts(state.state_details.flow_run_id)["warm-sft-progress"]
     assert progress.type == "progress" and progress.data == 100
