@@ -72,14 +72,17 @@ CANARY_SECRET_ENV, CANARY_WEBHOOK_SECRET = "GRPOFLOW_WEBHOOK_SECRET", "canary-we
 RUN_TIMEOUT_S = 900  # one pipeline run takes ~1 min here, but four queue behind one another
 
 
-def small_spec(name: str, dataset_uri: str, output_uri: str) -> dict:
+def small_spec(name: str, dataset_uri: str, output_uri: str, holdout: int = 0) -> dict:
+    """A job of two stand-in steps; no held-out evaluation unless `holdout` asks (its model loads and generation
+    cost a flow run here ~6 CPU s of its ~11, and what runs around it is what these tests check: the evaluation's own
+    tests are tests/tasks/test_evaluate.py and tests/flows/test_pipeline.py)."""
     return {
         "name": name,
         "base_model": "builtin:tiny",
         "dataset": {"uri": dataset_uri},
         "rewards": [{"name": "exact_answer"}],
         "hyperparameters": {"max_steps": 2, "rollouts_per_prompt": 2, "max_response_length": 4},
-        "evaluation": {"holdout": 2},
+        "evaluation": {"holdout": holdout},
         "output_uri": output_uri,
     }
 
@@ -750,7 +753,7 @@ def artifact_keys(flow_run_id) -> set[str]:
 
 def approval_spec(name: str, tmp_path: Path, **gate) -> dict:
     tmp_path.mkdir(exist_ok=True)
-    spec = small_spec(name, str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"))
+    spec = small_spec(name, str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"), 2)
     # No minimum gain: the stand-in's model scores as its start did, which the default gate (min_gain 0) keeps back
     # before anyone is asked.
     spec["evaluation"]["gate"] = {"approval": True, "min_gain": None, **gate}
@@ -915,8 +918,9 @@ def test_worker_secrets_stay_out_of_files(stack, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         hook = {"url": f"http://127.0.0.1:{server.server_port}/hook", "secret_env": CANARY_SECRET_ENV}
+        # With the held-out evaluation: its files are searched too.
         spec = small_spec(
-            "secrets", str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs")
+            "secrets", str(write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))), str(tmp_path / "runs"), 2
         )
         (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec | {"webhooks": [hook]}))
         submitted = stack.cli("grpoflow", "submit", tmp_path / "spec.yaml", "--json")
@@ -1484,35 +1488,16 @@ def training_paused():
             client.update_work_queue(queue.id, is_paused=False)
 
 
-@pytest.fixture(scope="module")
-def applied(tmp_path_factory):
-    """A real Prefect server (SQLite, as `prefect server start` makes it) with grpoflow's deployments, no worker:
-    what is submitted stays scheduled."""
-    tmp = tmp_path_factory.mktemp("applied")
-    api_url = f"http://127.0.0.1:{free_port()}/api"
-    env = {**os.environ, "PREFECT_HOME": prefect_home(tmp / "prefect-home"), "PREFECT_API_URL": api_url,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
-    server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", api_url.split(":")[2][:-4]], env,
-                   tmp / "server.log")  # fmt: skip
-    try:
-        wait_healthy(api_url, server)
-        stack = Stack(env, api_url, tmp)
-        done = stack.cli("grpoflow", "deployments", "apply")
-        assert done.returncode == 0, done.stdout + done.stderr
-        yield stack
-    finally:
-        stop([server])
-
-
 SUBMISSIONS = 16
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("server", ["applied", "pg_stack"])  # SQLite, as `prefect server start` makes it; PostgreSQL
+@pytest.mark.parametrize("server", ["stack", "pg_stack"])  # SQLite, as `prefect server start` makes it; PostgreSQL
 def test_submissions_at_once_all_become_runs(request, server, tmp_path):
     """`grpoflow submit` SUBMISSIONS times at once: every one exits 0, and the server holds that many runs, on either
     database. On SQLite the writes meet "database is locked" (a 503, which Prefect's client retries). The pool's
-    training queue is paused meanwhile (the PostgreSQL stack has a worker), and the runs are deleted after."""
+    training queue is paused meanwhile (both stacks have a worker), and the runs are deleted after. (Under `make
+    test-postgres` both stacks are on PostgreSQL; `make test` has the SQLite one.)"""
     stack, name = request.getfixturevalue(server), f"many-{server.replace('_', '-')}"
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
     spec = tmp_path / "many.yaml"
