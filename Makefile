@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install constraints demo demo-real docs docs-serve test test-fast test-postgres lint format bench clean
+.PHONY: install constraints demo demo-real docs docs-serve test test-cpu test-fast test-postgres lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install.sh scripts/install_postgres.sh
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -59,6 +59,12 @@ XDIST := -n $(WORKERS) --dist loadfile
 # The slowest tests are listed at the end (--durations), so a run says where the suite's time goes.
 test: $(STAMP)
 	$(VENV)/bin/pytest -q $(XDIST) -m "not bench" --durations=25
+
+# The same tests, each charged its CPU seconds (its process's and its ended children's: tests/cpu_time.py), printed by
+# file at the end: on a small machine the suite is CPU-bound, and where its CPU goes is what its wall time costs.
+test-cpu: $(STAMP)
+	rm -f .cpu-time.jsonl
+	$(VENV)/bin/python -m pytest -q $(XDIST) -m "not bench" -p tests.cpu_time --cpu-time .cpu-time.jsonl
 
 # The tests of grpoflow's Prefect stacks (the deployments' and the jobs API's) on PostgreSQL instead of SQLite, as a
 # team's server runs them; `make test` runs them on SQLite, and the concurrent submissions and one whole run on both.
