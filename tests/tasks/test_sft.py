@@ -31,11 +31,11 @@ def test_the_warm_up_writes_sft_and_announces_it(make_job):
 
 def test_the_warm_up_shows_its_progress(make_job, standin, monkeypatch):
     # The task's lines from the child's sft_metrics.jsonl: the stand-in child writes it (the real one: the test above).
-    # A beat every 0.3 s without a line, 1.2 s between the last step and the save (the task polls every 0.5 s).
+    # A beat every 0.3 s without a line, 2.5 s between the last step and the save (the task polls every 0.5 s).
     from grpoflow.integrations import heartbeat
 
     monkeypatch.setattr(heartbeat, "EVERY_S", 0.3)
-    standin(sft={"save_seconds": 1.2})
+    standin(sft={"save_seconds": 2.5})
     job, spec = make_job("warm", sft={**WARM_UP, "max_steps": 4}, evaluation={"holdout": 0})
     state = flow(lambda: sft_task(job, spec))(return_state=True)
     assert state.is_completed()
