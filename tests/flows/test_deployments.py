@@ -1488,16 +1488,37 @@ def training_paused():
             client.update_work_queue(queue.id, is_paused=False)
 
 
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory):
+    """A real Prefect server (SQLite, as `prefect server start` makes it) with grpoflow's deployments, no worker:
+    what is submitted stays scheduled. Not the module's `stack`: its worker asks every second (the tests' setting,
+    Prefect's default is 10 s) and its runs write meanwhile, and on that SQLite one of 16 submissions at once has
+    found the server still locked after Prefect's five retries."""
+    tmp = tmp_path_factory.mktemp("applied")
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    env = {**os.environ, "PREFECT_HOME": prefect_home(tmp / "prefect-home"), "PREFECT_API_URL": api_url,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+    server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", api_url.split(":")[2][:-4]], env,
+                   tmp / "server.log")  # fmt: skip
+    try:
+        wait_healthy(api_url, server)
+        stack = Stack(env, api_url, tmp)
+        done = stack.cli("grpoflow", "deployments", "apply")
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield stack
+    finally:
+        stop([server])
+
+
 SUBMISSIONS = 16
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("server", ["stack", "pg_stack"])  # SQLite, as `prefect server start` makes it; PostgreSQL
+@pytest.mark.parametrize("server", ["applied", "pg_stack"])  # SQLite, as `prefect server start` makes it; PostgreSQL
 def test_submissions_at_once_all_become_runs(request, server, tmp_path):
     """`grpoflow submit` SUBMISSIONS times at once: every one exits 0, and the server holds that many runs, on either
     database. On SQLite the writes meet "database is locked" (a 503, which Prefect's client retries). The pool's
-    training queue is paused meanwhile (both stacks have a worker), and the runs are deleted after. (Under `make
-    test-postgres` both stacks are on PostgreSQL; `make test` has the SQLite one.)"""
+    training queue is paused meanwhile (the PostgreSQL stack has a worker), and the runs are deleted after."""
     stack, name = request.getfixturevalue(server), f"many-{server.replace('_', '-')}"
     data = write_jsonl(tmp_path / "d.jsonl", arithmetic_rows(12))
     spec = tmp_path / "many.yaml"
