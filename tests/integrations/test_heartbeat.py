@@ -3,6 +3,7 @@ come, a line every so often while a phase lasts, and the merge's phases."""
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,14 +61,20 @@ def test_what_is_held_back_is_shown_when_the_stage_ends(log_file):
     assert notes[1:] == ["training: saving the weights to merged/"]
 
 
-def test_a_long_phase_says_how_long_it_lasts_but_not_between_steps(log_file, monkeypatch):
-    monkeypatch.setattr(heartbeat, "EVERY_S", 0.5)
+def phase_lasting(log_file: Path, phase: str, seconds: float) -> tuple[ChildPhases, list[str]]:
+    """A child's watcher that has shown `phase`, `seconds` ago; and the lines it showed."""
     notes = []
     phases = ChildPhases(log_file, notes.append, "training")
     with log_file.open("a") as f:
-        f.write(f"{PHASE_MARK}loading the model /m\n")
+        f.write(f"{PHASE_MARK}{phase}\n")
     phases.poll(stepping=False)
-    time.sleep(0.6)
+    time.sleep(seconds)
+    return phases, notes
+
+
+def test_a_long_phase_says_how_long_it_lasts_but_not_between_steps(log_file, monkeypatch):
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.5)
+    phases, notes = phase_lasting(log_file, "loading the model /m", 0.6)
     phases.poll(stepping=True)  # steps are coming: their own lines say enough
     assert notes[-1] == "training: loading the model /m"
     phases.poll(stepping=False)
@@ -80,12 +87,7 @@ def test_a_long_phase_says_how_long_it_lasts_but_not_between_steps(log_file, mon
 def test_after_the_last_step_the_beat_counts_from_it_not_from_the_phase_before_step_1(log_file, monkeypatch):
     # A beat between the last step's line and the final save's said "step 1: generating ...: 4 s so far".
     monkeypatch.setattr(heartbeat, "EVERY_S", 0.3)
-    notes = []
-    phases = ChildPhases(log_file, notes.append, "training")
-    with log_file.open("a") as f:
-        f.write(f"{PHASE_MARK}model loaded in 1.5 s; step 1: generating 4 completions\n")
-    phases.poll(stepping=False)
-    time.sleep(0.4)
+    phases, notes = phase_lasting(log_file, "model loaded in 1.5 s; step 1: generating 4 completions", 0.4)
     phases.stepped(5, 5)
     phases.poll(shown_step=5, stepping=False)  # the phase before step 1 is over: no beat of it
     assert notes == ["training: starting the child process (importing torch, transformers and TRL)"] + [
