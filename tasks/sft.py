@@ -23,6 +23,7 @@ class SFTWatcher:
         self.rate = StepRate()
         self.progress = StageProgress(spec, "sft", self.total, get_run_logger())
         self.phases = ChildPhases(job.logs / "sft.log", self.progress.note, "SFT warm-up")
+        self.polled = False  # the first poll may read a retried warm-up's earlier steps
 
     def poll(self) -> None:
         if self.last_step == 0:  # the phases before the first step come before it
@@ -35,8 +36,9 @@ class SFTWatcher:
                     step, sft_line(step, self.total, values, self.rate.seconds_per_step(step, values))
                 )
                 self.last_step = step
-        if self.last_step > before:  # the phase before the first step is over: a beat counts from the last step
+        if self.last_step > before and self.polled:  # this child's steps: a beat counts from the last one
             self.phases.stepped(self.last_step, self.total)
+        self.polled = True
         if self.last_step:
             self.phases.poll(stepping=self.last_step < self.total)  # SFT logs every few steps: not held back
 
