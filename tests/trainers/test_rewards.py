@@ -5,6 +5,7 @@ import doctest
 import importlib
 import importlib.util
 import math
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -665,6 +666,52 @@ def test_a_guarded_reward_runs_on_one_daemon_thread_that_a_hang_replaces_and_dro
     while any(t.is_alive() for t in seen) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(t.is_alive() for t in seen)
+
+
+def test_the_worker_thread_keeps_nothing_of_a_call_it_answered():
+    # What a daemon thread references outlives the interpreter's shutdown: a reward whose call stayed referenced
+    # there kept its module alive, and a file that module wrote to was never flushed (`LOG = open(...)` in a user's
+    # tasks.py lost every line written in training). The call's arguments must be freed once it is answered.
+    import gc
+    import time
+    import weakref
+
+    from grpoflow.trainers.rewards.build import guarded_reward
+
+    class State:
+        global_step = 0
+
+    guarded = guarded_reward(lambda completions, **kwargs: [1.0] * len(completions), "kept", timeout_s=5)
+    state = State()
+    freed = weakref.ref(state)
+    assert guarded(completions=["a"], trainer_state=state) == [1.0]
+    del state
+    deadline = time.monotonic() + 5
+    while freed() is not None and time.monotonic() < deadline:  # the thread may still be leaving the call's frame
+        gc.collect()
+        time.sleep(0.01)
+    assert freed() is None, gc.get_referrers(freed())
+    assert guarded(completions=["b"], trainer_state=None) == [1.0]  # the same worker answers the next call
+
+
+def test_a_rewards_unflushed_writes_survive_the_process_end(tmp_path):
+    # A user's reward module writing each call to a file it never flushes: Python flushes it at the interpreter's
+    # end, as long as nothing a daemon thread holds keeps the module alive (every line was lost before).
+    (tmp_path / "user_reward.py").write_text(
+        f"LOG = open({str(tmp_path / 'calls.log')!r}, 'a')\n\n\n"
+        "def my_reward(completions, trainer_state=None, **kwargs):\n"
+        "    LOG.write('training\\n')\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    script = (
+        "import user_reward\n"
+        "from grpoflow.trainers.rewards.build import guarded_reward\n"
+        "guarded = guarded_reward(user_reward.my_reward, 'my_reward', 5)\n"
+        "for _ in range(3):\n"
+        "    guarded(completions=['a'], trainer_state=object())\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, timeout=120)
+    assert (tmp_path / "calls.log").read_text() == "training\n" * 3
 
 
 def test_a_guarded_reward_called_in_a_forked_child_starts_its_own_thread():

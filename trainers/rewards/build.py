@@ -276,12 +276,23 @@ class _RewardWorker:
 
     @staticmethod
     def _serve(calls: queue.SimpleQueue) -> None:
-        while (item := calls.get()) is not None:
-            call, answer = item
-            try:
-                answer.put(call())
-            except BaseException as exc:  # sys.exit() in a reward too: reported, not a silent end
-                answer.put(_Raised(exc))
+        # Each call is answered in a frame of its own, so that nothing of it stays referenced while the thread waits
+        # for the next: a daemon thread's references outlive the interpreter's shutdown, and a reward's module kept
+        # alive that way never flushes a file it writes to (a user's `LOG = open(...)`, written per call).
+        while _RewardWorker._answer(calls.get()):
+            pass
+
+    @staticmethod
+    def _answer(item: tuple[Callable[[], Any], queue.SimpleQueue] | None) -> bool:
+        """Runs one call and puts its value, or `_Raised`, on its answer queue; False for the end (`None`)."""
+        if item is None:
+            return False
+        call, answer = item
+        try:
+            answer.put(call())
+        except BaseException as exc:  # sys.exit() in a reward too: reported, not a silent end
+            answer.put(_Raised(exc))
+        return True
 
     def run(self, call: Callable[[], Any], timeout_s: float) -> Any:
         """`call()`'s value, or `_Raised` with what it raised; `TimeoutError` when it takes over `timeout_s`."""
