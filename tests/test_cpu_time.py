@@ -15,3 +15,8 @@ def test_files_are_ranked_by_their_tests_cpu_seconds():
     assert second.split() == ["2", "20.0%", "2", "0", "9", "1", "tests/b.py"]
     assert total.split()[:2] == ["10", "in"] and total.endswith("3 tests in 2 files")
     assert len(summary(records, top=1)) == 3
+
+
+def test_a_run_that_took_no_cpu_is_a_table_of_zeros():
+    lines = summary([{"test": "tests/a.py::one", "own": 0.0, "children": 0.0, "wall": 0.0}])
+    assert lines[1].split()[:2] == ["0", "0.0%"] and lines[-1].endswith("1 tests in 1 files")
